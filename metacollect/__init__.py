@@ -1,0 +1,12 @@
+"""metacollect: deep profiling of Dask workloads into one Zarr store per run."""
+
+from __future__ import annotations
+
+from metacollect import config as _config  # noqa: F401  (registers defaults)
+
+__version__ = "0.1.0"
+
+from metacollect.collect import collect  # noqa: E402
+from metacollect.store.reader import Run, open_run  # noqa: E402
+
+__all__ = ["Run", "collect", "open_run"]

@@ -1,0 +1,216 @@
+"""The client-side orchestrator: ``with collect(client, store): ...``.
+
+It writes step 1 (``job``, ``config``) and the root attrs, registers the scheduler collector
+(which ships the worker collector), and on exit flushes every collector, detaches them and
+finalises the store (levels index, ``status="complete"``, consolidated metadata).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import dask.config
+import zarr
+
+from metacollect import config
+from metacollect.errors import StoreError, StoreExistsError, UsageError
+from metacollect.steps.job import JobInfo, versions, write_job
+from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
+from metacollect.steps.scheduler import SchedulerCollector
+from metacollect.store.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Collection", "collect", "finalize", "prepare_store"]
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) -> str:
+    """Check a target store path and return it absolute (workers may run elsewhere).
+
+    Raises
+    ------
+    StoreExistsError
+        The path exists and ``overwrite`` is false.
+    StoreError
+        The path is a file or its directory is not writable.
+    """
+    path = os.fspath(store)
+    if _is_url(path):
+        return path
+    path = os.path.abspath(path)
+    overwrite = config.get("store.overwrite", overwrite)
+    if os.path.isfile(path):
+        raise StoreError(f"store path {path} is a file; choose a directory path such as {path}.zarr")
+    if os.path.exists(path):
+        if not overwrite:
+            raise StoreExistsError(f"store {path} exists; pass --overwrite (overwrite=True) or choose another path")
+        if not os.path.exists(os.path.join(path, "zarr.json")) and os.listdir(path):
+            raise StoreError(f"{path} is a non-empty directory that is not a metacollect store; refusing to overwrite it")
+        shutil.rmtree(path)
+    parent = os.path.dirname(path) or "."
+    probe = parent
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe) or "."
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise StoreError(f"cannot create store {path}: {probe} is not writable; choose a writable location")
+    return path
+
+
+def init_root(writer: StoreWriter, run_id: str) -> None:
+    """Root attrs of a new run, status incomplete until :func:`finalize`."""
+    from metacollect import __version__
+
+    writer.group(
+        "root",
+        attrs={
+            "run_id": run_id,
+            "status": "incomplete",
+            "started": time.time(),
+            "ended": None,
+            "metacollect_version": __version__,
+            "versions": versions(),
+            "levels": {},
+        },
+    )
+
+
+def levels_index(root: zarr.Group) -> dict[str, list[str]]:
+    """``{level: [group paths]}`` of every (non-table) group in the store."""
+    index: dict[str, list[str]] = {}
+    for path, member in root.members(max_depth=None):
+        if isinstance(member, zarr.Group):
+            attrs = member.attrs
+            if "level" in attrs and "table" not in attrs:
+                index.setdefault(attrs["level"], []).append(path)
+    index.setdefault("run", []).insert(0, "")
+    return {k: sorted(v) for k, v in index.items()}
+
+
+def finalize(store: str, status: str = "complete", **extra: Any) -> None:
+    """Write the levels index and final status on the root, then consolidate metadata."""
+    root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
+    root.attrs.update({"levels": levels_index(root), "status": status, "ended": time.time(), **extra})
+    with contextlib.suppress(Exception), warnings.catch_warnings():
+        # consolidation is an optimisation; zarr warns it is not yet in the v3 spec
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(store)
+
+
+def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
+    cluster = getattr(client, "cluster", None)
+    info = client.scheduler_info()
+    workers = info.get("workers", {})
+    spec = {
+        "scheduler": info.get("address"),
+        "n_workers": len(workers),
+        "threads": {str(w["name"]): w.get("nthreads") for w in workers.values()},
+        "memory_limit": {str(w["name"]): w.get("memory_limit") for w in workers.values()},
+    }
+    return (type(cluster).__name__ if cluster is not None else "external"), spec
+
+
+async def _finish_scheduler(dask_scheduler: Any, name: str) -> None:
+    plugin = dask_scheduler.plugins.get(name)
+    if plugin is not None:
+        await plugin.finish()
+
+
+async def _finish_worker(dask_worker: Any) -> None:
+    plugin = dask_worker.plugins.get("metacollect-worker")
+    if plugin is not None:
+        await plugin.teardown(dask_worker)
+
+
+class Collection:
+    """One collection session on a client; see :func:`collect`."""
+
+    def __init__(self, client: Client, store: str, run_id: str | None = None, launcher: str = "collect",
+                 overwrite: bool | None = None, **options: Any) -> None:
+        self.client = client
+        self.options = options
+        self.store = prepare_store(store, overwrite)
+        self.run_id = run_id or uuid.uuid4().hex
+        self.launcher = launcher
+
+    def start(self) -> None:
+        with dask.config.set({f"metacollect.{k.replace('_', '-')}": v for k, v in self.options.items()}):
+            config.validate()
+            opts = dask.config.get("metacollect")
+            writer = StoreWriter(self.store)
+            init_root(writer, self.run_id)
+            ctype, spec = _cluster_description(self.client)
+            write_job(writer, JobInfo.capture(self.launcher, cluster_type=ctype, cluster_spec=spec))
+            writer.flush()
+        self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
+
+    def stop(self, status: str = "complete", error: BaseException | None = None) -> None:
+        """Flush every collector, detach them, finalise the store."""
+        problems = []
+        for step, fn in (
+            ("flush workers", lambda: self.client.run(_finish_worker)),
+            ("flush scheduler", lambda: self.client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)),
+            ("detach workers", lambda: self.client.unregister_worker_plugin("metacollect-worker")),
+            ("detach scheduler", lambda: self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN)),
+        ):
+            try:
+                fn()
+            except Exception as e:  # record, keep finalising what we can
+                problems.append(f"{step}: {type(e).__name__}: {e}")
+                logger.warning("metacollect: %s failed: %s", step, e)
+        extra: dict[str, Any] = {}
+        if error is not None:
+            extra["workflow_error"] = f"{type(error).__name__}: {error}"
+        if problems:
+            extra["shutdown_problems"] = problems
+        finalize(self.store, status, **extra)
+
+
+@contextlib.contextmanager
+def collect(client: Client, store: str | os.PathLike[str], *, overwrite: bool | None = None,
+            run_id: str | None = None, **options: Any) -> Iterator[Collection]:
+    """Collect a Dask run into a Zarr store.
+
+    Parameters
+    ----------
+    client
+        A connected :class:`distributed.Client`; its cluster is collected.
+    store
+        Target path (a new directory) or fsspec URL.
+    overwrite
+        Replace an existing store (default ``metacollect.store.overwrite``).
+    run_id
+        Id of the run (a new uuid by default).
+    **options
+        Overrides of the ``metacollect`` config for this run, e.g. ``flush_interval="1s"``.
+
+    Examples
+    --------
+    >>> with collect(client, "runs/a.zarr"):            # doctest: +SKIP
+    ...     x.sum().compute()
+    >>> open_run("runs/a.zarr").tasks()                 # doctest: +SKIP
+    """
+    if not hasattr(client, "register_plugin"):
+        raise UsageError("collect() needs a connected distributed.Client as its first argument")
+    session = Collection(client, os.fspath(store), run_id=run_id, overwrite=overwrite, **options)
+    session.start()
+    try:
+        yield session
+    except BaseException as e:
+        session.stop("complete", error=e)
+        raise
+    session.stop("complete")

@@ -1,0 +1,131 @@
+"""Step 2 of the metadata map: the graphs clients submit, seen from the scheduler.
+
+``update_graph`` no longer passes dependencies, so they are read from the scheduler's
+TaskState while the hook runs (once per task, not per transition). Annotations and priorities
+are serialised in the flush, off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from metacollect.store.writer import GroupWriter
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=repr, separators=(",", ":"))
+
+
+class GraphRecorder:
+    """Buffers every ``update_graph`` of one scheduler and writes the ``client`` group."""
+
+    def __init__(self) -> None:
+        self.n_graphs = 0
+        self._graphs: list[tuple[Any, ...]] = []
+        self._clients: list[tuple[float, str, str]] = []
+        self._seen_computations: set[Any] = set()
+
+    def update_graph(
+        self,
+        scheduler: Scheduler,
+        client: str,
+        keys: set[Any],
+        tasks: list[Any],
+        annotations: dict[str, dict[Any, Any]],
+        priority: dict[Any, tuple[Any, ...]],
+        stimulus_id: str,
+    ) -> None:
+        """Record one submitted graph (runs on the event loop: reads, no formatting)."""
+        graph = self.n_graphs
+        self.n_graphs += 1
+        get = scheduler.tasks.get
+        prefixes, groups, deps = [], [], []
+        for k in tasks:
+            ts = get(k)
+            if ts is None:
+                prefixes.append(None)
+                groups.append(None)
+                deps.append(())
+            else:
+                prefixes.append(ts.prefix.name)
+                groups.append(ts.group.name)
+                deps.append([d.key for d in ts.dependencies])
+        code = []
+        for comp in list(scheduler.computations)[-2:]:
+            if comp.id not in self._seen_computations and comp.code:
+                self._seen_computations.add(comp.id)
+                for snippets in comp.code:
+                    for sc in snippets:
+                        code.append((str(comp.id), getattr(sc, "code", str(sc))))
+        self._graphs.append(
+            (graph, time.time(), client, stimulus_id, set(keys), list(tasks), annotations,
+             priority, prefixes, groups, deps, code)
+        )
+
+    def add_client(self, client: str) -> None:
+        self._clients.append((time.time(), client, "add"))
+
+    def remove_client(self, client: str) -> None:
+        self._clients.append((time.time(), client, "remove"))
+
+    def swap(self) -> tuple[list[tuple[Any, ...]], list[tuple[float, str, str]]]:
+        graphs, self._graphs = self._graphs, []
+        clients, self._clients = self._clients, []
+        return graphs, clients
+
+    @staticmethod
+    def write(group: GroupWriter, batch: tuple[list[tuple[Any, ...]], list[tuple[float, str, str]]]) -> None:
+        """Convert a swapped batch to the ``client`` group's tables (writer thread)."""
+        graphs, clients = batch
+        if clients:
+            t, c, e = zip(*clients)
+            group.append("clients", {"time": t, "client": c, "event": e})
+        for graph, when, client, stim, keys, tasks, annotations, priority, prefixes, groups, deps, code in graphs:
+            n_edges = sum(len(d) for d in deps)
+            per_key: dict[Any, dict[str, Any]] = {}
+            for name, values in annotations.items():
+                for k, v in values.items():
+                    per_key.setdefault(k, {})[name] = v
+            # annotations shared by every task of the graph go once on the graph row
+            shared: dict[str, Any] = {}
+            if per_key and len(per_key) == len(tasks):
+                first = next(iter(per_key.values()))
+                shared = {n: v for n, v in first.items() if all(a.get(n) == v for a in per_key.values())}
+            group.append(
+                "graphs",
+                {
+                    "graph": [graph], "time": [when], "client": [client], "stimulus_id": [stim],
+                    "n_tasks": [len(tasks)], "n_keys": [len(keys)],
+                    "n_dependencies": [n_edges], "annotations": [_json(shared) if shared else ""],
+                },
+            )
+            group.append(
+                "tasks",
+                {
+                    "graph": [graph] * len(tasks),
+                    "key": tasks,
+                    "prefix": prefixes,
+                    "group": groups,
+                    "requested": [k in keys for k in tasks],
+                    "priority": [_json(priority.get(k)) for k in tasks],
+                    "n_dependencies": [len(d) for d in deps],
+                    "annotations": [
+                        _json({n: v for n, v in per_key[k].items() if n not in shared}) if k in per_key and len(per_key[k]) > len(shared) else ""
+                        for k in tasks
+                    ],
+                },
+            )
+            if n_edges:
+                src, dst = [], []
+                for k, d in zip(tasks, deps):
+                    src.extend([k] * len(d))
+                    dst.extend(d)
+                group.append("dependencies", {"graph": [graph] * n_edges, "key": src, "dependency": dst})
+            if code:
+                comp, text = zip(*code)
+                group.append("code", {"graph": [graph] * len(code), "computation": comp, "code": text})

@@ -1,0 +1,135 @@
+"""Step 1 of the metadata map: how the cluster was configured and launched.
+
+Written by the orchestrating process (``collect`` or ``metacollect run``): the ``job`` group
+(host, interpreter, command line, environment, packages) and the ``config`` group (the full
+effective dask config, every namespace, secrets redacted).
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import dask.config
+
+from metacollect import config
+from metacollect.store.writer import StoreWriter
+
+VERSIONED = ("dask", "distributed", "dask-jobqueue", "numpy", "pandas", "xarray", "zarr", "yappi", "darshan", "tornado", "msgpack", "cloudpickle")
+
+
+@dataclass
+class JobInfo:
+    """What is known of the launch, before it becomes attrs and columns."""
+
+    host: str
+    user: str
+    pid: int
+    cwd: str
+    command_line: list[str]
+    python: str
+    platform: str
+    launcher: str
+    cluster_type: str = "unknown"
+    cluster_spec: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def capture(
+        cls,
+        launcher: str,
+        argv: list[str] | None = None,
+        cluster_type: str = "unknown",
+        cluster_spec: dict[str, Any] | None = None,
+    ) -> JobInfo:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = str(os.getuid())
+        return cls(
+            host=socket.gethostname(),
+            user=user,
+            pid=os.getpid(),
+            cwd=os.getcwd(),
+            command_line=config.redact_argv(list(sys.argv if argv is None else argv)),
+            python=sys.version.split()[0],
+            platform=platform.platform(),
+            launcher=launcher,
+            cluster_type=cluster_type,
+            cluster_spec=cluster_spec or {},
+            environment=relevant_environment(os.environ),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobInfo:
+        return cls(**dict(data))
+
+
+def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that matter to Dask, batch systems and I/O, secrets redacted."""
+    prefixes = tuple(config.get("environment.prefixes"))
+    names = set(config.get("environment.names"))
+    rx, allow = config.redact_patterns()
+    out = {}
+    for name in sorted(environ):
+        if name in names or name.startswith(prefixes) or config.is_secret(name, rx, allow):
+            out[name] = config.REDACTED if config.is_secret(name, rx, allow) else environ[name]
+    return out
+
+
+def versions() -> dict[str, str]:
+    """Python and the versions of the packages a run depends on."""
+    out = {"python": sys.version.split()[0]}
+    for name in VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``[(dotted key, leaf value)]`` of a nested mapping."""
+    out: list[tuple[str, Any]] = []
+    for k, v in mapping.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.extend(flatten(v, key))
+        else:
+            out.append((key, v))
+    return out
+
+
+def write_job(writer: StoreWriter, info: JobInfo) -> None:
+    """Write the ``job`` and ``config`` groups."""
+    attrs = info.to_dict()
+    env = attrs.pop("environment")
+    job = writer.group("job", attrs=attrs)
+    job.append("environment", {"name": list(env), "value": list(env.values())})
+    dists = sorted(
+        {(d.metadata["Name"] or "", d.version) for d in importlib.metadata.distributions() if d.metadata["Name"]}
+    )
+    job.append("packages", {"name": [n for n, _ in dists], "version": [v for _, v in dists]})
+    cfg = writer.group("config")
+    entries = flatten(config.redact_mapping(dask.config.config))
+    cfg.append(
+        "entries",
+        {
+            "namespace": [k.split(".", 1)[0] for k, _ in entries],
+            "key": [k for k, _ in entries],
+            "value": [json.dumps(v, default=repr) for _, v in entries],
+        },
+    )
+    job.flush()
+    cfg.flush()

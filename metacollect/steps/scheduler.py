@@ -1,0 +1,297 @@
+"""Step 3 of the metadata map: the scheduler's state, and the plugin that collects steps 2-4.
+
+:class:`SchedulerCollector` is the scheduler-side collector. It owns the ``clusters/<id>``
+subtree's ``client`` (step 2, through :class:`~metacollect.steps.client.GraphRecorder`) and
+``scheduler`` (step 3) groups, and ships :class:`~metacollect.steps.worker.WorkerCollector`
+to every worker that is or will be connected (step 4).
+
+The transition hook is the hot path: it appends one tuple to a list and returns. Everything
+else - stringifying keys, dictionary encoding, compression, I/O - happens in the flush thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from dask.utils import key_split
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol.pickle import dumps
+
+from metacollect import config
+from metacollect.steps.client import GraphRecorder
+from metacollect.store.flush import PeriodicFlusher
+from metacollect.store.writer import GroupWriter, StoreWriter
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+logger = logging.getLogger(__name__)
+
+NAME = "metacollect-scheduler"
+
+
+def cluster_id(scheduler_id: str) -> str:
+    """Short, unique name of a cluster's subtree, from the scheduler's id."""
+    return scheduler_id.rsplit("-", 1)[-1][:12] if "-" in scheduler_id else scheduler_id[:12]
+
+
+def _group_of(key: Any) -> str:
+    return key[0] if isinstance(key, tuple) and key else str(key)
+
+
+def _json(msg: Any) -> str:
+    try:
+        return json.dumps(msg, default=repr, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return json.dumps(repr(msg))
+
+
+class SchedulerCollector(SchedulerPlugin):
+    """Collects steps 2-3 on the scheduler and ships the step-4 collector to its workers.
+
+    Parameters
+    ----------
+    store
+        Path or URL of the run's Zarr store.
+    options
+        The ``metacollect`` config section to use in the scheduler and workers (the client's,
+        so that a remote scheduler collects what the user asked for).
+    attached_by
+        ``"plugin"`` (registered by :func:`metacollect.collect`) or ``"preload"``.
+    """
+
+    name = NAME
+    idempotent = True
+
+    def __init__(self, store: str, options: dict[str, Any] | None = None, attached_by: str = "plugin") -> None:
+        self.store_path = os.fspath(store)
+        self.options = options or {}
+        self.attached_by = attached_by
+        self.cluster: str | None = None
+        self.scheduler: Scheduler | None = None
+
+    # -- pickling: only the parameters travel ---------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {"store_path": self.store_path, "options": self.options, "attached_by": self.attached_by}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["store_path"], state["options"], state["attached_by"])  # type: ignore[misc]
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self, scheduler: Scheduler) -> None:
+        if self.scheduler is not None:  # idempotent: started once per scheduler
+            return
+        import dask
+
+        if self.options:
+            dask.config.update(dask.config.config, {"metacollect": self.options}, priority="new")
+        self.scheduler = scheduler
+        self.cluster = cluster_id(scheduler.id)
+        self._tasks = scheduler.tasks
+        self._transitions: list[tuple[Any, ...]] = []
+        self._append = self._transitions.append
+        self._events: list[tuple[float, str, Any]] = []
+        self._workers: list[dict[str, Any]] = []
+        self._samples: list[Any] = []
+        self.graphs = GraphRecorder()
+        self.n_transitions = 0
+        self.writer = StoreWriter(self.store_path)
+        self.writer.group(
+            "cluster",
+            attrs={
+                "scheduler_id": scheduler.id,
+                "address": scheduler.address,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started": time.time(),
+                "attached_by": self.attached_by,
+            },
+            cluster=self.cluster,
+        )
+        self.client_group: GroupWriter = self.writer.group("client", cluster=self.cluster)
+        self.group: GroupWriter = self.writer.group("scheduler", cluster=self.cluster)
+        self.flusher = PeriodicFlusher(
+            self._swap, self._write, config.interval("flush-interval"), self._on_error, "metacollect-flush"
+        )
+        self.flusher.start()
+        from tornado.ioloop import PeriodicCallback
+
+        self._sampler = PeriodicCallback(self._sample, config.interval("snapshot-interval") * 1000)
+        if config.get("capture.worker-states"):
+            self._sampler.start()
+        for address in list(scheduler.workers):
+            self.add_worker(scheduler, address)
+        from metacollect.steps.worker import WorkerCollector
+
+        plugin = WorkerCollector(self.store_path, self.cluster, self.options)
+        await scheduler.register_worker_plugin(None, dumps(plugin), name=plugin.name, idempotent=True)
+
+    async def before_close(self) -> None:
+        await self.finish()
+
+    async def close(self) -> None:
+        await self.finish()
+
+    async def finish(self) -> None:
+        """Final flush; safe to call more than once."""
+        if self.scheduler is None or getattr(self, "_finished", False):
+            return
+        self._finished = True
+        self._sampler.stop()
+        self._sample()
+        await self.flusher.close()
+
+    # -- hooks (event loop) -------------------------------------------------------------------
+    def transition(self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str, **kwargs: Any) -> None:
+        if finish == "processing":
+            ts = self._tasks.get(key)
+            if ts is not None and ts.processing_on is not None:
+                kwargs = {"worker": ts.processing_on.address}
+        self._append((key, start, finish, stimulus_id, kwargs or None, time.time()))
+
+    def update_graph(self, scheduler: Scheduler, *, client: str, keys: set[Any], tasks: list[Any],
+                     annotations: dict[str, dict[Any, Any]], priority: dict[Any, tuple[Any, ...]],
+                     stimulus_id: str, **kwargs: Any) -> None:
+        try:
+            self.graphs.update_graph(scheduler, client, keys, tasks, annotations, priority, stimulus_id)
+        except Exception as e:
+            self._on_error("update_graph", e)
+
+    def add_client(self, scheduler: Scheduler, client: str) -> None:
+        self.graphs.add_client(client)
+
+    def remove_client(self, scheduler: Scheduler, client: str) -> None:
+        self.graphs.remove_client(client)
+
+    def add_worker(self, scheduler: Scheduler, worker: str) -> None:
+        ws = scheduler.workers.get(worker)
+        if ws is None:
+            return
+        self._workers.append(
+            {"time": time.time(), "event": "add", "address": worker, "name": str(ws.name),
+             "host": ws.host, "pid": ws.pid or -1, "nthreads": ws.nthreads,
+             "memory_limit": ws.memory_limit or 0, "stimulus_id": ""}
+        )
+
+    def remove_worker(self, scheduler: Scheduler, worker: str, *, stimulus_id: str, **kwargs: Any) -> None:
+        self._workers.append(
+            {"time": time.time(), "event": "remove", "address": worker, "name": "", "host": "",
+             "pid": -1, "nthreads": -1, "memory_limit": -1, "stimulus_id": stimulus_id}
+        )
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic != "metacollect-internal":
+            self._events.append((time.time(), topic, msg))
+
+    def _sample(self) -> None:
+        """Snapshot WorkerState and ClientState (event loop; a few attribute reads per worker)."""
+        s = self.scheduler
+        if s is None:
+            return
+        now = time.time()
+        try:
+            workers = [
+                (ws.address, ws.nthreads, len(ws.processing), len(ws.executing), ws.occupancy,
+                 ws.memory, ws.nbytes, len(ws.has_what))
+                for ws in s.workers.values()
+            ]
+            clients = [(cs.client_key, len(cs.wants_what), cs.last_seen) for cs in s.clients.values()]
+        except Exception as e:
+            self._on_error("sample", e)
+            return
+        self._samples.append((now, workers, clients))
+
+    # -- flushing ------------------------------------------------------------------------------
+    def _swap(self) -> tuple[Any, ...]:
+        transitions = self._transitions
+        self._transitions = []
+        self._append = self._transitions.append
+        events, self._events = self._events, []
+        workers, self._workers = self._workers, []
+        samples, self._samples = self._samples, []
+        return transitions, events, workers, samples, self.graphs.swap()
+
+    def _write(self, batch: tuple[Any, ...]) -> None:
+        transitions, events, workers, samples, graphs = batch
+        GraphRecorder.write(self.client_group, graphs)
+        if transitions:
+            self._write_transitions(transitions)
+        if workers:
+            cols: dict[str, list[Any]] = {k: [w[k] for w in workers] for k in workers[0]}
+            self.group.append("workers", cols)
+        if events:
+            t, topic, msg = zip(*events)
+            self.group.append("events", {"time": t, "topic": topic, "msg": [_json(m) for m in msg]})
+        if samples:
+            self._write_samples(samples)
+        self.writer.flush()
+
+    def _write_transitions(self, rows: list[tuple[Any, ...]]) -> None:
+        self.n_transitions += len(rows)
+        keys, starts, finishes, stims, extra, times = zip(*rows)
+        workers = [e.get("worker") if e else None for e in extra]
+        self.group.append(
+            "transitions",
+            {"key": keys, "start": starts, "finish": finishes, "time": times,
+             "stimulus_id": stims, "worker": workers},
+        )
+        done = [i for i, (s, f) in enumerate(zip(starts, finishes))
+                if s == "processing" and f in ("memory", "erred") and extra[i]]
+        if not done:
+            return
+        tasks = self._tasks
+        cols: dict[str, list[Any]] = {c: [] for c in (
+            "key", "prefix", "group", "state", "worker", "thread", "start", "stop", "time",
+            "nbytes", "typename", "retries", "exception")}
+        for i in done:
+            kw = extra[i]
+            key = keys[i]
+            compute = [ss for ss in kw.get("startstops") or () if ss.get("action") == "compute"]
+            ts = tasks.get(key)
+            cols["key"].append(key)
+            cols["prefix"].append(key_split(key))
+            cols["group"].append(_group_of(key))
+            cols["state"].append(finishes[i])
+            cols["worker"].append(kw.get("worker"))
+            cols["thread"].append(kw.get("thread") or -1)
+            cols["start"].append(compute[0]["start"] if compute else float("nan"))
+            cols["stop"].append(compute[-1]["stop"] if compute else float("nan"))
+            cols["time"].append(times[i])
+            nbytes = kw.get("nbytes")
+            cols["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
+            cols["typename"].append(kw.get("typename"))
+            cols["retries"].append(ts.retries if ts is not None else -1)
+            cols["exception"].append(kw.get("exception_text") or "")
+        self.group.append("tasks", cols)
+
+    def _write_samples(self, samples: list[Any]) -> None:
+        w: dict[str, list[Any]] = {c: [] for c in (
+            "time", "worker", "nthreads", "processing", "executing", "occupancy", "memory_process",
+            "memory_managed", "memory_unmanaged", "memory_spilled", "nbytes", "n_in_memory")}
+        c: dict[str, list[Any]] = {k: [] for k in ("time", "client", "wants_what", "last_seen")}
+        for now, workers, clients in samples:
+            for addr, nthreads, processing, executing, occupancy, mem, nbytes, held in workers:
+                for k, v in zip(("time", "worker", "nthreads", "processing", "executing", "occupancy",
+                                 "memory_process", "memory_managed", "memory_unmanaged", "memory_spilled",
+                                 "nbytes", "n_in_memory"),
+                                (now, addr, nthreads, processing, executing, occupancy, mem.process,
+                                 mem.managed, mem.unmanaged, mem.spilled, nbytes, held)):
+                    w[k].append(v)
+            for client, wants, last_seen in clients:
+                for k, v in zip(c, (now, client, wants, last_seen)):
+                    c[k].append(v)
+        if w["time"]:
+            self.group.append("worker_states", w)
+        if c["time"]:
+            self.group.append("client_states", c)
+
+    def _on_error(self, where: str, exc: BaseException) -> None:
+        try:
+            self.group.record_error(f"scheduler.{where}", exc)
+        except Exception:  # the errors table itself must never take the scheduler down
+            logger.exception("metacollect: could not record a collector error")

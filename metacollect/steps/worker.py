@@ -1,0 +1,235 @@
+"""Step 4 of the metadata map: what each worker executed, transferred and how it fared.
+
+:class:`WorkerCollector` is shipped by the scheduler collector to every worker (also workers
+that join later). Each worker writes only its own group ``clusters/<id>/workers/<worker>``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from metacollect import config
+from metacollect.store.flush import PeriodicFlusher
+from metacollect.store.schema import safe_name
+from metacollect.store.writer import GroupWriter, StoreWriter
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+logger = logging.getLogger(__name__)
+
+_DONE = frozenset({"memory", "error"})
+_RUNNING = frozenset({"executing", "long-running"})
+
+
+def worker_id(worker: Worker) -> str:
+    """Store name of a worker: its name plus a short id, unique across restarts."""
+    return f"{safe_name(worker.name)}-{worker.id.rsplit('-', 1)[-1][:8]}"
+
+
+class WorkerCollector(WorkerPlugin):
+    """Collects step 4 on one worker and owns its group.
+
+    Parameters
+    ----------
+    store
+        Path or URL of the run's store.
+    cluster
+        The cluster subtree (``clusters/<cluster>``) this worker belongs to.
+    options
+        The ``metacollect`` config section to apply in the worker process.
+    """
+
+    name = "metacollect-worker"
+    idempotent = True
+
+    def __init__(self, store: str, cluster: str, options: dict[str, Any] | None = None) -> None:
+        self.store_path = store
+        self.cluster = cluster
+        self.options = options or {}
+        self.worker: Worker | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"store_path": self.store_path, "cluster": self.cluster, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["store_path"], state["cluster"], state["options"])  # type: ignore[misc]
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def setup(self, worker: Worker) -> None:
+        import dask
+
+        if self.options:
+            dask.config.update(dask.config.config, {"metacollect": self.options}, priority="new")
+        self.worker = worker
+        self.id = worker_id(worker)
+        self._transitions: list[tuple[Any, ...]] = []
+        self._executions: list[tuple[Any, ...]] = []
+        self._samples: list[tuple[Any, ...]] = []
+        self._last_in: Any = None
+        self._last_out: Any = None
+        self.writer = StoreWriter(self.store_path)
+        self.group: GroupWriter = self.writer.group(
+            "worker",
+            attrs={
+                "address": worker.address,
+                "name": str(worker.name),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "nthreads": worker.state.nthreads,
+                "memory_limit": worker.memory_manager.memory_limit,
+                "started": time.time(),
+            },
+            cluster=self.cluster,
+            worker=self.id,
+        )
+        self.flusher = PeriodicFlusher(
+            self._swap, self._write, config.interval("flush-interval"), self._on_error, "metacollect-flush"
+        )
+        self.flusher.start()
+        from tornado.ioloop import PeriodicCallback
+
+        self._sampler = PeriodicCallback(self._sample, config.interval("snapshot-interval") * 1000)
+        if config.get("capture.worker-metrics"):
+            self._sampler.start()
+
+    async def teardown(self, worker: Worker) -> None:
+        if self.worker is None or getattr(self, "_finished", False):
+            return
+        self._finished = True
+        self._sampler.stop()
+        self._sample()
+        await self.flusher.close()
+
+    # -- hooks (event loop) -------------------------------------------------------------------
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        now = time.time()
+        self._transitions.append((key, start, finish, now))
+        if finish == "memory" or finish == "error":
+            try:
+                ts = self.worker.state.tasks.get(key)  # type: ignore[union-attr]
+                if ts is not None:
+                    self._executions.append(
+                        (key, finish, start in _RUNNING, self.worker.state.threads.get(key),  # type: ignore[union-attr]
+                         list(ts.startstops), ts.nbytes, ts.type)
+                    )
+            except Exception as e:
+                self._on_error("transition", e)
+
+    def _sample(self) -> None:
+        w = self.worker
+        if w is None:
+            return
+        try:
+            m = w.monitor.recent()
+            managed = w.state.nbytes
+            spilled = 0
+            data = w.data
+            if hasattr(data, "spilled_total"):
+                spilled = int(data.spilled_total.memory)
+            memory = int(m.get("memory") or 0)
+            self._samples.append((
+                m.get("time", time.time()), float(m.get("cpu") or 0.0), memory, managed, spilled,
+                max(memory - managed, 0), float(m.get("host_net_io.read_bps") or 0.0),
+                float(m.get("host_net_io.write_bps") or 0.0),
+                float(m.get("host_disk_io.read_bps", math.nan)),
+                float(m.get("host_disk_io.write_bps", math.nan)),
+                len(w.state.executing), len(w.state.ready), len(w.data),
+            ))
+            self._transfers()
+        except Exception as e:
+            self._on_error("sample", e)
+
+    def _transfers(self) -> None:
+        """Take the transfer-log entries added since the last sample (logs are bounded deques)."""
+        w = self.worker
+        for direction, log, last_attr in (("in", w.transfer_incoming_log, "_last_in"),
+                                           ("out", w.transfer_outgoing_log, "_last_out")):
+            last = getattr(self, last_attr)
+            new = []
+            for entry in reversed(log):
+                if entry is last:
+                    break
+                new.append(entry)
+            if new:
+                setattr(self, last_attr, new[0])
+                self._samples.append(("transfer", direction, new[::-1]))
+
+    # -- flushing ------------------------------------------------------------------------------
+    def _swap(self) -> tuple[Any, ...]:
+        tr, self._transitions = self._transitions, []
+        ex, self._executions = self._executions, []
+        sa, self._samples = self._samples, []
+        return tr, ex, sa
+
+    def _write(self, batch: tuple[Any, ...]) -> None:
+        transitions, executions, samples = batch
+        g = self.group
+        if transitions:
+            k, s, f, t = zip(*transitions)
+            g.append("transitions", {"key": k, "start": s, "finish": f, "time": t})
+        if executions:
+            tasks: dict[str, list[Any]] = {c: [] for c in ("key", "state", "thread", "start", "stop", "nbytes", "typename")}
+            ss: dict[str, list[Any]] = {c: [] for c in ("key", "action", "start", "stop", "source")}
+            for key, state, ran, thread, startstops, nbytes, typ in executions:
+                for s_ in startstops:
+                    ss["key"].append(key)
+                    ss["action"].append(s_.get("action"))
+                    ss["start"].append(s_.get("start", math.nan))
+                    ss["stop"].append(s_.get("stop", math.nan))
+                    ss["source"].append(s_.get("source") or "")
+                if not ran:
+                    continue
+                compute = [s_ for s_ in startstops if s_.get("action") == "compute"]
+                tasks["key"].append(key)
+                tasks["state"].append(state)
+                tasks["thread"].append(thread if thread is not None else -1)
+                tasks["start"].append(compute[0]["start"] if compute else math.nan)
+                tasks["stop"].append(compute[-1]["stop"] if compute else math.nan)
+                tasks["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
+                tasks["typename"].append(getattr(typ, "__name__", None) if typ is not None else None)
+            if tasks["key"]:
+                g.append("tasks", tasks)
+            if ss["key"]:
+                g.append("startstops", ss)
+        metrics: dict[str, list[Any]] = {c: [] for c in (
+            "time", "cpu", "memory", "managed", "spilled", "unmanaged", "read_bytes", "write_bytes",
+            "disk_read", "disk_write", "executing", "ready", "in_memory")}
+        transfers: dict[str, list[Any]] = {c: [] for c in (
+            "direction", "peer", "start", "stop", "n_keys", "keys", "total", "compressed")}
+        for row in samples:
+            if row[0] == "transfer":
+                _, direction, entries = row
+                for e in entries:
+                    keys = list(e.get("keys") or ())
+                    transfers["direction"].append(direction)
+                    transfers["peer"].append(e.get("who"))
+                    transfers["start"].append(e.get("start", math.nan))
+                    transfers["stop"].append(e.get("stop", math.nan))
+                    transfers["n_keys"].append(len(keys))
+                    transfers["keys"].append(json.dumps([str(k) for k in keys]))
+                    transfers["total"].append(int(e.get("total") or 0))
+                    c = e.get("compressed")
+                    transfers["compressed"].append(int(c) if isinstance(c, (int, float)) else -1)
+            else:
+                for name, v in zip(metrics, row):
+                    metrics[name].append(v)
+        if metrics["time"]:
+            g.append("metrics", metrics)
+        if transfers["direction"]:
+            g.append("transfers", transfers)
+        self.writer.flush()
+
+    def _on_error(self, where: str, exc: BaseException) -> None:
+        try:
+            self.group.record_error(f"worker.{where}", exc)
+        except Exception:
+            logger.exception("metacollect: could not record a collector error")

@@ -1,0 +1,304 @@
+"""Reading a run: :func:`open_run` and :class:`Run`.
+
+Tables are read straight from Zarr (fast, column by column) and decoded into pandas
+DataFrames; the whole run is also available as an :class:`xarray.DataTree` (``run.tree``).
+Opening a store never executes code from it: it holds no pickles, only arrays and JSON attrs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+import zarr
+
+from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
+from metacollect.store.schema import Schema, load_schema
+
+
+def open_run(path: str | os.PathLike[str]) -> Run:
+    """Open a metacollect store for reading.
+
+    Parameters
+    ----------
+    path
+        The store directory (or fsspec URL).
+
+    Returns
+    -------
+    Run
+
+    Examples
+    --------
+    >>> run = open_run("runs/a.zarr")   # doctest: +SKIP
+    >>> run.tasks().groupby("prefix").duration.sum()   # doctest: +SKIP
+    """
+    return Run(path)
+
+
+class Run:
+    """One collected run. Every table method returns a pandas DataFrame."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        if "://" not in self.path and not os.path.isdir(self.path):
+            raise NotAStoreError(f"{self.path} does not exist or is not a directory; give the path of a metacollect store")
+        try:
+            self.root = zarr.open_group(store=self.path, mode="r", zarr_format=3)
+        except Exception as e:
+            raise NotAStoreError(f"{self.path} is not a Zarr v3 store ({type(e).__name__}: {e}); give the path of a metacollect store") from e
+        attrs = dict(self.root.attrs)
+        if "run_id" not in attrs or "schema_version" not in attrs:
+            raise NotAStoreError(f"{self.path} is a Zarr store but not a metacollect run (no run_id/schema_version on its root)")
+        self.schema: Schema = load_schema()
+        version = attrs["schema_version"]
+        if not isinstance(version, int) or version > self.schema.version:
+            raise SchemaVersionError(
+                f"{self.path} has schema version {version!r}; this metacollect reads up to "
+                f"{self.schema.version}: upgrade metacollect (pip install -U metacollect)"
+            )
+
+    def __repr__(self) -> str:
+        a = self.attrs
+        return f"<Run {a.get('run_id')} status={a.get('status')} clusters={len(self.clusters())} path={self.path}>"
+
+    # -- structure -------------------------------------------------------------------------------
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """Root attrs: run_id, status, started/ended, versions, levels index."""
+        return dict(self.root.attrs)
+
+    @functools.cached_property
+    def tree(self) -> xr.DataTree:
+        """The whole run as an :class:`xarray.DataTree` (lazily loaded)."""
+        return xr.open_datatree(self.path, engine="zarr", consolidated=None, chunks=None)
+
+    @functools.cached_property
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """``{path: attrs}`` of every group that is not a table."""
+        out = {}
+        for path, member in self.root.members(max_depth=None):
+            if isinstance(member, zarr.Group) and "table" not in member.attrs:
+                if self.schema.table_owner(path) is None:
+                    out[path] = dict(member.attrs)
+        return out
+
+    def levels(self) -> dict[str, list[str]]:
+        """``{level: [group paths]}``; the root's index, or rebuilt if the run was cut short."""
+        index = self.attrs.get("levels") or {}
+        if index and self.attrs.get("status") == "complete":
+            return index
+        built: dict[str, list[str]] = {}
+        for path, attrs in self.groups.items():
+            if "level" in attrs:
+                built.setdefault(attrs["level"], []).append(path)
+        built.setdefault("run", []).insert(0, "")
+        return {k: sorted(v) for k, v in built.items()}
+
+    def level(self, name: str) -> dict[str, xr.DataTree]:
+        """Every group at that level of the metadata map, as DataTree nodes by path."""
+        if name not in self.schema.levels:
+            raise StoreError(f"unknown level {name!r}; levels are {', '.join(self.schema.levels)}")
+        return {p: self.tree[p] if p else self.tree for p in self.levels().get(name, [])}
+
+    def step(self, n: int) -> dict[str, xr.DataTree]:
+        """Every group of step ``n`` (1-5) of the metadata map."""
+        if n not in self.schema.steps:
+            raise StoreError(f"unknown step {n!r}; steps are {sorted(self.schema.steps)}")
+        return {p: self.tree[p] for p, a in self.groups.items() if a.get("step") == n and p}
+
+    def clusters(self) -> list[str]:
+        """Cluster ids (one per scheduler), in start order."""
+        try:
+            g = self.root["clusters"]
+        except KeyError:
+            return []
+        items = [(dict(m.attrs).get("started", 0.0), name) for name, m in g.members() if isinstance(m, zarr.Group)]
+        return [name for _, name in sorted(items)]
+
+    def worker_groups(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
+        """``{group path: attrs}`` of the worker groups."""
+        return {
+            p: a for p, a in self.groups.items()
+            if a.get("kind") == "worker" and (cluster is None or p.startswith(f"clusters/{cluster}/"))
+        }
+
+    # -- tables ----------------------------------------------------------------------------------
+    def table(self, group: str, name: str) -> pd.DataFrame:
+        """One table of one group, codes decoded to strings; empty if never written."""
+        spec = self.schema.match(group)
+        if spec is None or name not in spec.tables:
+            raise StoreError(f"{group!r} has no table {name!r} in the schema")
+        tspec = spec.tables[name]
+        try:
+            tg = self.root[f"{group}/{name}" if group else name]
+        except KeyError:
+            return pd.DataFrame({v: pd.Series(dtype=_pandas_dtype(s.dtype)) for v, s in tspec.variables.items()})
+        arrays = {}
+        try:
+            n = min((tg[v].shape[0] for v in tspec.variables if v in tg), default=0)
+            strings = None
+            for v, vspec in tspec.variables.items():
+                if v not in tg:
+                    continue
+                data = tg[v][:n]
+                if vspec.dtype == "code":
+                    if strings is None:
+                        strings = self._strings(group)
+                    data = _decode(data, strings)
+                elif vspec.dtype == "str":
+                    data = np.asarray(data, dtype=object)
+                arrays[v] = data if data.ndim == 1 else list(data)
+        except Exception as e:
+            raise StoreError(f"cannot read table {group}/{name}: {type(e).__name__}: {e} (the store may be damaged)") from e
+        return pd.DataFrame(arrays)
+
+    def _strings(self, group: str) -> np.ndarray:
+        try:
+            values = self.root[f"{group}/strings/value" if group else "strings/value"][:]
+        except KeyError:
+            values = np.empty(0, dtype=object)
+        return np.asarray(values, dtype=object)
+
+    def _concat(self, kind: str, table: str, paths: Iterable[str] | None = None) -> pd.DataFrame:
+        frames = []
+        for path, attrs in self.groups.items():
+            if attrs.get("kind") != kind or (paths is not None and path not in paths):
+                continue
+            df = self.table(path, table)
+            parts = path.split("/")
+            df.insert(0, "cluster", parts[1] if len(parts) > 1 and parts[0] == "clusters" else "")
+            if kind == "worker":
+                df.insert(1, "worker_group", parts[-1])
+            frames.append(df)
+        if not frames:
+            spec = self.schema.groups[kind].tables[table]
+            cols = {"cluster": pd.Series(dtype=object)}
+            if kind == "worker":
+                cols["worker_group"] = pd.Series(dtype=object)
+            cols.update({v: pd.Series(dtype=_pandas_dtype(s.dtype)) for v, s in spec.variables.items()})
+            return pd.DataFrame(cols)
+        return pd.concat(frames, ignore_index=True)
+
+    def transitions(self) -> pd.DataFrame:
+        """One row per scheduler transition: key, start, finish, time, stimulus_id, worker."""
+        return self._concat("scheduler", "transitions")
+
+    def graphs(self) -> pd.DataFrame:
+        """One row per submitted graph: client, time, n_tasks, n_keys, n_dependencies, ..."""
+        return self._concat("client", "graphs")
+
+    def graph_tasks(self) -> pd.DataFrame:
+        """One row per task of each submitted graph: key, prefix, group, priority, ..."""
+        return self._concat("client", "tasks")
+
+    def dependencies(self) -> pd.DataFrame:
+        """Dependency edges of the submitted graphs (key depends on dependency)."""
+        return self._concat("client", "dependencies")
+
+    def events(self) -> pd.DataFrame:
+        """Structured scheduler events of every topic (msg as JSON text)."""
+        return self._concat("scheduler", "events")
+
+    def worker_states(self) -> pd.DataFrame:
+        """WorkerState samples over time (processing, occupancy, memory, ...)."""
+        return self._concat("scheduler", "worker_states")
+
+    def worker_table(self, table: str) -> pd.DataFrame:
+        """A step-4 table (tasks, startstops, transitions, transfers, metrics) of every worker."""
+        return self._concat("worker", table)
+
+    def errors(self) -> pd.DataFrame:
+        """Every collector failure recorded in the store, with the group it belongs to."""
+        frames = []
+        for path, attrs in self.groups.items():
+            spec = self.schema.match(path)
+            if spec is not None and "errors" in spec.tables:
+                df = self.table(path, "errors")
+                if len(df):
+                    df.insert(0, "group", path)
+                    frames.append(df)
+        if not frames:
+            return pd.DataFrame({"group": [], "time": [], "where": [], "what": [], "why": []})
+        return pd.concat(frames, ignore_index=True).sort_values("time", ignore_index=True)
+
+    def workers(self) -> pd.DataFrame:
+        """One row per worker ever seen: address, name, host, pid, nthreads, memory_limit,
+        added/removed times and its store group."""
+        ev = self._concat("scheduler", "workers")
+        adds = ev[ev.event == "add"].drop(columns=["event", "stimulus_id"]).rename(columns={"time": "added"})
+        adds = adds.drop_duplicates(["cluster", "address", "pid"], keep="first")
+        rem = ev[ev.event == "remove"][["cluster", "address", "time", "stimulus_id"]]
+        rem = rem.rename(columns={"time": "removed", "stimulus_id": "removal_stimulus"})
+        adds = pd.merge_asof(
+            adds.sort_values("added"), rem.sort_values("removed"), left_on="added", right_on="removed",
+            by=["cluster", "address"], direction="forward",
+        ) if len(rem) and len(adds) else adds.assign(removed=np.nan, removal_stimulus="")
+        groups = pd.DataFrame(
+            [(p.split("/")[1], a.get("address"), a.get("pid"), p.split("/")[-1]) for p, a in self.worker_groups().items()],
+            columns=["cluster", "address", "pid", "group"],
+        )
+        out = adds.merge(groups, on=["cluster", "address", "pid"], how="left")
+        return out.sort_values("added", ignore_index=True)
+
+    def tasks(self) -> pd.DataFrame:
+        """One row per execution of a task, as the scheduler learnt it (a task recomputed after
+        a worker loss appears once per execution, numbered by ``execution``).
+
+        Columns: cluster, key, execution, prefix, group, graph, state, worker, thread, start,
+        stop, duration, nbytes, typename, retries, exception, time.
+        """
+        df = self._concat("scheduler", "tasks")
+        df = df.sort_values(["time"], kind="stable", ignore_index=True)
+        df.insert(2, "execution", df.groupby(["cluster", "key"], sort=False).cumcount())
+        df["duration"] = df["stop"] - df["start"]
+        df.insert(5, "graph", self._graph_of(df))
+        return df
+
+    def _graph_of(self, df: pd.DataFrame) -> np.ndarray:
+        """Graph number of each execution: the latest submission of its key before it ran."""
+        gt = self.graph_tasks()
+        if not len(df) or not len(gt):
+            return np.full(len(df), -1, dtype=np.int64)
+        g = self.graphs()[["cluster", "graph", "time"]]
+        gt = gt[["cluster", "graph", "key"]].merge(g, on=["cluster", "graph"], how="left")
+        if not gt.duplicated(["cluster", "key"]).any():
+            m = df[["cluster", "key"]].merge(gt[["cluster", "key", "graph"]], on=["cluster", "key"], how="left")
+            return m["graph"].fillna(-1).to_numpy(dtype=np.int64)
+        left = df[["cluster", "key", "time"]].reset_index().sort_values("time")
+        right = gt.rename(columns={"time": "gtime"}).sort_values("gtime")
+        m = pd.merge_asof(left, right, left_on="time", right_on="gtime", by=["cluster", "key"])
+        return m.sort_values("index")["graph"].fillna(-1).to_numpy(dtype=np.int64)
+
+    def config(self) -> dict[str, Any]:
+        """The effective dask config of the run, as a nested dict."""
+        import json
+
+        entries = self.table("config", "entries")
+        out: dict[str, Any] = {}
+        for key, value in zip(entries["key"], entries["value"]):
+            d = out
+            *parents, leaf = key.split(".")
+            for p in parents:
+                d = d.setdefault(p, {})
+            d[leaf] = json.loads(value)
+        return out
+
+
+def _decode(codes: np.ndarray, strings: np.ndarray) -> np.ndarray:
+    lookup = np.empty(len(strings) + 1, dtype=object)
+    lookup[:-1] = strings
+    lookup[-1] = None
+    codes = np.asarray(codes, dtype=np.int64)
+    codes = np.where((codes < 0) | (codes >= len(strings)), len(strings), codes)
+    return lookup[codes]
+
+
+def _pandas_dtype(dtype: str) -> Any:
+    return {"str": object, "code": object, "bool": bool, "int32": np.int32, "int64": np.int64,
+            "uint64": np.uint64, "float64": np.float64}[dtype]

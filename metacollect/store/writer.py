@@ -1,0 +1,343 @@
+"""Columnar buffers appended to Zarr, driven by the schema.
+
+Each process that collects owns a :class:`StoreWriter` and the groups it writes; distinct
+processes never append to the same array, so no locking is needed on a shared filesystem.
+Collectors append rows to in-memory tables (cheap); :meth:`GroupWriter.flush` turns them into
+arrays and appends them to Zarr - from a thread or at the end, never on a hot path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+
+from metacollect import config
+from metacollect.errors import StoreError
+from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
+
+logger = logging.getLogger(__name__)
+
+
+def open_root(path: str | os.PathLike[str], mode: str = "a") -> zarr.Group:
+    """Open (or create) the store's root group; local paths or fsspec URLs."""
+    try:
+        return zarr.open_group(store=os.fspath(path), mode=mode, zarr_format=3)
+    except Exception as e:  # zarr raises many types for unwritable / odd paths
+        raise StoreError(
+            f"cannot open store {os.fspath(path)!r} for writing: {e}; "
+            "check the path is a writable directory (or an fsspec URL you can write to)"
+        ) from e
+
+
+class StringTable:
+    """Dictionary encoding of a group's repeated strings (task keys, states, workers, ...).
+
+    Codes are stable while the cache holds fewer than ``cache_size`` distinct values; past that
+    the cache restarts and a string seen again gets a new code (the store stays correct, a
+    string may then appear twice in the lookup table). This bounds memory on million-task runs.
+    """
+
+    def __init__(self, cache_size: int) -> None:
+        self.cache_size = cache_size
+        self._codes: dict[Any, int] = {}
+        self._next = 0
+        self._new: list[str] = []
+        self._lock = threading.Lock()
+
+    def encode(self, values: Sequence[Any]) -> np.ndarray:
+        """int32 codes of ``values`` (``None`` -> -1); non-strings are encoded as ``str(v)``."""
+        if len(values) == 0:
+            return np.empty(0, np.int32)
+        local, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=True)
+        with self._lock:
+            if len(self._codes) + len(uniques) > self.cache_size:
+                self._codes.clear()
+            codes = self._codes
+            mapped = np.empty(len(uniques) + 1, np.int32)
+            mapped[-1] = -1  # local code -1 (None) indexes the last slot
+            for i, u in enumerate(uniques):
+                c = codes.get(u)
+                if c is None:
+                    c = codes[u] = self._next
+                    self._next += 1
+                    self._new.append(u if type(u) is str else str(u))
+                mapped[i] = c
+        return mapped[local]
+
+    def take_new(self) -> list[str]:
+        with self._lock:
+            new, self._new = self._new, []
+        return new
+
+    def restore(self, new: list[str]) -> None:
+        """Put back strings whose append failed, ahead of newer ones."""
+        with self._lock:
+            self._new = new + self._new
+
+
+class Table:
+    """Pending rows of one table, as column chunks."""
+
+    def __init__(self, spec: TableSpec, limit: int) -> None:
+        self.spec = spec
+        self.limit = limit
+        self._chunks: list[tuple[int, dict[str, Any]]] = []
+        self._rows = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def append(self, columns: Mapping[str, Any]) -> None:
+        """Add rows given as ``{variable: sequence}`` (all of one length)."""
+        n = len(next(iter(columns.values()))) if columns else 0
+        if n == 0:
+            return
+        unknown = set(columns) - set(self.spec.variables)
+        if unknown:
+            raise KeyError(f"table {self.spec.name!r} has no variables {sorted(unknown)}")
+        with self._lock:
+            self._chunks.append((n, dict(columns)))
+            self._rows += n
+            while self._rows > self.limit and len(self._chunks) > 1:
+                m, _ = self._chunks.pop(0)
+                self._rows -= m
+                self.dropped += m
+
+    def take(self) -> list[tuple[int, dict[str, Any]]]:
+        with self._lock:
+            chunks, self._chunks, self._rows = self._chunks, [], 0
+        return chunks
+
+    def restore(self, chunks: list[tuple[int, dict[str, Any]]]) -> None:
+        with self._lock:
+            self._chunks = chunks + self._chunks
+            self._rows += sum(n for n, _ in chunks)
+
+    @property
+    def pending(self) -> int:
+        return self._rows
+
+
+class GroupWriter:
+    """Writer of one group of the store (and its tables), as the schema describes it."""
+
+    def __init__(self, store: StoreWriter, spec: GroupSpec, path: str, attrs: Mapping[str, Any]) -> None:
+        self.store = store
+        self.spec = spec
+        self.path = path
+        limit = int(config.get("buffer-limit"))
+        self.strings = StringTable(int(config.get("strings.cache-size")))
+        self.tables = {name: Table(t, limit) for name, t in spec.tables.items()}
+        self._flush_lock = threading.Lock()
+        self._failed = False
+        self.group = store.ensure_group(path, spec, attrs)
+
+    # -- collecting -------------------------------------------------------------------
+    def append(self, table: str, columns: Mapping[str, Any]) -> None:
+        self.tables[table].append(columns)
+
+    def record_error(self, where: str, exc: BaseException | str) -> None:
+        """Record a collector failure in this group's errors table (what, where, why)."""
+        if isinstance(exc, BaseException):
+            what = f"{type(exc).__name__}: {exc}"
+            why = "".join(traceback.format_exception(exc))
+        else:
+            what, why = str(exc), ""
+        logger.warning("metacollect: %s failed: %s", where, what)
+        self.tables["errors"].append({"time": [time.time()], "where": [where], "what": [what], "why": [why]})
+
+    def set_attrs(self, **attrs: Any) -> None:
+        self.group.attrs.update(_jsonable(attrs))
+
+    # -- writing ----------------------------------------------------------------------
+    def flush(self) -> int:
+        """Append everything pending to Zarr; returns rows written.
+
+        A failing flush keeps the rows (bounded by ``buffer-limit``) and is reported once.
+        """
+        with self._flush_lock:
+            taken = {name: t.take() for name, t in self.tables.items()}
+            new_strings: list[str] = []
+            try:
+                # encode first: it creates the new strings, which must land before the codes
+                columns = {
+                    name: self._columns(self.tables[name].spec, chunks)
+                    for name, chunks in taken.items()
+                    if chunks
+                }
+                new_strings = self.strings.take_new()
+                if new_strings:
+                    self._append_arrays("strings", {"value": np.array(new_strings, dtype=object)})
+                    new_strings = []
+                written = 0
+                for name, cols in columns.items():
+                    self._append_arrays(name, cols)
+                    written += sum(n for n, _ in taken[name])
+                    taken[name] = []
+            except Exception as e:
+                self.strings.restore(new_strings)
+                for name, chunks in taken.items():
+                    self.tables[name].restore(chunks)
+                if not self._failed:
+                    self._failed = True
+                    logger.error(
+                        "metacollect: flush of %s to %s failed (%s); keeping up to %d rows per "
+                        "table in memory and retrying",
+                        self.path or "/", self.store.path, e, self.tables["errors"].limit,
+                    )
+                    self.record_error("flush", e)
+                return 0
+            if self._failed:
+                self._failed = False
+                logger.warning("metacollect: flush of %s works again", self.path or "/")
+            dropped = {n: t.dropped for n, t in self.tables.items() if t.dropped}
+            if dropped:
+                for t in self.tables.values():
+                    t.dropped = 0
+                self.record_error("buffer", f"rows dropped while flushes failed: {dropped}")
+            return written
+
+    def _columns(self, spec: TableSpec, chunks: list[tuple[int, dict[str, Any]]]) -> dict[str, np.ndarray]:
+        out = {}
+        for var in spec.variables.values():
+            parts = []
+            for n, cols in chunks:
+                values = cols.get(var.name)
+                if values is None:
+                    parts.append(np.full(n, FILL[var.dtype], dtype=var.numpy_dtype if var.dtype != "str" else object))
+                elif var.dtype == "code":
+                    parts.append(self.strings.encode(values))
+                elif var.dtype == "str":
+                    arr = np.empty(len(values), dtype=object)
+                    arr[:] = [v if type(v) is str else ("" if v is None else str(v)) for v in values]
+                    parts.append(arr)
+                else:
+                    parts.append(np.asarray(values, dtype=var.numpy_dtype))
+            out[var.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return out
+
+    def _append_arrays(self, table: str, columns: Mapping[str, np.ndarray]) -> None:
+        spec = self.spec.tables[table]
+        tgroup = self.store.ensure_table(self, table)
+        for name, data in columns.items():
+            var = spec.variables[name]
+            try:
+                arr = tgroup[name]
+            except KeyError:
+                arr = self.store.create_array(tgroup, spec, var.name, data)
+            arr.append(data, axis=0)
+
+
+class StoreWriter:
+    """One process's writer of a store: it creates and appends only the groups it owns."""
+
+    def __init__(self, path: str | os.PathLike[str], schema: Schema | None = None) -> None:
+        self.path = os.fspath(path)
+        self.schema = schema or load_schema()
+        self.root = open_root(self.path)
+        self.chunk_rows = int(config.get("store.chunk-rows"))
+        level = int(config.get("store.compression-level"))
+        self._numeric = [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")]
+        self._text = [ZstdCodec(level=level)]
+        self.groups: dict[str, GroupWriter] = {}
+        self._lock = threading.Lock()
+
+    def group(self, kind: str, attrs: Mapping[str, Any] | None = None, **parts: Any) -> GroupWriter:
+        """The writer of group ``kind`` at its concrete path (``parts`` fill the template)."""
+        spec = self.schema.groups[kind]
+        path = spec.format(**parts)
+        with self._lock:
+            if path not in self.groups:
+                self.groups[path] = GroupWriter(self, spec, path, attrs or {})
+            elif attrs:
+                self.groups[path].set_attrs(**attrs)
+            return self.groups[path]
+
+    def _annotation(self, spec: GroupSpec) -> dict[str, Any]:
+        return {
+            "kind": spec.kind,
+            "step": spec.step,
+            "level": spec.level,
+            "category": spec.category,
+            "schema_version": self.schema.version,
+            "description": spec.description,
+        }
+
+    def ensure_group(self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]) -> zarr.Group:
+        """Create ``path`` and its parents, each annotated with step/level/category."""
+        parts = [p for p in path.split("/") if p]
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            pspec = self.schema.match(parent)
+            g = self.root.require_group(parent)
+            if pspec is not None and "step" not in g.attrs:
+                g.attrs.update(self._annotation(pspec))
+        g = self.root.require_group(path) if path else self.root
+        g.attrs.update({**self._annotation(spec), **_jsonable(dict(attrs))})
+        return g
+
+    def ensure_table(self, gw: GroupWriter, table: str) -> zarr.Group:
+        key = f"{gw.path}/{table}" if gw.path else table
+        try:
+            return self.root[key]  # type: ignore[return-value]
+        except KeyError:
+            t = gw.spec.tables[table]
+            g = self.root.require_group(key)
+            g.attrs.update({**self._annotation(gw.spec), "table": table, "dim": t.dim, "description": t.description})
+            return g
+
+    def create_array(self, tgroup: zarr.Group, spec: TableSpec, name: str, sample: np.ndarray) -> zarr.Array:
+        var = spec.variables[name]
+        is_str = var.dtype == "str"
+        extra = tuple(sample.shape[1:])
+        dims = [spec.dim] + ([var.dim2] if var.dim2 else [f"{name}_dim{i}" for i in range(len(extra))])
+        attrs = {"description": var.description, "dtype": var.dtype}
+        if var.unit:
+            attrs["unit"] = var.unit
+        return tgroup.create_array(
+            name,
+            shape=(0, *extra),
+            chunks=(self.chunk_rows, *extra),
+            dtype=str if is_str else var.numpy_dtype,
+            dimension_names=dims,
+            compressors=self._text if is_str else self._numeric,
+            fill_value="" if is_str else FILL[var.dtype],
+            attributes=attrs,
+        )
+
+    def flush(self) -> int:
+        return sum(g.flush() for g in list(self.groups.values()))
+
+
+def _jsonable(obj: Any) -> Any:
+    """Attrs must be plain JSON: convert numpy scalars, tuples, sets and unknown objects."""
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        if isinstance(obj, float) and not np.isfinite(obj):
+            return None
+        return obj
+    return str(obj)
+
+
+def rows(records: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str, list[Any]]:
+    """Columns from an iterable of dict rows (for small, non-hot tables)."""
+    names = list(names)
+    cols: dict[str, list[Any]] = {n: [] for n in names}
+    for r in records:
+        for n in names:
+            cols[n].append(r.get(n))
+    return cols
