@@ -158,7 +158,7 @@ class Collection:
             writer.flush()
         self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
 
-    def stop(self, status: str = "complete", error: BaseException | None = None) -> None:
+    def stop(self, status: str = "complete", error: BaseException | None = None, **extra: Any) -> None:
         """Flush every collector, detach them, finalise the store."""
         problems = []
         for step, fn in (
@@ -172,7 +172,6 @@ class Collection:
             except Exception as e:  # record, keep finalising what we can
                 problems.append(f"{step}: {type(e).__name__}: {e}")
                 logger.warning("metacollect: %s failed: %s", step, e)
-        extra: dict[str, Any] = {}
         if error is not None:
             extra["workflow_error"] = f"{type(error).__name__}: {error}"
         if problems:

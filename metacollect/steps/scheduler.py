@@ -109,6 +109,7 @@ class SchedulerCollector(SchedulerPlugin):
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "started": time.time(),
+                "ended": None,
                 "attached_by": self.attached_by,
             },
             cluster=self.cluster,
@@ -145,6 +146,16 @@ class SchedulerCollector(SchedulerPlugin):
         self._sampler.stop()
         self._sample()
         await self.flusher.close()
+        self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
+
+    def finish_now(self) -> None:
+        """Synchronous final flush, for interpreter exit when the scheduler was never closed."""
+        if self.scheduler is None or getattr(self, "_finished", False):
+            return
+        self._finished = True
+        self._sampler.stop()
+        self.flusher.flush_now()
+        self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
 
     # -- hooks (event loop) -------------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str, **kwargs: Any) -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from metacollect.cli import main
+
+sys.exit(main())

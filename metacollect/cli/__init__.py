@@ -1,0 +1,53 @@
+"""The ``metacollect`` command: one module per subcommand, listed in :data:`COMMANDS`.
+
+Each module has ``add_parser(subparsers)`` and ``run(args) -> int``. User errors are
+:class:`~metacollect.errors.MetacollectError`; :func:`main` prints them as one line on stderr
+and returns their exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from metacollect.errors import MetacollectError
+
+#: subcommand modules, in the order ``--help`` lists them
+COMMANDS = [
+    "metacollect.cli.run",
+    "metacollect.cli.demo",
+    "metacollect.cli.info",
+    "metacollect.cli.validate",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="metacollect",
+        description="Deep profiling of Dask workloads: collect a run into one Zarr store, then analyse it.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(name)
+        p = module.add_parser(sub)
+        p.set_defaults(func=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``metacollect`` command; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MetacollectError as e:
+        print(f"metacollect {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"metacollect {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

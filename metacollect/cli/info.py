@@ -1,0 +1,87 @@
+"""``metacollect info STORE``: the run's tree by level and step, with row counts and sizes."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+from typing import Any
+
+import zarr
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("info", help="show a store's tree by level and step", description=__doc__)
+    p.add_argument("store", help="path of the store")
+    return p
+
+
+def _size(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, f))
+            except OSError:
+                continue
+    return total
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return "-"
+    return datetime.datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds")
+
+
+def describe(store: str) -> list[str]:
+    """Lines of the ``info`` output."""
+    from metacollect.store.reader import open_run
+
+    run = open_run(store)
+    a = run.attrs
+    lines = [
+        f"run {a.get('run_id')}  status: {a.get('status')}"
+        + ("  (collection did not finish: data up to the last flush)" if a.get("status") != "complete" else ""),
+        f"started {_when(a.get('started'))}  ended {_when(a.get('ended'))}  "
+        f"metacollect {a.get('metacollect_version')}  schema {a.get('schema_version')}",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
+        f"clusters: {len(run.clusters())}  workers: {len(run.worker_groups())}  size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
+        "",
+    ]
+    levels = run.levels()
+    by_step: dict[int, list[tuple[str, str]]] = {}
+    for level, paths in levels.items():
+        for p in paths:
+            by_step.setdefault(run.groups.get(p, {}).get("step", 0) if p else 0, []).append((level, p))
+    for step in sorted(by_step):
+        lines.append(f"step {step}: {run.schema.steps.get(step, '')}")
+        for level, path in sorted(by_step[step], key=lambda t: t[1]):
+            spec = run.schema.match(path)
+            tables = []
+            for t in (spec.tables if spec else {}):
+                try:
+                    g = run.root[f"{path}/{t}" if path else t]
+                except KeyError:
+                    continue
+                n = min((m.shape[0] for _, m in g.members() if isinstance(m, zarr.Array)), default=0)
+                if t not in ("strings",) and (n or t != "errors"):
+                    tables.append(f"{t}={n}")
+            lines.append(f"  [{level}] /{path}" + (f"  {' '.join(tables)}" if tables else ""))
+    errors = run.errors()
+    if len(errors):
+        lines += ["", f"{len(errors)} collector error(s) recorded; first: {errors.iloc[0]['where']}: {errors.iloc[0]['what']}"]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    for line in describe(args.store):
+        print(line)
+    return 0

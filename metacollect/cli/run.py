@@ -1,0 +1,58 @@
+"""``metacollect run SCRIPT [--store S] [--cluster NAME ...] [-- ARGS]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "run",
+        help="run a Dask script unmodified and collect every cluster it uses",
+        description="Run SCRIPT as __main__ and collect every Dask scheduler and worker it starts "
+        "(Client(), Client(n_workers=...), its own LocalCluster, ...). With --cluster, start the "
+        "cluster here and let the script's bare Client() connect to it.",
+    )
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
+    p.add_argument("--store", "-s", help="store to write (default: <script>.zarr in the working directory)")
+    p.add_argument("--overwrite", action="store_true", default=None, help="replace an existing store")
+    p.add_argument("--cluster", help="start this cluster for the script (local; slurm and pbs with dask-jobqueue)")
+    p.add_argument("--workers", "--jobs", dest="workers", type=int, help="workers (local) or jobs (batch)")
+    p.add_argument("--threads", type=int, help="threads per worker (local)")
+    p.add_argument("--memory", help="memory per worker/job, e.g. 1GB")
+    p.add_argument("--flush-interval", help="how often collectors flush (e.g. 2s)")
+    p.add_argument("--yappi", action="store_true", default=None, help="profile the worker processes with Yappi")
+    p.add_argument("--darshan", action="store_true", default=None, help="capture I/O with Darshan")
+    return p
+
+
+def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Options of ``--cluster``, by name, without the unset ones."""
+    names = ("workers", "threads", "memory", "cores", "processes", "queue", "walltime", "account",
+             "interface", "job_extra", "local_directory")
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def collect_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if args.flush_interval:
+        opts["flush-interval"] = args.flush_interval
+    if args.yappi:
+        opts["yappi.enabled"] = True
+    if args.darshan:
+        opts["darshan.enabled"] = True
+    return opts
+
+
+def run(args: argparse.Namespace) -> int:
+    from metacollect.launch.runner import run_script
+
+    script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
+    store = args.store or os.path.splitext(os.path.basename(args.script))[0] + ".zarr"
+    return run_script(
+        args.script, script_args, store, overwrite=args.overwrite, cluster=args.cluster,
+        cluster_options=cluster_options(args), options=collect_options(args),
+    )

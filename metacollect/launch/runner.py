@@ -1,0 +1,151 @@
+"""``metacollect run SCRIPT``: run an unmodified script and collect every cluster it uses.
+
+Without ``--cluster`` the script runs in a child process whose environment carries the
+scheduler preload (:mod:`metacollect.launch.preload`), so every scheduler it starts collects
+into the store. With ``--cluster NAME`` metacollect starts the cluster itself (see
+:data:`CLUSTERS`), collects it with :func:`metacollect.collect`'s machinery, and points the
+script's bare ``Client()`` at it through ``DASK_SCHEDULER_ADDRESS``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import dask.config
+
+from metacollect import config
+from metacollect.collect import Collection, finalize, init_root, prepare_store
+from metacollect.errors import UsageError
+from metacollect.launch.preload import attach_environment
+from metacollect.steps.job import JobInfo, write_job
+from metacollect.store.writer import StoreWriter
+
+
+def start_local(workers: int | None = None, threads: int | None = None, memory: str | None = None, **_: Any) -> Any:
+    """A LocalCluster with worker processes (nannies)."""
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        n_workers=workers or 2,
+        threads_per_worker=threads or 1,
+        memory_limit=memory or "auto",
+        processes=True,
+        dashboard_address=":0",
+    )
+
+
+#: clusters ``metacollect run --cluster NAME`` can start: name -> factory(**options)
+CLUSTERS: dict[str, Callable[..., Any]] = {"local": start_local}
+
+
+def read_script(script: str) -> tuple[str, str]:
+    """Absolute path and source of a script, or a UsageError that says what is wrong."""
+    path = os.path.abspath(script)
+    if not os.path.exists(path):
+        raise UsageError(f"script {script} not found; give the path of a Python file")
+    if os.path.isdir(path):
+        raise UsageError(f"{script} is a directory; give the path of a Python file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return path, f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read script {script}: {e.strerror if isinstance(e, OSError) else e}") from e
+
+
+def write_script(writer: StoreWriter, path: str, source: str, argv: list[str]) -> None:
+    """Step 2: the client script (path, argv, hash, source)."""
+    writer.group(
+        "script",
+        attrs={
+            "path": path,
+            "argv": config.redact_argv(argv),
+            "sha256": hashlib.sha256(source.encode()).hexdigest(),
+            "source": source,
+        },
+    )
+
+
+def run_script(
+    script: str,
+    args: list[str],
+    store: str,
+    *,
+    overwrite: bool | None = None,
+    cluster: str | None = None,
+    cluster_options: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
+    echo: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
+) -> int:
+    """Run ``script`` as ``__main__`` with ``args`` and collect it into ``store``.
+
+    Returns the script's exit code. The store is finalised either way; its status is
+    ``incomplete`` when the script was killed or a scheduler never flushed its last interval.
+    """
+    path, source = read_script(script)
+    if cluster is not None and cluster not in CLUSTERS:
+        raise UsageError(f"unknown --cluster {cluster!r}; choose one of {', '.join(sorted(CLUSTERS))}")
+    overrides = {f"metacollect.{k}": v for k, v in (options or {}).items()}
+    with dask.config.set(overrides):
+        config.validate()
+        opts = dask.config.get("metacollect")
+    store = prepare_store(store, overwrite)
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ)
+    session = None
+    cluster_obj = None
+    with dask.config.set(overrides):
+        if cluster is None:
+            writer = StoreWriter(store)
+            init_root(writer, run_id)
+            write_job(writer, JobInfo.capture("run", cluster_type="script"))
+            env.update(attach_environment(store, opts))
+        else:
+            from distributed import Client
+
+            echo(f"metacollect: starting a {cluster} cluster")
+            cluster_obj = CLUSTERS[cluster](**(cluster_options or {}))
+            client = Client(cluster_obj)
+            session = Collection(client, store, run_id=run_id, launcher="run", overwrite=True)
+            session.start()
+            writer = StoreWriter(store)
+            env["DASK_SCHEDULER_ADDRESS"] = cluster_obj.scheduler_address
+        write_script(writer, path, source, args)
+        writer.flush()
+    echo(f"metacollect: running {script} (store {store})")
+    started = time.time()
+    try:
+        proc = subprocess.run([sys.executable, path, *args], env=env, check=False)
+        code = proc.returncode
+    except KeyboardInterrupt:
+        code = -signal.SIGINT
+    status = "complete" if code >= 0 else "incomplete"
+    extra: dict[str, Any] = {"script_exit_code": code, "script_seconds": time.time() - started}
+    if session is not None:
+        session.stop(status, **extra)
+        session.client.close()
+        cluster_obj.close()
+    else:
+        if status == "complete" and not _all_clusters_ended(store):
+            status = "incomplete"
+        finalize(store, status, **extra)
+    echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
+    return code
+
+
+def _all_clusters_ended(store: str) -> bool:
+    import zarr
+
+    root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
+    try:
+        clusters = root["clusters"]
+    except KeyError:
+        return True
+    return all(m.attrs.get("ended") is not None for _, m in clusters.members() if isinstance(m, zarr.Group))
