@@ -8,5 +8,6 @@ __version__ = "0.1.0"
 
 from metacollect.collect import collect  # noqa: E402
 from metacollect.store.reader import Run, open_run  # noqa: E402
+from metacollect.analysis import catalog  # noqa: E402
 
-__all__ = ["Run", "collect", "open_run"]
+__all__ = ["Run", "catalog", "collect", "open_run"]
