@@ -65,6 +65,8 @@ def _check(value: Any, spec: Mapping[str, Any], path: str) -> Iterator[str]:
     if isinstance(value, dict):
         props = spec.get("properties", {})
         for k, v in value.items():
+            if k not in props and str(k).replace("_", "-") in props:
+                k = str(k).replace("_", "-")  # DASK_METACOLLECT__FLUSH_INTERVAL spells it flush_interval
             if k not in props:
                 known = ", ".join(sorted(props))
                 yield f"{path}.{k} is not a known key; known keys: {known}"
@@ -90,12 +92,15 @@ def validate(config: Mapping[str, Any] | None = None) -> None:
     spec = load_schema()["properties"]["metacollect"]
     problems = list(_check(dict(config), spec, "metacollect"))
     for key in ("flush-interval", "snapshot-interval"):
+        if key not in config and key.replace("-", "_") in config:
+            key = key.replace("-", "_")  # set through DASK_METACOLLECT__... (dask accepts both)
         try:
             if parse_timedelta(config.get(key)) <= 0:
-                problems.append(f"metacollect.{key} must be a positive duration such as 2s")
+                problems.append(f"metacollect.{key.replace('_', '-')} must be a positive duration such as 2s")
         except (TypeError, ValueError, KeyError):
             problems.append(
-                f"metacollect.{key} = {config.get(key)!r} is not a duration; use e.g. 2s or 500ms"
+                f"metacollect.{key.replace('_', '-')} = {config.get(key)!r} is not a duration; "
+                "use e.g. 2s or 500ms"
             )
     if problems:
         raise ConfigError(
