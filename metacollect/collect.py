@@ -2,7 +2,7 @@
 
 It writes step 1 (``job``, ``config``) and the root attrs, registers the scheduler collector
 (which ships the worker collector), and on exit flushes every collector, detaches them and
-finalises the store (levels index, ``status="complete"``, consolidated metadata).
+finalises the store (levels index, ``status="complete"``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import shutil
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -102,13 +101,13 @@ def levels_index(root: zarr.Group) -> dict[str, list[str]]:
 
 
 def finalize(store: str, status: str = "complete", **extra: Any) -> None:
-    """Write the levels index and final status on the root, then consolidate metadata."""
+    """Write the levels index and final status on the root.
+
+    Metadata is deliberately not consolidated: later writers (``metacollect ingest``) would make
+    a consolidated copy stale, and readers would silently miss their groups.
+    """
     root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
     root.attrs.update({"levels": levels_index(root), "status": status, "ended": time.time(), **extra})
-    with contextlib.suppress(Exception), warnings.catch_warnings():
-        # consolidation is an optimisation; zarr warns it is not yet in the v3 spec
-        warnings.simplefilter("ignore")
-        zarr.consolidate_metadata(store)
 
 
 def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
@@ -136,6 +135,21 @@ async def _finish_worker(dask_worker: Any) -> None:
         await plugin.teardown(dask_worker)
 
 
+def _batch_recorder(client: Client, writer: StoreWriter) -> Any:
+    """Step 1 of a dask-jobqueue cluster's batch jobs (``job/batch``), or ``None``."""
+    from metacollect.launch.jobqueue import BatchRecorder
+
+    try:
+        recorder = BatchRecorder.for_client(client, writer)
+        if recorder is not None:
+            recorder.record()
+        return recorder
+    except Exception as e:  # never lose the run over the batch metadata
+        writer.group("job").record_error("batch jobs", e)
+        writer.flush()
+        return None
+
+
 class Collection:
     """One collection session on a client; see :func:`collect`."""
 
@@ -156,13 +170,18 @@ class Collection:
             ctype, spec = _cluster_description(self.client)
             write_job(writer, JobInfo.capture(self.launcher, cluster_type=ctype, cluster_spec=spec))
             writer.flush()
+            self.batch = _batch_recorder(self.client, writer)
         self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
 
     def stop(self, status: str = "complete", error: BaseException | None = None, **extra: Any) -> None:
         """Flush every collector, detach them, finalise the store."""
         problems = []
+        batch = getattr(self, "batch", None)
         for step, fn in (
+            ("record batch jobs", lambda: batch and batch.record()),
             ("flush workers", lambda: self.client.run(_finish_worker)),
+            # jobqueue clusters: retire the workers and wait until their jobs left the queue
+            ("retire workers", lambda: batch and problems.extend(batch.retire())),
             ("flush scheduler", lambda: self.client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)),
             ("detach workers", lambda: self.client.unregister_worker_plugin("metacollect-worker")),
             ("detach scheduler", lambda: self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN)),

@@ -42,8 +42,29 @@ def start_local(workers: int | None = None, threads: int | None = None, memory: 
     )
 
 
+def start_jobqueue(system: str) -> Callable[..., Any]:
+    """Factory of a dask-jobqueue cluster scaled to ``workers`` jobs (see ``metacollect.launch.jobqueue``)."""
+
+    def start(workers: int | None = None, threads: int | None = None, job_extra: list[str] | None = None,
+              **options: Any) -> Any:
+        from metacollect.launch.jobqueue import jobqueue_cluster
+
+        if job_extra:
+            options["job_extra_directives"] = list(job_extra)
+        options.setdefault("scheduler_options", {"dashboard_address": ":0"})
+        cluster = jobqueue_cluster(system, **options)
+        cluster.scale(jobs=workers or 1)
+        return cluster
+
+    return start
+
+
 #: clusters ``metacollect run --cluster NAME`` can start: name -> factory(**options)
-CLUSTERS: dict[str, Callable[..., Any]] = {"local": start_local}
+CLUSTERS: dict[str, Callable[..., Any]] = {
+    "local": start_local,
+    "slurm": start_jobqueue("slurm"),
+    "pbs": start_jobqueue("pbs"),
+}
 
 
 def read_script(script: str) -> tuple[str, str]:

@@ -1,0 +1,145 @@
+"""Graceful shutdown of a Dask cluster: retire the workers, wait until they are gone, close.
+
+``cluster.close()`` on a batch cluster cancels the jobs: the worker processes get SIGTERM and
+their exit handlers (a preloaded library's destructor, e.g. Darshan's) do not run. The order
+that works every time (see ``shared/notes/slurm.md``) is: wait until the scheduler holds no
+tasks, ``client.retire_workers(close_workers=True)``, wait until the workers have left the
+scheduler *and* their batch jobs have left the queue, then close.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["graceful_close", "jobs_in_queue", "retire_and_wait"]
+
+
+def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
+    """The ids among ``job_ids`` that the batch system still lists (any state).
+
+    Uses ``squeue`` when Slurm's commands are there (also under the torque wrappers),
+    else ``qstat``. A job the batch system has forgotten counts as gone.
+    """
+    ids = {str(j) for j in job_ids if j}
+    if not ids:
+        return set()
+    if shutil.which("squeue"):
+        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=False)
+        listed = {line.strip() for line in out.stdout.splitlines()}
+        return {j for j in ids if j.split(".")[0] in listed}
+    if shutil.which("qstat"):
+        left = set()
+        for j in ids:
+            out = subprocess.run(["qstat", j], capture_output=True, text=True, check=False)
+            if out.returncode == 0 and j.split(".")[0] in out.stdout and " C " not in out.stdout:
+                left.add(j)
+        return left
+    return set()
+
+
+def _wait(predicate: Any, timeout: float, poll: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+
+
+def retire_and_wait(client: Client, job_ids: Iterable[str] = (), timeout: float = 60.0,
+                    poll: float = 0.25) -> list[str]:
+    """Retire every worker gracefully and wait until they (and their batch jobs) are gone.
+
+    Parameters
+    ----------
+    client
+        A connected client of the cluster.
+    job_ids
+        Batch job ids of the workers, recorded *before* this call (a jobqueue cluster forgets
+        them as workers leave); waited for until the queue no longer lists them.
+    timeout
+        Seconds to wait for each phase (tasks done, workers gone, jobs gone).
+    poll
+        Seconds between checks.
+
+    Returns
+    -------
+    list of str
+        Problems met (timeouts); empty when everything left in order.
+
+    Examples
+    --------
+    >>> ids = [job.job_id for job in cluster.workers.values()]   # doctest: +SKIP
+    >>> retire_and_wait(client, ids)                               # doctest: +SKIP
+    []
+    """
+    problems: list[str] = []
+    job_ids = [str(j) for j in job_ids if j]
+
+    def n_tasks() -> int:
+        return int(client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)))
+
+    if not _wait(lambda: n_tasks() == 0, timeout, poll):
+        problems.append(f"scheduler still held {n_tasks()} tasks after {timeout:g} s; retired anyway")
+    try:
+        client.retire_workers(close_workers=True)
+    except Exception as e:  # a worker that dies while retiring: keep waiting for the rest
+        problems.append(f"retire_workers: {type(e).__name__}: {e}")
+    if not _wait(lambda: not client.scheduler_info(n_workers=-1).get("workers"), timeout, poll):
+        problems.append(f"workers still connected {timeout:g} s after retire_workers")
+    if job_ids and not _wait(lambda: not jobs_in_queue(job_ids), timeout, poll):
+        problems.append(f"batch jobs {sorted(jobs_in_queue(job_ids))} still queued {timeout:g} s after retiring")
+    for p in problems:
+        logger.warning("metacollect: graceful shutdown: %s", p)
+    return problems
+
+
+def graceful_close(client: Client, cluster: Any = None, timeout: float = 60.0,
+                   job_ids: Iterable[str] | None = None, close: bool = True) -> list[str]:
+    """Retire workers, wait until they and their jobs are gone, then close client and cluster.
+
+    Parameters
+    ----------
+    client
+        A connected client.
+    cluster
+        The cluster to close last (default ``client.cluster``, may be ``None``). For a
+        dask-jobqueue cluster its job ids are read before retiring.
+    timeout
+        Seconds to wait for each phase.
+    job_ids
+        Batch job ids to wait for (default: those of ``cluster``'s jobs).
+    close
+        Close the client and the cluster at the end (``False``: only retire and wait).
+
+    Returns
+    -------
+    list of str
+        Problems met; empty when the shutdown was clean.
+    """
+    cluster = cluster if cluster is not None else getattr(client, "cluster", None)
+    if job_ids is None:
+        job_ids = cluster_job_ids(cluster)
+    problems = retire_and_wait(client, list(job_ids), timeout=timeout)
+    if close:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    return problems
+
+
+def cluster_job_ids(cluster: Any) -> list[str]:
+    """Batch job ids of a dask-jobqueue cluster's jobs (empty for other clusters)."""
+    workers = getattr(cluster, "workers", None) or {}
+    return [str(job.job_id) for job in list(workers.values()) if getattr(job, "job_id", None)]
