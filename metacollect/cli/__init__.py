@@ -19,6 +19,9 @@ COMMANDS = [
     "metacollect.cli.demo",
     "metacollect.cli.info",
     "metacollect.cli.validate",
+    "metacollect.cli.jobscript",
+    "metacollect.cli.report",
+    "metacollect.cli.export",
 ]
 
 

@@ -1,0 +1,147 @@
+"""A static HTML report of a run: every view the store has data for, metadata and tables.
+
+The report is a directory with ``index.html`` and one PNG per view; it needs no server and
+no network (no external scripts or styles).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from metacollect import analysis, plot
+from metacollect.store.reader import Run, open_run
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+_CSS = """
+body{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:12px;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
+th{background:#f0f0f0}
+img{max-width:100%;border:1px solid #eee}
+.problem{color:#a00}
+nav a{margin-right:1em}
+"""
+
+_TITLES = {
+    "task_stream": "Task stream",
+    "progress": "Progress per task prefix",
+    "memory": "Memory per worker",
+    "processing": "Processing and occupancy",
+    "task_graph": "Task graph",
+    "critical_path": "Critical path",
+    "io": "I/O (Darshan)",
+    "profile": "Profile (Yappi)",
+}
+
+
+def _table(df: pd.DataFrame, max_rows: int = 50, index: bool = True) -> str:
+    more = f"<p>{len(df) - max_rows} more rows not shown</p>" if len(df) > max_rows else ""
+    return df.head(max_rows).to_html(index=index, float_format=lambda v: f"{v:.4g}", border=0) + more
+
+
+def write_report(
+    store: str | os.PathLike[str] | Run,
+    out_dir: str | os.PathLike[str],
+    dpi: int = 90,
+    echo: Callable[[str], None] | None = None,
+) -> str:
+    """Write ``out_dir/index.html`` (and one PNG per view) for a run and return its path.
+
+    Parameters
+    ----------
+    store
+        Store path or an open :class:`Run`.
+    out_dir
+        Directory to write (created if needed; files in it are replaced).
+    dpi
+        Resolution of the PNGs.
+    echo
+        Called with a progress line per view (e.g. ``print``).
+
+    Examples
+    --------
+    >>> write_report("runs/a.zarr", "runs/a-report")   # doctest: +SKIP
+    'runs/a-report/index.html'
+    """
+    run = store if isinstance(store, Run) else open_run(store)
+    out = os.fspath(out_dir)
+    os.makedirs(out, exist_ok=True)
+    a = run.attrs
+    sections: list[str] = []
+    problems: list[str] = []
+
+    views: dict[str, Callable[[Run], Figure]] = {}
+    for name, (func, has) in plot.VIEWS.items():
+        try:
+            if has(run):
+                views[name] = func
+        except Exception as e:
+            problems.append(f"{name}: cannot tell whether the store has data ({type(e).__name__}: {e})")
+    for name, func in views.items():
+        started = time.perf_counter()
+        try:
+            fig = func(run)
+            fig.savefig(os.path.join(out, f"{name}.png"), dpi=dpi)
+        except Exception as e:  # one failing view must not lose the others; say why
+            problems.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        if echo:
+            echo(f"{name}: {time.perf_counter() - started:.1f} s")
+        sections.append(f'<h2 id="{name}">{_TITLES.get(name, name)}</h2><img src="{name}.png" alt="{name}">')
+
+    tables: list[tuple[str, str]] = []
+
+    def add_table(title: str, make: Callable[[], pd.DataFrame], **kw: Any) -> None:
+        try:
+            df = make()
+        except Exception as e:
+            problems.append(f"{title}: {type(e).__name__}: {e}")
+            return
+        if len(df):
+            tables.append((title, _table(df, **kw)))
+
+    add_table("Summary", lambda: pd.DataFrame([analysis.summary(run)]).T.rename(columns={0: ""}))
+    add_table("Workers", run.workers, index=False)
+    add_table("Utilisation per worker", lambda: analysis.utilisation(run))
+    add_table("Task prefixes", lambda: analysis.prefix_summary(run))
+    add_table("Graphs", run.graphs, index=False)
+    if "critical_path" in views:
+        def cp_table() -> pd.DataFrame:
+            cp = analysis.critical_path(run)
+            return pd.DataFrame([cp.attrs]).assign(tasks=len(cp))
+        add_table("Critical path", cp_table, index=False)
+    add_table("Collector errors", run.errors, index=False)
+
+    meta = {k: v for k, v in a.items() if k not in ("levels",)}
+    levels = a.get("levels") or run.levels()
+    nav = " ".join(f'<a href="#{n}">{_TITLES.get(n, n)}</a>' for n in views)
+    body = [
+        f"<h1>metacollect run {html.escape(str(a.get('run_id')))}</h1>",
+        f"<p>store <code>{html.escape(run.path)}</code>, status <b>{html.escape(str(a.get('status')))}</b></p>",
+        f"<nav>{nav}</nav>",
+    ]
+    if problems:
+        body.append('<h2>Problems</h2><ul class="problem">' + "".join(f"<li>{html.escape(p)}</li>" for p in problems) + "</ul>")
+    body += [f"<h2>{html.escape(t)}</h2>{h}" for t, h in tables[:1]]
+    body += sections
+    body += [f"<h2>{html.escape(t)}</h2>{h}" for t, h in tables[1:]]
+    body.append("<h2>Run metadata</h2><pre>" + html.escape(json.dumps(meta, indent=1, default=str)) + "</pre>")
+    body.append("<h2>Levels of the metadata map</h2><pre>" + html.escape(json.dumps(levels, indent=1)) + "</pre>")
+    doc = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>metacollect {html.escape(str(a.get('run_id')))}</title><style>{_CSS}</style></head>"
+        f"<body>{''.join(body)}</body></html>"
+    )
+    index = os.path.join(out, "index.html")
+    with open(index, "w", encoding="utf-8") as f:
+        f.write(doc)
+    return index
