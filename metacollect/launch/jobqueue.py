@@ -26,6 +26,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import zarr
+
 from metacollect.errors import UsageError
 from metacollect.launch.shutdown import cluster_job_ids, retire_and_wait
 
@@ -131,7 +133,7 @@ def scontrol_job(job_id: str) -> dict[str, str]:
                          check=False)
     if out.returncode != 0 or not out.stdout.strip():
         return {}
-    return {k: v for k, v in _FIELD.findall(out.stdout.strip().splitlines()[0])}
+    return {k: ("" if v == "(null)" else v) for k, v in _FIELD.findall(out.stdout.strip().splitlines()[0])}
 
 
 def scontrol_script(job_id: str) -> str:
@@ -339,41 +341,54 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
     return store
 
 
-def batch_stop(store: str, scheduler_file: str | None = None, status: str = "complete",
-               timeout: float = 120.0) -> str:
-    """End a batch wrapper's run: record the workers' environment, retire them, wait until
-    they exited, flush and close the scheduler, finalise the store. Returns the final status."""
-    from metacollect.collect import _finish_scheduler, finalize
+def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[str]:
+    """End a batch wrapper's cluster: record the workers' environment, retire them, wait until
+    they left, flush and shut down the scheduler. Returns the problems met (also kept for
+    :func:`batch_finalize` in the root attrs)."""
+    from metacollect.collect import _finish_scheduler
     from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
     from metacollect.store.writer import StoreWriter
 
-    extra: dict[str, Any] = {}
-    if scheduler_file:
-        from distributed import Client
+    if not os.path.exists(scheduler_file):
+        raise UsageError(f"scheduler file {scheduler_file} not found; give the --scheduler-file the "
+                         "wrapper's scheduler wrote")
+    from distributed import Client
 
-        if not os.path.exists(scheduler_file):
-            raise UsageError(f"scheduler file {scheduler_file} not found; give the --scheduler-file the "
-                             "wrapper's scheduler wrote")
-        with Client(scheduler_file=scheduler_file, timeout="30s") as client:
-            group = StoreWriter(store).group("batch")
-            rows = []
-            try:
-                for addr, info in client.run(_batch_environment).items():
-                    rows.extend(_env_rows(info["job_id"], addr, info["env"]))
-            except Exception as e:
-                group.record_error("batch environment", e)
-            _write_rows(group, "environment", rows)
-            group.flush()
-            problems = retire_and_wait(client, (), timeout=timeout)
-            try:
-                client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)
-            except Exception as e:
-                problems.append(f"flush scheduler: {type(e).__name__}: {e}")
-            try:
-                client.shutdown()
-            except Exception as e:
-                problems.append(f"shutdown scheduler: {type(e).__name__}: {e}")
-            if problems:
-                extra["shutdown_problems"] = problems
-    finalize(store, status, **extra)
+    problems: list[str] = []
+    with Client(scheduler_file=scheduler_file, timeout="30s") as client:
+        group = StoreWriter(store).group("batch")
+        rows = []
+        try:
+            for addr, info in client.run(_batch_environment).items():
+                rows.extend(_env_rows(info["job_id"], addr, info["env"]))
+        except Exception as e:
+            group.record_error("batch environment", e)
+        _write_rows(group, "environment", rows)
+        group.flush()
+        problems += retire_and_wait(client, (), timeout=timeout)
+        try:
+            client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)
+        except Exception as e:
+            problems.append(f"flush scheduler: {type(e).__name__}: {e}")
+        try:
+            client.shutdown()
+        except Exception as e:
+            problems.append(f"shutdown scheduler: {type(e).__name__}: {e}")
+    if problems:
+        zarr.open_group(store=store, mode="a", zarr_format=3).attrs["shutdown_problems"] = problems
+    return problems
+
+
+def batch_finalize(store: str, exit_code: int = 0) -> str:
+    """Finalise a batch wrapper's store; returns its status.
+
+    ``complete`` when every scheduler flushed its last interval, else ``incomplete``.
+    """
+    from metacollect.collect import finalize
+    from metacollect.launch.runner import _all_clusters_ended
+    from metacollect.store.reader import open_run
+
+    open_run(store)  # a clear error when STORE is not a metacollect store
+    status = "complete" if _all_clusters_ended(store) else "incomplete"
+    finalize(store, status, script_exit_code=exit_code)
     return status

@@ -1,0 +1,73 @@
+#!/bin/bash
+# metacollect batch wrapper for PBS (qsub): submit with `qsub metacollect-pbs.sh`
+# (arguments for the workflow: set WORKFLOW_ARGS, qsub passes none).
+#
+# What it does, inside the allocation:
+#   1. `metacollect batch start` creates the store: run metadata, step 1 (job, config) and the
+#      allocation itself (job id, nodes, PBS_*/SLURM_* env; the script too where Slurm runs it);
+#   2. starts `dask scheduler --preload metacollect.launch.preload` (collects steps 2-4; the
+#      workers get their collector from the scheduler) and `dask worker`s on this node;
+#   3. runs your workflow with DASK_SCHEDULER_ADDRESS set: a bare `Client()` connects to it;
+#   4. `metacollect batch stop`: records each worker's PBS_* environment, waits until no task is
+#      left, retires the workers (their exit handlers, e.g. Darshan's, run) and closes the
+#      scheduler; waits for the worker processes to exit; `metacollect batch finalize` marks the
+#      store complete. A job killed by walltime or qdel leaves the store readable, status
+#      "incomplete", with everything flushed until then.
+#
+# What it produces: the store $STORE (default $PBS_O_WORKDIR/metacollect-<jobid>.zarr), the
+# scheduler file and the job's output files.
+#
+# What to edit: the #PBS lines (resources, walltime, queue, account) and the variables below
+# (or pass them with `qsub -v WORKFLOW=pipeline.py`). Workers run on the first node only; for
+# several nodes start more `dask worker --scheduler-file` with your site's launcher (pbsdsh,
+# mpiexec). `metacollect jobscript pbs --help` renders this script from options.
+# Works with PBS Pro/OpenPBS, Torque, and Slurm's torque wrappers (slurm-wlm-torque).
+#PBS -N metacollect
+#PBS -l select=1:ncpus=2:mem=4GB
+#PBS -l walltime=00:30:00
+##PBS -q workq
+##PBS -A myproject
+
+cd "${PBS_O_WORKDIR:-$PWD}" || exit 1
+WORKFLOW=${WORKFLOW:-workflow.py}          # your Dask script (its Client() connects to this cluster)
+STORE=${STORE:-$PWD/metacollect-${PBS_JOBID:-local}.zarr}   # the store to write
+WORKERS_PER_NODE=${WORKERS_PER_NODE:-1}    # dask worker processes per node
+THREADS_PER_WORKER=${THREADS_PER_WORKER:-${NCPUS:-1}}
+MEMORY_LIMIT=${MEMORY_LIMIT:-auto}         # per worker process, e.g. 4GB
+INTERFACE=${INTERFACE:-}                   # network interface, e.g. ib0 (empty: default)
+PYTHON=${PYTHON:-python}                   # the Python that has metacollect installed
+FLUSH_INTERVAL=${FLUSH_INTERVAL:-}         # how often collectors flush, e.g. 5s (empty: config)
+WORKFLOW_ARGS=${WORKFLOW_ARGS:-}                # arguments for the workflow
+# ---- no need to edit below this line --------------------------------------------------------
+set -uo pipefail
+export METACOLLECT_BATCH_SYSTEM=${METACOLLECT_BATCH_SYSTEM:-pbs}
+if [ -n "$FLUSH_INTERVAL" ]; then export DASK_METACOLLECT__FLUSH_INTERVAL=$FLUSH_INTERVAL; fi
+JOBID=${PBS_JOBID:-${SLURM_JOB_ID:-$$}}
+SCHEDULER_FILE=${SCHEDULER_FILE:-$PWD/metacollect-scheduler-$JOBID.json}
+IFACE=(); if [ -n "$INTERFACE" ]; then IFACE=(--interface "$INTERFACE"); fi
+
+"$PYTHON" -m metacollect batch start "$STORE" || exit $?
+"$PYTHON" -m dask scheduler --scheduler-file "$SCHEDULER_FILE" --dashboard-address :0 "${IFACE[@]}" \
+    --preload metacollect.launch.preload --metacollect-store "$STORE" &
+SCHEDULER_PID=$!
+for _ in $(seq 240); do [ -s "$SCHEDULER_FILE" ] && break; sleep 0.5; done
+if [ ! -s "$SCHEDULER_FILE" ]; then echo "metacollect: the scheduler did not start" >&2; exit 1; fi
+WORKER=("$PYTHON" -m dask worker --scheduler-file "$SCHEDULER_FILE" --nworkers "$WORKERS_PER_NODE"
+        --nthreads "$THREADS_PER_WORKER" --memory-limit "$MEMORY_LIMIT" "${IFACE[@]}")
+"${WORKER[@]}" &
+WORKERS_PID=$!
+DASK_SCHEDULER_ADDRESS=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["address"])' "$SCHEDULER_FILE")
+export DASK_SCHEDULER_ADDRESS
+
+# shellcheck disable=SC2086
+"$PYTHON" "$WORKFLOW" $WORKFLOW_ARGS "$@"
+STATUS=$?
+
+"$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE"
+for pid in "$WORKERS_PID" "$SCHEDULER_PID"; do   # let them exit (exit handlers run), then move on
+    for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+done
+"$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS"
+rm -f "$SCHEDULER_FILE"
+exit "$STATUS"

@@ -1,0 +1,76 @@
+#!/bin/bash
+# metacollect batch wrapper for Slurm: submit with `sbatch metacollect-slurm.sh [workflow args]`.
+#
+# What it does, inside the allocation:
+#   1. `metacollect batch start` creates the store: run metadata, step 1 (job, config) and the
+#      allocation itself (job id, node list, this script as Slurm stored it, SLURM_*/PBS_* env);
+#   2. starts `dask scheduler --preload metacollect.launch.preload` (collects steps 2-4; the
+#      workers get their collector from the scheduler) and `dask worker`s on every node (srun);
+#   3. runs your workflow with DASK_SCHEDULER_ADDRESS set: a bare `Client()` connects to it;
+#   4. `metacollect batch stop`: records each worker's SLURM_* environment, waits until no task
+#      is left, retires the workers (their exit handlers, e.g. Darshan's, run) and closes the
+#      scheduler; waits for the worker processes to exit; `metacollect batch finalize` marks the
+#      store complete. A job killed by walltime or scancel leaves the store readable, status
+#      "incomplete", with everything flushed until then (flush-interval).
+#
+# What it produces: the store $STORE (default ./metacollect-<jobid>.zarr; open it with
+# `metacollect info` or metacollect.open_run), the scheduler file and Slurm's output file.
+#
+# What to edit: the #SBATCH lines (nodes, CPUs, memory, walltime, partition, account) and the
+# variables below (or set them in the environment of sbatch, e.g.
+# `sbatch --export=ALL,WORKFLOW=pipeline.py metacollect-slurm.sh`). `metacollect jobscript slurm
+# --help` renders this script from options.
+#SBATCH --job-name=metacollect
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=2
+#SBATCH --mem=4G
+#SBATCH --time=00:30:00
+##SBATCH --partition=compute
+##SBATCH --account=myproject
+
+WORKFLOW=${WORKFLOW:-workflow.py}          # your Dask script (its Client() connects to this cluster)
+STORE=${STORE:-$PWD/metacollect-${SLURM_JOB_ID:-local}.zarr}   # the store to write
+WORKERS_PER_NODE=${WORKERS_PER_NODE:-1}    # dask worker processes per node
+THREADS_PER_WORKER=${THREADS_PER_WORKER:-${SLURM_CPUS_PER_TASK:-1}}
+MEMORY_LIMIT=${MEMORY_LIMIT:-auto}         # per worker process, e.g. 4GB
+INTERFACE=${INTERFACE:-}                   # network interface, e.g. ib0 (empty: default)
+PYTHON=${PYTHON:-python}                   # the Python that has metacollect installed
+FLUSH_INTERVAL=${FLUSH_INTERVAL:-}         # how often collectors flush, e.g. 5s (empty: config)
+# ---- no need to edit below this line --------------------------------------------------------
+set -uo pipefail
+export METACOLLECT_BATCH_SYSTEM=${METACOLLECT_BATCH_SYSTEM:-slurm}
+if [ -n "$FLUSH_INTERVAL" ]; then export DASK_METACOLLECT__FLUSH_INTERVAL=$FLUSH_INTERVAL; fi
+JOBID=${SLURM_JOB_ID:-${PBS_JOBID:-$$}}
+SCHEDULER_FILE=${SCHEDULER_FILE:-$PWD/metacollect-scheduler-$JOBID.json}
+IFACE=(); if [ -n "$INTERFACE" ]; then IFACE=(--interface "$INTERFACE"); fi
+NODES=${SLURM_JOB_NUM_NODES:-1}
+
+"$PYTHON" -m metacollect batch start "$STORE" || exit $?
+"$PYTHON" -m dask scheduler --scheduler-file "$SCHEDULER_FILE" --dashboard-address :0 "${IFACE[@]}" \
+    --preload metacollect.launch.preload --metacollect-store "$STORE" &
+SCHEDULER_PID=$!
+for _ in $(seq 240); do [ -s "$SCHEDULER_FILE" ] && break; sleep 0.5; done
+if [ ! -s "$SCHEDULER_FILE" ]; then echo "metacollect: the scheduler did not start" >&2; exit 1; fi
+WORKER=("$PYTHON" -m dask worker --scheduler-file "$SCHEDULER_FILE" --nworkers "$WORKERS_PER_NODE"
+        --nthreads "$THREADS_PER_WORKER" --memory-limit "$MEMORY_LIMIT" "${IFACE[@]}")
+if [ -n "${SLURM_JOB_ID:-}" ] && command -v srun >/dev/null; then
+    srun --overlap --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 "${WORKER[@]}" &
+else
+    "${WORKER[@]}" &
+fi
+WORKERS_PID=$!
+DASK_SCHEDULER_ADDRESS=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["address"])' "$SCHEDULER_FILE")
+export DASK_SCHEDULER_ADDRESS
+
+"$PYTHON" "$WORKFLOW" "$@"
+STATUS=$?
+
+"$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE"
+for pid in "$WORKERS_PID" "$SCHEDULER_PID"; do   # let them exit (exit handlers run), then move on
+    for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+done
+"$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS"
+rm -f "$SCHEDULER_FILE"
+exit "$STATUS"
