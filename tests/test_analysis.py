@@ -1,0 +1,109 @@
+"""metacollect.analysis on a real LocalCluster run, checked against what the run did."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from views_runs import CHAIN, WIDE, basic_store
+
+import metacollect
+from metacollect import analysis
+from metacollect.errors import StoreError, UsageError
+
+
+@pytest.fixture(scope="module")
+def run():
+    return metacollect.open_run(basic_store())
+
+
+def test_task_stream_has_one_row_per_task_run(run):
+    ts = analysis.task_stream(run)
+    assert len(ts) == CHAIN + WIDE + 1 + 1  # chain, wide + total, boom
+    assert sorted(ts["key"]) == sorted([f"inc-{i}" for i in range(CHAIN)] + [f"slow-{i}" for i in range(WIDE)] + ["total-0", "boom-0"])
+    # one row per worker thread: 2 workers x at most 2 threads, rows numbered densely
+    assert ts["row"].nunique() == ts[["worker", "thread"]].drop_duplicates().shape[0] <= 4
+    assert set(ts["row"]) == set(range(ts["row"].nunique()))
+    assert (ts["t_stop"] >= ts["t_start"]).all() and (ts["t_start"] >= 0).all()
+    assert ts.set_index("key").at["boom-0", "state"] == "erred"
+
+
+def test_prefix_summary_counts_and_times(run):
+    ps = analysis.prefix_summary(run)
+    assert ps.at["inc", "n"] == CHAIN and ps.at["slow", "n"] == WIDE and ps.at["total", "n"] == 1
+    assert ps.at["boom", "erred"] == 1 and ps.at["inc", "erred"] == 0
+    assert ps.at["inc", "mean"] >= 0.02  # each inc sleeps 20 ms
+    assert ps.at["inc", "total"] == pytest.approx(run.tasks().query("prefix == 'inc'")["duration"].sum())
+
+
+def test_progress_totals_equal_task_counts(run):
+    pr = analysis.progress(run)
+    last = pr.groupby("prefix").last()
+    assert last.at["inc", "done"] == CHAIN
+    assert last.at["slow", "done"] == WIDE
+    assert last.at["boom", "done"] == 1
+    states = ["released", "waiting", "processing", "memory", "erred", "forgotten"]
+    # the states of a prefix always add up to its keys seen so far, never more than it has
+    sums = pr[states].sum(axis=1)
+    assert (sums <= pr["prefix"].map({"inc": CHAIN, "slow": WIDE, "total": 1, "boom": 1})).all()
+    assert (pr[states] >= 0).all().all()
+    assert last.loc["boom", "erred"] + last.loc["boom", "forgotten"] + last.loc["boom", "released"] == 1
+
+
+def test_critical_path_of_a_chain_is_the_chain(run):
+    cp = analysis.critical_path(run, graph=0)
+    assert list(cp["key"]) == [f"inc-{i}" for i in range(CHAIN)]
+    assert cp.attrs["length"] == pytest.approx(cp["duration"].sum())
+    assert 0 < cp.attrs["fraction"] <= 1.0 + 1e-9
+    # the chain is serial: the path explains a good part of the graph's wall time
+    # (the rest is scheduling latency between the 20 ms tasks)
+    assert cp.attrs["fraction"] > 0.2
+
+
+def test_critical_path_of_a_wide_graph_is_one_branch(run):
+    cp = analysis.critical_path(run, graph=1)
+    assert len(cp) == 2 and cp["key"].iloc[-1] == "total-0" and cp["key"].iloc[0].startswith("slow-")
+
+
+def test_critical_path_unknown_graph_says_which_exist(run):
+    with pytest.raises(StoreError, match=r"no graph 99 .* graphs are \[0, 1, 2\]"):
+        analysis.critical_path(run, graph=99)
+
+
+def test_graph_nodes_depths(run):
+    nodes, edges = analysis.graph_nodes(run, 0)
+    assert dict(zip(nodes["key"], nodes["depth"])) == {f"inc-{i}": i for i in range(CHAIN)}
+    assert len(edges) == CHAIN - 1
+    nodes, _ = analysis.graph_nodes(run, 1)
+    assert nodes.set_index("key").at["total-0", "depth"] == 1
+
+
+def test_utilisation_and_memory(run):
+    ut = analysis.utilisation(run)
+    assert len(ut) == 2 and ut["n_tasks"].sum() == len(run.tasks())
+    assert ut["busy"].sum() == pytest.approx(run.tasks()["duration"].sum())
+    assert ((ut["utilisation"] > 0) & (ut["utilisation"] <= 1)).all()
+    mem = analysis.memory(run)
+    assert len(mem) == len(run.worker_states()) and set(mem["worker"]) == set(ut.index)
+    one_time = mem[mem["time"] == mem["time"].iloc[-1]]
+    assert one_time["total_nbytes"].iloc[0] == one_time["nbytes"].sum()
+    load = analysis.worker_load(run)
+    assert (load["processing"] >= 0).all() and (load["occupancy"] >= 0).all()
+
+
+def test_compare_and_catalog(run, tmp_path):
+    cmp = analysis.compare([run, run], labels=["a", "b"])
+    assert list(cmp.index) == ["a", "b"] and (cmp["tasks"] == len(run.tasks())).all()
+    per = analysis.compare_prefixes([run, run], labels=["a", "b"])
+    assert per.at["inc", "a"] == per.at["inc", "b"] > 0
+    with pytest.raises(UsageError, match="one label per run"):
+        analysis.compare([run], labels=["a", "b"])
+    (tmp_path / "broken.zarr").mkdir()
+    import shutil
+
+    shutil.copytree(run.path, tmp_path / "sub" / "a.zarr")
+    cat = metacollect.catalog(tmp_path)
+    assert len(cat) == 2
+    good = cat[cat["problem"] == ""].iloc[0]
+    assert good["tasks"] == len(run.tasks()) and good["wall_time"] > 0
+    assert "not a Zarr" in cat[cat["problem"] != ""].iloc[0]["problem"] or "NotAStore" in cat[cat["problem"] != ""].iloc[0]["problem"]
+    assert isinstance(cat, pd.DataFrame)

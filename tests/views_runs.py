@@ -1,0 +1,101 @@
+"""Stores from real LocalCluster runs, shared by the analysis, plot and report tests.
+
+Built once per test session (each test module asks through a module-scoped fixture) so the
+view tests stay fast: one run with a chain graph, a wide graph with transfers and one erred task.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+import time
+
+#: the chain graph: CHAIN tasks, each depending on the previous
+CHAIN = 6
+#: the wide graph: WIDE independent ``slow`` tasks summed by one ``total`` task
+WIDE = 12
+
+
+def inc(x):
+    time.sleep(0.02)
+    return x + 1
+
+
+def slow(i):
+    import numpy as np
+
+    time.sleep(0.01)
+    return np.full(1000, i, dtype=float)
+
+
+def total(*parts):
+    return float(sum(p.sum() for p in parts))
+
+
+def boom(x):
+    raise ValueError("boom")
+
+
+@functools.cache
+def _tmp() -> str:
+    path = tempfile.mkdtemp(prefix="metacollect-views-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+@functools.cache
+def basic_store() -> str:
+    """Path of a store holding graph 0 = a chain, graph 1 = a wide graph, graph 2 = one erred task."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from metacollect import collect
+
+    store = f"{_tmp()}/basic.zarr"
+    with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0", processes=True) as cluster, Client(cluster) as client:
+        with collect(client, store, overwrite=True):
+            x = dask.delayed(inc)(0, dask_key_name="inc-0")
+            for i in range(1, CHAIN):
+                x = dask.delayed(inc)(x, dask_key_name=f"inc-{i}")
+            assert dask.compute(x)[0] == CHAIN
+            parts = [dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(WIDE)]
+            dask.compute(dask.delayed(total)(*parts, dask_key_name="total-0"))
+            fut = client.submit(boom, 1, key="boom-0")
+            try:
+                fut.result()
+            except ValueError:
+                pass
+            time.sleep(0.5)  # a few worker-state samples after the last task
+    return store
+
+
+SCRIPT = '''
+import time
+import dask
+from distributed import Client, LocalCluster
+
+def work(i):
+    time.sleep(0.01)
+    return i * 2
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster):
+        print(sum(dask.compute(*[dask.delayed(work)(i) for i in range(10)])))
+'''
+
+
+@functools.cache
+def script_store() -> str:
+    """Path of a store written by ``metacollect run`` on a tiny script (10 ``work`` tasks)."""
+    from metacollect.launch.runner import run_script
+
+    script = f"{_tmp()}/script.py"
+    with open(script, "w") as f:
+        f.write(SCRIPT)
+    store = f"{_tmp()}/script.zarr"
+    code = run_script(script, [], store, echo=lambda m: None)
+    if code != 0:
+        raise RuntimeError(f"the script exited with {code}")
+    return store
