@@ -1,0 +1,96 @@
+"""Every view of metacollect.plot renders on a real run and draws the data it should."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from views_runs import CHAIN, WIDE, basic_store
+
+import metacollect
+from metacollect import analysis, plot
+from metacollect.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def run():
+    return metacollect.open_run(basic_store())
+
+
+def render(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=40)
+    assert buf.getvalue()[:4] == b"\x89PNG"
+    return buf.getvalue()
+
+
+def test_task_stream_draws_one_rectangle_per_task(run):
+    fig = plot.task_stream(run)
+    render(fig)
+    ax = fig.axes[0]
+    polys = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(polys[0].get_paths()) == len(run.tasks()) == CHAIN + WIDE + 2
+    assert len(ax.get_yticks()) == analysis.task_stream(run)["row"].nunique()
+    # erred tasks are black, as on the dashboard
+    colours = polys[0].get_facecolors()
+    erred = analysis.task_stream(run)["state"].eq("erred").to_numpy()
+    assert (colours[erred][:, :3] == 0).all()
+
+
+def test_transfers_are_red(run):
+    act = analysis.activity(run)
+    fig = plot.task_stream(run)
+    polys = [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)]
+    if len(act):
+        assert len(polys) == 2 and len(polys[1].get_paths()) == len(act)
+        red = act["action"].eq("transfer").to_numpy()
+        assert (polys[1].get_facecolors()[red][:, :3] == (1, 0, 0)).all()
+
+
+def test_colour_of_a_prefix_is_stable():
+    assert plot.color_of("inc") == plot.color_of("inc")
+
+
+@pytest.mark.parametrize("name", ["progress", "memory", "processing", "task_graph", "critical_path"])
+def test_view_renders(run, name):
+    render(getattr(plot, name)(run))
+
+
+def test_available_views_match_the_store(run):
+    views = plot.available_views(run)
+    assert {"task_stream", "progress", "memory", "processing", "task_graph", "critical_path"} <= set(views)
+    has_io = getattr(run, "io", None) is not None and plot._io_frame(run) is not None
+    assert ("io" in views) == has_io
+
+
+def test_task_graph_colour_by_any_attribute(run):
+    for column in ["duration", "nbytes", "worker", "typename"]:
+        render(plot.task_graph(run, graph=1, color=column, label="key"))
+    nodes, _ = analysis.graph_nodes(run, 1)
+    render(plot.task_graph(run, graph=1, color="mine", nodes=nodes.assign(mine=range(len(nodes)))))
+    with pytest.raises(UsageError, match="no column 'nope'"):
+        plot.task_graph(run, color="nope")
+
+
+def test_task_graph_aggregates_by_prefix(run):
+    fig = plot.task_graph(run, graph=1, max_nodes=5)
+    assert "2 prefixes of 13 tasks" in fig.axes[0].get_title()
+    render(fig)
+
+
+def test_critical_path_title_has_the_fraction(run):
+    fig = plot.critical_path(run, graph=0)
+    assert f"{CHAIN} tasks" in fig.axes[0].get_title() and "%" in fig.axes[0].get_title()
+
+
+def test_compare_renders(run):
+    render(plot.compare([run, run], labels=["a", "b"]))
+
+
+def test_io_and_profile_without_data_say_so(run):
+    if plot._io_frame(run) is None:
+        assert "no Darshan data" in plot.io(run).axes[0].texts[0].get_text()
+    if plot._profile_frame(run) is None:
+        assert "no Yappi data" in plot.profile(run).axes[0].texts[0].get_text()
