@@ -43,6 +43,32 @@ _TITLES = {
 }
 
 
+#: Run methods whose tables the report reads many times; read once per report
+_MEMO = {"tasks", "transitions", "graphs", "graph_tasks", "dependencies", "worker_states",
+         "events", "workers", "errors", "worker_table"}
+
+
+class _Memo:
+    """A read-through cache of a :class:`Run`'s tables for one report (the store is not written
+    meanwhile); every call returns a copy, so views may modify what they get."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._cache: dict[tuple[Any, ...], pd.DataFrame] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._run, name)
+        if name not in _MEMO:
+            return attr
+
+        def call(*args: Any) -> pd.DataFrame:
+            if (name, *args) not in self._cache:
+                self._cache[(name, *args)] = attr(*args)
+            return self._cache[(name, *args)].copy()
+
+        return call
+
+
 def _table(df: pd.DataFrame, max_rows: int = 50, index: bool = True) -> str:
     more = f"<p>{len(df) - max_rows} more rows not shown</p>" if len(df) > max_rows else ""
     return df.head(max_rows).to_html(index=index, float_format=lambda v: f"{v:.4g}", border=0) + more
@@ -72,7 +98,7 @@ def write_report(
     >>> write_report("runs/a.zarr", "runs/a-report")   # doctest: +SKIP
     'runs/a-report/index.html'
     """
-    run = store if isinstance(store, Run) else open_run(store)
+    run: Any = _Memo(store if isinstance(store, Run) else open_run(store))
     out = os.fspath(out_dir)
     os.makedirs(out, exist_ok=True)
     a = run.attrs

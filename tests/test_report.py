@@ -72,9 +72,9 @@ def test_export_without_a_format_teaches(store, capsys):
     assert "pass --perfetto out.json" in capsys.readouterr().err
 
 
-def test_report_on_the_basic_run_and_perfetto_counts(tmp_path):
+def test_report_api_and_perfetto_counts(store, tmp_path):
+    index = write_report(store, tmp_path / "r", dpi=30)
+    assert os.path.exists(index) and open(index).read().count("<img") == 6
     run = metacollect.open_run(basic_store())
-    index = write_report(run, tmp_path / "r", dpi=30)
-    assert os.path.exists(index)
     meta = perfetto.write(run, tmp_path / "t.json")
     assert meta["executed_tasks"] == len(run.tasks())
