@@ -69,9 +69,12 @@ def describe(store: str) -> list[str]:
             for t in (spec.tables if spec else {}):
                 try:
                     g = run.root[f"{path}/{t}" if path else t]
+                    n = min((m.shape[0] for _, m in g.members() if isinstance(m, zarr.Array)), default=0)
                 except KeyError:
                     continue
-                n = min((m.shape[0] for _, m in g.members() if isinstance(m, zarr.Array)), default=0)
+                except Exception:  # damaged metadata: say so, keep describing the rest
+                    tables.append(f"{t}=DAMAGED")
+                    continue
                 if t not in ("strings",) and (n or t != "errors"):
                     tables.append(f"{t}={n}")
             lines.append(f"  [{level}] /{path}" + (f"  {' '.join(tables)}" if tables else ""))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -82,7 +82,7 @@ class Run:
     def groups(self) -> dict[str, dict[str, Any]]:
         """``{path: attrs}`` of every group that is not a table."""
         out = {}
-        for path, member in self.root.members(max_depth=None):
+        for path, member in walk(self.root):
             if isinstance(member, zarr.Group) and "table" not in member.attrs:
                 if self.schema.table_owner(path) is None:
                     out[path] = dict(member.attrs)
@@ -118,7 +118,8 @@ class Run:
             g = self.root["clusters"]
         except KeyError:
             return []
-        items = [(dict(m.attrs).get("started", 0.0), name) for name, m in g.members() if isinstance(m, zarr.Group)]
+        items = [(dict(m.attrs).get("started", 0.0), name) for name, m in walk(g, "clusters", depth=1)
+                 if isinstance(m, zarr.Group)]
         return [name for _, name in sorted(items)]
 
     def worker_groups(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
@@ -288,6 +289,28 @@ class Run:
                 d = d.setdefault(p, {})
             d[leaf] = json.loads(value)
         return out
+
+
+def walk(group: zarr.Group, path: str = "", on_error: Callable[[str], None] | None = None,
+         depth: int | None = None) -> Iterator[tuple[str, zarr.Group | zarr.Array]]:
+    """``(path, member)`` of every group and array below ``group``, listing one group at a time.
+
+    A group whose listing fails (damaged ``zarr.json``) raises a :class:`StoreError` naming it,
+    or, with ``on_error``, is reported there and skipped.
+    """
+    try:
+        members = list(group.members())
+    except Exception as e:
+        msg = (f"group /{path} cannot be read ({type(e).__name__}: {e}); the store is damaged there")
+        if on_error is None:
+            raise StoreError(msg) from e
+        on_error(msg)
+        return
+    for name, member in members:
+        sub = f"{path}/{name}" if path else name
+        yield (name if depth == 1 else sub), member
+        if isinstance(member, zarr.Group) and depth != 1:
+            yield from walk(member, sub, on_error, None if depth is None else depth - 1)
 
 
 def _decode(codes: np.ndarray, strings: np.ndarray) -> np.ndarray:

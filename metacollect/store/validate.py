@@ -27,7 +27,9 @@ def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -
     problems: list[str] = []
     incomplete = root.attrs.get("status") != "complete"
     _check_group("", root, schema.groups["root"], schema, problems)
-    for path, member in root.members(max_depth=None):
+    from metacollect.store.reader import walk
+
+    for path, member in walk(root, on_error=problems.append):
         if not isinstance(member, zarr.Group):
             continue
         owner = schema.table_owner(path)
@@ -74,7 +76,12 @@ def _check_group(path: str, group: zarr.Group, spec: GroupSpec, schema: Schema, 
 
 def _check_table(root: zarr.Group, path: str, group: zarr.Group, tspec: Any, incomplete: bool, problems: list[str]) -> None:
     lengths = {}
-    for name, arr in group.members():
+    try:
+        members = list(group.members())
+    except Exception as e:  # a damaged zarr.json below the table
+        problems.append(f"{path}: cannot be read ({type(e).__name__}: {e})")
+        return
+    for name, arr in members:
         if not isinstance(arr, zarr.Array):
             problems.append(f"{path}/{name}: unexpected group inside a table")
             continue
