@@ -102,6 +102,19 @@ def jobqueue_cluster(system: str, **kwargs: Any) -> Any:
                 submit_command = submit
 
             kwargs["job_cls"] = TorqueJob
+    base = kwargs.get("job_cls") or cls.job_cls
+
+    class ClosingJob(base):  # type: ignore[valid-type,misc]
+        # dask-jobqueue's Job.close cancels the job but leaves status "running"; SpecCluster.close
+        # then fails its "every worker closed" check when a retired job object is still alive.
+        async def close(self) -> None:
+            await super().close()
+            from distributed.core import Status
+
+            self.status = Status.closed
+
+    ClosingJob.__name__ = ClosingJob.__qualname__ = base.__name__
+    kwargs["job_cls"] = ClosingJob
     try:
         return cls(**kwargs)
     except ValueError as e:
@@ -227,9 +240,9 @@ class BatchRecorder:
             "batch_system": system,
             "source": "jobqueue",
             "job_script": cluster.job_script(),
-            "queue": getattr(job, "queue", None),
-            "account": getattr(job, "account", None) or getattr(job, "project", None),
-            "walltime": getattr(job, "walltime", None),
+            "queue": _requested(cluster, "queue"),
+            "account": _requested(cluster, "account") or _requested(cluster, "project"),
+            "walltime": _requested(cluster, "walltime"),
             "cores": getattr(job, "worker_cores", None),
             "memory": _memory(getattr(job, "worker_memory", None)),
             "processes": getattr(job, "worker_processes", None),
@@ -279,7 +292,27 @@ class BatchRecorder:
     def retire(self, timeout: float = 60.0) -> list[str]:
         """Retire the workers and wait until their jobs have left the queue."""
         ids = list(dict.fromkeys([*self.job_ids, *cluster_job_ids(self.cluster)]))
-        return retire_and_wait(self.client, ids, timeout=timeout)
+        problems = retire_and_wait(self.client, ids, timeout=timeout)
+        # Let the cluster close its (finished) jobs now: left alone, SpecCluster closes a lost
+        # worker's job only after distributed.deploy.lost-worker-timeout, and a cluster.close()
+        # before that trips its "every worker closed" check.
+        self.cluster.scale(0)
+        deadline = time.monotonic() + 30
+        while self.cluster.workers and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return problems
+
+
+def _requested(cluster: Any, name: str) -> Any:
+    """What a jobqueue cluster asked for: its keyword argument, else jobqueue's config."""
+    import dask.config
+
+    value = (getattr(cluster, "_job_kwargs", None) or {}).get(name)
+    if value is None:
+        config_name = getattr(getattr(cluster, "_dummy_job", None), "config_name", None)
+        if config_name:
+            value = dask.config.get(f"jobqueue.{config_name}.{name}", None)
+    return None if value is None else str(value)
 
 
 def _memory(value: Any) -> str | None:

@@ -1,0 +1,166 @@
+"""dask-jobqueue clusters on a real Slurm (and its torque wrappers for PBS), collected end to end.
+
+The ``slurm`` / ``pbs`` tests need the single-node Slurm that ``.ci/slurm-up`` starts; they run
+in CI. Without it they fail with a message that says how to start it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+from distributed import Client
+
+from metacollect import collect, open_run
+from metacollect.launch import runner
+from metacollect.launch.jobqueue import (
+    _FIELD,
+    _epoch,
+    _job_row,
+    batch_system,
+    jobqueue_cluster,
+    scontrol_job,
+    scontrol_script,
+)
+from metacollect.launch.shutdown import jobs_in_queue
+from metacollect.store.validate import validate_store
+
+KW = {"cores": 1, "processes": 1, "memory": "1GB", "walltime": "00:10:00", "interface": "lo",
+      "scheduler_options": {"dashboard_address": ":0"}}
+
+
+def require_slurm() -> None:
+    if shutil.which("sinfo") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
+        pytest.fail("Slurm is not running here: start it with `.ci/slurm-up` (as root), then re-run")
+
+
+def squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+# -- without a batch system ------------------------------------------------------------------
+def test_scontrol_fields_parse():
+    line = ("JobId=12 JobName=dask-worker UserId=root(0) JobState=RUNNING Partition=debug "
+            "TimeLimit=00:10:00 SubmitTime=2026-11-21T11:00:00 StartTime=2026-11-21T11:00:01 "
+            "NodeList=vm NumNodes=1 NumCPUs=1 TRES=cpu=1,mem=954M,node=1 Command=/tmp/a b.sh")
+    fields = dict(_FIELD.findall(line))
+    assert fields["TRES"] == "cpu=1,mem=954M,node=1"
+    assert fields["Command"] == "/tmp/a b.sh"
+    row = _job_row("12", "worker", fields, "#!/bin/bash", processes=1, workers=["tcp://a"], hostnames=["vm"])
+    assert (row["cpus"], row["memory"], row["num_nodes"], row["nodes"]) == (1, "954M", 1, "vm")
+    assert row["start_time"] - row["submit_time"] == 1
+    assert math.isnan(_epoch("Unknown"))
+
+
+def test_unknown_system_is_a_usage_error():
+    from metacollect.errors import UsageError
+
+    with pytest.raises(UsageError, match="choose one of slurm, pbs"):
+        jobqueue_cluster("lsf", cores=1, memory="1GB")
+
+
+def test_clusters_registered():
+    assert {"local", "slurm", "pbs"} <= set(runner.CLUSTERS)
+    assert batch_system(object()) is None
+
+
+# -- real Slurm --------------------------------------------------------------------------------
+def _check_batch(store: str, system: str, seen: dict[str, dict[str, str]], template: str) -> None:
+    assert validate_store(store) == []
+    run = open_run(store)
+    assert run.attrs["status"] == "complete"
+    batch = run.tree["job/batch"]
+    assert batch.attrs["batch_system"] == system
+    assert batch.attrs["source"] == "jobqueue"
+    assert batch.attrs["job_script"] == template
+    assert batch.attrs["cores"] == 1 and batch.attrs["processes"] == 1
+    assert batch.attrs["walltime"] == "00:10:00"
+    jobs = run.table("job/batch", "jobs").set_index("job_id")
+    assert set(jobs.index) == set(seen) and len(jobs) >= 2
+    for job_id, fields in seen.items():
+        row = jobs.loc[job_id]
+        assert row["role"] == "worker"
+        assert row["partition"] == fields["Partition"]
+        assert row["time_limit"] == fields["TimeLimit"] == "00:10:00"
+        assert row["cpus"] == int(fields["NumCPUs"]) == 1
+        assert row["nodes"] == fields["NodeList"]
+        assert row["submit_time"] == _epoch(fields["SubmitTime"])
+        assert row["start_time"] == _epoch(fields["StartTime"])
+        assert json.loads(row["hostnames"]) and len(json.loads(row["workers"])) == 1
+        assert row["script"] == fields["script"], "the script Slurm holds for the job"
+        worker_name = row["script"].split("--name ")[1].split()[0]
+        assert row["script"] == template.replace("--name dummy-name", f"--name {worker_name}")
+    env = run.table("job/batch", "environment")
+    for job_id in seen:
+        mine = env[env.job_id == job_id].set_index("name")["value"]
+        assert mine["SLURM_JOB_ID"] == job_id
+        assert mine["PBS_JOBID"] == job_id  # spank_pbs: every Slurm job has it
+    assert len(run.tasks()) == 20
+    assert not jobs_in_queue(seen), "graceful shutdown returns only when the jobs left the queue"
+
+
+def _collect_on(cluster, store: str) -> dict[str, dict[str, str]]:
+    cluster.scale(jobs=2)
+    with Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        ids = [str(j.job_id) for j in cluster.workers.values()]
+        assert set(ids) <= squeue_ids()
+        seen = {i: {**scontrol_job(i), "script": scontrol_script(i)} for i in ids}
+        with collect(client, store, flush_interval="0.5s"):
+            assert sum(client.gather(client.map(lambda x: x + 1, range(20)))) == 210
+        assert set(ids).isdisjoint(squeue_ids())
+    return seen
+
+
+@pytest.mark.slurm
+def test_slurm_cluster_collected(tmp_path):
+    require_slurm()
+    store = str(tmp_path / "slurm.zarr")
+    with jobqueue_cluster("slurm", log_directory=str(tmp_path / "logs"), **KW) as cluster:
+        template = cluster.job_script()
+        assert "#SBATCH -t 00:10:00" in template and "#SBATCH --mem=954M" in template
+        seen = _collect_on(cluster, store)
+    _check_batch(store, "slurm", seen, template)
+
+
+@pytest.mark.pbs
+def test_pbs_cluster_through_torque_wrappers(tmp_path):
+    require_slurm()
+    if shutil.which("qsub") is None:
+        pytest.fail("qsub is missing: install slurm-wlm-torque (.ci/slurm-up does)")
+    store = str(tmp_path / "pbs.zarr")
+    logs = tmp_path / "logs"
+    with jobqueue_cluster("pbs", log_directory=str(logs), **KW) as cluster:
+        template = cluster.job_script()
+        assert "#PBS -l walltime=00:10:00" in template and "#PBS -l select=1:ncpus=1:mem=954MB" in template
+        assert cluster.job_cls.submit_command.startswith(f"qsub -e {logs}/%x-%j.err")
+        seen = _collect_on(cluster, store)
+    _check_batch(store, "pbs", seen, template)
+    assert any(p.suffix == ".err" for p in logs.iterdir())
+
+
+@pytest.mark.slurm
+def test_metacollect_run_cluster_slurm(tmp_path):
+    require_slurm()
+    script = tmp_path / "wf.py"
+    script.write_text("from distributed import Client\nc = Client()\nc.wait_for_workers(2)\n"
+                      "print(c.submit(sum, [1, 2]).result())\n")
+    store = tmp_path / "run.zarr"
+    proc = subprocess.run(
+        [sys.executable, "-m", "metacollect", "run", "--store", str(store), "--cluster", "slurm",
+         "--jobs", "2", "--cores", "1", "--memory", "1GB", "--walltime", "00:05:00", "--queue", "debug",
+         "--interface", "lo", "--flush-interval", "0.5s", str(script)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "3" in proc.stdout.split()
+    assert validate_store(store) == []
+    run = open_run(store)
+    jobs = run.table("job/batch", "jobs")
+    assert len(jobs) == 2 and set(jobs.partition) == {"debug"} and set(jobs.time_limit) == {"00:05:00"}
+    assert "#SBATCH -p debug" in run.tree["job/batch"].attrs["job_script"]
+    assert not jobs_in_queue(jobs.job_id)
