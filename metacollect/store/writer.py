@@ -63,15 +63,21 @@ class StringTable:
             if len(self._codes) + len(uniques) > self.cache_size:
                 self._codes.clear()
             codes = self._codes
-            mapped = np.empty(len(uniques) + 1, np.int32)
+            uniq = uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
+            get = codes.get
+            found = [get(u) for u in uniq]
+            missing = [i for i, c in enumerate(found) if c is None]
+            if missing:  # bulk-assign new codes, in first-seen order as before
+                new = [uniq[i] for i in missing]
+                fresh = range(self._next, self._next + len(new))
+                codes.update(zip(new, fresh))
+                for i, c in zip(missing, fresh):
+                    found[i] = c
+                self._next += len(new)
+                self._new.extend(u if type(u) is str else str(u) for u in new)
+            mapped = np.empty(len(uniq) + 1, np.int32)
+            mapped[:-1] = found
             mapped[-1] = -1  # local code -1 (None) indexes the last slot
-            for i, u in enumerate(uniques):
-                c = codes.get(u)
-                if c is None:
-                    c = codes[u] = self._next
-                    self._next += 1
-                    self._new.append(u if type(u) is str else str(u))
-                mapped[i] = c
         return mapped[local]
 
     def take_new(self) -> list[str]:

@@ -1,0 +1,104 @@
+"""Figure 1: wall-time ratio collected / bare on a LocalCluster (2 workers, 1 thread each),
+side by side with distributed's ``performance_report``, steps 1-4 (Yappi, Darshan off).
+
+(a) stress graph of >= 30k tiny tasks, (b) dask.array pipeline with tasks of >= 10 ms.
+One cluster per workload, shared by its three modes; repeats interleaved with a rotating
+order; the ratio is the median of per-repeat ratios. Also records store size per task
+(figure 3) next to the performance_report HTML size of the same workload.
+
+    python benchmarks/overhead.py [--repeats 5] [--tiny 30000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import _common
+import dask
+import dask.array as da
+from distributed import Client, performance_report
+
+from metacollect import collect, open_run
+
+
+def tiny_graph(n: int) -> Any:
+    """About ``n`` tasks: n/2 one-element chunks and the reduction tree over them."""
+    return da.ones(max(n // 2, 1), chunks=1).sum(split_every=32)
+
+
+def array_graph(size: int = 4000, chunk: int = 1000) -> Any:
+    x = da.random.RandomState(0).random((size, size), chunks=chunk)
+    y = (x @ x.T) ** 0.5
+    return (y - y.mean(axis=0)).std(axis=1).sum()
+
+
+def n_tasks(graph: Any) -> int:
+    return len(dict(graph.__dask_graph__()))
+
+
+def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str, Any]:
+    store = os.path.join(workdir, f"{name}.zarr")
+    html = os.path.join(workdir, f"{name}.html")
+    with _common.local_cluster() as cluster, Client(cluster) as client:
+        def bare() -> None:
+            dask.compute(graph)
+
+        def collected() -> None:
+            with collect(client, store, overwrite=True):
+                dask.compute(graph)
+
+        def perf_report() -> None:
+            with performance_report(filename=html):
+                dask.compute(graph)
+
+        _common.log(f"{name}: {n_tasks(graph)} tasks, {repeats} interleaved repeats")
+        bare()
+        times = _common.interleaved({"bare": bare, "collected": collected, "performance_report": perf_report},
+                                    repeats, warmup=0)
+        # (the warm-up is the untimed bare run below, which also checks the graph works)
+    run = open_run(store)
+    tasks = len(run.tasks())
+    size = _common.du(store)
+    return {
+        "tasks_in_graph": n_tasks(graph),
+        "tasks_in_store": tasks,
+        "transitions_in_store": len(run.transitions()),
+        "repeats": repeats,
+        "times_s": times,
+        "median_s": {k: _common.median(v) for k, v in times.items()},
+        "ratio_collected": _common.paired_ratio(times, "collected"),
+        "ratio_performance_report": _common.paired_ratio(times, "performance_report"),
+        "store_bytes": size,
+        "store_bytes_per_task": size / max(tasks, 1),
+        "performance_report_html_bytes": os.path.getsize(html),
+        "performance_report_bytes_per_task": os.path.getsize(html) / max(tasks, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--array-size", type=int, default=4000)
+    p.add_argument("--tiny", type=int, default=30_000)
+    p.add_argument("--only", choices=["tiny", "array"])
+    a = p.parse_args(argv)
+    workdir = tempfile.mkdtemp(prefix="mc-bench-")
+    out = {}
+    try:
+        if a.only in (None, "tiny"):
+            out["tiny"] = run_workload("tiny", tiny_graph(a.tiny), a.repeats, workdir)
+            _common.save("overhead_tiny", out["tiny"])
+        if a.only in (None, "array"):
+            out["array"] = run_workload("array", array_graph(a.array_size), a.repeats, workdir)
+            _common.save("overhead_array", out["array"])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()

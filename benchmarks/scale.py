@@ -1,0 +1,142 @@
+"""Figure 4: scale. A large tiny-task graph collected without losing a transition, the
+collector's extra peak memory in the scheduler process, open_run(...).tasks() time, and
+writer throughput (records/s of GroupWriter append+flush of transition-shaped rows).
+
+Each cluster run is its own subprocess so that peak RSS (ru_maxrss) is per run. With
+LocalCluster the scheduler lives in the driver process, so the extra peak memory is the
+peak-RSS delta of that process between a collected and a bare run of the same graph (both
+carry the same counting reference plugin, whose count is compared with the store).
+
+    python benchmarks/scale.py [--tasks 1000000] [--writer-rows 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import _common
+import numpy as np
+
+
+def child(mode: str, n_tasks: int, store: str) -> dict[str, Any]:
+    import dask
+    import dask.array as da
+    from distributed import Client
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    from metacollect import collect
+
+    class Counter(SchedulerPlugin):
+        name = "bench-counter"
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+            self.n += 1
+
+    graph = da.ones(max(n_tasks // 2, 1), chunks=1).sum(split_every=32)
+    ntasks = len(dict(graph.__dask_graph__()))
+    with _common.local_cluster() as cluster, Client(cluster) as client:
+        counter = Counter()
+        cluster.scheduler.add_plugin(counter)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.perf_counter()
+        if mode == "collected":
+            with collect(client, store, overwrite=True):
+                dask.compute(graph)
+        else:
+            dask.compute(graph)
+        wall = time.perf_counter() - t0
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"mode": mode, "tasks": ntasks, "wall_s": wall, "transitions_counted": counter.n,
+            "peak_rss_mb": peak / 1024, "rss_before_mb": base / 1024}
+
+
+def writer_throughput(rows: int, repeats: int = 3) -> dict[str, Any]:
+    """GroupWriter.append + flush of transition-shaped rows (distinct keys, repeated states)."""
+    from metacollect.store.writer import StoreWriter
+
+    tmp = tempfile.mkdtemp(prefix="mc-writer-")
+    keys = [f"('inc-{i % 97:032x}', {i})" for i in range(rows)]
+    states = ["released", "waiting", "processing", "memory"]
+    starts = [states[i % 3] for i in range(rows)]
+    finishes = [states[i % 3 + 1] for i in range(rows)]
+    stims = [f"task-finished-{i // 3}" for i in range(rows)]
+    workers = [None if i % 3 != 1 else "tcp://127.0.0.1:40001" for i in range(rows)]
+    times = list(time.time() + np.arange(rows) * 1e-6)
+    rates, cpu_rates = [], []
+    try:
+        for r in range(repeats):
+            w = StoreWriter(os.path.join(tmp, f"w{r}.zarr"))
+            g = w.group("scheduler", cluster="bench")
+            batch = 100_000
+            t0, c0 = time.perf_counter(), time.process_time()
+            for i in range(0, rows, batch):  # one flush per batch, as the flush thread does
+                sl = slice(i, i + batch)
+                g.append("transitions", {"key": keys[sl], "start": starts[sl], "finish": finishes[sl],
+                                         "time": times[sl], "stimulus_id": stims[sl], "worker": workers[sl]})
+                g.flush()
+            rates.append(rows / (time.perf_counter() - t0))
+            # CPU time of all the process's threads (zarr compresses in its own threads): on a
+            # loaded shared box this is what an idle core would deliver
+            cpu_rates.append(rows / (time.process_time() - c0))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"rows": rows, "repeats": repeats, "records_per_s": float(np.median(rates)),
+            "records_per_cpu_s": float(np.median(cpu_rates)), "all_wall": rates, "all_cpu": cpu_rates}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", type=int, default=1_000_000)
+    p.add_argument("--writer-rows", type=int, default=1_000_000)
+    p.add_argument("--child", choices=["bare", "collected"])
+    p.add_argument("--store")
+    a = p.parse_args(argv)
+    if a.child:
+        print("RESULT " + json.dumps(child(a.child, a.tasks, a.store)), flush=True)
+        return {}
+    out: dict[str, Any] = {"writer": writer_throughput(a.writer_rows)}
+    _common.log(f"writer: {out['writer']['records_per_s']:.3g} records/s")
+    workdir = tempfile.mkdtemp(prefix="mc-scale-")
+    store = os.path.join(workdir, "scale.zarr")
+    try:
+        for mode in ("bare", "collected"):
+            proc = subprocess.run([sys.executable, __file__, "--child", mode, "--tasks", str(a.tasks),
+                                   "--store", store], capture_output=True, text=True)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if not lines:
+                raise RuntimeError(f"{mode} run failed:\n{proc.stderr[-3000:]}")
+            out[mode] = json.loads(lines[-1][7:])
+            _common.log(f"{mode}: {out[mode]}")
+        from metacollect import open_run
+
+        t0 = time.perf_counter()
+        tasks = open_run(store).tasks()
+        out["tasks_open_s"] = time.perf_counter() - t0
+        out["tasks_rows"] = len(tasks)
+        out["transitions_in_store"] = len(open_run(store).transitions())
+        out["transitions_counted"] = out["collected"]["transitions_counted"]
+        out["lost_transitions"] = out["transitions_counted"] - out["transitions_in_store"]
+        out["extra_peak_rss_mb"] = out["collected"]["peak_rss_mb"] - out["bare"]["peak_rss_mb"]
+        out["memory_method"] = "peak RSS (ru_maxrss) delta, collected vs bare run, driver+scheduler process"
+        out["store_bytes_per_task"] = _common.du(store) / max(len(tasks), 1)
+        out["graph_tasks"] = out["collected"]["tasks"]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    _common.save("scale", out)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Figure 5: Yappi on. Wall-time ratio yappi-collected / bare on the demo image pipeline, and
+on call-dense pure-Python tasks (ns added per Python call), LocalCluster with 2 workers.
+
+    python benchmarks/yappi_overhead.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import _common
+import dask
+from distributed import Client
+
+from metacollect import collect
+
+
+def _leaf(x: int) -> int:
+    return x + 1
+
+
+def call_dense(n_calls: int) -> int:
+    """``n_calls`` Python function calls in one task."""
+    acc = 0
+    for i in range(n_calls):
+        acc = _leaf(acc) + (i & 1)
+    return acc
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--images", type=int, default=8)
+    p.add_argument("--calls", type=int, default=200_000)
+    p.add_argument("--tasks", type=int, default=20)
+    a = p.parse_args(argv)
+    if importlib.util.find_spec("metacollect.steps.yappi") is None:
+        out = {"status": "not measured: yappi collector not landed"}
+        _common.save("yappi", out)
+        return out
+    from metacollect.demo import make_images, pipeline
+
+    workdir = tempfile.mkdtemp(prefix="mc-yappi-")
+    store = os.path.join(workdir, "y.zarr")
+    out: dict[str, Any] = {"status": "measured"}
+    try:
+        paths = make_images(os.path.join(workdir, "images"), a.images, 512)
+        image = pipeline(paths, os.path.join(workdir, "processed"))
+        dense = [dask.delayed(call_dense, pure=False)(a.calls) for _ in range(a.tasks)]
+        with _common.local_cluster() as cluster, Client(cluster) as client:
+            for name, graph in (("image_pipeline", image), ("call_dense", dense)):
+                def bare(graph: Any = graph) -> None:
+                    dask.compute(graph)
+
+                def yappi_on(graph: Any = graph) -> None:
+                    with collect(client, store, overwrite=True, yappi=True):
+                        dask.compute(graph)
+
+                def steps14(graph: Any = graph) -> None:
+                    with collect(client, store, overwrite=True):
+                        dask.compute(graph)
+
+                bare()
+                _common.log(f"{name}: {a.repeats} interleaved repeats")
+                times = _common.interleaved({"bare": bare, "collected": steps14, "yappi": yappi_on},
+                                            a.repeats, warmup=0)
+                res = {"times_s": times, "ratio_yappi": _common.paired_ratio(times, "yappi"),
+                       "ratio_collected": _common.paired_ratio(times, "collected")}
+                if name == "call_dense":
+                    calls = a.calls * a.tasks  # two Python calls per loop step: _leaf and the loop body
+                    extra = _common.median(times["yappi"]) - _common.median(times["bare"])
+                    # two workers run the tasks in parallel: wall extra * 2 workers / calls
+                    res["python_calls"] = calls
+                    res["ns_per_call"] = extra * 2 / calls * 1e9
+                out[name] = res
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    _common.save("yappi", out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
