@@ -33,7 +33,7 @@ nb("01-tour-of-a-run.ipynb", [
 store = f"{workdir}/tour.zarr"
 with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster) as client:
     with metacollect.collect(client, store):
-        x = da.random.random((2000, 2000), chunks=(250, 250))
+        x = da.random.random((1000, 1000), chunks=(250, 250))
         print((x @ x.T).mean().compute())
 run = metacollect.open_run(store)
 run"""),
@@ -55,11 +55,10 @@ run"""),
 cp = analysis.critical_path(run)
 print(f"{len(cp)} tasks, {cp.attrs['length']:.3f} s of {cp.attrs['wall']:.3f} s wall ({cp.attrs['fraction']:.0%})")
 plot.critical_path(run)"""),
-    ("md", "## A static report and a Perfetto trace"),
+    ("md", "## A Perfetto trace (open it in ui.perfetto.dev)"),
     ("code", """\
-from metacollect.report import write_report
 from metacollect.export import perfetto
-print(write_report(run, f"{workdir}/report"))
+# `metacollect report STORE -o DIR` writes every view below into one offline index.html
 perfetto.write(run, f"{workdir}/trace.json")"""),
 ])
 
@@ -78,7 +77,7 @@ store = f"{workdir}/io.zarr"
 with dask.config.set({"metacollect.yappi.enabled": True}):
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster) as client:
         with metacollect.collect(client, store):
-            parts = [dask.delayed(write_and_read)(i, workdir) for i in range(16)]
+            parts = [dask.delayed(write_and_read)(i, workdir) for i in range(8)]
             print(dask.compute(sum(parts))[0])
 run = metacollect.open_run(store)
 sorted(plot.available_views(run))"""),
@@ -98,10 +97,10 @@ nb("03-comparing-runs.ipynb", [
     ("code", """\
 stores = {}
 with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster) as client:
-    for chunk in (200, 500):
+    for chunk in (250, 500):
         stores[chunk] = f"{workdir}/chunks-{chunk}.zarr"
         with metacollect.collect(client, stores[chunk]):
-            x = da.random.random((2000, 2000), chunks=(chunk, chunk))
+            x = da.random.random((1000, 1000), chunks=(chunk, chunk))
             (x + x.T).sum().compute()
 runs = [metacollect.open_run(s) for s in stores.values()]
 labels = [f"chunks {c}" for c in stores]"""),
@@ -121,7 +120,7 @@ nb("04-image-pipeline.ipynb", [
 store = f"{workdir}/pipeline.zarr"
 with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster) as client:
     with metacollect.collect(client, store):
-        result = run_demo(f"{workdir}/data", n_images=4, size=256)
+        result = run_demo(f"{workdir}/data", n_images=3, size=256)
 print(result["foreground_fraction"])
 run = metacollect.open_run(store)
 run"""),
