@@ -8,6 +8,7 @@ finalises the store (levels index, ``status="complete"``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import shutil
@@ -150,6 +151,42 @@ def _batch_recorder(client: Client, writer: StoreWriter) -> Any:
         return None
 
 
+def config_overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """``collect(**options)`` as dask config keys under ``metacollect.``.
+
+    ``flush_interval="1s"`` sets ``metacollect.flush-interval``; a boolean for a section that
+    has an ``enabled`` key turns it on or off (``yappi=True`` sets ``metacollect.yappi.enabled``);
+    a dict sets keys of a section (``yappi={"clock": "cpu"}``); dotted keys pass through
+    (``**{"yappi.enabled": True}``).
+    """
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        key = f"metacollect.{name.replace('_', '-')}"
+        current = dask.config.get(key, None)
+        if isinstance(current, dict) and isinstance(value, bool) and "enabled" in current:
+            out[f"{key}.enabled"] = value
+        elif isinstance(current, dict) and isinstance(value, dict):
+            out.update({f"{key}.{k.replace('_', '-')}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def _client_profile(client: Client, writer: StoreWriter) -> Any:
+    """Step 5 for the client process (``metacollect.yappi.client``), or ``None``."""
+    if not (config.get("yappi.enabled") and config.get("yappi.client")):
+        return None
+    import threading
+
+    from metacollect.steps import yappi
+
+    try:  # the client's event loop runs in its own thread: that is the coroutine level
+        loop_thread = client.sync(threading.get_ident) if not client.asynchronous else None
+    except Exception:
+        loop_thread = None
+    return yappi.attach(writer, "client", loop_thread=loop_thread)
+
+
 class Collection:
     """One collection session on a client; see :func:`collect`."""
 
@@ -162,15 +199,17 @@ class Collection:
         self.launcher = launcher
 
     def start(self) -> None:
-        with dask.config.set({f"metacollect.{k.replace('_', '-')}": v for k, v in self.options.items()}):
+        with dask.config.set(config_overrides(self.options)):
             config.validate()
-            opts = dask.config.get("metacollect")
+            # a copy: dask.config.set restores the live nested dict in place on exit
+            opts = copy.deepcopy(dask.config.get("metacollect"))
             writer = StoreWriter(self.store)
             init_root(writer, self.run_id)
             ctype, spec = _cluster_description(self.client)
             write_job(writer, JobInfo.capture(self.launcher, cluster_type=ctype, cluster_spec=spec))
             writer.flush()
             self.batch = _batch_recorder(self.client, writer)
+            self.profile = _client_profile(self.client, writer)
         self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
 
     def stop(self, status: str = "complete", error: BaseException | None = None, **extra: Any) -> None:
@@ -191,6 +230,12 @@ class Collection:
             except Exception as e:  # record, keep finalising what we can
                 problems.append(f"{step}: {type(e).__name__}: {e}")
                 logger.warning("metacollect: %s failed: %s", step, e)
+        profile = getattr(self, "profile", None)
+        if profile is not None:  # step 5: the client process's profile, written once at the end
+            profile.last_flush = True
+            profile.write()
+            profile.detach()
+            profile.writer.flush()
         if error is not None:
             extra["workflow_error"] = f"{type(error).__name__}: {error}"
         if problems:

@@ -49,7 +49,7 @@ class Run:
         if "://" not in self.path and not os.path.isdir(self.path):
             raise NotAStoreError(f"{self.path} does not exist or is not a directory; give the path of a metacollect store")
         try:
-            self.root = zarr.open_group(store=self.path, mode="r", zarr_format=3)
+            self.root = zarr.open_group(store=self.path, mode="r", zarr_format=3, use_consolidated=False)
         except Exception as e:
             raise NotAStoreError(f"{self.path} is not a Zarr v3 store ({type(e).__name__}: {e}); give the path of a metacollect store") from e
         attrs = dict(self.root.attrs)
@@ -76,7 +76,7 @@ class Run:
     @functools.cached_property
     def tree(self) -> xr.DataTree:
         """The whole run as an :class:`xarray.DataTree` (lazily loaded)."""
-        return xr.open_datatree(self.path, engine="zarr", consolidated=None, chunks=None)
+        return xr.open_datatree(self.path, engine="zarr", consolidated=False, chunks=None)
 
     @functools.cached_property
     def groups(self) -> dict[str, dict[str, Any]]:
@@ -214,6 +214,49 @@ class Run:
         """A step-4 table (tasks, startstops, transitions, transfers, metrics) of every worker."""
         return self._concat("worker", table)
 
+    def profile(self, worker: str | None = None, task: Any = None, thread: int | None = None) -> pd.DataFrame:
+        """Yappi function stats (step 5), one row per (process, thread, task tag, function).
+
+        Parameters
+        ----------
+        worker
+            Worker group name, address or name; ``"scheduler"`` or ``"client"`` for those
+            processes' profiles. Default: every profiled process.
+        task
+            A task key (or list of keys): only time spent inside that task.
+        thread
+            A thread id (``threading.get_ident``, as in ``worker_table("tasks").thread``).
+
+        Returns
+        -------
+        pandas.DataFrame
+            cluster, worker, level (``thread`` or ``coroutine`` - the event loop), thread,
+            thread_name, tag, key (``None`` outside tasks), name, module, file, line, builtin,
+            coroutine, ncall, nactualcall, ttot, tsub (seconds), snapshot; heaviest first.
+
+        Examples
+        --------
+        >>> run.profile(task="('sum-abc', 0)").groupby("name").tsub.sum()   # doctest: +SKIP
+        """
+        from metacollect.steps.yappi import read_profile
+
+        return read_profile(self, worker=worker, task=task, thread=thread)
+
+    def profile_edges(self, worker: str | None = None, task: Any = None, thread: int | None = None) -> pd.DataFrame:
+        """Yappi call edges caller -> callee (counts, ttot, tsub of the callee under the caller),
+        filtered like :meth:`profile` (``task`` selects the caller's task); enough to rebuild a
+        call graph or flame view."""
+        from metacollect.steps.yappi import read_profile
+
+        return read_profile(self, worker=worker, task=task, thread=thread, edges=True)
+
+    def export_pstats(self, directory: str | os.PathLike[str]) -> list[str]:
+        """Write each process's Yappi profile as a pstats file and a callgrind file into
+        ``directory`` (for snakeviz, kcachegrind); returns the paths written."""
+        from metacollect.export.pstat import write
+
+        return write(self, directory)
+
     def errors(self) -> pd.DataFrame:
         """Every collector failure recorded in the store, with the group it belongs to."""
         frames = []
@@ -227,6 +270,29 @@ class Run:
         if not frames:
             return pd.DataFrame({"group": [], "time": [], "where": [], "what": [], "why": []})
         return pd.concat(frames, ignore_index=True).sort_values("time", ignore_index=True)
+
+    def losses(self) -> pd.DataFrame:
+        """Tasks lost with a worker: one row per task the scheduler took back from a removed
+        worker (its result in memory there, or it was processing there).
+
+        Columns: cluster, worker, removed (time), removal_stimulus, key, lost (``memory`` or
+        ``processing``), recomputed (the task ran again afterwards, see ``tasks().execution``).
+        """
+        cols = ["cluster", "worker", "removed", "removal_stimulus", "key", "lost", "recomputed"]
+        w = self.workers()
+        w = w[w["removed"].notna()] if "removed" in w else w.iloc[:0]
+        if not len(w):
+            return pd.DataFrame({c: [] for c in cols})
+        tr = self.transitions()
+        tr = tr[tr["start"].isin(["memory", "processing"])].drop(columns=["worker"])
+        m = tr.merge(w[["cluster", "address", "removed", "removal_stimulus"]],
+                     left_on=["cluster", "stimulus_id"], right_on=["cluster", "removal_stimulus"])
+        m = m.rename(columns={"address": "worker", "start": "lost"})
+        tasks = self.tasks()
+        last = tasks.groupby(["cluster", "key"])["time"].max().rename("last_done").reset_index()
+        m = m.merge(last, on=["cluster", "key"], how="left")
+        m["recomputed"] = m["last_done"] > m["removed"]
+        return m[cols].sort_values(["removed", "key"], ignore_index=True)
 
     def workers(self) -> pd.DataFrame:
         """One row per worker ever seen: address, name, host, pid, nthreads, memory_limit,

@@ -21,7 +21,7 @@ def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -
     """Problems of a store, one line each (empty: the store holds against the schema)."""
     schema = schema or load_schema()
     try:
-        root = zarr.open_group(store=os.fspath(path), mode="r", zarr_format=3)
+        root = zarr.open_group(store=os.fspath(path), mode="r", zarr_format=3, use_consolidated=False)
     except Exception as e:
         return [f"not a Zarr v3 store: {type(e).__name__}: {e}"]
     problems: list[str] = []

@@ -1,0 +1,115 @@
+"""Step 3 (and 2) collected on a real LocalCluster, checked against a reference plugin."""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import dask.array as da
+import dask.bag as db
+import pytest
+from distributed import wait
+
+from metacollect import collect, open_run
+from metacollect.store.validate import validate_store
+from reference import TransitionRecorder, recorded, wait_idle
+
+
+def boom(x):
+    raise ValueError(f"boom {x}")
+
+
+def test_every_transition_and_task_is_in_the_store(client, store):
+    client.register_plugin(TransitionRecorder())
+    with collect(client, store, flush_interval="0.5s"):
+        x = da.random.random((400, 400), chunks=(100, 100))
+        assert (x + x.T).sum().compute() > 0
+        assert db.from_sequence(range(50), npartitions=5).map(lambda v: v + 1).sum().compute() == 1275
+        futures = client.map(lambda v: v * 2, range(30))
+        assert sum(client.gather(futures)) == 870
+        bad = client.submit(boom, 1)
+        wait(bad)
+        assert bad.status == "error"
+        with dask.annotate(priority=5, retries=1):
+            y = da.ones(10, chunks=5) + 1
+        y.compute(optimize_graph=False)
+        del futures, bad, y, x
+        wait_idle(client)
+        reference = client.run_on_scheduler(recorded)
+    run = open_run(store)
+    tr = run.transitions()
+    got = list(zip(tr.key, tr.start, tr.finish, tr.stimulus_id))
+    assert got == reference
+
+    tasks = run.tasks()
+    done = tr[(tr.start == "processing") & tr.finish.isin(["memory", "erred"])]
+    assert len(tasks) == len(done)
+    assert tasks.worker.notna().all() and (tasks.thread > 0).all()
+    assert (tasks.stop >= tasks.start).all() and tasks.start.notna().all()
+    assert set(tasks.state) == {"memory", "erred"}
+    erred = tasks[tasks.state == "erred"]
+    assert len(erred) == 1 and "boom 1" in erred.exception.iloc[0]
+    assert (tasks.execution == 0).all()
+    assert set(tasks.prefix) >= {"random_sample", "add", "sum", "lambda", "boom", "from_sequence"} - {"from_sequence"}
+    assert (tasks.graph >= 0).all()
+
+    graphs = run.graphs()
+    assert len(graphs) >= 5 and graphs.n_tasks.sum() >= len(set(tasks.key))
+    assert graphs.client.nunique() == 1
+    gt = run.graph_tasks()
+    assert set(tasks.key) <= set(gt.key)
+    deps = run.dependencies()
+    assert len(deps) == graphs.n_dependencies.sum() > 0
+    annotated = [a for a in [*graphs.annotations, *gt.annotations] if a]
+    assert any('"retries":1' in a and '"priority":5' in a for a in annotated)
+
+    workers = run.workers()
+    assert len(workers) == 2 and workers.pid.gt(0).all() and workers.nthreads.eq(2).all()
+    assert workers.group.notna().all()
+    states = run.worker_states()
+    assert len(states) >= 2 and set(states.worker) == set(workers.address)
+    assert run.errors().empty
+    assert run.attrs["status"] == "complete"
+    assert validate_store(store) == []
+
+
+def test_custom_event_topics_are_recorded(client, store):
+    with collect(client, store, flush_interval="0.5s"):
+        client.log_event("my-topic", {"stage": "load", "n": 3})
+        client.submit(lambda: 1).result()
+    ev = open_run(store).events()
+    mine = ev[ev.topic == "my-topic"]
+    assert len(mine) == 1 and '"stage":"load"' in mine.msg.iloc[0]
+
+
+def inc(x):
+    return x + 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_100k_task_graph_flushes_during_the_run(client, store):
+    client.register_plugin(TransitionRecorder())
+    flushed_during_run = []
+
+    def rows_written(dask_scheduler):
+        return dask_scheduler.plugins["metacollect-scheduler"].n_transitions
+
+    with collect(client, store, flush_interval="0.5s"):
+        n = 100_000
+        dsk = {("inc", i): (inc, i) for i in range(n)}
+        dsk["total"] = (sum, list(dsk))
+        fut = client.get(dsk, "total", sync=False)
+        while not fut.done():
+            flushed_during_run.append(client.run_on_scheduler(rows_written))
+            time.sleep(1)
+        assert fut.result() == n * (n + 1) // 2
+        del fut
+        wait_idle(client)
+        reference = client.run_on_scheduler(recorded)
+    run = open_run(store)
+    tasks = run.tasks()
+    assert len(tasks) >= 100_000
+    assert len(run.transitions()) == len(reference)
+    # the collector flushed while the graph ran, not only at the end: memory stays bounded
+    assert max(flushed_during_run) > 0

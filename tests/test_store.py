@@ -1,0 +1,162 @@
+"""The writer, the reader and the schema, without a cluster."""
+
+from __future__ import annotations
+
+import dask.config
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from metacollect.collect import finalize, init_root
+from metacollect.steps.job import JobInfo, write_job
+from metacollect.store.reader import open_run
+from metacollect.store.schema import load_schema
+from metacollect.store.validate import validate_store
+from metacollect.store.writer import StoreWriter, StringTable
+
+
+def test_schema_groups_have_map_attrs():
+    schema = load_schema()
+    assert schema.levels[:5] == ["run", "job", "config", "client", "scheduler"]
+    for spec in schema.groups.values():
+        assert spec.level in schema.levels
+        assert spec.step in schema.steps
+        assert spec.category in schema.categories
+        for table in spec.tables.values():
+            for var in table.variables.values():
+                assert var.description, (spec.kind, table.name, var.name)
+    assert schema.match("clusters/ab12/workers/0-x").kind == "worker"
+    assert schema.table_owner("clusters/ab12/scheduler/transitions")[1].dim == "transition"
+
+
+def test_string_table_codes_survive_cache_restart():
+    st = StringTable(cache_size=4)
+    a = st.encode(["x", "y", "x", None])
+    assert list(a) == [0, 1, 0, -1]
+    b = st.encode(["p", "q", "r", "x"])  # more than fits: the cache restarts
+    strings = st.take_new()
+    decoded = [strings[c] for c in list(a[:3]) + list(b)]
+    assert decoded == ["x", "y", "x", "p", "q", "r", "x"]
+    assert st.encode([("k", 1)]).tolist() == [len(strings)]
+    assert st.take_new() == ["('k', 1)"]
+
+
+CLUSTER_ATTRS = {"scheduler_id": "Scheduler-c1", "address": "tcp://x:1", "host": "h", "pid": 1,
+                 "started": 1.0, "ended": 2.0, "attached_by": "plugin"}
+
+
+def test_roundtrip_tables_strings_and_datatree(store):
+    w = StoreWriter(store)
+    init_root(w, "r1")
+    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+    g = w.group("scheduler", cluster="c1")
+    n = 70_000  # more than one chunk
+    keys = [("x", i % 1000) for i in range(n)]
+    g.append("transitions", {"key": keys, "start": ["released"] * n, "finish": ["waiting"] * n,
+                             "time": np.arange(n, dtype=float), "stimulus_id": ["s"] * n, "worker": [None] * n})
+    assert g.flush() == n
+    g.append("transitions", {"key": ["late"], "start": ["waiting"], "finish": ["processing"], "time": [1e9],
+                             "stimulus_id": ["s2"], "worker": ["tcp://w"]})
+    g.flush()
+    finalize(store)
+    run = open_run(store)
+    tr = run.transitions()
+    assert len(tr) == n + 1
+    assert tr.key.iloc[5] == "('x', 5)" and tr.key.iloc[-1] == "late"
+    assert pd.isna(tr.worker.iloc[0]) and tr.worker.iloc[-1] == "tcp://w"
+    assert run.attrs["status"] == "complete"
+    assert run.attrs["levels"]["scheduler"] == ["clusters/c1/scheduler"]
+    tree = xr.open_datatree(store, engine="zarr")
+    ds = tree["clusters/c1/scheduler/transitions"].ds
+    assert ds.sizes["transition"] == n + 1
+    assert ds["time"].attrs["unit"] == "s"
+    assert tree["clusters/c1/scheduler"].attrs["step"] == 3
+    assert validate_store(store) == []
+
+
+def test_flush_failure_keeps_rows_and_reports_once(store, tmp_path):
+    w = StoreWriter(store)
+    g = w.group("scheduler", cluster="c1")
+    g.append("events", {"time": [1.0], "topic": ["t"], "msg": ["{}"]})
+    g.flush()
+    orig = g._append_arrays
+    calls = []
+
+    def broken(table, columns):
+        calls.append(table)
+        raise OSError("disk gone")
+
+    g._append_arrays = broken
+    g.append("events", {"time": [2.0], "topic": ["t"], "msg": ["{}"]})
+    assert g.flush() == 0 and g.flush() == 0
+    assert g.tables["events"].pending == 1
+    assert g.tables["errors"].pending == 1  # reported once, not per attempt
+    g._append_arrays = orig
+    g.flush()
+    run = open_run_unfinalized(store)
+    assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0, 2.0]
+    assert "disk gone" in run.table("clusters/c1/scheduler", "errors").what[0]
+
+
+def open_run_unfinalized(store):
+    w = StoreWriter(store)
+    init_root(w, "r")
+    return open_run(store)
+
+
+def test_buffer_limit_bounds_memory(store):
+    with dask.config.set({"metacollect.buffer-limit": 1000}):
+        g = StoreWriter(store).group("scheduler", cluster="c1")
+    for i in range(30):
+        g.append("events", {"time": [float(i)] * 100, "topic": ["t"] * 100, "msg": [""] * 100})
+    assert g.tables["events"].pending <= 1100
+    assert g.tables["events"].dropped >= 1900
+
+
+def test_job_info_roundtrip_and_redaction(monkeypatch, store):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("MY_API_TOKEN", "s3cr3t-value")
+    info = JobInfo.capture("collect", argv=["x.py", "--password", "pw"])
+    assert JobInfo.from_dict(info.to_dict()) == info
+    assert info.environment["SLURM_JOB_ID"] == "42"
+    assert info.environment["MY_API_TOKEN"] == "<redacted>"
+    assert info.command_line == ["x.py", "--password", "<redacted>"]
+    w = StoreWriter(store)
+    init_root(w, "r")
+    write_job(w, info)
+    finalize(store)
+    run = open_run(store)
+    env = run.table("job", "environment").set_index("name").value
+    assert env["SLURM_JOB_ID"] == "42"
+    assert run.config()["metacollect"]["flush-interval"] == "2s"
+    assert "distributed" in run.config()
+    assert validate_store(store) == []
+
+
+def test_validate_reports_schema_violations(store):
+    w = StoreWriter(store)
+    init_root(w, "r")
+    w.group("scheduler", cluster="c1").append("events", {"time": [1.0], "topic": ["t"], "msg": [""]})
+    w.flush()
+    finalize(store)
+    import zarr
+
+    root = zarr.open_group(store, mode="a")
+    root["clusters/c1/scheduler"].attrs["step"] = 9
+    root.create_group("stray")
+    problems = validate_store(store)
+    assert any("step is 9, schema says 3" in p for p in problems)
+    assert any("stray: group not described" in p for p in problems)
+
+
+def test_open_run_rejects_non_stores(tmp_path):
+    from metacollect.errors import NotAStoreError
+
+    with pytest.raises(NotAStoreError, match="does not exist"):
+        open_run(tmp_path / "nope.zarr")
+    import zarr
+
+    zarr.open_group(str(tmp_path / "plain.zarr"), mode="w")
+    with pytest.raises(NotAStoreError, match="not a metacollect run"):
+        open_run(tmp_path / "plain.zarr")

@@ -1,0 +1,39 @@
+"""Step 4 on a real LocalCluster: executions, startstops, transfers, metrics per worker."""
+
+from __future__ import annotations
+
+import dask.array as da
+
+from metacollect import collect, open_run
+from reference import wait_idle
+
+
+def test_worker_groups_hold_their_executions(client, store):
+    with collect(client, store, flush_interval="0.5s", snapshot_interval="0.2s"):
+        x = da.random.random((600, 600), chunks=(100, 100))
+        (x @ x.T).sum().compute()
+        wait_idle(client)
+    run = open_run(store)
+    sched = run.tasks()
+    wt = run.worker_table("tasks")
+    assert len(wt) == len(sched)
+    assert set(map(tuple, wt[["key", "thread"]].values)) == set(map(tuple, sched[["key", "thread"]].values))
+    assert (wt.stop >= wt.start).all() and wt.nbytes.gt(0).all()
+    assert set(wt.typename) >= {"ndarray"}
+    workers = run.workers().set_index("group")
+    # each worker group executed exactly what the scheduler says that worker ran
+    for group, rows in wt.groupby("worker_group"):
+        addr = workers.loc[group, "address"]
+        assert sorted(rows.key) == sorted(sched[sched.worker == addr].key)
+    ss = run.worker_table("startstops")
+    assert {"compute"} <= set(ss.action)
+    assert "transfer" in set(ss.action)  # matmul moves blocks between the two workers
+    tf = run.worker_table("transfers")
+    assert set(tf.direction) == {"in", "out"} and tf.total.gt(0).all()
+    metrics = run.worker_table("metrics")
+    assert metrics.groupby("worker_group").size().min() >= 2
+    assert metrics.memory.gt(0).all()
+    wtr = run.worker_table("transitions")
+    assert {"executing", "memory"} <= set(wtr.finish)
+    for path, attrs in run.worker_groups().items():
+        assert attrs["pid"] > 0 and attrs["nthreads"] == 2 and attrs["level"] == "worker"
