@@ -12,6 +12,7 @@ import copy
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -63,11 +64,14 @@ def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) 
             raise StoreError(f"{path} is a non-empty directory that is not a metacollect store; refusing to overwrite it")
         shutil.rmtree(path)
     parent = os.path.dirname(path) or "."
-    probe = parent
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe) or "."
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise StoreError(f"cannot create store {path}: {probe} is not writable; choose a writable location")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise StoreError(
+            f"cannot create store {path}: {parent} is not writable ({e.strerror}); choose a writable location"
+        ) from e
     return path
 
 
