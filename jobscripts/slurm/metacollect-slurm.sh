@@ -9,7 +9,7 @@
 #   3. runs your workflow with DASK_SCHEDULER_ADDRESS set: a bare `Client()` connects to it;
 #   4. `metacollect batch stop`: records each worker's SLURM_* environment, waits until no task
 #      is left, retires the workers (their exit handlers, e.g. Darshan's, run) and closes the
-#      scheduler; waits for the worker processes to exit; `metacollect batch finalize` marks the
+#      scheduler, waits for the worker processes to exit and marks the
 #      store complete. A job killed by walltime or scancel leaves the store readable, status
 #      "incomplete", with everything flushed until then (flush-interval).
 #
@@ -66,11 +66,9 @@ export DASK_SCHEDULER_ADDRESS
 "$PYTHON" "$WORKFLOW" "$@"
 STATUS=$?
 
-"$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE"
-for pid in "$WORKERS_PID" "$SCHEDULER_PID"; do   # let them exit (exit handlers run), then move on
-    for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-done
-"$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS"
+# retire the workers, close the scheduler, wait until both exited (exit handlers ran), finalise
+"$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE" \
+    --wait-pid "$WORKERS_PID" --wait-pid "$SCHEDULER_PID" --exit-code "$STATUS"
+kill "$WORKERS_PID" "$SCHEDULER_PID" 2>/dev/null; wait
 rm -f "$SCHEDULER_FILE"
 exit "$STATUS"

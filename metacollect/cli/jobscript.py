@@ -108,6 +108,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("store")
     t.add_argument("--scheduler-file", required=True, help="the scheduler file of the wrapper's scheduler")
     t.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each phase")
+    t.add_argument("--wait-pid", type=int, action="append", default=[],
+                   help="then wait until this process (a worker launcher, the scheduler) exited; repeatable")
+    t.add_argument("--exit-code", type=int, help="then finalise the store with the workflow's exit code")
     f = bsub.add_parser("finalize", help="mark the store complete (or incomplete) after the run")
     f.add_argument("store")
     f.add_argument("--exit-code", type=int, default=0, help="exit code of the workflow")
@@ -165,6 +168,12 @@ def run_batch(args: argparse.Namespace) -> int:
     elif args.action == "stop":
         for problem in jobqueue.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):
             print(f"metacollect batch stop: {problem}", file=sys.stderr)
+        left = jobqueue.wait_pids(args.wait_pid, timeout=args.timeout)
+        if left:
+            print(f"metacollect batch stop: processes {left} still running; finalising anyway", file=sys.stderr)
+        if args.exit_code is not None:
+            status = jobqueue.batch_finalize(args.store, args.exit_code)
+            print(f"metacollect: store {args.store} finalised (status {status})", file=sys.stderr)
     else:
         status = jobqueue.batch_finalize(args.store, args.exit_code)
         print(f"metacollect: store {args.store} finalised (status {status})", file=sys.stderr)

@@ -412,6 +412,27 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
     return problems
 
 
+def wait_pids(pids: list[int], timeout: float = 60.0) -> list[int]:
+    """Wait until the processes ``pids`` exited (zombies count as exited); returns those left."""
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                return False
+            return not os.path.exists("/proc")
+
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [p for p in left if alive(p)]
+    return left
+
+
 def batch_finalize(store: str, exit_code: int = 0) -> str:
     """Finalise a batch wrapper's store; returns its status.
 

@@ -1,0 +1,180 @@
+"""The batch wrappers of ``jobscripts/``: rendered headers, and real sbatch / qsub submissions.
+
+The ``slurm`` / ``pbs`` tests need the single-node Slurm that ``.ci/slurm-up`` starts (the PBS
+commands are Slurm's torque wrappers); they run in CI.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from metacollect import open_run
+from metacollect.cli import main
+from metacollect.store.validate import validate_store
+
+WORKFLOW = """\
+import sys, time
+from distributed import Client
+client = Client()
+client.wait_for_workers(1)
+print("first", sum(client.gather(client.map(lambda x: x * 2, range(50)))))
+if len(sys.argv) > 1:
+    time.sleep(float(sys.argv[1]))
+print("second", sum(client.gather(client.map(lambda x: x * 3, range(50)))))
+"""
+
+
+def require_slurm() -> None:
+    if shutil.which("sinfo") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
+        pytest.fail("Slurm is not running here: start it with `.ci/slurm-up` (as root), then re-run")
+
+
+def render(tmp_path, system: str, *options: str) -> str:
+    out = tmp_path / f"job-{system}.sh"
+    assert main(["jobscript", system, "-o", str(out), *options]) == 0
+    return out.read_text()
+
+
+def wait_gone(job_id: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+        if job_id not in out.stdout.split():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still queued after {timeout} s")
+
+
+# -- rendering ---------------------------------------------------------------------------------
+def test_slurm_header(tmp_path):
+    text = render(tmp_path, "slurm", "--workflow", "wf.py", "--store", "r.zarr", "--nodes", "2", "--cores", "4",
+                  "--memory", "8GB", "--walltime", "01:00:00", "--queue", "compute", "--account", "proj",
+                  "--job-extra=--exclusive", "--interface", "ib0", "--threads", "2")
+    assert text.startswith("#!/bin/bash\n")
+    assert "#SBATCH --job-name=metacollect\n" in text
+    assert "#SBATCH --nodes=2\n" in text
+    assert "#SBATCH --cpus-per-task=4\n" in text
+    assert "#SBATCH --mem=7629M\n" in text
+    assert "#SBATCH --time=01:00:00\n" in text
+    assert "#SBATCH --partition=compute\n" in text
+    assert "#SBATCH --account=proj\n" in text
+    assert "#SBATCH --exclusive\n" in text
+    assert "##SBATCH" not in text
+    assert f"WORKFLOW=${{WORKFLOW:-{tmp_path.parent}" not in text  # absolute from cwd, not tmp_path
+    assert "INTERFACE=${INTERFACE:-ib0}" in text and "THREADS_PER_WORKER=${THREADS_PER_WORKER:-2}" in text
+    assert f"PYTHON=${{PYTHON:-{sys.executable}}}" in text
+    assert "--preload metacollect.launch.preload --metacollect-store" in text
+    assert "metacollect batch stop" in text and "metacollect batch stop" in text and "--exit-code" in text
+
+
+def test_pbs_header(tmp_path):
+    text = render(tmp_path, "pbs", "--cores", "8", "--memory", "16GB", "--walltime", "02:00:00", "--queue", "workq",
+                  "--account", "proj", "--job-extra", "-l place=excl")
+    assert "#PBS -N metacollect\n" in text
+    assert "#PBS -l select=1:ncpus=8:mem=15258MB\n" in text
+    assert "#PBS -l walltime=02:00:00\n" in text
+    assert "#PBS -q workq\n" in text and "#PBS -A proj\n" in text
+    assert "#PBS -l place=excl\n" in text
+    assert "#SBATCH" not in text and "##PBS" not in text
+    assert 'cd "${PBS_O_WORKDIR:-$PWD}"' in text
+
+
+def test_bad_memory_is_a_usage_error(tmp_path, capsys):
+    assert main(["jobscript", "slurm", "--memory", "lots"]) == 2
+    assert "give a size such as 4GB" in capsys.readouterr().err
+
+
+def test_finalize_needs_a_store(tmp_path, capsys):
+    assert main(["batch", "finalize", str(tmp_path / "nope.zarr")]) != 0
+    assert capsys.readouterr().err.startswith("metacollect batch: error:")
+
+
+# -- real submissions ----------------------------------------------------------------------------
+def _submit(tmp_path, system: str, *args: str) -> tuple[str, str]:
+    (tmp_path / "wf.py").write_text(WORKFLOW)
+    store = str(tmp_path / "run.zarr")
+    render(tmp_path, system, "--workflow", str(tmp_path / "wf.py"), "--store", store, "--cores", "2",
+           "--memory", "2GB", "--walltime", "00:05:00", "--interface", "lo", "--flush-interval", "0.5s",
+           "--job-name", f"mc-{system}")
+    script = str(tmp_path / f"job-{system}.sh")
+    if system == "slurm":
+        cmd = ["sbatch", "--parsable", "-o", str(tmp_path / "out-%j.txt"), script, *args]
+    else:
+        cmd = ["qsub", "-o", str(tmp_path / "out.txt"), "-e", str(tmp_path / "err.txt"), script]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, check=True)
+    return out.stdout.strip().split(";")[0], store
+
+
+def _check_allocation(store: str, job_id: str, system: str, script: str | None) -> None:
+    run = open_run(store)
+    batch = run.tree["job/batch"]
+    assert batch.attrs["batch_system"] == system and batch.attrs["source"] == "jobscript"
+    jobs = run.table("job/batch", "jobs")
+    assert list(jobs.job_id) == [job_id] and list(jobs.role) == ["allocation"]
+    row = jobs.iloc[0]
+    assert row["name"] == f"mc-{system}" and row["time_limit"] == "00:05:00" and row["cpus"] == 2
+    assert row["nodes"] and row["submit_time"] <= row["start_time"]
+    if script is not None:
+        assert row["script"] == script == batch.attrs["job_script"]
+    env = run.table("job/batch", "environment")
+    assert job_id in set(env[env.name == "SLURM_JOB_ID"].value)
+
+
+@pytest.mark.slurm
+def test_sbatch_wrapper_complete(tmp_path):
+    require_slurm()
+    job_id, store = _submit(tmp_path, "slurm")
+    wait_gone(job_id)
+    log = (tmp_path / f"out-{job_id}.txt").read_text()
+    assert "first 2450" in log and "second 3675" in log, log
+    assert validate_store(store) == []
+    run = open_run(store)
+    assert run.attrs["status"] == "complete", log
+    assert run.attrs["script_exit_code"] == 0
+    assert len(run.tasks()) == 100
+    _check_allocation(store, job_id, "slurm", (tmp_path / "job-slurm.sh").read_text())
+    env = run.table("job/batch", "environment")
+    assert (env.worker != "").any(), "the workers' own environment is recorded"
+
+
+@pytest.mark.slurm
+def test_scancel_mid_run_leaves_incomplete_store(tmp_path):
+    require_slurm()
+    job_id, store = _submit(tmp_path, "slurm", "120")  # the workflow sleeps 120 s between graphs
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if len(open_run(store).transitions()) >= 150:  # the first graph, flushed
+                break
+        except Exception:  # the store is still being created
+            pass
+        time.sleep(0.5)
+    else:
+        pytest.fail("the first graph never reached the store")
+    subprocess.run(["scancel", job_id], check=True)
+    wait_gone(job_id)
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete"
+    transitions = run.transitions()
+    assert len(transitions) >= 150
+    assert (transitions.finish == "memory").sum() >= 50, "the first graph's results, flushed before the kill"
+    _check_allocation(store, job_id, "slurm", None)
+
+
+@pytest.mark.pbs
+def test_qsub_wrapper_complete(tmp_path):
+    require_slurm()
+    if shutil.which("qsub") is None:
+        pytest.fail("qsub is missing: install slurm-wlm-torque (.ci/slurm-up does)")
+    job_id, store = _submit(tmp_path, "pbs")
+    wait_gone(job_id)
+    log = (tmp_path / "out.txt").read_text()
+    assert "first 2450" in log and "second 3675" in log, log + (tmp_path / "err.txt").read_text()
+    assert validate_store(store) == []
+    assert open_run(store).attrs["status"] == "complete"
+    _check_allocation(store, job_id, "pbs", None)
