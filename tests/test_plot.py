@@ -94,3 +94,32 @@ def test_io_and_profile_without_data_say_so(run):
         assert "no Darshan data" in plot.io(run).axes[0].texts[0].get_text()
     if plot._profile_frame(run) is None:
         assert "no Yappi data" in plot.profile(run).axes[0].texts[0].get_text()
+
+
+def test_profile_view_on_yappi_data(run):
+    if not hasattr(run, "profile"):
+        pytest.skip("this tree has no Run.profile yet (step-5 Yappi reader)")
+    prof = run.profile()
+    assert len(prof), "the run was collected with Yappi enabled"
+    assert "profile" in plot.available_views(run)
+    fig = plot.profile(run)
+    render(fig)
+    top = fig.axes[0]
+    assert top.get_title().startswith("Top ")
+    heaviest = fig.axes[1].get_yticklabels()
+    assert any(t.get_text().startswith(("inc:", "slow:", "total:")) for t in heaviest)
+
+
+def test_metadata_map_has_every_step_and_level():
+    from metacollect.store.schema import load_schema
+
+    schema = load_schema()
+    fig = plot.metadata_map(schema)
+    render(fig)
+    ax = fig.axes[0]
+    assert [t.get_text().split("\n")[0] for t in ax.get_xticklabels()] == [f"step {s}" for s in range(1, 6)]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [lv for lv in schema.levels if lv != "run"]
+    text = "\n".join(t.get_text() for t in ax.texts)
+    for g in schema.groups.values():
+        if g.step > 0:
+            assert g.path in text

@@ -55,7 +55,8 @@ def basic_store() -> str:
 
     store = f"{_tmp()}/basic.zarr"
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0", processes=True) as cluster, Client(cluster) as client:
-        with collect(client, store, overwrite=True):
+        # Yappi on: the profile view is checked on the same run (step 5, when installed)
+        with dask.config.set({"metacollect.yappi.enabled": True}), collect(client, store, overwrite=True):
             x = dask.delayed(inc)(0, dask_key_name="inc-0")
             for i in range(1, CHAIN):
                 x = dask.delayed(inc)(x, dask_key_name=f"inc-{i}")

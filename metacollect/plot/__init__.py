@@ -410,26 +410,120 @@ def io(run: Run) -> Figure:
     return fig
 
 
-def profile(run: Run, top: int = 20) -> Figure:
-    """Yappi: top functions by time, and a flame-style view of the heaviest call chains.
+_PROFILE_ID = ["cluster", "worker", "pid", "level", "context", "thread", "tag"]
 
-    Drawn from ``Run.profile()`` (the step-5 Yappi data) when the store has it.
+
+def _latest(df: pd.DataFrame, ident: list[str]) -> pd.DataFrame:
+    """Yappi stats are cumulative per snapshot: keep each entry's latest snapshot."""
+    if "snapshot" not in df.columns:
+        return df
+    cols = [c for c in ident if c in df.columns]
+    return df.sort_values("snapshot").drop_duplicates(cols, keep="last") if cols else df
+
+
+def _prefix_col(df: pd.DataFrame, key: str = "key") -> pd.Series:
+    from dask.utils import key_split
+
+    return df[key].map(lambda k: key_split(k) if isinstance(k, str) and k else None)
+
+
+def profile(run: Run, top: int = 15) -> Figure:
+    """Yappi: top functions (own time) per worker and per task prefix, and a flame-style view
+    of the call edges inside tasks.
+
+    Drawn from ``Run.profile()`` / ``Run.profile_edges()`` (step 5) when the store has them.
     """
     df = _profile_frame(run)
     if df is None:
         return _empty("Profile", "the store has no Yappi data")
-    name = _first(df, "function", "name", "func", "full_name")
-    tt = _first(df, "tsub", "ttot", "time", "tt")
-    if name is None or tt is None:
+    if not {"name", "tsub"} <= set(df.columns):
         return _empty("Profile", f"unexpected Run.profile() columns {list(df.columns)}")
-    s = df.groupby(name)[tt].sum().sort_values().tail(top)
-    fig = _figure(10, max(3, 0.25 * len(s) + 1))
-    ax = fig.add_subplot()
-    ax.barh([str(v)[-60:] for v in s.index], s.to_numpy(), color=[color_of(v) for v in s.index])
-    ax.set_xlabel(f"{tt} (s)")
-    ax.tick_params(labelsize="x-small")
-    ax.set_title(f"Top {len(s)} functions (Yappi)")
+    df = _latest(df, [*_PROFILE_ID, "func"])
+    intask = df[df["key"].notna()] if "key" in df.columns else df.iloc[:0]
+    fig = _figure(12, 9)
+    gs = fig.add_gridspec(2, 2)
+    ax1, ax2, ax3 = fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[0, 1]), fig.add_subplot(gs[1, :])
+    by = "worker" if "worker" in df.columns else None
+    s = df.groupby("name")["tsub"].sum().sort_values().tail(top)
+    if by:
+        per = df[df["name"].isin(s.index)].pivot_table(index="name", columns=by, values="tsub", aggfunc="sum").reindex(s.index).fillna(0)
+        left = np.zeros(len(per))
+        for col in per.columns:
+            ax1.barh([str(v)[-40:] for v in per.index], per[col].to_numpy(), left=left, label=str(col))
+            left += per[col].to_numpy()
+        ax1.legend(fontsize="xx-small", title="worker", title_fontsize="xx-small")
+    else:
+        ax1.barh([str(v)[-40:] for v in s.index], s.to_numpy())
+    ax1.set_xlabel("own time (s), every thread and coroutine")
+    ax1.tick_params(labelsize="xx-small")
+    ax1.set_title(f"Top {len(s)} functions")
+    if len(intask):
+        intask = intask.assign(prefix=_prefix_col(intask))
+        best = intask.groupby(["prefix", "name"])["tsub"].sum().sort_values().groupby(level=0).tail(1)
+        best = best.sort_values().tail(top)
+        ax2.barh([f"{p}: {str(n)[-30:]}" for p, n in best.index], best.to_numpy(), color=[color_of(p) for p, _ in best.index])
+        ax2.set_title("Heaviest function per task prefix")
+    else:
+        ax2.text(0.5, 0.5, "no time attributed to tasks", ha="center", transform=ax2.transAxes)
+    ax2.set_xlabel("own time inside tasks (s)")
+    ax2.tick_params(labelsize="xx-small")
+    _flame(ax3, run)
     return fig
+
+
+def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -> None:
+    """Icicle of the call edges inside tasks: width = inclusive time, children under callers."""
+    ax.set_title("Flame view of the time inside tasks (call edges, inclusive time)")
+    ax.set_yticks([])
+    try:
+        edges = run.profile_edges()  # type: ignore[attr-defined]
+    except Exception as e:
+        ax.text(0.5, 0.5, f"no call edges ({type(e).__name__})", ha="center", transform=ax.transAxes)
+        return
+    if "key" in edges.columns:
+        edges = edges[edges["key"].notna()]
+    if not len(edges) or not {"caller_name", "callee_name", "ttot"} <= set(edges.columns):
+        ax.text(0.5, 0.5, "no call edges inside tasks", ha="center", transform=ax.transAxes)
+        return
+    edges = _latest(edges, [*_PROFILE_ID, "caller", "callee_tag", "callee"])
+    agg = edges.groupby(["caller_name", "callee_name"])["ttot"].sum()
+    children: dict[str, list[tuple[str, float]]] = {}
+    for (a, b), t in agg.items():
+        if a != b:
+            children.setdefault(a, []).append((b, float(t)))
+    callees = {b for _, b in agg.index}
+    roots = [(a, sum(t for _, t in ch)) for a, ch in children.items() if a not in callees]
+    if not roots:
+        roots = sorted(((a, sum(t for _, t in ch)) for a, ch in children.items()), key=lambda r: -r[1])[:1]
+    total = sum(t for _, t in roots) or 1.0
+    boxes: list[tuple[float, int, float, str]] = []
+
+    def walk(name: str, x: float, width: float, depth: int, path: frozenset[str]) -> None:
+        boxes.append((x, depth, width, name))
+        if depth >= max_depth:
+            return
+        kids = sorted(children.get(name, []), key=lambda c: -c[1])
+        inner = sum(t for _, t in kids)
+        scale = min(1.0, width / inner) if inner > 0 else 0.0
+        for child, t in kids:
+            w = t * scale
+            if w / total < min_fraction or child in path:
+                continue
+            walk(child, x, w, depth + 1, path | {child})
+            x += w
+
+    x = 0.0
+    for name, t in sorted(roots, key=lambda r: -r[1]):
+        if t / total >= min_fraction:
+            walk(name, x, t, 0, frozenset({name}))
+        x += t
+    for x0, depth, width, name in boxes:
+        ax.add_patch(Rectangle((x0, depth), width, 0.9, fc=color_of(name), ec="white", lw=0.3))
+        if width / total > 0.06:
+            ax.text(x0 + width / 2, depth + 0.45, str(name)[: int(120 * width / total)], ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, total)
+    ax.set_ylim(max((b[1] for b in boxes), default=0) + 1, 0)
+    ax.set_xlabel("inclusive time (s), summed over threads")
 
 
 def metadata_map(schema: Any = None) -> Figure:
