@@ -161,11 +161,14 @@ class SchedulerCollector(SchedulerPlugin):
 
     # -- hooks (event loop) -------------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str, **kwargs: Any) -> None:
-        if finish == "processing":
-            ts = self._tasks.get(key)
-            if ts is not None and ts.processing_on is not None:
-                kwargs = {"worker": ts.processing_on.address}
-        self._append((key, start, finish, stimulus_id, kwargs or None, time.time()))
+        try:  # a try block is free in 3.11; a failure is recorded, never raised into Dask
+            if finish == "processing":
+                ts = self._tasks.get(key)
+                if ts is not None and ts.processing_on is not None:
+                    kwargs = {"worker": ts.processing_on.address}
+            self._append((key, start, finish, stimulus_id, kwargs or None, time.time()))
+        except Exception as e:
+            self._on_error("transition", e)
 
     def update_graph(self, scheduler: Scheduler, *, client: str, keys: set[Any], tasks: list[Any],
                      annotations: dict[str, dict[Any, Any]], priority: dict[Any, tuple[Any, ...]],
@@ -176,12 +179,24 @@ class SchedulerCollector(SchedulerPlugin):
             self._on_error("update_graph", e)
 
     def add_client(self, scheduler: Scheduler, client: str) -> None:
-        self.graphs.add_client(client)
+        try:
+            self.graphs.add_client(client)
+        except Exception as e:
+            self._on_error("add_client", e)
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
-        self.graphs.remove_client(client)
+        try:
+            self.graphs.remove_client(client)
+        except Exception as e:
+            self._on_error("remove_client", e)
 
     def add_worker(self, scheduler: Scheduler, worker: str) -> None:
+        try:
+            self._add_worker(scheduler, worker)
+        except Exception as e:
+            self._on_error("add_worker", e)
+
+    def _add_worker(self, scheduler: Scheduler, worker: str) -> None:
         ws = scheduler.workers.get(worker)
         if ws is None:
             return
@@ -198,8 +213,11 @@ class SchedulerCollector(SchedulerPlugin):
         )
 
     def log_event(self, topic: str, msg: Any) -> None:
-        if topic != "metacollect-internal":
-            self._events.append((time.time(), topic, msg))
+        try:
+            if topic != "metacollect-internal":
+                self._events.append((time.time(), topic, msg))
+        except Exception as e:
+            self._on_error("log_event", e)
 
     def _sample(self) -> None:
         """Snapshot WorkerState and ClientState (event loop; a few attribute reads per worker)."""
@@ -304,7 +322,17 @@ class SchedulerCollector(SchedulerPlugin):
             self.group.append("client_states", c)
 
     def _on_error(self, where: str, exc: BaseException) -> None:
+        # a hook failing on every transition must not flood the log or the errors table:
+        # record the first few of each place, count the rest (recorded at the next flush)
+        counts = self.__dict__.setdefault("_error_counts", {})
+        n = counts[where] = counts.get(where, 0) + 1
+        if n > 10:
+            if n % 10000 == 0:
+                logger.warning("metacollect: scheduler.%s failed %d times", where, n)
+            return
         try:
-            self.group.record_error(f"scheduler.{where}", exc)
+            self.group.record_error(f"scheduler.{where}", exc if n < 10 else
+                                    f"{type(exc).__name__}: {exc} (and possibly more; "
+                                    "only the first 10 failures of a place are recorded)")
         except Exception:  # the errors table itself must never take the scheduler down
             logger.exception("metacollect: could not record a collector error")

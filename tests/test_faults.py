@@ -1,0 +1,276 @@
+"""Faults on real processes: the store stays readable and says what happened.
+
+- a worker SIGKILLed mid-run: the run completes, the loss is recorded (which worker, when, which
+  tasks were lost and recomputed);
+- the client process killed mid-run (scheduler alive), and the scheduler's process group killed
+  mid-run: the store opens, status is "incomplete", what was flushed is there, `info` says so;
+- a flush that fails (the store directory replaced by a file): reported once, rows kept within
+  the buffer bound, Dask keeps running, and the kept rows land once the store is back;
+- an exception inside a collector hook is recorded in the errors table; Dask keeps running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from distributed import Client, LocalCluster
+
+from metacollect import collect, open_run
+from metacollect.cli import main
+from metacollect.errors import MetacollectError
+from metacollect.steps.scheduler import NAME, SchedulerCollector
+
+
+def slow_inc(x, delay=0.05):
+    time.sleep(delay)
+    return x + 1
+
+
+def _cluster(n=2):
+    return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0")
+
+
+# -- a worker killed ----------------------------------------------------------------------------
+
+
+def test_worker_sigkilled_mid_run(tmp_path):
+    store = str(tmp_path / "kill.zarr")
+    with _cluster(2) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="0.5s"):
+            futures = client.map(slow_inc, range(40), pure=False)
+            total = client.submit(sum, futures)
+            # wait until both workers hold results, then kill one of them
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                done = sum(f.status == "finished" for f in futures)
+                held = {w for ws in client.who_has(futures).values() for w in ws}
+                if done >= 10 and len(held) == 2:
+                    break
+                time.sleep(0.05)
+            victim = sorted(held)[0]
+            pid = client.run(os.getpid, workers=[victim])[victim]
+            os.kill(pid, signal.SIGKILL)
+            assert total.result(timeout=120) == sum(range(1, 41))  # the run completes
+            killed_at = time.time()
+    run = open_run(store)
+    assert run.attrs["status"] == "complete"
+    workers = run.workers()
+    gone = workers[workers.address == victim]
+    assert len(gone) == 1
+    assert gone.removed.iloc[0] <= killed_at and gone.removed.iloc[0] > gone.added.iloc[0]
+    assert gone.removal_stimulus.iloc[0]
+    losses = run.losses()
+    assert len(losses) >= 1
+    assert set(losses.worker) == {victim}
+    assert losses.recomputed.all()
+    tasks = run.tasks()
+    recomputed = tasks[tasks.execution > 0]
+    assert set(losses[losses.lost == "memory"].key) <= set(recomputed.key)
+    # every recomputed execution ran on a surviving worker, after the loss
+    assert (recomputed.worker != victim).all()
+    assert (recomputed.time > gone.removed.iloc[0]).all()
+    # everything else is intact: every task finished, the killed worker's flushed data is there
+    assert set(tasks.prefix) >= {"slow_inc", "sum"}
+    assert main(["validate", "-q", store]) == 0
+
+
+# -- client / scheduler processes killed -------------------------------------------------------
+
+CLIENT_SCRIPT = """
+import sys, time
+from distributed import Client
+from metacollect import collect
+
+def slow(x):
+    time.sleep(0.05)
+    return x
+
+if __name__ == "__main__":
+    address, store = sys.argv[1], sys.argv[2]
+    client = Client(address) if address != "local" else Client(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
+    with collect(client, store, flush_interval="0.3s"):
+        client.gather(client.map(slow, range(20)))
+        time.sleep(1.0)  # two flushes at least
+        print("FLUSHED", flush=True)
+        client.gather(client.map(slow, range(100, 100000)))
+"""
+
+
+def _start_and_kill(tmp_path, address, store, whole_group):
+    script = tmp_path / "victim.py"
+    script.write_text(textwrap.dedent(CLIENT_SCRIPT))
+    proc = subprocess.Popen([sys.executable, str(script), address, store], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "FLUSHED", line
+        # wait until the store shows the first 20 tasks (a loaded machine flushes late), so the
+        # kill comes after a flush: what a reader saw before the kill must be there after it
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if (open_run(store).tasks().prefix == "slow").sum() >= 20:
+                    break
+            except MetacollectError:  # a half-created store while the first flush runs
+                pass
+            time.sleep(0.2)
+        time.sleep(0.3)
+    finally:
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGKILL)  # like a batch system ending the job
+        else:
+            proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def _check_incomplete(store, capsys):
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete"
+    tasks = run.tasks()
+    assert (tasks.prefix == "slow").sum() >= 20  # everything flushed before the kill is there
+    assert len(run.graphs()) >= 1
+    assert main(["info", store]) == 0
+    out = capsys.readouterr().out
+    assert "status: incomplete" in out and "did not finish" in out
+    assert main(["validate", "-q", store]) == 0
+    return run
+
+
+def test_client_killed_mid_run(tmp_path, capsys):
+    store = str(tmp_path / "client.zarr")
+    with _cluster(1) as cluster, Client(cluster) as observer:
+        _start_and_kill(tmp_path, cluster.scheduler_address, store, whole_group=False)
+        # the scheduler and workers survive the client
+        assert observer.submit(slow_inc, 1).result(timeout=30) == 2
+        time.sleep(0.5)
+        run = _check_incomplete(store, capsys)
+        assert run.attrs["ended"] is None
+
+
+def test_scheduler_killed_mid_run(tmp_path, capsys):
+    store = str(tmp_path / "sched.zarr")
+    _start_and_kill(tmp_path, "local", store, whole_group=True)
+    run = _check_incomplete(store, capsys)
+    cluster = run.groups[f"clusters/{run.clusters()[0]}"]
+    assert cluster["ended"] is None  # the scheduler never said goodbye
+
+
+# -- a failing flush ----------------------------------------------------------------------------
+
+
+def _flush_state(plugin):
+    """Per group: flush errors recorded, tables over their bound, and whether flushes fail."""
+    out = {}
+    for path, g in plugin.writer.groups.items():
+        if "errors" not in g.tables:
+            continue
+        with g._flush_lock:  # not while a flush holds the rows
+            errors = [c for _, c in g.tables["errors"]._chunks]
+            flush_errors = sum(1 for c in errors for w in c["where"] if w == "flush")
+            over = [n for n, t in g.tables.items() if t.pending > t.limit and len(t._chunks) > 1]
+            out[path] = (flush_errors, over, g._failed)
+    return out
+
+
+def _scheduler_flush_state(dask_scheduler):
+    return _flush_state(dask_scheduler.plugins[NAME])
+
+
+def _worker_flush_state(dask_worker):
+    return _flush_state(dask_worker.plugins["metacollect-worker"])
+
+
+def test_failing_flush_reported_once_and_bounded(tmp_path):
+    store = str(tmp_path / "flaky.zarr")
+    aside = str(tmp_path / "aside.zarr")
+    with _cluster(2) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="0.2s", buffer_limit=1000):
+            assert sum(client.gather(client.map(slow_inc, range(10), delay=0))) == 55
+            time.sleep(0.5)
+            os.rename(store, aside)
+            with open(store, "w") as f:  # root can write anywhere: a file blocks every write
+                f.write("not a directory")
+            # Dask keeps running through many failing flushes, with >1000 transitions pending
+            for i in range(3):
+                assert len(client.gather(client.map(slow_inc, range(i * 1000, i * 1000 + 300), delay=0))) == 300
+                time.sleep(0.3)
+            sched = client.run_on_scheduler(_scheduler_flush_state)
+            workers = client.run(_worker_flush_state)
+            for state in [sched, *workers.values()]:
+                failing = {p: s for p, s in state.items() if s[2]}
+                assert failing, state
+                for path, (flush_errors, over, _) in failing.items():
+                    assert flush_errors == 1, (path, flush_errors)   # reported once
+                    assert not over, (path, over)                    # bounded
+            os.remove(store)
+            os.rename(aside, store)  # the filesystem is back: kept rows land
+            time.sleep(1.0)
+            assert sum(client.gather(client.map(slow_inc, range(5), delay=0))) == 15
+    run = open_run(store)
+    assert run.attrs["status"] == "complete"
+    errors = run.errors()
+    flush = errors[errors["where"].str.endswith("flush")]
+    assert len(flush) >= 1
+    assert flush.groupby("group").size().max() == 1
+    assert "rows dropped while flushes failed" in " ".join(errors.what)  # the bound was hit
+    assert (run.tasks().prefix == "slow_inc").sum() >= 300  # kept rows were written after all
+
+
+# -- an exception inside a hook ----------------------------------------------------------------
+
+
+class _BrokenTasks:
+    """A scheduler task mapping whose lookups fail: the transition hook's real code path."""
+
+    def get(self, key):
+        raise RuntimeError("broken task lookup")
+
+
+class _BrokenRecorder:
+    def __getattr__(self, name):
+        raise RuntimeError(f"broken graph recorder: {name}")
+
+
+class FailingCollector(SchedulerCollector):
+    """The real collector, with state that makes its hooks fail."""
+
+    async def start(self, scheduler):
+        await super().start(scheduler)
+        self._tasks = _BrokenTasks()
+        self.graphs = _BrokenRecorder()
+
+    def _swap(self):
+        graphs = self.graphs
+        self.graphs = type("G", (), {"swap": staticmethod(lambda: ([], []))})()
+        try:
+            return super()._swap()
+        finally:
+            self.graphs = graphs
+
+
+def test_hook_exception_recorded_and_dask_keeps_running(tmp_path):
+    store = str(tmp_path / "hooks.zarr")
+    with _cluster(1) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="0.3s") as session:
+            client.unregister_scheduler_plugin(NAME)
+            client.register_plugin(FailingCollector(session.store, {}), name=NAME)
+            assert client.submit(slow_inc, 1, delay=0).result() == 2
+            assert sum(client.gather(client.map(slow_inc, range(50), delay=0))) == sum(range(1, 51))
+            with Client(cluster.scheduler_address) as other:  # add_client / remove_client hooks
+                assert other.submit(slow_inc, 10, delay=0).result() == 11
+            time.sleep(0.6)
+    errors = open_run(store).errors()
+    where = set(errors["where"])
+    assert {"scheduler.transition", "scheduler.update_graph", "scheduler.add_client"} <= where, where
+    tr = errors[errors["where"] == "scheduler.transition"]
+    assert tr.what.str.contains("broken task lookup").all()
+    assert len(tr) <= 10  # recorded, not flooded
+    assert "Traceback" in tr.why.iloc[0]
