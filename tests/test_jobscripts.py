@@ -112,7 +112,7 @@ def _submit(tmp_path, system: str, *args: str) -> tuple[str, str]:
 
 def _check_allocation(store: str, job_id: str, system: str, script: str | None) -> None:
     run = open_run(store)
-    batch = run.tree["job/batch"]
+    batch = run.root["job/batch"]  # not run.tree: xarray refuses a killed store's torn worker tables
     assert batch.attrs["batch_system"] == system and batch.attrs["source"] == "jobscript"
     jobs = run.table("job/batch", "jobs")
     assert list(jobs.job_id) == [job_id] and list(jobs.role) == ["allocation"]
@@ -149,7 +149,7 @@ def test_scancel_mid_run_leaves_incomplete_store(tmp_path):
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
-            if len(open_run(store).transitions()) >= 150:  # the first graph, flushed
+            if (open_run(store).transitions().finish == "memory").sum() >= 50:  # first graph flushed
                 break
         except Exception:  # the store is still being created
             pass
