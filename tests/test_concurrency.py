@@ -1,0 +1,109 @@
+"""Concurrency: two runs at once on one machine, two clients on one collected scheduler, and
+workers joining and leaving during a run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+from distributed import Client, LocalCluster
+
+from metacollect import collect, open_run
+from metacollect.cli import main
+
+
+def slow(x, delay=0.02):
+    time.sleep(delay)
+    return x
+
+
+RUN_SCRIPT = """
+import sys, time
+from distributed import Client
+from metacollect import collect
+
+def slow(x):
+    time.sleep(0.02)
+    return x
+
+if __name__ == "__main__":
+    tag, store = sys.argv[1], sys.argv[2]
+    with Client(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as client:
+        with collect(client, store, flush_interval="0.5s", run_id=tag):
+            futures = [client.submit(slow, i, key=f"{tag}-{i}") for i in range(30)]
+            assert sum(client.gather(futures)) == sum(range(30))
+"""
+
+
+def test_two_runs_at_once(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(RUN_SCRIPT))
+    stores = {tag: str(tmp_path / f"{tag}.zarr") for tag in ("alpha", "beta")}
+    procs = [subprocess.Popen([sys.executable, str(script), tag, store]) for tag, store in stores.items()]
+    for p in procs:
+        assert p.wait(timeout=180) == 0
+    for tag, store in stores.items():
+        run = open_run(store)
+        assert run.attrs["status"] == "complete"
+        assert run.attrs["run_id"] == tag
+        assert len(run.clusters()) == 1
+        tasks = run.tasks()
+        assert set(tasks.prefix) == {tag}          # nothing of the other run
+        assert len(tasks) == 30
+        assert main(["validate", "-q", store]) == 0
+
+
+def test_two_clients_one_scheduler(tmp_path):
+    store = str(tmp_path / "two.zarr")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as a, Client(cluster.scheduler_address) as b:
+        with collect(a, store, flush_interval="0.5s"):
+            fa = [a.submit(slow, i, key=f"froma-{i}") for i in range(20)]
+            fb = [b.submit(slow, i, key=f"fromb-{i}") for i in range(20)]
+            assert a.gather(fa) == b.gather(fb) == list(range(20))
+            ids = {a.id, b.id}
+    run = open_run(store)
+    graphs = run.graphs()
+    assert ids <= set(graphs.client)
+    gt = run.graph_tasks().merge(graphs[["cluster", "graph", "client"]], on=["cluster", "graph"])
+    by_client = gt.groupby("client").prefix.agg(set).to_dict()
+    assert by_client[a.id] == {"froma"}
+    assert by_client[b.id] == {"fromb"}
+    clients = run.table(f"clusters/{run.clusters()[0]}/client", "clients")
+    assert ids <= set(clients.client) or b.id in set(graphs.client)
+
+
+def _wait_workers(client, n, timeout=90):
+    deadline = time.time() + timeout
+    while len(client.scheduler_info()["workers"]) != n:
+        assert time.time() < deadline, f"never reached {n} workers"
+        time.sleep(0.1)
+
+
+def test_workers_join_and_leave(tmp_path):
+    store = str(tmp_path / "adapt.zarr")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        with collect(client, store, flush_interval="0.3s"):
+            seen = set(client.scheduler_info()["workers"])
+            cluster.scale(3)
+            _wait_workers(client, 3)
+            seen |= set(client.scheduler_info()["workers"])
+            assert len(client.gather(client.map(slow, range(60), pure=False))) == 60
+            time.sleep(0.5)
+            cluster.scale(1)
+            _wait_workers(client, 1)
+            remaining = set(client.scheduler_info()["workers"])
+            assert len(client.gather(client.map(slow, range(100, 110), pure=False))) == 10
+    run = open_run(store)
+    workers = run.workers()
+    assert set(workers.address) == seen and len(seen) == 3
+    left = workers[~workers.address.isin(remaining)]
+    assert len(left) == 2 and left.removed.notna().all()
+    assert (left.removed > left.added).all()
+    assert workers[workers.address.isin(remaining)].removed.isna().all()
+    # every worker, also those that left, wrote its own group
+    assert workers.group.notna().all() and workers.group.nunique() == 3
+    assert set(run.worker_table("tasks").worker_group) >= set(workers[workers.address.isin(remaining)].group)
