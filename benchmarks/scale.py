@@ -96,21 +96,77 @@ def writer_throughput(rows: int, repeats: int = 3) -> dict[str, Any]:
             "records_per_cpu_s": float(np.median(cpu_rates)), "all_wall": rates, "all_cpu": cpu_rates}
 
 
+def synthetic_store(path: str, n: int) -> None:
+    """A store with ``n`` executed tasks in one graph, written through the collector's own
+    StoreWriter/GroupWriter and schema (as the scheduler collector would write them), for
+    timing ``open_run(...).tasks()`` at a size this box cannot run end to end in time."""
+    from metacollect.collect import finalize, init_root
+    from metacollect.store.writer import StoreWriter
+
+    w = StoreWriter(path)
+    init_root(w, "synthetic")
+    cl, sc = w.group("client", cluster="c0"), w.group("scheduler", cluster="c0")
+    t0 = time.time()
+    cl.append("graphs", {"graph": [0], "time": [t0], "client": ["Client-0"], "stimulus_id": ["update-graph"],
+                         "n_tasks": [n], "n_keys": [1], "n_dependencies": [n], "annotations": [""]})
+    batch = 200_000
+    for i in range(0, n, batch):
+        m = min(batch, n - i)
+        idx = np.arange(i, i + m)
+        keys = [f"('ones-{j % 97:032x}', {j})" for j in idx]
+        cl.append("tasks", {"graph": np.zeros(m, np.int64), "key": keys, "prefix": ["ones"] * m,
+                            "group": ["ones-0123"] * m, "requested": np.zeros(m, bool),
+                            "priority": ["[0,1,2]"] * m, "n_dependencies": np.ones(m, np.int32),
+                            "annotations": [""] * m})
+        sc.append("tasks", {"key": keys, "prefix": ["ones"] * m, "group": ["ones-0123"] * m,
+                            "state": ["memory"] * m, "worker": [f"tcp://127.0.0.1:4000{j % 2}" for j in idx],
+                            "thread": np.full(m, 140000000000, np.int64), "start": t0 + idx * 1e-4,
+                            "stop": t0 + idx * 1e-4 + 5e-5, "time": t0 + idx * 1e-4 + 6e-5,
+                            "nbytes": np.full(m, 8, np.int64), "typename": ["numpy.ndarray"] * m,
+                            "retries": np.zeros(m, np.int32), "exception": [""] * m})
+        w.flush()
+    finalize(path)
+
+
+def tasks_time(path: str, repeats: int = 3) -> float:
+    from metacollect import open_run
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        open_run(path).tasks()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", type=int, default=1_000_000)
     p.add_argument("--writer-rows", type=int, default=1_000_000)
     p.add_argument("--child", choices=["bare", "collected"])
     p.add_argument("--store")
+    p.add_argument("--synthetic", type=int, default=1_000_000,
+                   help="rows of the synthetic store for the open_run().tasks() timing")
+    p.add_argument("--synthetic-only", action="store_true", help="only the synthetic-store timing")
     a = p.parse_args(argv)
     if a.child:
         print("RESULT " + json.dumps(child(a.child, a.tasks, a.store)), flush=True)
         return {}
-    out: dict[str, Any] = {"writer": writer_throughput(a.writer_rows)}
-    _common.log(f"writer: {out['writer']['records_per_s']:.3g} records/s")
+    out: dict[str, Any] = {}
+    if not a.synthetic_only:
+        out["writer"] = writer_throughput(a.writer_rows)
+        _common.log(f"writer: {out['writer']['records_per_s']:.3g} records/s")
     workdir = tempfile.mkdtemp(prefix="mc-scale-")
     store = os.path.join(workdir, "scale.zarr")
     try:
+        synth = os.path.join(workdir, "synthetic.zarr")
+        synthetic_store(synth, a.synthetic)
+        out["synthetic_rows"] = a.synthetic
+        out["synthetic_tasks_open_s"] = tasks_time(synth, 1)
+        _common.log(f"synthetic {a.synthetic} rows: tasks() {out['synthetic_tasks_open_s']:.2f}s")
+        if a.synthetic_only:
+            _common.save("scale_synthetic", out)
+            return out
         for mode in ("bare", "collected"):
             proc = subprocess.run([sys.executable, __file__, "--child", mode, "--tasks", str(a.tasks),
                                    "--store", store], capture_output=True, text=True)
@@ -121,9 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             _common.log(f"{mode}: {out[mode]}")
         from metacollect import open_run
 
-        t0 = time.perf_counter()
         tasks = open_run(store).tasks()
-        out["tasks_open_s"] = time.perf_counter() - t0
+        out["tasks_open_s"] = tasks_time(store)
         out["tasks_rows"] = len(tasks)
         out["transitions_in_store"] = len(open_run(store).transitions())
         out["transitions_counted"] = out["collected"]["transitions_counted"]
