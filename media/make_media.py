@@ -23,12 +23,25 @@ def main() -> int:
     plot.metadata_map().savefig(os.path.join(HERE, "metadata-map.png"), dpi=80)
     with tempfile.TemporaryDirectory(prefix="metacollect-media-") as work:
         store = os.path.join(work, "demo.zarr")
-        with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=2, dashboard_address=":0"
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             with metacollect.collect(client, store):
                 run_demo(os.path.join(work, "data"), n_images=8, size=256)
         run = metacollect.open_run(store)
-        for name in ["task_stream", "progress", "memory", "task_graph", "critical_path"]:
-            fig = getattr(plot, name)(run, **({"max_prefixes": 8} if name == "progress" else {}))
+        for name in [
+            "task_stream",
+            "progress",
+            "memory",
+            "task_graph",
+            "critical_path",
+        ]:
+            fig = getattr(plot, name)(
+                run, **({"max_prefixes": 8} if name == "progress" else {})
+            )
             fig.savefig(os.path.join(HERE, f"{name.replace('_', '-')}.png"), dpi=70)
             print(f"media/{name.replace('_', '-')}.png", file=sys.stderr)
     return 0

@@ -111,8 +111,14 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
     Metadata is deliberately not consolidated: later writers (``metacollect ingest``) would make
     a consolidated copy stale, and readers would silently miss their groups.
     """
-    root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
-    root.attrs.update({"levels": levels_index(root), "status": status, "ended": time.time(), **extra})
+    try:
+        root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
+        root.attrs.update({"levels": levels_index(root), "status": status, "ended": time.time(), **extra})
+    except Exception as e:  # the store was removed or replaced mid-run
+        raise StoreError(
+            f"cannot finalise store {store} ({type(e).__name__}: {e}); what was flushed before "
+            "is kept and the store's status stays incomplete"
+        ) from e
 
 
 def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:

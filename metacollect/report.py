@@ -44,8 +44,18 @@ _TITLES = {
 
 
 #: Run methods whose tables the report reads many times; read once per report
-_MEMO = {"tasks", "transitions", "graphs", "graph_tasks", "dependencies", "worker_states",
-         "events", "workers", "errors", "worker_table"}
+_MEMO = {
+    "tasks",
+    "transitions",
+    "graphs",
+    "graph_tasks",
+    "dependencies",
+    "worker_states",
+    "events",
+    "workers",
+    "errors",
+    "worker_table",
+}
 
 
 class _Memo:
@@ -70,8 +80,15 @@ class _Memo:
 
 
 def _table(df: pd.DataFrame, max_rows: int = 50, index: bool = True) -> str:
-    more = f"<p>{len(df) - max_rows} more rows not shown</p>" if len(df) > max_rows else ""
-    return df.head(max_rows).to_html(index=index, float_format=lambda v: f"{v:.4g}", border=0) + more
+    more = (
+        f"<p>{len(df) - max_rows} more rows not shown</p>" if len(df) > max_rows else ""
+    )
+    return (
+        df.head(max_rows).to_html(
+            index=index, float_format=lambda v: f"{v:.4g}", border=0
+        )
+        + more
+    )
 
 
 def write_report(
@@ -111,7 +128,9 @@ def write_report(
             if has(run):
                 views[name] = func
         except Exception as e:
-            problems.append(f"{name}: cannot tell whether the store has data ({type(e).__name__}: {e})")
+            problems.append(
+                f"{name}: cannot tell whether the store has data ({type(e).__name__}: {e})"
+            )
     for name, func in views.items():
         started = time.perf_counter()
         try:
@@ -122,7 +141,9 @@ def write_report(
             continue
         if echo:
             echo(f"{name}: {time.perf_counter() - started:.1f} s")
-        sections.append(f'<h2 id="{name}">{_TITLES.get(name, name)}</h2><img src="{name}.png" alt="{name}">')
+        sections.append(
+            f'<h2 id="{name}">{_TITLES.get(name, name)}</h2><img src="{name}.png" alt="{name}">'
+        )
 
     tables: list[tuple[str, str]] = []
 
@@ -135,15 +156,20 @@ def write_report(
         if len(df):
             tables.append((title, _table(df, **kw)))
 
-    add_table("Summary", lambda: pd.DataFrame([analysis.summary(run)]).T.rename(columns={0: ""}))
+    add_table(
+        "Summary",
+        lambda: pd.DataFrame([analysis.summary(run)]).T.rename(columns={0: ""}),
+    )
     add_table("Workers", run.workers, index=False)
     add_table("Utilisation per worker", lambda: analysis.utilisation(run))
     add_table("Task prefixes", lambda: analysis.prefix_summary(run))
     add_table("Graphs", run.graphs, index=False)
     if "critical_path" in views:
+
         def cp_table() -> pd.DataFrame:
             cp = analysis.critical_path(run)
             return pd.DataFrame([cp.attrs]).assign(tasks=len(cp))
+
         add_table("Critical path", cp_table, index=False)
     add_table("Collector errors", run.errors, index=False)
 
@@ -156,12 +182,24 @@ def write_report(
         f"<nav>{nav}</nav>",
     ]
     if problems:
-        body.append('<h2>Problems</h2><ul class="problem">' + "".join(f"<li>{html.escape(p)}</li>" for p in problems) + "</ul>")
+        body.append(
+            '<h2>Problems</h2><ul class="problem">'
+            + "".join(f"<li>{html.escape(p)}</li>" for p in problems)
+            + "</ul>"
+        )
     body += [f"<h2>{html.escape(t)}</h2>{h}" for t, h in tables[:1]]
     body += sections
     body += [f"<h2>{html.escape(t)}</h2>{h}" for t, h in tables[1:]]
-    body.append("<h2>Run metadata</h2><pre>" + html.escape(json.dumps(meta, indent=1, default=str)) + "</pre>")
-    body.append("<h2>Levels of the metadata map</h2><pre>" + html.escape(json.dumps(levels, indent=1)) + "</pre>")
+    body.append(
+        "<h2>Run metadata</h2><pre>"
+        + html.escape(json.dumps(meta, indent=1, default=str))
+        + "</pre>"
+    )
+    body.append(
+        "<h2>Levels of the metadata map</h2><pre>"
+        + html.escape(json.dumps(levels, indent=1))
+        + "</pre>"
+    )
     doc = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>metacollect {html.escape(str(a.get('run_id')))}</title><style>{_CSS}</style></head>"

@@ -19,9 +19,15 @@ def run():
 def test_task_stream_has_one_row_per_task_run(run):
     ts = analysis.task_stream(run)
     assert len(ts) == CHAIN + WIDE + 1 + 1  # chain, wide + total, boom
-    assert sorted(ts["key"]) == sorted([f"inc-{i}" for i in range(CHAIN)] + [f"slow-{i}" for i in range(WIDE)] + ["total-0", "boom-0"])
+    assert sorted(ts["key"]) == sorted(
+        [f"inc-{i}" for i in range(CHAIN)]
+        + [f"slow-{i}" for i in range(WIDE)]
+        + ["total-0", "boom-0"]
+    )
     # one row per worker thread: 2 workers x at most 2 threads, rows numbered densely
-    assert ts["row"].nunique() == ts[["worker", "thread"]].drop_duplicates().shape[0] <= 4
+    assert (
+        ts["row"].nunique() == ts[["worker", "thread"]].drop_duplicates().shape[0] <= 4
+    )
     assert set(ts["row"]) == set(range(ts["row"].nunique()))
     assert (ts["t_stop"] >= ts["t_start"]).all() and (ts["t_start"] >= 0).all()
     assert ts.set_index("key").at["boom-0", "state"] == "erred"
@@ -29,10 +35,16 @@ def test_task_stream_has_one_row_per_task_run(run):
 
 def test_prefix_summary_counts_and_times(run):
     ps = analysis.prefix_summary(run)
-    assert ps.at["inc", "n"] == CHAIN and ps.at["slow", "n"] == WIDE and ps.at["total", "n"] == 1
+    assert (
+        ps.at["inc", "n"] == CHAIN
+        and ps.at["slow", "n"] == WIDE
+        and ps.at["total", "n"] == 1
+    )
     assert ps.at["boom", "erred"] == 1 and ps.at["inc", "erred"] == 0
     assert ps.at["inc", "mean"] >= 0.02  # each inc sleeps 20 ms
-    assert ps.at["inc", "total"] == pytest.approx(run.tasks().query("prefix == 'inc'")["duration"].sum())
+    assert ps.at["inc", "total"] == pytest.approx(
+        run.tasks().query("prefix == 'inc'")["duration"].sum()
+    )
 
 
 def test_progress_totals_equal_task_counts(run):
@@ -44,9 +56,16 @@ def test_progress_totals_equal_task_counts(run):
     states = ["released", "waiting", "processing", "memory", "erred", "forgotten"]
     # the states of a prefix always add up to its keys seen so far, never more than it has
     sums = pr[states].sum(axis=1)
-    assert (sums <= pr["prefix"].map({"inc": CHAIN, "slow": WIDE, "total": 1, "boom": 1})).all()
+    assert (
+        sums <= pr["prefix"].map({"inc": CHAIN, "slow": WIDE, "total": 1, "boom": 1})
+    ).all()
     assert (pr[states] >= 0).all().all()
-    assert last.loc["boom", "erred"] + last.loc["boom", "forgotten"] + last.loc["boom", "released"] == 1
+    assert (
+        last.loc["boom", "erred"]
+        + last.loc["boom", "forgotten"]
+        + last.loc["boom", "released"]
+        == 1
+    )
 
 
 def test_critical_path_of_a_chain_is_the_chain(run):
@@ -61,7 +80,11 @@ def test_critical_path_of_a_chain_is_the_chain(run):
 
 def test_critical_path_of_a_wide_graph_is_one_branch(run):
     cp = analysis.critical_path(run, graph=1)
-    assert len(cp) == 2 and cp["key"].iloc[-1] == "total-0" and cp["key"].iloc[0].startswith("slow-")
+    assert (
+        len(cp) == 2
+        and cp["key"].iloc[-1] == "total-0"
+        and cp["key"].iloc[0].startswith("slow-")
+    )
 
 
 def test_critical_path_unknown_graph_says_which_exist(run):
@@ -71,7 +94,9 @@ def test_critical_path_unknown_graph_says_which_exist(run):
 
 def test_graph_nodes_depths(run):
     nodes, edges = analysis.graph_nodes(run, 0)
-    assert dict(zip(nodes["key"], nodes["depth"])) == {f"inc-{i}": i for i in range(CHAIN)}
+    assert dict(zip(nodes["key"], nodes["depth"], strict=False)) == {
+        f"inc-{i}": i for i in range(CHAIN)
+    }
     assert len(edges) == CHAIN - 1
     nodes, _ = analysis.graph_nodes(run, 1)
     assert nodes.set_index("key").at["total-0", "depth"] == 1
@@ -105,5 +130,8 @@ def test_compare_and_catalog(run, tmp_path):
     assert len(cat) == 2
     good = cat[cat["problem"] == ""].iloc[0]
     assert good["tasks"] == len(run.tasks()) and good["wall_time"] > 0
-    assert "not a Zarr" in cat[cat["problem"] != ""].iloc[0]["problem"] or "NotAStore" in cat[cat["problem"] != ""].iloc[0]["problem"]
+    assert (
+        "not a Zarr" in cat[cat["problem"] != ""].iloc[0]["problem"]
+        or "NotAStore" in cat[cat["problem"] != ""].iloc[0]["problem"]
+    )
     assert isinstance(cat, pd.DataFrame)

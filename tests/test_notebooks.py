@@ -9,12 +9,19 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "notebooks", "*.ipynb")))
+NOTEBOOKS = sorted(
+    glob.glob(os.path.join(os.path.dirname(__file__), "..", "notebooks", "*.ipynb"))
+)
 
 
 def test_there_are_notebooks():
     names = {os.path.basename(p) for p in NOTEBOOKS}
-    assert {"01-tour-of-a-run.ipynb", "02-io-and-profile.ipynb", "03-comparing-runs.ipynb", "04-image-pipeline.ipynb"} <= names
+    assert {
+        "01-tour-of-a-run.ipynb",
+        "02-io-and-profile.ipynb",
+        "03-comparing-runs.ipynb",
+        "04-image-pipeline.ipynb",
+    } <= names
 
 
 @pytest.mark.slow
@@ -22,9 +29,25 @@ def test_there_are_notebooks():
 def test_notebook_executes(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     # the kernel must not inherit pytest's "warnings are errors"; the notebooks' own code runs as users run it
-    client = NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        nb,
+        timeout=240,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors
-    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    images = [
+        o
+        for c in nb.cells
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    ]
     assert images, "the notebook draws no figure"

@@ -53,14 +53,23 @@ def test_colour_of_a_prefix_is_stable():
     assert plot.color_of("inc") == plot.color_of("inc")
 
 
-@pytest.mark.parametrize("name", ["progress", "memory", "processing", "task_graph", "critical_path"])
+@pytest.mark.parametrize(
+    "name", ["progress", "memory", "processing", "task_graph", "critical_path"]
+)
 def test_view_renders(run, name):
     render(getattr(plot, name)(run))
 
 
 def test_available_views_match_the_store(run):
     views = plot.available_views(run)
-    assert {"task_stream", "progress", "memory", "processing", "task_graph", "critical_path"} <= set(views)
+    assert {
+        "task_stream",
+        "progress",
+        "memory",
+        "processing",
+        "task_graph",
+        "critical_path",
+    } <= set(views)
     has_io = getattr(run, "io", None) is not None and plot._io_frame(run) is not None
     assert ("io" in views) == has_io
 
@@ -69,7 +78,11 @@ def test_task_graph_colour_by_any_attribute(run):
     for column in ["duration", "nbytes", "worker", "typename"]:
         render(plot.task_graph(run, graph=1, color=column, label="key"))
     nodes, _ = analysis.graph_nodes(run, 1)
-    render(plot.task_graph(run, graph=1, color="mine", nodes=nodes.assign(mine=range(len(nodes)))))
+    render(
+        plot.task_graph(
+            run, graph=1, color="mine", nodes=nodes.assign(mine=range(len(nodes)))
+        )
+    )
     with pytest.raises(UsageError, match="no column 'nope'"):
         plot.task_graph(run, color="nope")
 
@@ -82,7 +95,9 @@ def test_task_graph_aggregates_by_prefix(run):
 
 def test_critical_path_title_has_the_fraction(run):
     fig = plot.critical_path(run, graph=0)
-    assert f"{CHAIN} tasks" in fig.axes[0].get_title() and "%" in fig.axes[0].get_title()
+    assert (
+        f"{CHAIN} tasks" in fig.axes[0].get_title() and "%" in fig.axes[0].get_title()
+    )
 
 
 def test_compare_renders(run):
@@ -117,8 +132,12 @@ def test_metadata_map_has_every_step_and_level():
     fig = plot.metadata_map(schema)
     render(fig)
     ax = fig.axes[0]
-    assert [t.get_text().split("\n")[0] for t in ax.get_xticklabels()] == [f"step {s}" for s in range(1, 6)]
-    assert [t.get_text() for t in ax.get_yticklabels()] == [lv for lv in schema.levels if lv != "run"]
+    assert [t.get_text().split("\n")[0] for t in ax.get_xticklabels()] == [
+        f"step {s}" for s in range(1, 6)
+    ]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        lv for lv in schema.levels if lv != "run"
+    ]
     text = "\n".join(t.get_text() for t in ax.texts)
     for g in schema.groups.values():
         if g.step > 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from views_runs import basic_store, script_store
@@ -25,7 +24,14 @@ def test_report_cli_writes_every_view(store, tmp_path, capsys):
     index = out / "index.html"
     assert capsys.readouterr().out.strip() == str(index)
     text = index.read_text()
-    for view in ["task_stream", "progress", "memory", "processing", "task_graph", "critical_path"]:
+    for view in [
+        "task_stream",
+        "progress",
+        "memory",
+        "processing",
+        "task_graph",
+        "critical_path",
+    ]:
         assert f'src="{view}.png"' in text
         assert (out / f"{view}.png").stat().st_size > 1000
     assert "Task prefixes" in text and "work" in text
@@ -45,16 +51,25 @@ def test_export_perfetto_one_x_event_per_task(store, tmp_path, capsys):
     doc = json.loads(out.read_text())
     run = metacollect.open_run(store)
     tasks = run.tasks()
-    x = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"].startswith("task")]
+    x = [
+        e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"].startswith("task")
+    ]
     assert len(x) == len(tasks) == 10
     assert sorted(e["args"]["key"] for e in x) == sorted(tasks["key"])
     for e in doc["traceEvents"]:
         assert {"ph", "pid", "tid", "name"} <= set(e)
         if e["ph"] == "X":
             assert e["dur"] >= 0 and isinstance(e["ts"], float)
-    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    names = {
+        e["args"]["name"]
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
     assert "scheduler" in names and any(n.startswith("worker tcp://") for n in names)
-    assert doc["metadata"]["truncated"] is False and doc["metadata"]["executed_tasks"] == 10
+    assert (
+        doc["metadata"]["truncated"] is False
+        and doc["metadata"]["executed_tasks"] == 10
+    )
 
 
 def test_export_is_bounded_and_says_so(store, tmp_path, capsys):
@@ -74,7 +89,8 @@ def test_export_without_a_format_teaches(store, capsys):
 
 def test_report_api_and_perfetto_counts(store, tmp_path):
     index = write_report(store, tmp_path / "r", dpi=30)
-    assert os.path.exists(index) and open(index).read().count("<img") == 6
+    with open(index) as f:
+        assert f.read().count("<img") == 6
     run = metacollect.open_run(basic_store())
     meta = perfetto.write(run, tmp_path / "t.json")
     assert meta["executed_tasks"] == len(run.tasks())

@@ -54,14 +54,24 @@ def basic_store() -> str:
     from metacollect import collect
 
     store = f"{_tmp()}/basic.zarr"
-    with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0", processes=True) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, dashboard_address=":0", processes=True
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         # Yappi on: the profile view is checked on the same run (step 5, when installed)
-        with dask.config.set({"metacollect.yappi.enabled": True}), collect(client, store, overwrite=True):
+        with (
+            dask.config.set({"metacollect.yappi.enabled": True}),
+            collect(client, store, overwrite=True),
+        ):
             x = dask.delayed(inc)(0, dask_key_name="inc-0")
             for i in range(1, CHAIN):
                 x = dask.delayed(inc)(x, dask_key_name=f"inc-{i}")
             assert dask.compute(x)[0] == CHAIN
-            parts = [dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(WIDE)]
+            parts = [
+                dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(WIDE)
+            ]
             dask.compute(dask.delayed(total)(*parts, dask_key_name="total-0"))
             fut = client.submit(boom, 1, key="boom-0")
             try:
@@ -72,7 +82,7 @@ def basic_store() -> str:
     return store
 
 
-SCRIPT = '''
+SCRIPT = """
 import time
 import dask
 from distributed import Client, LocalCluster
@@ -84,7 +94,7 @@ def work(i):
 if __name__ == "__main__":
     with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster):
         print(sum(dask.compute(*[dask.delayed(work)(i) for i in range(10)])))
-'''
+"""
 
 
 @functools.cache

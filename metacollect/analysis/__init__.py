@@ -68,7 +68,9 @@ def origin(run: Run) -> float:
 
 def _wall(run: Run) -> float:
     a = run.attrs
-    if isinstance(a.get("ended"), (int, float)) and isinstance(a.get("started"), (int, float)):
+    if isinstance(a.get("ended"), (int, float)) and isinstance(
+        a.get("started"), (int, float)
+    ):
         return float(a["ended"]) - float(a["started"])
     tasks = run.tasks()
     return float(tasks["stop"].max() - tasks["start"].min()) if len(tasks) else 0.0
@@ -84,9 +86,9 @@ def _worker_addresses(run: Run) -> dict[tuple[str, str], str]:
 
 def _prefix_map(run: Run) -> dict[str, str]:
     gt = run.graph_tasks()
-    out = dict(zip(gt["key"], gt["prefix"]))
+    out = dict(zip(gt["key"], gt["prefix"], strict=False))
     t = run.tasks()
-    out.update(zip(t["key"], t["prefix"]))
+    out.update(zip(t["key"], t["prefix"], strict=False))
     return out
 
 
@@ -112,7 +114,9 @@ def task_stream(run: Run) -> pd.DataFrame:
     """
     df = run.tasks()
     t0 = origin(run)
-    threads = df[["worker", "thread"]].drop_duplicates().sort_values(["worker", "thread"])
+    threads = (
+        df[["worker", "thread"]].drop_duplicates().sort_values(["worker", "thread"])
+    )
     labels = []
     for w, g in threads.groupby("worker", sort=True):
         for i, th in enumerate(g["thread"]):
@@ -136,8 +140,17 @@ def activity(run: Run) -> pd.DataFrame:
     ss = run.worker_table("startstops")
     ss = ss[ss["action"] != "compute"].copy()
     addr = _worker_addresses(run)
-    ss.insert(0, "worker", [addr.get((c, g), g) for c, g in zip(ss["cluster"], ss["worker_group"])])
-    ss["prefix"] = _prefix_of(ss["key"], _prefix_map(run)) if len(ss) else pd.Series(dtype=object)
+    ss.insert(
+        0,
+        "worker",
+        [
+            addr.get((c, g), g)
+            for c, g in zip(ss["cluster"], ss["worker_group"], strict=False)
+        ],
+    )
+    ss["prefix"] = (
+        _prefix_of(ss["key"], _prefix_map(run)) if len(ss) else pd.Series(dtype=object)
+    )
     t0 = origin(run)
     ss["t_start"] = ss["start"] - t0
     ss["t_stop"] = ss["stop"] - t0
@@ -154,19 +167,33 @@ def prefix_summary(run: Run) -> pd.DataFrame:
     """
     df = run.tasks()
     if not len(df):
-        return pd.DataFrame(columns=["n", "erred", "total", "mean", "median", "max", "nbytes", "first_start", "last_stop"])
+        return pd.DataFrame(
+            columns=[
+                "n",
+                "erred",
+                "total",
+                "mean",
+                "median",
+                "max",
+                "nbytes",
+                "first_start",
+                "last_stop",
+            ]
+        )
     g = df.groupby("prefix")
-    out = pd.DataFrame({
-        "n": g.size(),
-        "erred": g["state"].apply(lambda s: int((s == "erred").sum())),
-        "total": g["duration"].sum(),
-        "mean": g["duration"].mean(),
-        "median": g["duration"].median(),
-        "max": g["duration"].max(),
-        "nbytes": g["nbytes"].apply(lambda s: int(s[s > 0].sum())),
-        "first_start": g["start"].min(),
-        "last_stop": g["stop"].max(),
-    })
+    out = pd.DataFrame(
+        {
+            "n": g.size(),
+            "erred": g["state"].apply(lambda s: int((s == "erred").sum())),
+            "total": g["duration"].sum(),
+            "mean": g["duration"].mean(),
+            "median": g["duration"].median(),
+            "max": g["duration"].max(),
+            "nbytes": g["nbytes"].apply(lambda s: int(s[s > 0].sum())),
+            "first_start": g["start"].min(),
+            "last_stop": g["stop"].max(),
+        }
+    )
     return out.sort_values("total", ascending=False)
 
 
@@ -193,7 +220,14 @@ def progress(run: Run) -> pd.DataFrame:
     finished: set[Any] = set()
     done: dict[str, int] = {}
     records = []
-    for key, start, finish, time, prefix in zip(tr["cluster"] + "/" + tr["key"].astype(str), tr["start"], tr["finish"], tr["time"], prefixes):
+    for key, start, finish, time, prefix in zip(
+        tr["cluster"] + "/" + tr["key"].astype(str),
+        tr["start"],
+        tr["finish"],
+        tr["time"],
+        prefixes,
+        strict=False,
+    ):
         c = counts.setdefault(prefix, dict.fromkeys(cols, 0))
         if key not in seen:
             seen.add(key)
@@ -218,11 +252,18 @@ def memory(run: Run) -> pd.DataFrame:
     """
     ws = run.worker_states()
     t0 = origin(run)
-    out = pd.DataFrame({
-        "time": ws["time"], "t": ws["time"] - t0, "worker": ws["worker"],
-        "managed": ws["memory_managed"], "unmanaged": ws["memory_unmanaged"],
-        "spilled": ws["memory_spilled"], "process": ws["memory_process"], "nbytes": ws["nbytes"],
-    })
+    out = pd.DataFrame(
+        {
+            "time": ws["time"],
+            "t": ws["time"] - t0,
+            "worker": ws["worker"],
+            "managed": ws["memory_managed"],
+            "unmanaged": ws["memory_unmanaged"],
+            "spilled": ws["memory_spilled"],
+            "process": ws["memory_process"],
+            "nbytes": ws["nbytes"],
+        }
+    )
     out["total_nbytes"] = out.groupby("time")["nbytes"].transform("sum")
     return out.sort_values(["time", "worker"], ignore_index=True)
 
@@ -254,7 +295,11 @@ def utilisation(run: Run) -> pd.DataFrame:
     tasks = run.tasks()
     workers = run.workers()
     wall = _wall(run)
-    nthreads = workers.groupby("address")["nthreads"].max() if len(workers) else pd.Series(dtype=int)
+    nthreads = (
+        workers.groupby("address")["nthreads"].max()
+        if len(workers)
+        else pd.Series(dtype=int)
+    )
     busy = tasks.groupby("worker")["duration"].sum()
     n = tasks.groupby("worker").size()
     index = sorted(set(nthreads.index) | set(busy.index))
@@ -268,19 +313,28 @@ def utilisation(run: Run) -> pd.DataFrame:
     addr = _worker_addresses(run)
     if len(tr):
         tr = tr[tr["direction"] == "in"]
-        tr_w = [addr.get((c, g), g) for c, g in zip(tr["cluster"], tr["worker_group"])]
-        out["transfer_bytes_in"] = tr["total"].groupby(tr_w).sum().reindex(index).fillna(0).astype(int)
+        tr_w = [
+            addr.get((c, g), g)
+            for c, g in zip(tr["cluster"], tr["worker_group"], strict=False)
+        ]
+        out["transfer_bytes_in"] = (
+            tr["total"].groupby(tr_w).sum().reindex(index).fillna(0).astype(int)
+        )
     else:
         out["transfer_bytes_in"] = 0
     return out
 
 
-def _pick_graph(run: Run, graph: int | None, cluster: str | None = None) -> tuple[str, int]:
+def _pick_graph(
+    run: Run, graph: int | None, cluster: str | None = None
+) -> tuple[str, int]:
     graphs = run.graphs()
     if not len(graphs):
         from metacollect.errors import StoreError
 
-        raise StoreError(f"{run.path} holds no submitted graph (step 2 was not collected)")
+        raise StoreError(
+            f"{run.path} holds no submitted graph (step 2 was not collected)"
+        )
     if cluster is not None:
         graphs = graphs[graphs["cluster"] == cluster]
     if graph is None:
@@ -290,11 +344,15 @@ def _pick_graph(run: Run, graph: int | None, cluster: str | None = None) -> tupl
     if not len(sel):
         from metacollect.errors import StoreError
 
-        raise StoreError(f"no graph {graph} in {run.path}; graphs are {sorted(graphs['graph'].unique().tolist())}")
+        raise StoreError(
+            f"no graph {graph} in {run.path}; graphs are {sorted(graphs['graph'].unique().tolist())}"
+        )
     return str(sel.iloc[0]["cluster"]), int(graph)
 
 
-def graph_nodes(run: Run, graph: int | None = None, cluster: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def graph_nodes(
+    run: Run, graph: int | None = None, cluster: str | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Nodes and edges of one submitted graph (default: the largest), with task attributes.
 
     Returns
@@ -310,21 +368,35 @@ def graph_nodes(run: Run, graph: int | None = None, cluster: str | None = None) 
     deps = run.dependencies()
     deps = deps[(deps["cluster"] == cluster) & (deps["graph"] == graph)]
     keys = set(gt["key"])
-    deps = deps[deps["key"].isin(keys) & deps["dependency"].isin(keys)][["key", "dependency"]].reset_index(drop=True)
+    deps = deps[deps["key"].isin(keys) & deps["dependency"].isin(keys)][
+        ["key", "dependency"]
+    ].reset_index(drop=True)
     tasks = run.tasks()
     tasks = tasks[(tasks["cluster"] == cluster)].drop_duplicates("key", keep="last")
-    cols = ["key", "worker", "thread", "start", "stop", "duration", "nbytes", "typename", "state"]
+    cols = [
+        "key",
+        "worker",
+        "thread",
+        "start",
+        "stop",
+        "duration",
+        "nbytes",
+        "typename",
+        "state",
+    ]
     nodes = gt.drop(columns=["cluster"]).merge(tasks[cols], on="key", how="left")
     depth = _depths(list(nodes["key"]), deps)
     nodes["depth"] = nodes["key"].map(depth).fillna(0).astype(int)
     return nodes.reset_index(drop=True), deps
 
 
-def _order(keys: list[Any], deps: pd.DataFrame) -> tuple[list[Any], dict[Any, list[Any]]]:
+def _order(
+    keys: list[Any], deps: pd.DataFrame
+) -> tuple[list[Any], dict[Any, list[Any]]]:
     """Topological order (dependencies first) and ``{key: [dependencies]}``."""
     parents: dict[Any, list[Any]] = {k: [] for k in keys}
     children: dict[Any, list[Any]] = {k: [] for k in keys}
-    for k, d in zip(deps["key"], deps["dependency"]):
+    for k, d in zip(deps["key"], deps["dependency"], strict=False):
         parents[k].append(d)
         children[d].append(k)
     remaining = {k: len(v) for k, v in parents.items()}
@@ -348,7 +420,9 @@ def _depths(keys: list[Any], deps: pd.DataFrame) -> dict[Any, int]:
     return depth
 
 
-def critical_path(run: Run, graph: int | None = None, cluster: str | None = None) -> pd.DataFrame:
+def critical_path(
+    run: Run, graph: int | None = None, cluster: str | None = None
+) -> pd.DataFrame:
     """The longest chain of dependent tasks of a graph, weighted by compute time.
 
     Parameters
@@ -373,7 +447,7 @@ def critical_path(run: Run, graph: int | None = None, cluster: str | None = None
     >>> print(f"{cp.attrs['fraction']:.0%} of the wall time is on the critical path")   # doctest: +SKIP
     """
     nodes, deps = graph_nodes(run, graph, cluster)
-    dur = dict(zip(nodes["key"], nodes["duration"].fillna(0.0)))
+    dur = dict(zip(nodes["key"], nodes["duration"].fillna(0.0), strict=False))
     order, parents = _order(list(nodes["key"]), deps)
     finish: dict[Any, float] = {}
     best: dict[Any, Any] = {}
@@ -388,14 +462,25 @@ def critical_path(run: Run, graph: int | None = None, cluster: str | None = None
         k = best[k]
     path.reverse()
     cols = ["key", "prefix", "worker", "start", "stop", "duration"]
-    out = nodes.set_index("key").loc[path].reset_index()[cols] if path else pd.DataFrame(columns=cols)
+    out = (
+        nodes.set_index("key").loc[path].reset_index()[cols]
+        if path
+        else pd.DataFrame(columns=cols)
+    )
     length = float(out["duration"].fillna(0).sum())
-    wall = float(nodes["stop"].max() - nodes["start"].min()) if nodes["start"].notna().any() else float("nan")
-    out.attrs.update({
-        "graph": int(nodes["graph"].iloc[0]) if len(nodes) else -1,
-        "length": length, "wall": wall,
-        "fraction": length / wall if wall and wall > 0 else float("nan"),
-    })
+    wall = (
+        float(nodes["stop"].max() - nodes["start"].min())
+        if nodes["start"].notna().any()
+        else float("nan")
+    )
+    out.attrs.update(
+        {
+            "graph": int(nodes["graph"].iloc[0]) if len(nodes) else -1,
+            "length": length,
+            "wall": wall,
+            "fraction": length / wall if wall and wall > 0 else float("nan"),
+        }
+    )
     return out
 
 
@@ -407,7 +492,9 @@ def summary(run: Run) -> dict[str, Any]:
     row: dict[str, Any] = {
         "run_id": a.get("run_id"),
         "status": a.get("status"),
-        "started": pd.to_datetime(a.get("started"), unit="s") if a.get("started") else pd.NaT,
+        "started": pd.to_datetime(a.get("started"), unit="s")
+        if a.get("started")
+        else pd.NaT,
         "wall_time": _wall(run),
         "clusters": len(run.clusters()),
         "workers": len(workers),
@@ -421,7 +508,11 @@ def summary(run: Run) -> dict[str, Any]:
         "errors": len(run.errors()),
     }
     threads = row["threads"]
-    row["utilisation"] = row["compute_time"] / (threads * row["wall_time"]) if threads and row["wall_time"] > 0 else float("nan")
+    row["utilisation"] = (
+        row["compute_time"] / (threads * row["wall_time"])
+        if threads and row["wall_time"] > 0
+        else float("nan")
+    )
     script = run.groups.get("script")
     row["script"] = os.path.basename(script.get("path", "")) if script else ""
     row["path"] = run.path
@@ -433,10 +524,16 @@ def _labels(runs: Sequence[Run], labels: Sequence[str] | None) -> list[str]:
         if len(labels) != len(runs):
             from metacollect.errors import UsageError
 
-            raise UsageError(f"got {len(labels)} labels for {len(runs)} runs; give one label per run")
+            raise UsageError(
+                f"got {len(labels)} labels for {len(runs)} runs; give one label per run"
+            )
         return list(labels)
     names = [os.path.basename(os.path.normpath(r.path)) for r in runs]
-    return names if len(set(names)) == len(names) else [f"{i}:{n}" for i, n in enumerate(names)]
+    return (
+        names
+        if len(set(names)) == len(names)
+        else [f"{i}:{n}" for i, n in enumerate(names)]
+    )
 
 
 def compare(runs: Sequence[Run], labels: Sequence[str] | None = None) -> pd.DataFrame:
@@ -445,18 +542,25 @@ def compare(runs: Sequence[Run], labels: Sequence[str] | None = None) -> pd.Data
     return pd.DataFrame(rows, index=pd.Index(_labels(runs, labels), name="run"))
 
 
-def compare_prefixes(runs: Sequence[Run], labels: Sequence[str] | None = None, stat: str = "total") -> pd.DataFrame:
+def compare_prefixes(
+    runs: Sequence[Run], labels: Sequence[str] | None = None, stat: str = "total"
+) -> pd.DataFrame:
     """Per-prefix compute time of several runs: index prefix, one column per run.
 
     ``stat`` is a column of :func:`prefix_summary` (total, mean, median, max, n).
     """
-    cols = {lab: prefix_summary(r)[stat] for lab, r in zip(_labels(runs, labels), runs)}
+    cols = {
+        lab: prefix_summary(r)[stat]
+        for lab, r in zip(_labels(runs, labels), runs, strict=False)
+    }
     out = pd.DataFrame(cols)
     out.index.name = "prefix"
-    return out.fillna(0).sort_values(list(cols)[0], ascending=False)
+    return out.fillna(0).sort_values(next(iter(cols)), ascending=False)
 
 
-def catalog(directory: str | os.PathLike[str], pattern: str = "**/*.zarr") -> pd.DataFrame:
+def catalog(
+    directory: str | os.PathLike[str], pattern: str = "**/*.zarr"
+) -> pd.DataFrame:
     """One row per run stored under ``directory`` with its main figures.
 
     Stores that cannot be opened are listed too, with the reason in the ``problem`` column.
@@ -469,7 +573,9 @@ def catalog(directory: str | os.PathLike[str], pattern: str = "**/*.zarr") -> pd
     from metacollect.store.reader import open_run
 
     rows = []
-    for path in sorted(glob.glob(os.path.join(os.fspath(directory), pattern), recursive=True)):
+    for path in sorted(
+        glob.glob(os.path.join(os.fspath(directory), pattern), recursive=True)
+    ):
         if not os.path.isdir(path):
             continue
         try:

@@ -11,14 +11,28 @@ from metacollect.errors import UsageError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("export", help="export a store to Perfetto / pstats", description=__doc__)
+    p = sub.add_parser(
+        "export", help="export a store to Perfetto / pstats", description=__doc__
+    )
     p.add_argument("store", help="path of the store")
-    p.add_argument("--perfetto", metavar="OUT.json", default=None,
-                   help="write Chrome trace-event JSON (open it in ui.perfetto.dev)")
-    p.add_argument("--max-events", type=int, default=None,
-                   help="bound on the trace events (default 1000000; 0 for no bound)")
-    p.add_argument("--pstat", metavar="DIR", default=None,
-                   help="write Yappi profiles as pstats files (one per worker) into DIR")
+    p.add_argument(
+        "--perfetto",
+        metavar="OUT.json",
+        default=None,
+        help="write Chrome trace-event JSON (open it in ui.perfetto.dev)",
+    )
+    p.add_argument(
+        "--max-events",
+        type=int,
+        default=None,
+        help="bound on the trace events (default 1000000; 0 for no bound)",
+    )
+    p.add_argument(
+        "--pstat",
+        metavar="DIR",
+        default=None,
+        help="write Yappi profiles as pstats files (one per worker) into DIR",
+    )
     return p
 
 
@@ -26,25 +40,39 @@ def run(args: argparse.Namespace) -> int:
     from metacollect.store.reader import open_run
 
     if args.perfetto is None and args.pstat is None:
-        raise UsageError("nothing to export; pass --perfetto out.json and/or --pstat DIR")
+        raise UsageError(
+            "nothing to export; pass --perfetto out.json and/or --pstat DIR"
+        )
     run_ = open_run(args.store)
     if args.perfetto is not None:
         from metacollect.export import perfetto
 
-        limit = perfetto.MAX_EVENTS if args.max_events is None else (args.max_events or None)
+        limit = (
+            perfetto.MAX_EVENTS
+            if args.max_events is None
+            else (args.max_events or None)
+        )
         meta = perfetto.write(run_, args.perfetto, max_events=limit)
-        print(f"metacollect export: {meta['events']} trace events "
-              f"({meta['executed_tasks']} executed tasks) written to {args.perfetto}", file=sys.stderr)
+        print(
+            f"metacollect export: {meta['events']} trace events "
+            f"({meta['executed_tasks']} executed tasks) written to {args.perfetto}",
+            file=sys.stderr,
+        )
         if meta["truncated"]:
             dropped = ", ".join(f"{n} {k}" for k, n in meta["dropped"].items())
-            print(f"metacollect export: trace bounded to --max-events {limit}; left out {dropped} "
-                  "(raise --max-events, or 0 for no bound)", file=sys.stderr)
+            print(
+                f"metacollect export: trace bounded to --max-events {limit}; left out {dropped} "
+                "(raise --max-events, or 0 for no bound)",
+                file=sys.stderr,
+            )
         print(args.perfetto)
     if args.pstat is not None:
         try:
             pstat = importlib.import_module("metacollect.export.pstat")
         except ImportError as e:
-            raise UsageError(f"--pstat needs metacollect.export.pstat, which this installation lacks ({e})") from e
+            raise UsageError(
+                f"--pstat needs metacollect.export.pstat, which this installation lacks ({e})"
+            ) from e
         result = pstat.write(run_, args.pstat)
         print(f"metacollect export: profiles written to {args.pstat}", file=sys.stderr)
         if result is not None:

@@ -54,13 +54,33 @@ ACTIVITY_COLOURS = {
 }
 ERRED = "black"
 STATE_COLOURS = {
-    "released": "#d9d9d9", "waiting": "#9ecae1", "processing": "#3182bd",
-    "memory": "#31a354", "erred": "black",
+    "released": "#d9d9d9",
+    "waiting": "#9ecae1",
+    "processing": "#3182bd",
+    "memory": "#31a354",
+    "erred": "black",
 }
 _PALETTE = [
-    "#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#9467bd", "#c5b0d5",
-    "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#bcbd22", "#dbdb8d", "#17becf",
-    "#9edae5", "#393b79", "#637939", "#8c6d31",
+    "#1f77b4",
+    "#aec7e8",
+    "#ff7f0e",
+    "#ffbb78",
+    "#2ca02c",
+    "#98df8a",
+    "#9467bd",
+    "#c5b0d5",
+    "#8c564b",
+    "#c49c94",
+    "#e377c2",
+    "#f7b6d2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#dbdb8d",
+    "#17becf",
+    "#9edae5",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
 ]
 
 
@@ -87,7 +107,13 @@ def _empty(title: str, why: str) -> Figure:
 def _legend(ax: Any, items: dict[str, str], max_items: int = 20, **kwargs: Any) -> None:
     handles = [Patch(color=c, label=n) for n, c in list(items.items())[:max_items]]
     if handles:
-        ax.legend(handles=handles, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1), **kwargs)
+        ax.legend(
+            handles=handles,
+            fontsize="x-small",
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            **kwargs,
+        )
 
 
 def task_stream(run: Run) -> Figure:
@@ -103,36 +129,69 @@ def task_stream(run: Run) -> Figure:
     nrows = int(ts["row"].max()) + 1
     fig = _figure(10, max(2.5, 0.35 * nrows + 1.5))
     ax = fig.add_subplot()
-    colours = [ERRED if s == "erred" else color_of(p) for s, p in zip(ts["state"], ts["prefix"])]
+    colours = [
+        ERRED if s == "erred" else color_of(p)
+        for s, p in zip(ts["state"], ts["prefix"], strict=False)
+    ]
     _bars(ax, ts["t_start"], ts["t_stop"], ts["row"], colours)
     if len(act):
         first_row = ts.groupby("worker")["row"].min()
         rows = act["worker"].map(first_row)
         ok = rows.notna()
         act = act[ok]
-        _bars(ax, act["t_start"], act["t_stop"], rows[ok], [ACTIVITY_COLOURS.get(a, "grey") for a in act["action"]], height=0.3)
+        _bars(
+            ax,
+            act["t_start"],
+            act["t_stop"],
+            rows[ok],
+            [ACTIVITY_COLOURS.get(a, "grey") for a in act["action"]],
+            height=0.3,
+        )
     labels = ts.drop_duplicates("row").sort_values("row")["row_label"]
     ax.set_yticks(range(nrows), labels, fontsize="x-small")
     ax.set_ylim(nrows - 0.5, -0.5)
     ax.set_xlabel("time since start of run (s)")
     ax.set_title(f"Task stream ({len(ts)} tasks)")
-    items = {p: color_of(p) for p in ts.groupby("prefix")["duration"].sum().sort_values(ascending=False).index}
-    extra = {a: ACTIVITY_COLOURS.get(a, "grey") for a in (act["action"].unique() if len(act) else [])}
+    items = {
+        p: color_of(p)
+        for p in ts.groupby("prefix")["duration"]
+        .sum()
+        .sort_values(ascending=False)
+        .index
+    }
+    extra = {
+        a: ACTIVITY_COLOURS.get(a, "grey")
+        for a in (act["action"].unique() if len(act) else [])
+    }
     if (ts["state"] == "erred").any():
         extra["erred"] = ERRED
     _legend(ax, {**dict(list(items.items())[:15]), **extra}, max_items=25)
     return fig
 
 
-def _bars(ax: Any, start: Any, stop: Any, rows: Any, colours: Sequence[str], height: float = 0.8) -> None:
+def _bars(
+    ax: Any,
+    start: Any,
+    stop: Any,
+    rows: Any,
+    colours: Sequence[str],
+    height: float = 0.8,
+) -> None:
     start = np.asarray(start, dtype=float)
     stop = np.asarray(stop, dtype=float)
     rows = np.asarray(rows, dtype=float)
     h = height / 2
-    verts = [[(a, r - h), (b, r - h), (b, r + h), (a, r + h)] for a, b, r in zip(start, stop, rows)]
-    ax.add_collection(PolyCollection(verts, facecolors=colours, edgecolors=colours, linewidths=0.3))
+    verts = [
+        [(a, r - h), (b, r - h), (b, r + h), (a, r + h)]
+        for a, b, r in zip(start, stop, rows, strict=False)
+    ]
+    ax.add_collection(
+        PolyCollection(verts, facecolors=colours, edgecolors=colours, linewidths=0.3)
+    )
     if len(start):
-        ax.set_xlim(min(0.0, float(np.nanmin(start))), float(np.nanmax(stop)) * 1.02 + 1e-6)
+        ax.set_xlim(
+            min(0.0, float(np.nanmin(start))), float(np.nanmax(stop)) * 1.02 + 1e-6
+        )
 
 
 def progress(run: Run, max_prefixes: int = 12) -> Figure:
@@ -140,14 +199,24 @@ def progress(run: Run, max_prefixes: int = 12) -> Figure:
     pr = analysis.progress(run)
     if not len(pr):
         return _empty("Progress", "no scheduler transition was recorded")
-    order = pr.groupby("prefix")["done"].max().sort_values(ascending=False).index[:max_prefixes]
+    order = (
+        pr.groupby("prefix")["done"]
+        .max()
+        .sort_values(ascending=False)
+        .index[:max_prefixes]
+    )
     n = len(order)
     fig = _figure(10, 1.3 * n + 1)
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     states = ["memory", "erred", "processing", "waiting", "released"]
-    for ax, prefix in zip(axes, order):
+    for ax, prefix in zip(axes, order, strict=False):
         d = pr[pr["prefix"] == prefix]
-        ax.stackplot(d["t"], *[d[s] for s in states], colors=[STATE_COLOURS[s] for s in states], step="post")
+        ax.stackplot(
+            d["t"],
+            *[d[s] for s in states],
+            colors=[STATE_COLOURS[s] for s in states],
+            step="post",
+        )
         ax.set_ylabel(prefix, rotation=0, ha="right", fontsize="x-small")
         ax.tick_params(labelsize="x-small")
     axes[0].set_title(f"Progress per prefix (top {n} of {pr['prefix'].nunique()})")
@@ -165,9 +234,14 @@ def memory(run: Run) -> Figure:
     fig = _figure(10, 1.6 * len(workers) + 2)
     axes = fig.subplots(len(workers) + 1, 1, sharex=True, squeeze=False)[:, 0]
     colours = {"managed": "#1f77b4", "unmanaged": "#aec7e8", "spilled": "#7f7f7f"}
-    for ax, w in zip(axes, workers):
+    for ax, w in zip(axes, workers, strict=False):
         d = mem[mem["worker"] == w]
-        ax.stackplot(d["t"], *[d[c] / 2**20 for c in colours], colors=list(colours.values()), step="post")
+        ax.stackplot(
+            d["t"],
+            *[d[c] / 2**20 for c in colours],
+            colors=list(colours.values()),
+            step="post",
+        )
         ax.set_ylabel(f"{w}\nMiB", fontsize="x-small")
     _legend(axes[0], colours)
     tot = mem.drop_duplicates("time")
@@ -202,7 +276,11 @@ def _layout(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     x = np.zeros(len(nodes))
     y = nodes["depth"].to_numpy(dtype=float)
     for _, idx in nodes.groupby("depth").groups.items():
-        pos = np.asarray(sorted(idx, key=lambda i: (str(nodes.at[i, "prefix"]), str(nodes.at[i, "key"]))))
+        pos = np.asarray(
+            sorted(
+                idx, key=lambda i: (str(nodes.at[i, "prefix"]), str(nodes.at[i, "key"]))
+            )
+        )
         n = len(pos)
         x[pos] = (np.arange(n) - (n - 1) / 2) / max(n, 1)
     return x, y
@@ -243,49 +321,99 @@ def task_graph(
     if color not in base:
         from metacollect.errors import UsageError
 
-        raise UsageError(f"no column {color!r} to colour the graph by; choose one of {', '.join(base.columns)}")
+        raise UsageError(
+            f"no column {color!r} to colour the graph by; choose one of {', '.join(base.columns)}"
+        )
     aggregated = len(base) > max_nodes
     if aggregated:
         numeric = pd.api.types.is_numeric_dtype(base[color])
         g = base.groupby("prefix")
-        nd = pd.DataFrame({
-            "key": g.size().index, "prefix": g.size().index, "size": g.size().to_numpy(),
-            "depth": g["depth"].min().to_numpy(),
-            color: (g[color].mean() if numeric else g[color].agg(lambda s: s.mode().iloc[0] if s.notna().any() else None)).to_numpy(),
-        })
-        pmap = dict(zip(base["key"], base["prefix"]))
-        pe = pd.DataFrame({"key": edges["key"].map(pmap), "dependency": edges["dependency"].map(pmap)})
+        nd = pd.DataFrame(
+            {
+                "key": g.size().index,
+                "prefix": g.size().index,
+                "size": g.size().to_numpy(),
+                "depth": g["depth"].min().to_numpy(),
+                color: (
+                    g[color].mean()
+                    if numeric
+                    else g[color].agg(
+                        lambda s: s.mode().iloc[0] if s.notna().any() else None
+                    )
+                ).to_numpy(),
+            }
+        )
+        pmap = dict(zip(base["key"], base["prefix"], strict=False))
+        pe = pd.DataFrame(
+            {"key": edges["key"].map(pmap), "dependency": edges["dependency"].map(pmap)}
+        )
         pe = pe[pe["key"] != pe["dependency"]].drop_duplicates()
         # depth of a prefix node: longest prefix chain (min task depth can tie dependent prefixes)
-        nd["depth"] = nd["key"].map(analysis._depths(list(nd["key"]), pe)).fillna(nd["depth"]).astype(int)
+        nd["depth"] = (
+            nd["key"]
+            .map(analysis._depths(list(nd["key"]), pe))
+            .fillna(nd["depth"])
+            .astype(int)
+        )
         nodes_df, edges_df = nd.reset_index(drop=True), pe
         sizes = 30 + 300 * np.sqrt(nodes_df["size"] / nodes_df["size"].max())
     else:
         nodes_df, edges_df = base.reset_index(drop=True), edges
         sizes = np.full(len(nodes_df), 60.0 if len(nodes_df) < 60 else 20.0)
     x, y = _layout(nodes_df)
-    pos = {k: (a, b) for k, a, b in zip(nodes_df["key"], x, y)}
+    pos = {k: (a, b) for k, a, b in zip(nodes_df["key"], x, y, strict=False)}
     fig = _figure(10, max(4, 0.5 * (y.max() + 1) + 1.5))
     ax = fig.add_subplot()
-    segs = [(pos[d], pos[k]) for k, d in zip(edges_df["key"], edges_df["dependency"]) if k in pos and d in pos]
+    segs = [
+        (pos[d], pos[k])
+        for k, d in zip(edges_df["key"], edges_df["dependency"], strict=False)
+        if k in pos and d in pos
+    ]
     ax.add_collection(LineCollection(segs, colors="#999999", linewidths=0.5, zorder=1))
     values = nodes_df[color]
     if pd.api.types.is_numeric_dtype(values):
-        sc = ax.scatter(x, y, s=sizes, c=values.astype(float), cmap="viridis", zorder=2, edgecolors="k", linewidths=0.3)
+        sc = ax.scatter(
+            x,
+            y,
+            s=sizes,
+            c=values.astype(float),
+            cmap="viridis",
+            zorder=2,
+            edgecolors="k",
+            linewidths=0.3,
+        )
         fig.colorbar(sc, ax=ax, label=color)
     else:
         cols = {v: color_of(v) for v in values.dropna().unique()}
-        ax.scatter(x, y, s=sizes, c=[cols.get(v, "white") for v in values], zorder=2, edgecolors="k", linewidths=0.3)
+        ax.scatter(
+            x,
+            y,
+            s=sizes,
+            c=[cols.get(v, "white") for v in values],
+            zorder=2,
+            edgecolors="k",
+            linewidths=0.3,
+        )
         _legend(ax, cols)
     text = label or ("prefix" if aggregated else None)
     if text is not None and len(nodes_df) <= 150:
-        for a, b, v in zip(x, y, nodes_df[text]):
-            ax.annotate(str(v)[:24], (a, b), fontsize=6, xytext=(4, 2), textcoords="offset points")
+        for a, b, v in zip(x, y, nodes_df[text], strict=False):
+            ax.annotate(
+                str(v)[:24],
+                (a, b),
+                fontsize=6,
+                xytext=(4, 2),
+                textcoords="offset points",
+            )
     ax.set_ylim(y.max() + 0.5, -0.5)
     ax.set_xlim(-0.6, 0.6)
     ax.set_xticks([])
     ax.set_ylabel("depth (dependencies first)")
-    what = f"{len(nodes_df)} prefixes of {len(base)} tasks" if aggregated else f"{len(base)} tasks"
+    what = (
+        f"{len(nodes_df)} prefixes of {len(base)} tasks"
+        if aggregated
+        else f"{len(base)} tasks"
+    )
     ax.set_title(f"Task graph ({what}), colour: {color}")
     return fig
 
@@ -300,16 +428,27 @@ def critical_path(run: Run, graph: int | None = None) -> Figure:
     fig = _figure(10, 4.5)
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[3, 1])
     _bars(ax1, ts["t_start"], ts["t_stop"], ts["row"], ["#dddddd"] * len(ts))
-    on = ts[ts["key"].isin(set(cp["key"])) & ts["execution"].eq(ts.groupby("key")["execution"].transform("max"))]
-    _bars(ax1, on["t_start"], on["t_stop"], on["row"], [color_of(p) for p in on["prefix"]])
+    on = ts[
+        ts["key"].isin(set(cp["key"]))
+        & ts["execution"].eq(ts.groupby("key")["execution"].transform("max"))
+    ]
+    _bars(
+        ax1, on["t_start"], on["t_stop"], on["row"], [color_of(p) for p in on["prefix"]]
+    )
     rows = on.set_index("key").loc[[k for k in cp["key"] if k in set(on["key"])]]
     ax1.plot((rows["t_start"] + rows["t_stop"]) / 2, rows["row"], "k-", lw=0.8)
     nrows = int(ts["row"].max()) + 1
-    ax1.set_yticks(range(nrows), ts.drop_duplicates("row").sort_values("row")["row_label"], fontsize="x-small")
+    ax1.set_yticks(
+        range(nrows),
+        ts.drop_duplicates("row").sort_values("row")["row_label"],
+        fontsize="x-small",
+    )
     ax1.set_ylim(nrows - 0.5, -0.5)
     ax1.set_xlabel("time since start of run (s)")
     a = cp.attrs
-    ax1.set_title(f"Critical path of graph {a['graph']}: {len(cp)} tasks, {a['length']:.3g} s of {a['wall']:.3g} s wall ({a['fraction']:.1%})")
+    ax1.set_title(
+        f"Critical path of graph {a['graph']}: {len(cp)} tasks, {a['length']:.3g} s of {a['wall']:.3g} s wall ({a['fraction']:.1%})"
+    )
     per = cp.groupby("prefix")["duration"].sum().sort_values()
     ax2.barh(per.index, per.to_numpy(), color=[color_of(p) for p in per.index])
     ax2.set_xlabel("time on the path (s)")
@@ -318,7 +457,9 @@ def critical_path(run: Run, graph: int | None = None) -> Figure:
     return fig
 
 
-def compare(runs: Sequence[Run], labels: Sequence[str] | None = None, max_prefixes: int = 15) -> Figure:
+def compare(
+    runs: Sequence[Run], labels: Sequence[str] | None = None, max_prefixes: int = 15
+) -> Figure:
     """Comparison of two or more runs: wall and compute time, per-prefix compute time."""
     summ = analysis.compare(runs, labels)
     per = analysis.compare_prefixes(runs, labels).head(max_prefixes)
@@ -383,7 +524,13 @@ def io(run: Run) -> Figure:
     fig = _figure(10, 6)
     axes = fig.subplots(2, 2).ravel()
     if bcol is None:
-        axes[0].text(0.5, 0.5, f"no byte column in Run.io(): {list(df.columns)}", ha="center", fontsize="x-small")
+        axes[0].text(
+            0.5,
+            0.5,
+            f"no byte column in Run.io(): {list(df.columns)}",
+            ha="center",
+            fontsize="x-small",
+        )
         return fig
     if wcol:
         s = df.groupby(wcol)[bcol].sum() / 2**20
@@ -401,8 +548,15 @@ def io(run: Run) -> Figure:
         grid = np.zeros((len(ws), 40))
         for i, w in enumerate(ws):
             d = df[df[wcol].astype(str) == w]
-            grid[i], _ = np.histogram(d[tcol].astype(float), bins=bins, weights=d[bcol].astype(float))
-        axes[2].imshow(grid, aspect="auto", cmap="magma", extent=(bins[0] - bins[0], bins[-1] - bins[0], len(ws) - 0.5, -0.5))
+            grid[i], _ = np.histogram(
+                d[tcol].astype(float), bins=bins, weights=d[bcol].astype(float)
+            )
+        axes[2].imshow(
+            grid,
+            aspect="auto",
+            cmap="magma",
+            extent=(bins[0] - bins[0], bins[-1] - bins[0], len(ws) - 0.5, -0.5),
+        )
         axes[2].set_yticks(range(len(ws)), ws, fontsize="xx-small")
         axes[2].set_xlabel("time (s) x worker: bytes")
     axes[3].set_axis_off()
@@ -442,14 +596,28 @@ def profile(run: Run, top: int = 15) -> Figure:
     intask = df[df["key"].notna()] if "key" in df.columns else df.iloc[:0]
     fig = _figure(12, 9)
     gs = fig.add_gridspec(2, 2)
-    ax1, ax2, ax3 = fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[0, 1]), fig.add_subplot(gs[1, :])
+    ax1, ax2, ax3 = (
+        fig.add_subplot(gs[0, 0]),
+        fig.add_subplot(gs[0, 1]),
+        fig.add_subplot(gs[1, :]),
+    )
     by = "worker" if "worker" in df.columns else None
     s = df.groupby("name")["tsub"].sum().sort_values().tail(top)
     if by:
-        per = df[df["name"].isin(s.index)].pivot_table(index="name", columns=by, values="tsub", aggfunc="sum").reindex(s.index).fillna(0)
+        per = (
+            df[df["name"].isin(s.index)]
+            .pivot_table(index="name", columns=by, values="tsub", aggfunc="sum")
+            .reindex(s.index)
+            .fillna(0)
+        )
         left = np.zeros(len(per))
         for col in per.columns:
-            ax1.barh([str(v)[-40:] for v in per.index], per[col].to_numpy(), left=left, label=str(col))
+            ax1.barh(
+                [str(v)[-40:] for v in per.index],
+                per[col].to_numpy(),
+                left=left,
+                label=str(col),
+            )
             left += per[col].to_numpy()
         ax1.legend(fontsize="xx-small", title="worker", title_fontsize="xx-small")
     else:
@@ -459,12 +627,28 @@ def profile(run: Run, top: int = 15) -> Figure:
     ax1.set_title(f"Top {len(s)} functions")
     if len(intask):
         intask = intask.assign(prefix=_prefix_col(intask))
-        best = intask.groupby(["prefix", "name"])["tsub"].sum().sort_values().groupby(level=0).tail(1)
+        best = (
+            intask.groupby(["prefix", "name"])["tsub"]
+            .sum()
+            .sort_values()
+            .groupby(level=0)
+            .tail(1)
+        )
         best = best.sort_values().tail(top)
-        ax2.barh([f"{p}: {str(n)[-30:]}" for p, n in best.index], best.to_numpy(), color=[color_of(p) for p, _ in best.index])
+        ax2.barh(
+            [f"{p}: {str(n)[-30:]}" for p, n in best.index],
+            best.to_numpy(),
+            color=[color_of(p) for p, _ in best.index],
+        )
         ax2.set_title("Heaviest function per task prefix")
     else:
-        ax2.text(0.5, 0.5, "no time attributed to tasks", ha="center", transform=ax2.transAxes)
+        ax2.text(
+            0.5,
+            0.5,
+            "no time attributed to tasks",
+            ha="center",
+            transform=ax2.transAxes,
+        )
     ax2.set_xlabel("own time inside tasks (s)")
     ax2.tick_params(labelsize="xx-small")
     _flame(ax3, run)
@@ -478,12 +662,22 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
     try:
         edges = run.profile_edges()  # type: ignore[attr-defined]
     except Exception as e:
-        ax.text(0.5, 0.5, f"no call edges ({type(e).__name__})", ha="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            f"no call edges ({type(e).__name__})",
+            ha="center",
+            transform=ax.transAxes,
+        )
         return
     if "key" in edges.columns:
         edges = edges[edges["key"].notna()]
-    if not len(edges) or not {"caller_name", "callee_name", "ttot"} <= set(edges.columns):
-        ax.text(0.5, 0.5, "no call edges inside tasks", ha="center", transform=ax.transAxes)
+    if not len(edges) or not {"caller_name", "callee_name", "ttot"} <= set(
+        edges.columns
+    ):
+        ax.text(
+            0.5, 0.5, "no call edges inside tasks", ha="center", transform=ax.transAxes
+        )
         return
     edges = _latest(edges, [*_PROFILE_ID, "caller", "callee_tag", "callee"])
     agg = edges.groupby(["caller_name", "callee_name"])["ttot"].sum()
@@ -492,13 +686,20 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
         if a != b:
             children.setdefault(a, []).append((b, float(t)))
     callees = {b for _, b in agg.index}
-    roots = [(a, sum(t for _, t in ch)) for a, ch in children.items() if a not in callees]
+    roots = [
+        (a, sum(t for _, t in ch)) for a, ch in children.items() if a not in callees
+    ]
     if not roots:
-        roots = sorted(((a, sum(t for _, t in ch)) for a, ch in children.items()), key=lambda r: -r[1])[:1]
+        roots = sorted(
+            ((a, sum(t for _, t in ch)) for a, ch in children.items()),
+            key=lambda r: -r[1],
+        )[:1]
     total = sum(t for _, t in roots) or 1.0
     boxes: list[tuple[float, int, float, str]] = []
 
-    def walk(name: str, x: float, width: float, depth: int, path: frozenset[str]) -> None:
+    def walk(
+        name: str, x: float, width: float, depth: int, path: frozenset[str]
+    ) -> None:
         boxes.append((x, depth, width, name))
         if depth >= max_depth:
             return
@@ -518,9 +719,18 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
             walk(name, x, t, 0, frozenset({name}))
         x += t
     for x0, depth, width, name in boxes:
-        ax.add_patch(Rectangle((x0, depth), width, 0.9, fc=color_of(name), ec="white", lw=0.3))
+        ax.add_patch(
+            Rectangle((x0, depth), width, 0.9, fc=color_of(name), ec="white", lw=0.3)
+        )
         if width / total > 0.06:
-            ax.text(x0 + width / 2, depth + 0.45, str(name)[: int(120 * width / total)], ha="center", va="center", fontsize=6)
+            ax.text(
+                x0 + width / 2,
+                depth + 0.45,
+                str(name)[: int(120 * width / total)],
+                ha="center",
+                va="center",
+                fontsize=6,
+            )
     ax.set_xlim(0, total)
     ax.set_ylim(max((b[1] for b in boxes), default=0) + 1, 0)
     ax.set_xlabel("inclusive time (s), summed over threads")
@@ -543,7 +753,11 @@ def metadata_map(schema: Any = None) -> Figure:
             tables = [t for t in g.tables if t not in ("strings", "errors")]
             text = f"{g.path or '/'}" + (f"\n  {', '.join(tables)}" if tables else "")
             cells.setdefault((g.step, g.level), []).append(text)
-    cat_colours = {"job level": "#fde0c5", "workflow-system level": "#c6dbef", "system level": "#d9f0d3"}
+    cat_colours = {
+        "job level": "#fde0c5",
+        "workflow-system level": "#c6dbef",
+        "system level": "#d9f0d3",
+    }
     fig = _figure(16, 0.9 * len(levels) + 1.5)
     ax = fig.add_subplot()
     level_cat = {g.level: g.category for g in schema.groups.values()}
@@ -553,9 +767,25 @@ def metadata_map(schema: Any = None) -> Figure:
         for i, st in enumerate(steps):
             text = "\n".join(cells.get((st, lv), []))
             if text:
-                ax.text(i, j, text, ha="center", va="center", fontsize=6.5, family="monospace", wrap=True,
-                        bbox={"boxstyle": "round", "fc": "white", "ec": "#888888", "lw": 0.5})
-    ax.set_xticks(range(len(steps)), [f"step {s}\n{schema.steps[s]}" for s in steps], fontsize=8)
+                ax.text(
+                    i,
+                    j,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=6.5,
+                    family="monospace",
+                    wrap=True,
+                    bbox={
+                        "boxstyle": "round",
+                        "fc": "white",
+                        "ec": "#888888",
+                        "lw": 0.5,
+                    },
+                )
+    ax.set_xticks(
+        range(len(steps)), [f"step {s}\n{schema.steps[s]}" for s in steps], fontsize=8
+    )
     ax.set_yticks(range(len(levels)), levels)
     ax.set_xlim(-0.5, len(steps) - 0.5)
     ax.set_ylim(len(levels) - 0.5, -0.5)
@@ -563,7 +793,10 @@ def metadata_map(schema: Any = None) -> Figure:
     for x in np.arange(len(steps) - 1) + 0.5:
         ax.axvline(x, color="#bbbbbb", lw=0.5)
     _legend(ax, cat_colours)
-    ax.set_title(f"The metadata map: store groups (and their tables) per step and level, schema v{schema.version}", pad=30)
+    ax.set_title(
+        f"The metadata map: store groups (and their tables) per step and level, schema v{schema.version}",
+        pad=30,
+    )
     return fig
 
 
@@ -578,7 +811,10 @@ VIEWS: dict[str, tuple[Callable[[Run], Figure], Callable[[Run], bool]]] = {
     "memory": (memory, lambda r: len(r.worker_states()) > 0),
     "processing": (processing, lambda r: len(r.worker_states()) > 0),
     "task_graph": (task_graph, lambda r: len(r.graph_tasks()) > 0),
-    "critical_path": (critical_path, lambda r: len(r.graph_tasks()) > 0 and _has_tasks(r)),
+    "critical_path": (
+        critical_path,
+        lambda r: len(r.graph_tasks()) > 0 and _has_tasks(r),
+    ),
     "io": (io, lambda r: _io_frame(r) is not None),
     "profile": (profile, lambda r: _profile_frame(r) is not None),
 }
