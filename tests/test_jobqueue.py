@@ -164,3 +164,15 @@ def test_metacollect_run_cluster_slurm(tmp_path):
     assert len(jobs) == 2 and set(jobs.partition) == {"debug"} and set(jobs.time_limit) == {"00:05:00"}
     assert "#SBATCH -p debug" in run.tree["job/batch"].attrs["job_script"]
     assert not jobs_in_queue(jobs.job_id)
+
+
+def test_graceful_close_local_cluster():
+    from distributed import LocalCluster
+
+    from metacollect.launch import graceful_close
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", processes=True)
+    client = Client(cluster)
+    assert client.submit(sum, [1, 2]).result() == 3
+    assert graceful_close(client, timeout=30) == []
+    assert client.status == "closed" and cluster.status.name == "closed"
