@@ -142,3 +142,60 @@ def test_metadata_map_has_every_step_and_level():
     for g in schema.groups.values():
         if g.step > 0:
             assert g.path in text
+
+
+class WithIO:
+    """A run plus synthetic Darshan tables shaped like ``Run.io()`` (file and segment rows),
+    one write then one read per task of the wide graph, inside the task's interval."""
+
+    def __init__(self, run):
+        self._run = run
+        t = run.tasks()
+        self.slow = t[t["prefix"] == "slow"]
+
+    def __getattr__(self, name):
+        return getattr(self._run, name)
+
+    def io(self, by="file"):
+        import pandas as pd
+
+        s = self.slow
+        seg = pd.DataFrame(
+            {
+                "worker": list(s["worker"]) * 2,
+                "file": [f"/data/block-{k}.npy" for k in s["key"]] * 2,
+                "op": ["write"] * len(s) + ["read"] * len(s),
+                "length": [8000] * (2 * len(s)),
+                "start": list(s["start"]) * 2,
+                "stop": list((s["start"] + s["stop"]) / 2) * 2,
+                "key": list(s["key"]) * 2,
+            }
+        )
+        if by == "segment":
+            return seg
+        return seg.groupby(["worker", "file"], as_index=False).agg(
+            bytes=("length", "sum"), start=("start", "min"), stop=("stop", "max")
+        )
+
+
+def test_io_view_on_darshan_shaped_data(run):
+    fake = WithIO(run)
+    assert "io" in plot.available_views(fake)
+    fig = plot.io(fake)
+    render(fig)
+    # DXT panel: the task stream plus one bar per segment
+    dxt = next(ax for ax in fig.axes if ax.get_title().startswith("DXT segments"))
+    polys = [c for c in dxt.collections if isinstance(c, PolyCollection)]
+    assert len(polys) == 2 and len(polys[1].get_paths()) == 2 * WIDE
+
+
+def test_perfetto_has_dxt_segments(run, tmp_path):
+    import json
+
+    from metacollect.export import perfetto
+
+    perfetto.write(WithIO(run), tmp_path / "t.json")
+    with open(tmp_path / "t.json") as f:
+        doc = json.load(f)
+    io = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "io"]
+    assert len(io) == 2 * WIDE and {e["name"] for e in io} == {"read", "write"}

@@ -231,8 +231,8 @@ def _add_io(
     if io_method is None:
         return
     try:
-        df = io_method()
-    except Exception:
+        df = io_method(by="segment")
+    except Exception:  # no Darshan data, or no DXT segments: nothing to draw
         return
     needed = {"start", "stop"}
     if df is None or not len(df) or not needed <= set(df.columns):

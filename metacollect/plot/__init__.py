@@ -509,10 +509,25 @@ def _first(df: pd.DataFrame, *names: str) -> str | None:
     return next((n for n in names if n in df.columns), None)
 
 
-def io(run: Run) -> Figure:
-    """Darshan I/O: bytes per worker and per file, and a time x worker heatmap.
+def _segments(run: Run) -> pd.DataFrame | None:
+    try:
+        seg = run.io(by="segment")  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    ok = (
+        isinstance(seg, pd.DataFrame)
+        and len(seg)
+        and {"start", "stop", "worker"} <= set(seg.columns)
+    )
+    return seg if ok else None
 
-    Drawn from ``Run.io()`` (the step-5 Darshan data) when the store has it.
+
+def io(run: Run) -> Figure:
+    """Darshan I/O: bytes per worker and per file, a time x worker heatmap, and the DXT
+    segments over the task stream.
+
+    Drawn from ``Run.io()`` (step 5) when the store has Darshan data; the heatmap and the
+    segments need DXT (``metacollect.darshan.dxt``), else the heatmap uses per-file intervals.
     """
     df = _io_frame(run)
     if df is None:
@@ -520,9 +535,9 @@ def io(run: Run) -> Figure:
     wcol = _first(df, "worker", "worker_group", "rank", "pid")
     fcol = _first(df, "file", "path", "filename", "record")
     bcol = _first(df, "bytes", "nbytes", "size", "length")
-    tcol = _first(df, "start", "time", "t")
-    fig = _figure(10, 6)
+    fig = _figure(12, 8)
     axes = fig.subplots(2, 2).ravel()
+    fig.suptitle("Darshan I/O")
     if bcol is None:
         axes[0].text(
             0.5,
@@ -533,34 +548,90 @@ def io(run: Run) -> Figure:
         )
         return fig
     if wcol:
-        s = df.groupby(wcol)[bcol].sum() / 2**20
-        axes[0].barh(s.index.astype(str), s.to_numpy())
+        cols = [c for c in ("bytes_read", "bytes_written") if c in df.columns] or [bcol]
+        per = df.groupby(wcol)[cols].sum() / 2**20
+        per.plot.barh(ax=axes[0], stacked=True, legend=len(cols) > 1, fontsize=6)
         axes[0].set_xlabel("MiB per worker")
+        axes[0].set_ylabel("")
     if fcol:
         s = (df.groupby(fcol)[bcol].sum() / 2**20).sort_values().tail(15)
-        axes[1].barh([str(v)[-30:] for v in s.index], s.to_numpy())
+        axes[1].barh([str(v)[-35:] for v in s.index], s.to_numpy())
         axes[1].set_xlabel("MiB per file (top 15)")
         axes[1].tick_params(labelsize="xx-small")
-    if wcol and tcol:
-        t = df[tcol].astype(float)
-        bins = np.linspace(t.min(), t.max() + 1e-9, 41)
-        ws = sorted(df[wcol].astype(str).unique())
+    seg = _segments(run)
+    t0 = analysis.origin(run)
+    if seg is not None and "length" in seg.columns:
+        heat, tcol, bytes_col, what = seg, "start", "length", "DXT segments"
+    else:
+        heat, tcol, bytes_col, what = (
+            df,
+            _first(df, "start", "time"),
+            bcol,
+            "per-file intervals",
+        )
+    if wcol and tcol and wcol in heat.columns and heat[tcol].notna().any():
+        t = heat[tcol].astype(float) - t0
+        bins = np.linspace(float(t.min()), float(t.max()) + 1e-9, 41)
+        ws = sorted(heat[wcol].astype(str).unique())
         grid = np.zeros((len(ws), 40))
         for i, w in enumerate(ws):
-            d = df[df[wcol].astype(str) == w]
+            sel = (heat[wcol].astype(str) == w).to_numpy()
             grid[i], _ = np.histogram(
-                d[tcol].astype(float), bins=bins, weights=d[bcol].astype(float)
+                t[sel], bins=bins, weights=heat.loc[sel, bytes_col].astype(float)
             )
-        axes[2].imshow(
-            grid,
+        im = axes[2].imshow(
+            grid / 2**20,
             aspect="auto",
             cmap="magma",
-            extent=(bins[0] - bins[0], bins[-1] - bins[0], len(ws) - 0.5, -0.5),
+            extent=(bins[0], bins[-1], len(ws) - 0.5, -0.5),
         )
+        fig.colorbar(im, ax=axes[2], label="MiB")
         axes[2].set_yticks(range(len(ws)), ws, fontsize="xx-small")
-        axes[2].set_xlabel("time (s) x worker: bytes")
-    axes[3].set_axis_off()
-    fig.suptitle("Darshan I/O")
+        axes[2].set_xlabel(f"time since start of run (s); {what}")
+    else:
+        axes[2].set_axis_off()
+    ax = axes[3]
+    ts = analysis.task_stream(run)
+    if seg is not None and len(ts):
+        _bars(ax, ts["t_start"], ts["t_stop"], ts["row"], ["#dddddd"] * len(ts))
+        first_row = ts.groupby("worker")["row"].min()
+        rows = seg["worker"].map(first_row)
+        ok = rows.notna().to_numpy()
+        ops = (
+            seg["op"].astype(str)
+            if "op" in seg.columns
+            else pd.Series(["io"] * len(seg))
+        )
+        colours = ["#1f77b4" if "read" in o else "#ff7f0e" for o in ops[ok]]
+        _bars(
+            ax,
+            seg["start"][ok] - t0,
+            seg["stop"][ok] - t0,
+            rows[ok],
+            colours,
+            height=0.4,
+        )
+        nrows = int(ts["row"].max()) + 1
+        ax.set_yticks(
+            range(nrows),
+            ts.drop_duplicates("row").sort_values("row")["row_label"],
+            fontsize="xx-small",
+        )
+        ax.set_ylim(nrows - 0.5, -0.5)
+        ax.set_xlabel("time since start of run (s)")
+        ax.set_title(
+            "DXT segments over the task stream (reads blue, writes orange)",
+            fontsize="small",
+        )
+    else:
+        ax.text(
+            0.5,
+            0.5,
+            "no DXT segments (enable metacollect.darshan.dxt)",
+            ha="center",
+            transform=ax.transAxes,
+        )
+        ax.set_axis_off()
     return fig
 
 
