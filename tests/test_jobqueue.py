@@ -155,7 +155,7 @@ def test_metacollect_run_cluster_slurm(tmp_path):
         [sys.executable, "-m", "metacollect", "run", "--store", str(store), "--cluster", "slurm",
          "--jobs", "2", "--cores", "1", "--memory", "1GB", "--walltime", "00:05:00", "--queue", "debug",
          "--interface", "lo", "--flush-interval", "0.5s", str(script)],
-        capture_output=True, text=True, timeout=120, check=False)
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)  # slurm-%j.out land there
     assert proc.returncode == 0, proc.stderr
     assert "3" in proc.stdout.split()
     assert validate_store(store) == []
