@@ -112,6 +112,11 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
     a consolidated copy stale, and readers would silently miss their groups.
     """
     try:
+        if not _is_url(store):  # temp files of writes cut short (a failed flush) are not data
+            for dirpath, _, files in os.walk(store):
+                for f in files:
+                    if f.endswith(".partial"):
+                        os.remove(os.path.join(dirpath, f))
         root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
         root.attrs.update({"levels": levels_index(root), "status": status, "ended": time.time(), **extra})
     except Exception as e:  # the store was removed or replaced mid-run

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -365,7 +366,11 @@ def walk(group: zarr.Group, path: str = "", on_error: Callable[[str], None] | No
     or, with ``on_error``, is reported there and skipped.
     """
     try:
-        members = list(group.members())
+        with warnings.catch_warnings():
+            # a write cut short (killed process, failed flush) leaves a <name>.<uuid>.partial
+            # temp file; it is not part of the store, and not a reason to warn on every read
+            warnings.filterwarnings("ignore", message=r".*\.partial is not recognized")
+            members = list(group.members())
     except Exception as e:
         msg = (f"group /{path} cannot be read ({type(e).__name__}: {e}); the store is damaged there")
         if on_error is None:
