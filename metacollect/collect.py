@@ -214,6 +214,9 @@ class Collection:
         self.launcher = launcher
 
     def start(self) -> None:
+        # collectors living in this process (LocalCluster's scheduler, processes=False workers)
+        # apply the run's options to the global config: put it back in stop()
+        self._config_before = copy.deepcopy(dask.config.get("metacollect"))
         with dask.config.set(config_overrides(self.options)):
             config.validate()
             # a copy: dask.config.set restores the live nested dict in place on exit
@@ -256,6 +259,9 @@ class Collection:
         if problems:
             extra["shutdown_problems"] = problems
         finalize(self.store, status, **extra)
+        before = getattr(self, "_config_before", None)
+        if before is not None:
+            dask.config.update(dask.config.config, {"metacollect": before}, priority="new")
 
 
 @contextlib.contextmanager

@@ -121,6 +121,11 @@ class SchedulerCollector(SchedulerPlugin):
         self.flusher = PeriodicFlusher(
             self._swap, self._write, config.interval("flush-interval"), self._on_error, "metacollect-flush"
         )
+        self.profile = None  # step 5, Yappi: the scheduler process's profile (metacollect.yappi.scheduler)
+        if config.get("yappi.enabled") and config.get("yappi.scheduler"):
+            from metacollect.steps import yappi
+
+            self.profile = yappi.attach(self.writer, "scheduler", cluster=self.cluster)
         self.flusher.start()
         from tornado.ioloop import PeriodicCallback
 
@@ -147,7 +152,11 @@ class SchedulerCollector(SchedulerPlugin):
         self._finished = True
         self._sampler.stop()
         self._sample()
+        if self.profile is not None:
+            self.profile.last_flush = True  # the final flush takes the full profile snapshot
         await self.flusher.close()
+        if self.profile is not None:
+            self.profile.detach()
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
 
     def finish_now(self) -> None:
@@ -156,7 +165,11 @@ class SchedulerCollector(SchedulerPlugin):
             return
         self._finished = True
         self._sampler.stop()
+        if self.profile is not None:
+            self.profile.last_flush = True
         self.flusher.flush_now()
+        if self.profile is not None:
+            self.profile.detach()
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
 
     # -- hooks (event loop) -------------------------------------------------------------------
@@ -260,6 +273,8 @@ class SchedulerCollector(SchedulerPlugin):
             self.group.append("events", {"time": t, "topic": topic, "msg": [_json(m) for m in msg]})
         if samples:
             self._write_samples(samples)
+        if self.profile is not None:
+            self.profile.write()
         self.writer.flush()
 
     def _write_transitions(self, rows: list[tuple[Any, ...]]) -> None:

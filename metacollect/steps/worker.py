@@ -94,6 +94,11 @@ class WorkerCollector(WorkerPlugin):
         self.flusher = PeriodicFlusher(
             self._swap, self._write, config.interval("flush-interval"), self._on_error, "metacollect-flush"
         )
+        self.profile = None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
+        if config.get("yappi.enabled"):
+            from metacollect.steps import yappi
+
+            self.profile = yappi.attach(self.writer, "worker", dask_worker=worker, cluster=self.cluster, worker=self.id)
         self.flusher.start()
         from tornado.ioloop import PeriodicCallback
 
@@ -107,7 +112,11 @@ class WorkerCollector(WorkerPlugin):
         self._finished = True
         self._sampler.stop()
         self._sample()
+        if self.profile is not None:
+            self.profile.last_flush = True  # the final flush takes the full profile snapshot
         await self.flusher.close()
+        if self.profile is not None:
+            self.profile.detach()
 
     # -- hooks (event loop) -------------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
@@ -226,6 +235,8 @@ class WorkerCollector(WorkerPlugin):
             g.append("metrics", metrics)
         if transfers["direction"]:
             g.append("transfers", transfers)
+        if self.profile is not None:
+            self.profile.write([k for k, _, f, _ in transitions if f == "executing"])
         self.writer.flush()
 
     def _on_error(self, where: str, exc: BaseException) -> None:

@@ -1,0 +1,996 @@
+"""Step 5 of the metadata map, Yappi half: where each process spent its time.
+
+Levels ``thread`` (``<process group>/threads``) and ``coroutine``
+(``<process group>/coroutines``), see ``schema/step5-yappi.yaml`` for the layout.
+
+- **One owner of yappi per process.** :class:`ProcessProfiler` is a module-level
+  singleton with a reference count: every collector of a process (one or several
+  workers, the scheduler, the client) :func:`attach`-es a :class:`ProfileSink`; the
+  first attach starts yappi, the last detach stops it and frees its stats. The first
+  sink owns the profile and writes it; when it leaves, the next one takes over with a
+  full snapshot.
+- **Per-task attribution.** yappi's tag callback maps ``distributed``'s
+  ``thread_state.key`` (set while a task runs on a worker thread) to a small int; tag 0
+  is "not in a task". The callback runs on every profiled call, so it is one attribute
+  read and one dict lookup; a new key takes a tag in ``_Tags.__missing__`` (once per
+  key).
+- **Event loop apart.** Stats of the event-loop thread go to the ``coroutines`` group
+  (wall clock: a coroutine's time includes its awaits); every other thread goes to
+  ``threads``.
+- **Harness out of the profile.** The collectors' flush threads and zarr's I/O
+  event-loop thread (where the store writes run) are un-profiled
+  (``sys.setprofile(None)`` in that thread) after every yappi start/resume: under
+  yappi, zarr's asyncio machinery would cost several times more and dominate the
+  profile. A task's own zarr calls still show as time in the task's thread (waiting in
+  ``zarr.core.sync.sync``); zarr's codec threads stay profiled.
+- **Thread ids** are yappi's ``tid``, which is ``threading.get_ident()`` - the ids step
+  4 records.
+- **Snapshots** run in the collector's flush thread every
+  ``metacollect.yappi.flush-interval``: rows that changed since the previous snapshot,
+  with yappi's cumulative values. Changed rows are found without walking every task's
+  stats: tag 0 rows are compared with what was last written, and only the tags of
+  tasks that started, ran or finished since the last snapshot are enumerated. The final
+  snapshot (teardown) writes everything.
+
+The raw per-(thread, tag) rows come from yappi's C enumerator
+(``yappi._yappi.enum_func_stats``, what ``yappi.get_func_stats`` uses underneath): the
+public API merges threads and builds objects per row, too slow and too coarse here. The
+enumeration is bracketed by ``_pause``/``_resume`` exactly as yappi's own API does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import yappi
+
+from metacollect import config
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+    from metacollect.store.reader import Run
+    from metacollect.store.writer import GroupWriter, StoreWriter
+
+logger = logging.getLogger(__name__)
+
+#: group kinds (threads, coroutines) of each kind of process
+KINDS: dict[str, tuple[str, str]] = {
+    "worker": ("threads", "coroutines"),
+    "scheduler": ("scheduler_threads", "scheduler_coroutines"),
+    "client": ("client_threads", "client_coroutines"),
+}
+_ASYNC_FLAGS = (
+    inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+)
+_YAPPI_FILES = frozenset(
+    {"_yappi", os.path.join(os.path.dirname(yappi.__file__), "yappi.py")}
+)
+#: above this many (candidate tags x known tags), one unfiltered enumeration is cheaper
+_FILTER_BUDGET = 2_000_000
+
+_lock = threading.RLock()
+_profiler: ProcessProfiler | None = None
+
+
+# -- the tag callback ------------------------------------------------------------------
+class _Tags(dict):  # type: ignore[type-arg]
+    """Task key -> tag; a key seen for the first time takes the next tag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self[None] = 0
+        self._next = itertools.count(1).__next__
+        #: (tag, key, thread, time) of tags created since the profiler last took them
+        self.new: list[tuple[int, Any, int, float]] = []
+
+    def __missing__(self, key: Any) -> int:
+        tag = self[key] = self._next()
+        self.new.append((tag, key, threading.get_ident(), time.time()))
+        return tag
+
+
+def _tag_callback(tags: _Tags) -> Any:
+    from distributed.utils import (
+        thread_state,
+    )  # what distributed's worker sets around a task
+
+    def tag(_get: Any = getattr, _ts: Any = thread_state, _tags: _Tags = tags) -> int:
+        try:
+            return _tags[_get(_ts, "key", None)]
+        except Exception:  # yappi drops a callback that raises; never raise
+            return 0
+
+    return tag
+
+
+def _thread_name() -> str | None:
+    t = threading._active.get(threading.get_ident())  # type: ignore[attr-defined]
+    return t.name if t is not None else None
+
+
+# -- the process-wide profiler ---------------------------------------------------------
+class ProcessProfiler:
+    """The one owner of ``yappi.start``/``yappi.stop`` in this process."""
+
+    def __init__(self, clock: str, builtins: bool, per_task: bool) -> None:
+        self.clock = clock
+        self.builtins = builtins
+        self.per_task = per_task
+        self.sinks: list[ProfileSink] = []
+        self.tags = _Tags()
+        self.tag_log: list[tuple[int, Any, int, float]] = []
+        self.snapshot_no = 0
+        self.noted: set[Any] = set()
+        self.running: set[int] = set()
+        self.names: dict[int, str] = {}
+        self.funcs: dict[tuple[str, int, str], int] = {}
+        self.func_meta: list[tuple[str, str, str, int, bool, bool]] = []
+        self.zero_pits: dict[int, tuple[int, int]] = {}
+        self.last_stats: dict[tuple[int, int], tuple[int, float]] = {}
+        self.last_edges: dict[tuple[int, int, int, int], tuple[int, float]] = {}
+        self._modules: dict[str, str] = {}
+        self._scanned = 0
+        self.version = _yappi_version()
+        self.started_here = False
+        if yappi.is_running():
+            raise RuntimeError(
+                "yappi is already running in this process (started by someone else); "
+                "metacollect leaves it alone and records no profile here"
+            )
+        yappi.clear_stats()
+        yappi.set_clock_type(clock)
+        yappi.set_context_name_callback(_thread_name)
+        yappi.set_tag_callback(_tag_callback(self.tags) if per_task else None)
+        yappi.start(builtins=builtins, profile_threads=True)
+        self.started_here = True
+
+    def stop(self) -> None:
+        if self.started_here:
+            yappi.stop()
+            yappi.set_tag_callback(None)
+            yappi.set_context_name_callback(None)
+            yappi.clear_stats()
+            self.started_here = False
+
+    @property
+    def owner(self) -> ProfileSink | None:
+        return self.sinks[0] if self.sinks else None
+
+    # -- what changed since the last snapshot ------------------------------------------
+    def note(self, keys: Iterable[Any]) -> None:
+        """Task keys that started executing (from a worker's flush; not a hot path)."""
+        with _lock:
+            self.noted.update(keys)
+
+    def _running_tags(self) -> set[int]:
+        out = set()
+        for sink in self.sinks:
+            w = sink.worker
+            if w is None:
+                continue
+            try:
+                with w.active_threads_lock:
+                    keys = list(w.active_threads.values())
+            except Exception:
+                continue
+            for k in keys:
+                t = self.tags.get(k)
+                if t is not None:
+                    out.add(t)
+        return out
+
+    # -- enumeration -------------------------------------------------------------------
+    def _enumerate(self, tags: set[int] | None) -> list[tuple[Any, ...]]:
+        """Raw yappi rows of these tags (``None``: every row), yappi paused."""
+        from yappi import _yappi
+
+        rows: list[tuple[Any, ...]] = []
+        _yappi._pause()
+        try:
+            if tags is None:
+                _yappi.enum_func_stats(rows.append, {})
+            elif len(tags) * max(len(self.tags), 1) > _FILTER_BUDGET:
+
+                def keep(
+                    row: tuple[Any, ...],
+                    _tags: set[int] = tags,
+                    _append: Any = rows.append,
+                ) -> None:
+                    if row[12] in _tags:
+                        _append(row)
+
+                _yappi.enum_func_stats(keep, {})
+            else:
+                for tag in sorted(tags):
+                    _yappi.enum_func_stats(rows.append, {"tag": tag})
+            threads: list[tuple[Any, ...]] = []
+            _yappi.enum_thread_stats(threads.append)
+        finally:
+            _yappi._resume()
+        self._threads = threads
+        return rows
+
+    def _func(self, name: str, file: str, line: int, builtin: bool, desc: Any) -> int:
+        key = (file, line, name)
+        fid = self.funcs.get(key)
+        if fid is None:
+            fid = self.funcs[key] = len(self.func_meta)
+            co = getattr(desc, "co_flags", 0) if not builtin else 0
+            module = file if builtin else self._module_of(file)
+            self.func_meta.append(
+                (
+                    name,
+                    module,
+                    "" if builtin else file,
+                    line,
+                    builtin,
+                    bool(co & _ASYNC_FLAGS),
+                )
+            )
+        return fid
+
+    def _module_of(self, file: str) -> str:
+        """Dotted module name of a source file, from ``sys.modules``."""
+        name = self._modules.get(file)
+        if name is None and len(sys.modules) != self._scanned:
+            self._scanned = len(sys.modules)
+            for mname, mod in list(sys.modules.items()):
+                f = getattr(mod, "__file__", None)
+                if isinstance(f, str):
+                    self._modules.setdefault(f, mname)
+            name = self._modules.get(file)
+        return name or ""
+
+    def snapshot(self, sink: ProfileSink, final: bool) -> dict[str, Any]:
+        """Take a snapshot for the owner ``sink``: columns of its two groups' tables."""
+        t0 = time.perf_counter()
+        with _lock:
+            full = final or sink.needs_full
+            new = self.tags.new
+            self.tags.new = []
+            self.tag_log.extend(new)
+            noted, self.noted = self.noted, set()
+            running = self._running_tags()
+            if full:
+                rows = self._enumerate(None)
+            else:
+                tags = {0} | running | self.running | {t for t, *_ in new}
+                tags.update(t for t in map(self.tags.get, noted) if t is not None)
+                rows = self._enumerate(tags)
+            self.running = running
+            self.snapshot_no += 1
+            snap = self.snapshot_no
+            threads = self._threads
+            cols = self._columns(sink, snap, rows, threads, full)
+        cols["snapshot"] = {
+            "snapshot": [snap],
+            "time": [time.time()],
+            "full": [full],
+            "final": [final],
+            "rows": [cols["n_rows"]],
+            "cost": [time.perf_counter() - t0],
+        }
+        sink.needs_full = False
+        return cols
+
+    def _columns(
+        self,
+        sink: ProfileSink,
+        snap: int,
+        rows: list[tuple[Any, ...]],
+        threads: list[tuple[Any, ...]],
+        full: bool,
+    ) -> dict[str, Any]:
+        ctx_tid = {r[1]: r[2] for r in threads}
+        loops = {s.loop for s in self.sinks}
+        pit: dict[int, tuple[int, int]] = {}
+        kept = []
+        for r in rows:
+            (
+                name,
+                module,
+                line,
+                ncall,
+                nactual,
+                builtin,
+                ttot,
+                tsub,
+                index,
+                children,
+                ctx,
+                _cn,
+                tag,
+                desc,
+            ) = r[:14]
+            if module in _YAPPI_FILES:
+                continue  # yappi's own frames, as yappi.get_func_stats hides them
+            fid = self._func(name, module, line, bool(builtin), desc)
+            pit[index] = (fid, tag)
+            if tag == 0:
+                self.zero_pits[index] = (fid, 0)
+            kept.append((ctx, tag, fid, ncall, nactual, ttot, tsub, children))
+        # aggregate per (context, tag, func): code objects may share file, line and name
+        stats: dict[tuple[int, int, int], list[float]] = {}
+        edges: dict[tuple[int, int, int, int, int], list[float]] = {}
+        zero = self.zero_pits
+        for ctx, tag, fid, ncall, nactual, ttot, tsub, children in kept:
+            s = stats.get((ctx, tag, fid))
+            if s is None:
+                stats[(ctx, tag, fid)] = [ncall, nactual, ttot, tsub]
+            else:
+                s[0] += ncall
+                s[1] += nactual
+                s[2] += ttot
+                s[3] += tsub
+            for cindex, cn, cna, cttot, ctsub in children:
+                target = pit.get(cindex) or zero.get(cindex)
+                if target is None:
+                    continue  # callee in a tag not enumerated now: written when it was
+                k = (ctx, tag, fid, target[1], target[0])
+                e = edges.get(k)
+                if e is None:
+                    edges[k] = [cn, cna, cttot, ctsub]
+                else:
+                    e[0] += cn
+                    e[1] += cna
+                    e[2] += cttot
+                    e[3] += ctsub
+        out: dict[str, Any] = {}
+        n_rows = 0
+        for group_name, in_group in (
+            ("threads", lambda c: ctx_tid.get(c) not in loops),
+            ("coroutines", lambda c: ctx_tid.get(c) in loops),
+        ):
+            written = sink.written_funcs[group_name]
+            s_cols: dict[str, list[Any]] = {
+                c: []
+                for c in (
+                    "snapshot",
+                    "context",
+                    "thread",
+                    "tag",
+                    "func",
+                    "ncall",
+                    "nactualcall",
+                    "ttot",
+                    "tsub",
+                )
+            }
+            for (ctx, tag, fid), (ncall, nactual, ttot, tsub) in stats.items():
+                if not in_group(ctx):
+                    continue
+                if tag == 0:
+                    sig = (ncall, ttot)
+                    if not full and self.last_stats.get((ctx, fid)) == sig:
+                        continue
+                    self.last_stats[(ctx, fid)] = sig
+                for c, v in zip(
+                    s_cols,
+                    (
+                        snap,
+                        ctx,
+                        ctx_tid.get(ctx, -1),
+                        tag,
+                        fid,
+                        ncall,
+                        nactual,
+                        ttot,
+                        tsub,
+                    ),
+                    strict=True,
+                ):
+                    s_cols[c].append(v)
+            e_cols: dict[str, list[Any]] = {
+                c: []
+                for c in (
+                    "snapshot",
+                    "context",
+                    "thread",
+                    "tag",
+                    "caller",
+                    "callee_tag",
+                    "callee",
+                    "ncall",
+                    "nactualcall",
+                    "ttot",
+                    "tsub",
+                )
+            }
+            for (ctx, tag, fid, ctag, cfid), (
+                ncall,
+                nactual,
+                ttot,
+                tsub,
+            ) in edges.items():
+                if not in_group(ctx):
+                    continue
+                if tag == 0 and ctag == 0:
+                    sig = (ncall, ttot)
+                    if not full and self.last_edges.get((ctx, fid, ctag, cfid)) == sig:
+                        continue
+                    self.last_edges[(ctx, fid, ctag, cfid)] = sig
+                for c, v in zip(
+                    e_cols,
+                    (
+                        snap,
+                        ctx,
+                        ctx_tid.get(ctx, -1),
+                        tag,
+                        fid,
+                        ctag,
+                        cfid,
+                        ncall,
+                        nactual,
+                        ttot,
+                        tsub,
+                    ),
+                    strict=True,
+                ):
+                    e_cols[c].append(v)
+            needed = (
+                set(s_cols["func"]) | set(e_cols["caller"]) | set(e_cols["callee"])
+            ) - written
+            f_cols: dict[str, list[Any]] = {
+                c: []
+                for c in (
+                    "func",
+                    "name",
+                    "module",
+                    "file",
+                    "line",
+                    "builtin",
+                    "coroutine",
+                )
+            }
+            for fid in sorted(needed):
+                for c, v in zip(f_cols, (fid, *self.func_meta[fid]), strict=True):
+                    f_cols[c].append(v)
+            written.update(needed)
+            n_rows += len(s_cols["func"])
+            out[group_name] = {"functions": f_cols, "stats": s_cols, "edges": e_cols}
+        # thread stats: every thread, in the threads group
+        names = self.names
+        for t in threading.enumerate():
+            if t.ident is not None:
+                names[t.ident] = t.name
+        executor = self._executor_threads()
+        t_cols: dict[str, list[Any]] = {
+            c: []
+            for c in (
+                "snapshot",
+                "context",
+                "thread",
+                "name",
+                "role",
+                "ttot",
+                "sched_count",
+            )
+        }
+        for name, ctx, tid, ttot, sched in threads:
+            role = (
+                "loop" if tid in loops else "executor" if tid in executor else "other"
+            )
+            for c, v in zip(
+                t_cols,
+                (snap, ctx, tid, names.get(tid, name), role, ttot, sched),
+                strict=True,
+            ):
+                t_cols[c].append(v)
+        out["threads"]["threads"] = t_cols
+        log = self.tag_log[sink.tags_written :]
+        sink.tags_written = len(self.tag_log)
+        out["threads"]["tags"] = {
+            "tag": [t for t, _, _, _ in log],
+            "key": [k for _, k, _, _ in log],
+            "thread": [th for _, _, th, _ in log],
+            "time": [tm for _, _, _, tm in log],
+        }
+        out["n_rows"] = n_rows
+        return out
+
+    def _executor_threads(self) -> set[int]:
+        idents = {th for _, _, th, _ in self.tag_log}
+        for sink in self.sinks:
+            w = sink.worker
+            if w is None:
+                continue
+            for ex in list(getattr(w, "executors", {}).values()):
+                for t in list(getattr(ex, "_threads", ())):
+                    if getattr(t, "ident", None) is not None:
+                        idents.add(t.ident)
+        return idents
+
+
+def _yappi_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("yappi")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# -- one collector's view --------------------------------------------------------------
+class ProfileSink:
+    """A collector's handle on the process profile: its two groups, its flush schedule.
+
+    Created by :func:`attach` on the collector's event loop. :meth:`write` runs in the
+    collector's flush thread before its ``StoreWriter.flush``; set :attr:`last_flush`
+    before the final flush so that it takes the final, full snapshot; then
+    :meth:`detach`.
+    """
+
+    def __init__(
+        self,
+        profiler: ProcessProfiler,
+        writer: StoreWriter,
+        kind: str,
+        dask_worker: Worker | None = None,
+        loop_thread: int | None = None,
+        **parts: str,
+    ) -> None:
+        self.profiler = profiler
+        self.writer = writer
+        self.worker = dask_worker
+        #: flushed periodically (worker, scheduler); the client writes once, at the end
+        self.periodic = kind != "client"
+        self.loop = loop_thread if loop_thread is not None else threading.get_ident()
+        self.needs_full = True
+        self.last_flush = False
+        self.detached = False
+        self.written_funcs: dict[str, set[int]] = {
+            "threads": set(),
+            "coroutines": set(),
+        }
+        self.tags_written = 0
+        self.interval = _interval()
+        self._last = time.monotonic()
+        tkind, ckind = KINDS[kind]
+        self.groups: dict[str, GroupWriter] = {
+            "threads": writer.group(tkind, attrs=self._attrs(owner=False), **parts),
+            "coroutines": writer.group(ckind, attrs=self._attrs(owner=False), **parts),
+        }
+
+    def _attrs(self, owner: bool) -> dict[str, Any]:
+        p = self.profiler
+        return {
+            "owner": owner,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "clock": p.clock,
+            "builtins": p.builtins,
+            "per_task": p.per_task,
+            "loop_threads": sorted({s.loop for s in p.sinks} | {self.loop}),
+            "yappi_version": p.version,
+        }
+
+    @property
+    def is_owner(self) -> bool:
+        return self.profiler.owner is self
+
+    def write(self, executed: Iterable[Any] = ()) -> None:
+        """Note the keys that started executing; snapshot when due (owner only)."""
+        if self.detached:
+            return
+        _unprofile_harness()
+        try:
+            if executed:
+                self.profiler.note(executed)
+            if not self.is_owner:
+                return
+            now = time.monotonic()
+            if not self.last_flush and now - self._last < self.interval:
+                return
+            self._last = now
+            if self.needs_full:
+                for g in self.groups.values():
+                    g.set_attrs(**self._attrs(owner=True))
+            cols = self.profiler.snapshot(self, final=self.last_flush)
+            if self.last_flush and self.profiler.sinks == [self]:
+                self.detach()  # last one out: stop yappi before writing the store
+            snapshot = cols.pop("snapshot")
+            for group_name, tables in (
+                ("threads", cols["threads"]),
+                ("coroutines", cols["coroutines"]),
+            ):
+                g = self.groups[group_name]
+                for table, columns in tables.items():
+                    if columns and len(next(iter(columns.values()))):
+                        g.append(table, columns)
+                g.append("snapshots", snapshot)
+        except Exception as e:
+            self.record_error("snapshot", e)
+        finally:
+            _unprofile_harness()  # yappi's resume re-profiled every thread
+
+    def detach(self) -> None:
+        """Leave the process profile; the last one out stops yappi."""
+        detach(self)
+
+    def record_error(self, where: str, exc: BaseException | str) -> None:
+        try:
+            self.groups["threads"].record_error(f"yappi.{where}", exc)
+        except Exception:
+            logger.exception("metacollect: could not record a profiler error")
+
+
+def _unprofile_zarr_io() -> None:
+    """Take zarr's I/O event-loop thread out of the profile (store writes run there)."""
+    try:
+        from zarr.core import sync as zsync
+
+        loop = zsync.loop[0]
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(sys.setprofile, None)
+    except Exception:  # zarr internals moved: the thread stays profiled, nothing breaks
+        pass
+
+
+def _unprofile_harness() -> None:
+    """Keep metacollect's own I/O out of the profile: this thread and zarr's I/O."""
+    sys.setprofile(None)
+    _unprofile_zarr_io()
+
+
+def _interval() -> float:
+    from dask.utils import parse_timedelta
+
+    try:
+        return float(parse_timedelta(config.get("yappi.flush-interval")))
+    except Exception:
+        return 10.0
+
+
+def attach(
+    writer: StoreWriter,
+    kind: str,
+    dask_worker: Worker | None = None,
+    loop_thread: int | None = None,
+    **parts: str,
+) -> ProfileSink | None:
+    """Join (or start) this process's profile and return the collector's sink.
+
+    Call on the collector's event loop (its thread is taken as the event-loop thread)
+    or pass ``loop_thread``.
+
+    Parameters
+    ----------
+    writer
+        The collector's store writer.
+    kind
+        ``"worker"``, ``"scheduler"`` or ``"client"``.
+    dask_worker
+        The worker, for per-task bookkeeping (its running tasks and executor threads).
+    loop_thread
+        Thread id of the collector's event loop (default: the calling thread).
+    **parts
+        Group path parts (``cluster=``, ``worker=``).
+
+    Returns
+    -------
+    ProfileSink or None
+        ``None`` if the profile could not start (the failure is recorded in the group).
+    """
+    global _profiler
+    with _lock:
+        try:
+            if _profiler is None:
+                per_task = bool(config.get("yappi.tasks"))
+                if per_task and _version_tuple(_yappi_version()) < (1, 7):
+                    per_task = False
+                    logger.warning(
+                        "metacollect: yappi %s is too old for per-task tags; "
+                        "pip install 'yappi>=1.7'",
+                        _yappi_version(),
+                    )
+                _profiler = ProcessProfiler(
+                    str(config.get("yappi.clock")),
+                    bool(config.get("yappi.builtins")),
+                    per_task,
+                )
+            sink = ProfileSink(
+                _profiler,
+                writer,
+                kind,
+                dask_worker=dask_worker,
+                loop_thread=loop_thread,
+                **parts,
+            )
+        except Exception as e:
+            tkind = KINDS[kind][0]
+            try:
+                writer.group(tkind, attrs=_failed_attrs(), **parts).record_error(
+                    "yappi.start", e
+                )
+            except Exception:
+                logger.exception("metacollect: yappi profile could not start")
+            if _profiler is not None and not _profiler.sinks:
+                _profiler.stop()
+                _profiler = None
+            return None
+        owner = _profiler.owner
+        if (
+            owner is not None
+            and not owner.periodic
+            and sink.periodic
+            and owner.needs_full
+        ):
+            _profiler.sinks.insert(
+                0, sink
+            )  # a client sink writes only at the end: let this one own
+            for g in owner.groups.values():
+                g.set_attrs(owner=False)
+        else:
+            _profiler.sinks.append(sink)
+        _unprofile_zarr_io()
+        for g in sink.groups.values():
+            g.set_attrs(**sink._attrs(owner=sink.is_owner))
+        return sink
+
+
+def _failed_attrs() -> dict[str, Any]:
+    return {
+        "owner": False,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "clock": str(config.get("yappi.clock")),
+        "builtins": bool(config.get("yappi.builtins")),
+        "per_task": False,
+        "loop_threads": [],
+        "yappi_version": _yappi_version(),
+    }
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def detach(sink: ProfileSink) -> None:
+    """Remove ``sink``; pass ownership on, or stop yappi when it was the last."""
+    global _profiler
+    with _lock:
+        if sink.detached:
+            return
+        sink.detached = True
+        p = sink.profiler
+        was_owner = p.owner is sink
+        if sink in p.sinks:
+            p.sinks.remove(sink)
+        if not p.sinks:
+            p.stop()
+            if _profiler is p:
+                _profiler = None
+        elif was_owner:
+            p.owner.needs_full = True  # type: ignore[union-attr]
+            p.owner.tags_written = 0  # type: ignore[union-attr]
+
+
+def running_profiler() -> ProcessProfiler | None:
+    """The profiler of this process, if any (for tests and diagnostics)."""
+    return _profiler
+
+
+# -- reading ---------------------------------------------------------------------------
+_STAT_KEY = ["context", "tag", "func"]
+_EDGE_KEY = ["context", "tag", "caller", "callee_tag", "callee"]
+
+
+def profile_groups(
+    run: Run, worker: str | None = None
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(threads group, coroutines group, attrs)`` of the process profiles.
+
+    ``worker`` is a worker group name, address or name, or ``"scheduler"`` /
+    ``"client"``. A process is profiled once however many collectors it holds (workers
+    with ``processes=False``, LocalCluster's scheduler in the client process): asking
+    for any of them selects it.
+    """
+    kinds = {tkind: kind for kind, (tkind, _) in KINDS.items()}
+    profiles = {p: a for p, a in run.groups.items() if a.get("kind") in kinds}
+    want: set[tuple[Any, Any]] | None = None
+    if worker in ("scheduler", "client"):
+        want = {
+            (a.get("host"), a.get("pid"))
+            for a in profiles.values()
+            if kinds[a["kind"]] == worker
+        }
+    elif worker is not None:
+        want = {
+            (a.get("host"), a.get("pid"))
+            for p, a in run.worker_groups().items()
+            if worker in (p.rsplit("/", 1)[-1], a.get("address"), a.get("name"))
+        }
+        if not want:
+            from metacollect.errors import StoreError
+
+            known = sorted(p.rsplit("/", 1)[-1] for p in run.worker_groups())
+            raise StoreError(
+                f"no worker {worker!r} in {run.path}; "
+                f"workers are {', '.join(known) or 'none'}"
+            )
+    out = []
+    for path, a in profiles.items():
+        if not a.get("owner") or (
+            want is not None and (a.get("host"), a.get("pid")) not in want
+        ):
+            continue
+        cpath = f"{path.rsplit('/', 1)[0]}/coroutines"
+        out.append(
+            (
+                path,
+                cpath if cpath in run.groups else "",
+                {**a, "process": kinds[a["kind"]]},
+            )
+        )
+    return out
+
+
+def _latest(df: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    if not len(df):
+        return df
+    df = df.sort_values("snapshot", kind="stable")
+    return df.drop_duplicates(key, keep="last")
+
+
+def _table(run: Run, path: str, table: str) -> pd.DataFrame:
+    """A table with every schema column: a writer killed while creating a table's arrays
+    leaves some of them missing."""
+    df = run.table(path, table)
+    spec = run.schema.match(path)
+    names = list(spec.tables[table].variables) if spec is not None else list(df.columns)
+    return df if list(df.columns) == names else df.reindex(columns=names)
+
+
+def _read(run: Run, path: str, table: str, key: list[str]) -> pd.DataFrame:
+    df = _table(run, path, table).dropna(subset=key)
+    return _latest(df, key)
+
+
+def _merge_process(frames: list[pd.DataFrame], key: list[str]) -> pd.DataFrame:
+    """Rows of one process from several groups (ownership handed over): newest wins."""
+    df = pd.concat(frames, ignore_index=True)
+    return _latest(df, key)
+
+
+def read_profile(
+    run: Run,
+    worker: str | None = None,
+    task: Any = None,
+    thread: int | None = None,
+    edges: bool = False,
+) -> pd.DataFrame:
+    """Function stats (or call edges) of the run's Yappi profiles (``Run.profile``)."""
+    key = _EDGE_KEY if edges else _STAT_KEY
+    by_process: dict[tuple[Any, ...], list[pd.DataFrame]] = {}
+    for tpath, cpath, attrs in profile_groups(run, worker):
+        parts = tpath.split("/")
+        cluster = parts[1] if parts[0] == "clusters" else ""
+        wname = parts[3] if attrs["process"] == "worker" else attrs["process"]
+        funcs = _table(run, tpath, "functions").set_index("func")
+        tags = _table(run, tpath, "tags")
+        tag_key = dict(zip(tags["tag"], tags["key"], strict=True))
+        tnames = _latest(_table(run, tpath, "threads"), ["context"])
+        tname = dict(zip(tnames["context"], tnames["name"], strict=True))
+        for level, path in (("thread", tpath), ("coroutine", cpath)):
+            if not path:
+                continue
+            df = _read(run, path, "edges" if edges else "stats", key)
+            if not len(df):
+                continue
+            f = (
+                funcs
+                if level == "thread"
+                else _table(run, path, "functions").set_index("func")
+            )
+            df = df.copy()
+            df.insert(0, "cluster", cluster)
+            df.insert(1, "worker", wname)
+            df.insert(2, "level", level)
+            df.insert(3, "process", attrs["process"])
+            df.insert(4, "host", attrs.get("host", ""))
+            df.insert(5, "pid", attrs.get("pid", -1))
+            df["thread_name"] = df["context"].map(tname)
+            df["key"] = df["tag"].map(tag_key)
+            if edges:
+                df["callee_key"] = df["callee_tag"].map(tag_key)
+                for side in ("caller", "callee"):
+                    for col in ("name", "module", "file", "line"):
+                        df[f"{side}_{col}"] = df[side].map(f[col])
+            else:
+                for col in ("name", "module", "file", "line", "builtin", "coroutine"):
+                    df[col] = df["func"].map(f[col])
+            proc = (cluster, attrs.get("host"), attrs.get("pid"), level)
+            by_process.setdefault(proc, []).append(df)
+    frames = [
+        _merge_process(fs, key) if len(fs) > 1 else fs[0] for fs in by_process.values()
+    ]
+    if not frames:
+        return _empty(edges)
+    out = pd.concat(frames, ignore_index=True)
+    if task is not None:
+        wanted = (
+            {str(t) for t in task}
+            if isinstance(task, (list, set, frozenset))
+            else {str(task)}
+        )
+        out = out[out["key"].isin(wanted)]
+    if thread is not None:
+        out = out[out["thread"] == int(thread)]
+    return out.sort_values("ttot", ascending=False, ignore_index=True)
+
+
+def _empty(edges: bool) -> pd.DataFrame:
+    cols = [
+        "cluster",
+        "worker",
+        "level",
+        "process",
+        "host",
+        "pid",
+        "snapshot",
+        "context",
+        "thread",
+        "tag",
+    ]
+    if edges:
+        cols += [
+            "caller",
+            "callee_tag",
+            "callee",
+            "ncall",
+            "nactualcall",
+            "ttot",
+            "tsub",
+            "thread_name",
+            "key",
+            "callee_key",
+        ]
+        cols += [
+            f"{s}_{c}"
+            for s in ("caller", "callee")
+            for c in ("name", "module", "file", "line")
+        ]
+    else:
+        cols += [
+            "func",
+            "ncall",
+            "nactualcall",
+            "ttot",
+            "tsub",
+            "thread_name",
+            "key",
+            "name",
+            "module",
+            "file",
+            "line",
+            "builtin",
+            "coroutine",
+        ]
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+
+
+__all__ = [
+    "KINDS",
+    "ProcessProfiler",
+    "ProfileSink",
+    "attach",
+    "detach",
+    "profile_groups",
+    "read_profile",
+    "running_profiler",
+]

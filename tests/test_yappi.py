@@ -1,0 +1,315 @@
+"""Step 5, Yappi: worker profiles on real clusters, task tags, thread ids, pstats."""
+
+from __future__ import annotations
+
+import os
+import pstats
+import signal
+import time
+
+import dask
+import pytest
+import yappi
+import zarr
+from distributed import Client, LocalCluster
+
+from metacollect import collect, open_run
+from metacollect.collect import config_overrides
+from metacollect.errors import StoreError
+from metacollect.steps import yappi as ystep
+from metacollect.store.validate import validate_store
+from metacollect.store.writer import StoreWriter
+
+PROBE = "_metacollect_probe_target_7f3a"
+PROBED = {f"probe-{i}" for i in range(12) if i % 3 == 0}
+
+
+def _metacollect_probe_target_7f3a(n: int) -> int:
+    """Called only by the tasks in PROBED: the store must say exactly which."""
+    return sum(i * i for i in range(n))
+
+
+def _probe_task(i: int) -> int:
+    if i % 3 == 0:
+        return _metacollect_probe_target_7f3a(20_000 + i)
+    return sum(range(1000))
+
+
+async def _async_noop() -> int:
+    return 1
+
+
+@pytest.fixture
+def fast_profile():
+    with dask.config.set({"metacollect.yappi.flush-interval": "500ms"}):
+        yield
+
+
+def _run_probes(client: Client) -> None:
+    futures = client.map(_probe_task, range(12), key=[f"probe-{i}" for i in range(12)])
+    client.gather(futures)
+
+
+@pytest.fixture(scope="module")
+def module_client():
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+@pytest.fixture(scope="module")
+def profiled(module_client, tmp_path_factory):
+    """One profiled run shared by the read-side tests."""
+    store = str(tmp_path_factory.mktemp("yappi") / "run.zarr")
+    with (
+        dask.config.set({"metacollect.yappi.flush-interval": "500ms"}),
+        collect(module_client, store, yappi=True, flush_interval="200ms"),
+    ):
+        _run_probes(module_client)
+    return store
+
+
+def test_every_worker_profiled(profiled):
+    run = open_run(profiled)
+    assert run.errors().empty, run.errors()
+    prof = run.profile()
+    workers = {p.rsplit("/", 1)[-1] for p in run.worker_groups()}
+    assert len(workers) == 2 and set(prof["worker"]) == workers
+    assert set(prof["level"]) == {"thread", "coroutine"}
+    for w in workers:
+        assert set(run.profile(worker=w)["worker"]) == {w}
+    assert set(run.levels()) >= {"thread", "coroutine"}
+    assert validate_store(profiled) == []
+
+
+def test_task_tags_reproduce_which_tasks_called_a_function(profiled):
+    run = open_run(profiled)
+    prof = run.profile()
+    probe = prof[prof["name"] == PROBE]
+    assert set(probe["key"]) == PROBED
+    assert (probe["ncall"] == 1).all() and (probe["level"] == "thread").all()
+    assert set(run.profile(task="probe-3")["name"]) >= {PROBE, "_probe_task"}
+    assert PROBE not in set(run.profile(task="probe-1")["name"])
+    assert PROBE not in set(prof[prof["tag"] == 0]["name"])
+
+
+def test_event_loop_kept_apart_from_task_time(profiled):
+    prof = open_run(profiled).profile()
+    loop = prof[prof["level"] == "coroutine"]
+    assert len(loop) and (loop["tag"] == 0).all() and loop["coroutine"].any()
+    assert loop["thread_name"].nunique() == 1
+    assert not set(loop["thread"]) & set(prof[prof["key"].notna()]["thread"])
+
+
+def test_thread_ids_join_step4(profiled):
+    run = open_run(profiled)
+    prof = run.profile()
+    tasks = run.worker_table("tasks")
+    step4 = {
+        (w, k): t
+        for w, k, t in zip(
+            tasks["worker_group"], tasks["key"], tasks["thread"], strict=True
+        )
+    }
+    tagged = prof[prof["key"].notna() & (prof["name"] == "_probe_task")]
+    assert len(tagged) == 12
+    for w, k, t in zip(tagged["worker"], tagged["key"], tagged["thread"], strict=True):
+        assert step4[(w, k)] == t
+    for path in run.worker_groups():
+        threads = run.table(f"{path}/threads", "threads")
+        assert {"loop", "executor"} <= set(threads["role"])
+        assert set(
+            tasks[tasks["worker_group"] == path.rsplit("/", 1)[-1]]["thread"]
+        ) <= set(threads["thread"])
+
+
+def test_call_edges_rebuild_the_call_graph(profiled):
+    edges = open_run(profiled).profile_edges(task="probe-6")
+    e = edges[(edges["caller_name"] == "_probe_task") & (edges["callee_name"] == PROBE)]
+    assert len(e) == 1 and e["callee_key"].iloc[0] == "probe-6"
+    assert e["ttot"].iloc[0] > 0 and e["ncall"].iloc[0] == 1
+    # where the task starts: an edge from outside the task (tag 0) into it
+    edges = open_run(profiled).profile_edges()
+    start = edges[(edges["callee_key"] == "probe-6") & edges["key"].isna()]
+    assert len(start) >= 1
+
+
+def test_pstat_export_loads(profiled, tmp_path):
+    run = open_run(profiled)
+    paths = run.export_pstats(tmp_path / "prof")
+    pstat_files = [p for p in paths if p.endswith(".pstat")]
+    assert len(pstat_files) == 2 and len(paths) == 4
+    found = 0
+    for path in pstat_files:
+        st = pstats.Stats(path)
+        assert st.total_tt > 0
+        for (file, _line, name), (_cc, nc, _tt, ct, callers) in st.stats.items():
+            if name == PROBE:
+                found += nc
+                assert file.endswith("test_yappi.py") and ct > 0
+                assert any(c[2] == "_probe_task" for c in callers)
+    assert found == len(PROBED)
+    for path in paths:
+        if os.path.basename(path).startswith("callgrind.out."):
+            with open(path) as f:
+                text = f.read()
+            assert text.startswith("version: 1") and "fn=(" in text and PROBE in text
+
+
+def test_export_without_profile_says_how_to_get_one(tmp_path, module_client):
+    store = str(tmp_path / "plain.zarr")
+    with collect(module_client, store):
+        module_client.submit(sum, [1, 2]).result()
+    run = open_run(store)
+    assert run.profile().empty
+    with pytest.raises(StoreError, match="yappi=True"):
+        run.export_pstats(tmp_path / "out")
+
+
+def _snapshots_of(store: str, pid: int) -> int:
+    """Snapshots the worker with ``pid`` wrote (0 while the store is mid-write)."""
+    try:
+        run = open_run(store)
+        for path, attrs in run.worker_groups().items():
+            if attrs.get("pid") == pid and f"{path}/threads" in run.groups:
+                return len(run.table(f"{path}/threads", "snapshots"))
+    except StoreError:  # a concurrent write left a partial file: look again later
+        pass
+    return 0
+
+
+def test_killed_worker_keeps_profile_of_last_snapshot(client, store, fast_profile):
+    with collect(client, store, yappi=True, flush_interval="100ms"):
+        _run_probes(client)
+        pids = client.run(os.getpid)
+        victim_addr, victim_pid = next(iter(pids.items()))
+        deadline = time.time() + 20
+        while _snapshots_of(store, victim_pid) < 1 and time.time() < deadline:
+            time.sleep(0.2)  # periodic snapshots, then the kill
+        os.kill(victim_pid, signal.SIGKILL)
+        while (
+            victim_addr in client.scheduler_info()["workers"]
+            or len(client.scheduler_info()["workers"]) < 2
+        ) and time.time() < deadline + 20:
+            time.sleep(0.2)
+    run = open_run(store)
+    killed = [p for p, a in run.worker_groups().items() if a.get("pid") == victim_pid]
+    assert len(killed) == 1
+    snaps = run.table(f"{killed[0]}/threads", "snapshots")
+    assert len(snaps) >= 1 and not snaps["final"].any()
+    prof = run.profile(worker=killed[0].rsplit("/", 1)[-1])
+    assert len(prof) and (prof["pid"] == victim_pid).all()
+    assert set(prof[prof["name"] == PROBE]["key"]) <= PROBED
+    # the surviving worker's last snapshot is the final one
+    survivor = [
+        p
+        for p, a in run.worker_groups().items()
+        if a.get("pid") in set(pids.values()) - {victim_pid}
+    ]
+    assert run.table(f"{survivor[0]}/threads", "snapshots")["final"].iloc[-1]
+
+
+def test_scheduler_and_client_profiles(module_client, store):
+    client = module_client
+    with collect(
+        client, store, yappi={"enabled": True, "scheduler": True, "client": True}
+    ):
+        client.gather(client.map(_probe_task, range(4)))
+    assert not yappi.is_running() and ystep.running_profiler() is None
+    run = open_run(store)
+    assert run.errors().empty, run.errors()
+    cluster = run.clusters()[0]
+    sched_attrs = run.groups[f"clusters/{cluster}/scheduler/threads"]
+    client_attrs = run.groups["job/threads"]
+    # LocalCluster's scheduler lives in the client process: one process, one profile
+    assert (sched_attrs["pid"], client_attrs["pid"]) == (os.getpid(), os.getpid())
+    sched = run.profile(worker="scheduler")
+    assert set(sched["pid"]) == {os.getpid()}
+    assert "Scheduler.update_graph" in set(sched["name"])
+    assert "coroutine" in set(sched["level"])
+    assert len(run.profile(worker="client")) == len(sched)
+    assert set(run.profile()["process"]) >= {"worker"}
+    assert validate_store(store) == []
+
+
+def test_workers_sharing_a_process_have_one_profile(store, fast_profile):
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        with collect(client, store, yappi=True):
+            _run_probes(client)
+            assert client.submit(_async_noop).result() == 1
+            assert yappi.is_running()
+    assert not yappi.is_running() and ystep.running_profiler() is None
+    run = open_run(store)
+    owners = [run.groups[f"{p}/threads"]["owner"] for p in run.worker_groups()]
+    assert sorted(owners) == [False, True]
+    prof = run.profile()
+    assert set(prof[prof["name"] == PROBE]["key"]) == PROBED
+    # either worker selects the process's one profile
+    for p in run.worker_groups():
+        assert set(run.profile(worker=p.rsplit("/", 1)[-1])["name"]) >= {PROBE}
+    assert validate_store(store) == []
+
+
+def test_refcounted_owner_and_handover(tmp_path):
+    writer = StoreWriter(str(tmp_path / "s.zarr"))
+    with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
+        a = ystep.attach(writer, "worker", cluster="c", worker="a")
+        b = ystep.attach(writer, "worker", cluster="c", worker="b")
+    assert a is not None and b is not None and yappi.is_running()
+    assert a.is_owner and not b.is_owner
+    try:
+        a.write()
+        _metacollect_probe_target_7f3a(10)
+        a.last_flush = True
+        a.write()
+        a.detach()
+        assert yappi.is_running() and b.is_owner and b.needs_full
+        b.write()
+    finally:
+        b.detach()
+    assert not yappi.is_running() and ystep.running_profiler() is None
+    writer.flush()
+    ga, gb = (
+        writer.groups["clusters/c/workers/a/threads"],
+        writer.groups["clusters/c/workers/b/threads"],
+    )
+    assert ga.group.attrs["owner"] and gb.group.attrs["owner"]
+    root = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    snaps_a = root["clusters/c/workers/a/threads/snapshots/snapshot"][:]
+    snaps_b = root["clusters/c/workers/b/threads/snapshots/full"][:]
+    assert list(snaps_a) == [1, 2] and list(snaps_b) == [True]
+
+
+def test_yappi_already_running_is_left_alone(tmp_path):
+    yappi.start()
+    try:
+        writer = StoreWriter(str(tmp_path / "s.zarr"))
+        assert ystep.attach(writer, "worker", cluster="c", worker="a") is None
+        writer.flush()
+        assert yappi.is_running()
+        errs = writer.groups["clusters/c/workers/a/threads"].group["errors/what"][:]
+        assert "already running" in errs[0]
+    finally:
+        yappi.stop()
+        yappi.clear_stats()
+
+
+def test_collect_options_map_to_config():
+    assert config_overrides({"yappi": True}) == {"metacollect.yappi.enabled": True}
+    assert config_overrides({"yappi": {"clock": "cpu", "flush_interval": "1s"}}) == {
+        "metacollect.yappi.clock": "cpu",
+        "metacollect.yappi.flush-interval": "1s",
+    }
+    assert config_overrides({"flush_interval": "1s", "yappi.enabled": True}) == {
+        "metacollect.flush-interval": "1s",
+        "metacollect.yappi.enabled": True,
+    }
