@@ -69,8 +69,7 @@ def measure(repeats: int = 9) -> dict[str, Any]:
     empty = Empty()
 
     def reset() -> None:
-        plugin._transitions = []
-        plugin._append = plugin._transitions.append
+        plugin._reset_transitions()
 
     import gc
 

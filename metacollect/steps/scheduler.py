@@ -95,8 +95,7 @@ class SchedulerCollector(SchedulerPlugin):
         self.scheduler = scheduler
         self.cluster = cluster_id(scheduler.id)
         self._tasks = scheduler.tasks
-        self._transitions: list[tuple[Any, ...]] = []
-        self._append = self._transitions.append
+        self._reset_transitions()
         self._events: list[tuple[float, str, Any]] = []
         self._workers: list[dict[str, Any]] = []
         self._samples: list[Any] = []
@@ -178,8 +177,17 @@ class SchedulerCollector(SchedulerPlugin):
             if finish == "processing":
                 ts = self._tasks.get(key)
                 if ts is not None and ts.processing_on is not None:
-                    kwargs = {"worker": ts.processing_on.address}
-            self._append((key, start, finish, stimulus_id, kwargs or None, time.time()))
+                    kwargs = ts.processing_on.address  # type: ignore[assignment]  # a str: no dict
+            now = _now()
+            # one list per column: appending creates no new GC-tracked object (a row tuple per
+            # transition would, and the cyclic GC it triggers costs more than the hook itself)
+            add_key, add_start, add_finish, add_stimulus, add_extra, add_time = self._tappend
+            add_key(key)
+            add_start(start)
+            add_finish(finish)
+            add_stimulus(stimulus_id)
+            add_extra(kwargs or None)
+            add_time(now)
         except Exception as e:
             self._on_error("transition", e)
 
@@ -253,8 +261,7 @@ class SchedulerCollector(SchedulerPlugin):
     # -- flushing ------------------------------------------------------------------------------
     def _swap(self) -> tuple[Any, ...]:
         transitions = self._transitions
-        self._transitions = []
-        self._append = self._transitions.append
+        self._reset_transitions()
         events, self._events = self._events, []
         workers, self._workers = self._workers, []
         samples, self._samples = self._samples, []
@@ -263,7 +270,7 @@ class SchedulerCollector(SchedulerPlugin):
     def _write(self, batch: tuple[Any, ...]) -> None:
         transitions, events, workers, samples, graphs = batch
         GraphRecorder.write(self.client_group, graphs)
-        if transitions:
+        if transitions[0]:
             self._write_transitions(transitions)
         if workers:
             cols: dict[str, list[Any]] = {k: [w[k] for w in workers] for k in workers[0]}
@@ -277,10 +284,16 @@ class SchedulerCollector(SchedulerPlugin):
             self.profile.write()
         self.writer.flush()
 
-    def _write_transitions(self, rows: list[tuple[Any, ...]]) -> None:
-        self.n_transitions += len(rows)
-        keys, starts, finishes, stims, extra, times = zip(*rows)
-        workers = [e.get("worker") if e else None for e in extra]
+    def _reset_transitions(self) -> None:
+        """New transition buffers: key, start, finish, stimulus_id, extra, time columns."""
+        self._transitions: tuple[list[Any], ...] = ([], [], [], [], [], [])
+        self._tappend = tuple(c.append for c in self._transitions)
+
+    def _write_transitions(self, columns: tuple[list[Any], ...]) -> None:
+        keys, starts, finishes, stims, extra, times = columns
+        self.n_transitions += len(keys)
+        # extra: None, the worker address (-> processing) or the transition's kwargs (a dict)
+        workers = [e if type(e) is str else (e.get("worker") if e else None) for e in extra]
         self.group.append(
             "transitions",
             {"key": keys, "start": starts, "finish": finishes, "time": times,
