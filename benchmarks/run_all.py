@@ -59,6 +59,10 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     s = res.get("store_size", {})
     add("3 store size (B/task)", "<= 100", s.get("store_bytes_per_task"), ".0f",
         None if not s else s["store_bytes_per_task"] <= 100, f"({s.get('tasks', '?')} tasks)" if s else "")
+    sd = res.get("store_size_demo", {})
+    if sd:
+        add("3 store size, demo image pipeline (B/task)", "<= 100", sd.get("store_bytes_per_task"), ".0f",
+            sd["store_bytes_per_task"] <= 100, f"({sd.get('tasks')} tasks, small run: fixed costs dominate)")
     add("3 performance_report HTML (B/task)", "(reference)", s.get("performance_report_bytes_per_task"), ".0f", True)
     sc = res.get("scale", {})
     if sc:
