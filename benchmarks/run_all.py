@@ -89,7 +89,7 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if y.get("status") == "measured":
         ip, cd = y.get("image_pipeline", {}), y.get("call_dense", {})
         add("5 yappi on, image pipeline", "<= 1.5", ip.get("ratio_yappi"), ".3f", ip.get("ratio_yappi", 9) <= 1.5)
-        add("5 yappi on, call-dense Python", "(report)", cd.get("ratio_yappi"), ".2f", True,
+        add("5 yappi on, call-dense Python", "(report)", cd.get("ratio_yappi"), ".2f", None,
             f"({_f(cd.get('ns_per_call'), '.0f')} ns/call)")
     else:
         out.append(("5 yappi on", "<= 1.5", y.get("status", "not measured"), "?"))
