@@ -41,7 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``metacollect`` command; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # everything after the first "--" belongs to the user's script (metacollect run)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.passthrough = argv[cut + 1 :]
+    if args.passthrough and args.command != "run":
+        parser.error(f"'--' passes arguments to a script; {args.command} takes none")
     try:
         return int(args.func(args) or 0)
     except MetacollectError as e:

@@ -1,4 +1,7 @@
-"""``metacollect run SCRIPT [--store S] [--cluster NAME ...] [-- ARGS]``."""
+"""``metacollect run SCRIPT [--store S] [--cluster NAME ...] [-- ARGS]``.
+
+Options may stand before or after SCRIPT; the script's own arguments follow ``--``.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +16,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="run a Dask script unmodified and collect every cluster it uses",
         description="Run SCRIPT as __main__ and collect every Dask scheduler and worker it starts "
         "(Client(), Client(n_workers=...), its own LocalCluster, ...). With --cluster, start the "
-        "cluster here and let the script's bare Client() connect to it.",
+        "cluster here and let the script's bare Client() connect to it. Arguments for the "
+        "script follow --, e.g. metacollect run flow.py --store a.zarr -- --input data/",
     )
     p.add_argument("script", help="the Python script to run")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
     p.add_argument("--store", "-s", help="store to write (default: <script>.zarr in the working directory)")
     p.add_argument("--overwrite", action="store_true", default=None, help="replace an existing store")
     p.add_argument("--cluster", help="start this cluster for the script (local; slurm and pbs with dask-jobqueue)")
@@ -58,7 +61,7 @@ def collect_options(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from metacollect.launch.runner import run_script
 
-    script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
+    script_args = args.passthrough
     store = args.store or os.path.splitext(os.path.basename(args.script))[0] + ".zarr"
     return run_script(
         args.script, script_args, store, overwrite=args.overwrite, cluster=args.cluster,

@@ -31,7 +31,11 @@ def attach_environment(store: str, options: dict[str, Any], preloads: list[str] 
     """
     import dask.config
 
-    existing = list(preloads if preloads is not None else dask.config.get("distributed.scheduler.preload", []) or [])
+    if preloads is None:
+        # read the user's config afresh (YAML files and DASK_* variables as they are now)
+        fresh = dask.config.collect(env=os.environ)
+        preloads = dask.config.get("distributed.scheduler.preload", default=[], config=fresh) or []
+    existing = list(preloads)
     if isinstance(existing, str):
         existing = [existing]
     if MODULE not in existing:
