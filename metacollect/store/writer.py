@@ -31,7 +31,9 @@ logger = logging.getLogger(__name__)
 def open_root(path: str | os.PathLike[str], mode: str = "a") -> zarr.Group:
     """Open (or create) the store's root group; local paths or fsspec URLs."""
     try:
-        return zarr.open_group(store=os.fspath(path), mode=mode, zarr_format=3)
+        # never through consolidated metadata: a writer after finalize (metacollect ingest) would
+        # not see the groups it adds itself, and fail creating their parents a second time
+        return zarr.open_group(store=os.fspath(path), mode=mode, zarr_format=3, use_consolidated=False)
     except Exception as e:  # zarr raises many types for unwritable / odd paths
         raise StoreError(
             f"cannot open store {os.fspath(path)!r} for writing: {e}; "
