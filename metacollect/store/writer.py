@@ -164,7 +164,7 @@ class GroupWriter:
         self.tables["errors"].append({"time": [time.time()], "where": [where], "what": [what], "why": [why]})
 
     def set_attrs(self, **attrs: Any) -> None:
-        self.group.attrs.update(_jsonable(attrs))
+        self.group.update_attributes(_jsonable(attrs))  # one write of zarr.json, not one per key
 
     # -- writing ----------------------------------------------------------------------
     def flush(self) -> int:
@@ -288,9 +288,9 @@ class StoreWriter:
             pspec = self.schema.match(parent)
             g = self.root.require_group(parent)
             if pspec is not None and "step" not in g.attrs:
-                g.attrs.update(self._annotation(pspec))
+                g.update_attributes(self._annotation(pspec))
         g = self.root.require_group(path) if path else self.root
-        g.attrs.update({**self._annotation(spec), **_jsonable(dict(attrs))})
+        g.update_attributes({**self._annotation(spec), **_jsonable(dict(attrs))})
         return g
 
     def ensure_table(self, gw: GroupWriter, table: str) -> zarr.Group:
@@ -300,7 +300,7 @@ class StoreWriter:
         except KeyError:
             t = gw.spec.tables[table]
             g = self.root.require_group(key)
-            g.attrs.update({**self._annotation(gw.spec), "table": table, "dim": t.dim, "description": t.description})
+            g.update_attributes({**self._annotation(gw.spec), "table": table, "dim": t.dim, "description": t.description})
             return g
 
     def create_array(self, tgroup: zarr.Group, spec: TableSpec, name: str, sample: np.ndarray) -> zarr.Array:
@@ -311,10 +311,14 @@ class StoreWriter:
         attrs = {"description": var.description, "dtype": var.dtype}
         if var.unit:
             attrs["unit"] = var.unit
+        # a 2-D variable (e.g. Darshan's counter axis) keeps chunks about as big as a 1-D one's:
+        # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
+        width = int(np.prod(extra)) if extra else 1
+        rows = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
         return tgroup.create_array(
             name,
             shape=(0, *extra),
-            chunks=(self.chunk_rows, *extra),
+            chunks=(rows, *extra),
             dtype=str if is_str else var.numpy_dtype,
             dimension_names=dims,
             compressors=self._text if is_str else self._numeric,
