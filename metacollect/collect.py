@@ -202,6 +202,15 @@ def _client_profile(client: Client, writer: StoreWriter) -> Any:
     return yappi.attach(writer, "client", loop_thread=loop_thread)
 
 
+def _darshan_start(client: Client, store: str, writer: StoreWriter) -> Any:
+    """Step 5 for the workers' I/O (``metacollect.darshan``), or ``None``."""
+    if not config.get("darshan.enabled"):
+        return None
+    from metacollect.steps import darshan
+
+    return darshan.start(client, store, writer)
+
+
 class Collection:
     """One collection session on a client; see :func:`collect`."""
 
@@ -228,17 +237,22 @@ class Collection:
             writer.flush()
             self.batch = _batch_recorder(self.client, writer)
             self.profile = _client_profile(self.client, writer)
+            # Darshan: workers restart under it (if they must) before the collectors attach
+            self.darshan = _darshan_start(self.client, self.store, writer)
         self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
 
     def stop(self, status: str = "complete", error: BaseException | None = None, **extra: Any) -> None:
         """Flush every collector, detach them, finalise the store."""
         problems = []
         batch = getattr(self, "batch", None)
+        darshan = getattr(self, "darshan", None)
         for step, fn in (
             ("record batch jobs", lambda: batch and batch.record()),
             ("flush workers", lambda: self.client.run(_finish_worker)),
             # jobqueue clusters: retire the workers and wait until their jobs left the queue
             ("retire workers", lambda: batch and problems.extend(batch.retire())),
+            # Darshan writes a log when a worker process exits: retire them, wait until gone
+            ("stop darshan", lambda: darshan and problems.extend(darshan.shutdown(retire=batch is None))),
             ("flush scheduler", lambda: self.client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)),
             ("detach workers", lambda: self.client.unregister_worker_plugin("metacollect-worker")),
             ("detach scheduler", lambda: self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN)),
@@ -248,6 +262,12 @@ class Collection:
             except Exception as e:  # record, keep finalising what we can
                 problems.append(f"{step}: {type(e).__name__}: {e}")
                 logger.warning("metacollect: %s failed: %s", step, e)
+        if darshan is not None:  # step 5: the workers' Darshan logs, now that they have exited
+            try:
+                darshan.ingest()
+            except Exception as e:  # unreadable logs are recorded by ingest; this is worse
+                problems.append(f"ingest darshan logs: {type(e).__name__}: {e}")
+                logger.warning("metacollect: ingesting the Darshan logs failed: %s", e)
         profile = getattr(self, "profile", None)
         if profile is not None:  # step 5: the client process's profile, written once at the end
             profile.last_flush = True

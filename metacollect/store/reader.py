@@ -215,6 +215,24 @@ class Run:
         """A step-4 table (tasks, startstops, transitions, transfers, metrics) of every worker."""
         return self._concat("worker", table)
 
+    def io(self, by: str = "file") -> pd.DataFrame:
+        """Darshan I/O (step 5): bytes, ops and time, POSIX and STDIO together.
+
+        Parameters
+        ----------
+        by
+            ``"file"`` (one row per process and file), ``"worker"`` (one row per process),
+            ``"task"`` (DXT segments summed per task whose compute interval contains them) or
+            ``"segment"`` (the DXT segments, on Dask's clock, with their task).
+
+        Examples
+        --------
+        >>> run.io(by="worker")[["worker", "bytes_read", "bytes_written"]]   # doctest: +SKIP
+        """
+        from metacollect.steps.darshan import read_io
+
+        return read_io(self, by=by)
+
     def profile(self, worker: str | None = None, task: Any = None, thread: int | None = None) -> pd.DataFrame:
         """Yappi function stats (step 5), one row per (process, thread, task tag, function).
 
