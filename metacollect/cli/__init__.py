@@ -22,6 +22,7 @@ COMMANDS = [
     "metacollect.cli.jobscript",
     "metacollect.cli.report",
     "metacollect.cli.export",
+    "metacollect.cli.ingest",
 ]
 
 
