@@ -938,6 +938,9 @@ class DarshanCapture:
             return
         self._record_nannies(statuses)
         workers = self._workers()
+        # nothing to retire or ingest when no worker runs under Darshan (no nannies, no
+        # library on their hosts): leave the cluster as it is
+        self.active = any(w["darshan"] for w in workers.values())
         without_nanny = [
             a
             for a, info in self.client.scheduler_info(n_workers=-1)["workers"].items()
@@ -1982,10 +1985,12 @@ def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:
 def _update_levels(store: str) -> None:
     """Keep a finalised store whole after groups were added to it: its levels index and,
     where the store keeps it, its consolidated metadata."""
+    import importlib
+
     import zarr
 
-    from metacollect import collect
-
+    # the module (the package's ``collect`` name is the function)
+    collect = importlib.import_module("metacollect.collect")
     with contextlib.suppress(Exception):
         root = zarr.open_group(
             store=store, mode="a", zarr_format=3, use_consolidated=False
