@@ -19,7 +19,7 @@ import xarray as xr
 import zarr
 
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
-from metacollect.store.schema import Schema, load_schema
+from metacollect.store.schema import FILL, Schema, load_schema
 
 
 def open_run(path: str | os.PathLike[str]) -> Run:
@@ -131,48 +131,66 @@ class Run:
         }
 
     # -- tables ----------------------------------------------------------------------------------
-    def table(self, group: str, name: str) -> pd.DataFrame:
-        """One table of one group, codes decoded to strings; empty if never written."""
+    def table(self, group: str, name: str, columns: Iterable[str] | None = None) -> pd.DataFrame:
+        """One table of one group, codes decoded to strings; empty if never written.
+
+        ``columns`` limits the read to those variables (a large table reads much faster).
+        String columns keep ``object`` dtype: converting millions of strings to pandas' Arrow
+        strings costs more than reading them.
+        """
         spec = self.schema.match(group)
         if spec is None or name not in spec.tables:
             raise StoreError(f"{group!r} has no table {name!r} in the schema")
         tspec = spec.tables[name]
+        wanted = [v for v in tspec.variables if columns is None or v in set(columns)]
         try:
             tg = self.root[f"{group}/{name}" if group else name]
         except KeyError:
-            return pd.DataFrame({v: pd.Series(dtype=_pandas_dtype(s.dtype)) for v, s in tspec.variables.items()})
+            return pd.DataFrame({v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype)) for v in wanted})
         arrays = {}
         try:
             n = min((tg[v].shape[0] for v in tspec.variables if v in tg), default=0)
-            strings = None
-            for v, vspec in tspec.variables.items():
+            for v in wanted:
+                vspec = tspec.variables[v]
                 if v not in tg:
+                    arrays[v] = pd.Series(np.full(n, None if vspec.dtype in ("str", "code") else FILL[vspec.dtype],
+                                                  dtype=_pandas_dtype(vspec.dtype)))
                     continue
                 data = tg[v][:n]
                 if vspec.dtype == "code":
-                    if strings is None:
-                        strings = self._strings(group)
-                    data = _decode(data, strings)
+                    data = self._decode(group, data)
                 elif vspec.dtype == "str":
                     data = np.asarray(data, dtype=object)
-                arrays[v] = data if data.ndim == 1 else list(data)
+                arrays[v] = pd.Series(data, dtype=object, copy=False) if data.dtype == object else (
+                    data if data.ndim == 1 else list(data))
         except Exception as e:
             raise StoreError(f"cannot read table {group}/{name}: {type(e).__name__}: {e} (the store may be damaged)") from e
         return pd.DataFrame(arrays)
 
-    def _strings(self, group: str) -> np.ndarray:
+    def _decode(self, group: str, codes: np.ndarray) -> np.ndarray:
+        """Strings of ``codes``, reading only the chunks of the group's strings table they use
+        (a column of a few task prefixes must not read a million task keys)."""
+        used, inverse = np.unique(np.asarray(codes, dtype=np.int64), return_inverse=True)
         try:
-            values = self.root[f"{group}/strings/value" if group else "strings/value"][:]
+            table = self.root[f"{group}/strings/value" if group else "strings/value"]
+            n = table.shape[0]
         except KeyError:
-            values = np.empty(0, dtype=object)
-        return np.asarray(values, dtype=object)
+            table, n = None, 0
+        valid = (used >= 0) & (used < n)
+        lookup = np.full(len(used), None, dtype=object)
+        if valid.any():
+            idx = used[valid]
+            values = table[:] if len(idx) > n // 4 else table.oindex[idx]
+            lookup[valid] = np.asarray(values if len(idx) <= n // 4 else values[idx], dtype=object)
+        return lookup[inverse.reshape(-1)]
 
-    def _concat(self, kind: str, table: str, paths: Iterable[str] | None = None) -> pd.DataFrame:
+    def _concat(self, kind: str, table: str, paths: Iterable[str] | None = None,
+                columns: Iterable[str] | None = None) -> pd.DataFrame:
         frames = []
         for path, attrs in self.groups.items():
             if attrs.get("kind") != kind or (paths is not None and path not in paths):
                 continue
-            df = self.table(path, table)
+            df = self.table(path, table, columns)
             parts = path.split("/")
             df.insert(0, "cluster", parts[1] if len(parts) > 1 and parts[0] == "clusters" else "")
             if kind == "worker":
@@ -183,7 +201,8 @@ class Run:
             cols = {"cluster": pd.Series(dtype=object)}
             if kind == "worker":
                 cols["worker_group"] = pd.Series(dtype=object)
-            cols.update({v: pd.Series(dtype=_pandas_dtype(s.dtype)) for v, s in spec.variables.items()})
+            cols.update({v: pd.Series(dtype=_pandas_dtype(s.dtype)) for v, s in spec.variables.items()
+                         if columns is None or v in set(columns)})
             return pd.DataFrame(cols)
         return pd.concat(frames, ignore_index=True)
 
@@ -341,21 +360,31 @@ class Run:
         """
         df = self._concat("scheduler", "tasks")
         df = df.sort_values(["time"], kind="stable", ignore_index=True)
-        df.insert(2, "execution", df.groupby(["cluster", "key"], sort=False).cumcount())
+        by = ["key"] if df["cluster"].nunique() <= 1 else ["cluster", "key"]
+        ids = df[by[0]].to_numpy() if len(by) == 1 else pd.MultiIndex.from_frame(df[by])
+        codes, _ = pd.factorize(ids)
+        df.insert(2, "execution", pd.Series(codes).groupby(codes, sort=False).cumcount().to_numpy())
         df["duration"] = df["stop"] - df["start"]
         df.insert(5, "graph", self._graph_of(df))
         return df
 
     def _graph_of(self, df: pd.DataFrame) -> np.ndarray:
-        """Graph number of each execution: the latest submission of its key before it ran."""
-        gt = self.graph_tasks()
-        if not len(df) or not len(gt):
+        """Graph number of each execution: the latest submission of its key before it ran.
+
+        Fast path: when every task group was submitted in one graph, map by group (a small
+        table) instead of joining millions of keys.
+        """
+        if not len(df):
+            return np.full(0, -1, dtype=np.int64)
+        pairs = self._concat("client", "tasks", columns=["graph", "group"]).drop_duplicates()
+        if not len(pairs):
             return np.full(len(df), -1, dtype=np.int64)
-        g = self.graphs()[["cluster", "graph", "time"]]
-        gt = gt[["cluster", "graph", "key"]].merge(g, on=["cluster", "graph"], how="left")
-        if not gt.duplicated(["cluster", "key"]).any():
-            m = df[["cluster", "key"]].merge(gt[["cluster", "key", "graph"]], on=["cluster", "key"], how="left")
+        if not pairs.duplicated(["cluster", "group"]).any():
+            m = df[["cluster", "group"]].merge(pairs, on=["cluster", "group"], how="left")
             return m["graph"].fillna(-1).to_numpy(dtype=np.int64)
+        gt = self._concat("client", "tasks", columns=["graph", "key"])
+        g = self.graphs()[["cluster", "graph", "time"]]
+        gt = gt.merge(g, on=["cluster", "graph"], how="left")
         left = df[["cluster", "key", "time"]].reset_index().sort_values("time")
         right = gt.rename(columns={"time": "gtime"}).sort_values("gtime")
         m = pd.merge_asof(left, right, left_on="time", right_on="gtime", by=["cluster", "key"])
@@ -400,15 +429,6 @@ def walk(group: zarr.Group, path: str = "", on_error: Callable[[str], None] | No
         yield (name if depth == 1 else sub), member
         if isinstance(member, zarr.Group) and depth != 1:
             yield from walk(member, sub, on_error, None if depth is None else depth - 1)
-
-
-def _decode(codes: np.ndarray, strings: np.ndarray) -> np.ndarray:
-    lookup = np.empty(len(strings) + 1, dtype=object)
-    lookup[:-1] = strings
-    lookup[-1] = None
-    codes = np.asarray(codes, dtype=np.int64)
-    codes = np.where((codes < 0) | (codes >= len(strings)), len(strings), codes)
-    return lookup[codes]
 
 
 def _pandas_dtype(dtype: str) -> Any:
