@@ -82,6 +82,15 @@ def test_every_worker_profiled(profiled):
     assert set(prof["level"]) == {"thread", "coroutine"}
     for w in workers:
         assert set(run.profile(worker=w)["worker"]) == {w}
+    for (
+        path
+    ) in run.worker_groups():  # teardown always ends with the full, final snapshot
+        snaps = run.table(f"{path}/threads", "snapshots")
+        assert (
+            snaps["final"].iloc[-1]
+            and snaps["full"].iloc[-1]
+            and snaps["final"].sum() == 1
+        )
     assert set(run.levels()) >= {"thread", "coroutine"}
     assert validate_store(profiled) == []
 
@@ -171,13 +180,18 @@ def test_export_without_profile_says_how_to_get_one(tmp_path, module_client):
 
 
 def _snapshots_of(store: str, pid: int) -> int:
-    """Snapshots the worker with ``pid`` wrote (0 while the store is mid-write)."""
+    """Snapshot rows the worker with ``pid`` has begun to write (0 if none yet)."""
+    import warnings
+
     try:
-        run = open_run(store)
-        for path, attrs in run.worker_groups().items():
-            if attrs.get("pid") == pid and f"{path}/threads" in run.groups:
-                return len(run.table(f"{path}/threads", "snapshots"))
-    except StoreError:  # a concurrent write left a partial file: look again later
+        with warnings.catch_warnings():  # reading a store mid-write: temp files abound
+            warnings.simplefilter("ignore")
+            clusters = zarr.open_group(store, mode="r")["clusters"]
+            for cluster in clusters.group_keys():
+                for _name, g in clusters[f"{cluster}/workers"].groups():
+                    if g.attrs.get("pid") == pid and "threads" in g:
+                        return g["threads/snapshots/snapshot"].shape[0]
+    except Exception:  # not written yet, or mid-write: look again
         pass
     return 0
 
@@ -188,14 +202,12 @@ def test_killed_worker_keeps_profile_of_last_snapshot(client, store, fast_profil
         pids = client.run(os.getpid)
         victim_addr, victim_pid = next(iter(pids.items()))
         deadline = time.time() + 20
-        while _snapshots_of(store, victim_pid) < 1 and time.time() < deadline:
-            time.sleep(0.2)  # periodic snapshots, then the kill
-        os.kill(victim_pid, signal.SIGKILL)
-        while (
-            victim_addr in client.scheduler_info()["workers"]
-            or len(client.scheduler_info()["workers"]) < 2
-        ) and time.time() < deadline + 20:
+        # a second snapshot begun: the first one (tables flushed before it) is complete
+        while _snapshots_of(store, victim_pid) < 2 and time.time() < deadline:
             time.sleep(0.2)
+        os.kill(victim_pid, signal.SIGKILL)
+        while victim_addr in client.scheduler_info()["workers"]:
+            time.sleep(0.1)
     run = open_run(store)
     killed = [p for p, a in run.worker_groups().items() if a.get("pid") == victim_pid]
     assert len(killed) == 1
@@ -312,4 +324,62 @@ def test_collect_options_map_to_config():
     assert config_overrides({"flush_interval": "1s", "yappi.enabled": True}) == {
         "metacollect.flush-interval": "1s",
         "metacollect.yappi.enabled": True,
+    }
+
+
+def _fake_tasks(keys: list[str]) -> None:
+    """Run "tasks" on threads as distributed does: thread_state.key set around them."""
+    import threading
+
+    from distributed.utils import thread_state
+
+    def run(key: str) -> None:
+        thread_state.key = key
+        try:
+            _probe_task(int(key.rsplit("-", 1)[-1]))
+        finally:
+            del thread_state.key
+
+    for key in keys:
+        t = threading.Thread(target=run, args=(key,))
+        t.start()
+        t.join()
+
+
+def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
+    from metacollect.collect import init_root
+
+    path = str(tmp_path / "s.zarr")
+    writer = StoreWriter(path)
+    init_root(writer, "incremental")
+    with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
+        sink = ystep.attach(writer, "worker", cluster="c", worker="w")
+    assert sink is not None
+    try:
+        for batch in range(4):
+            keys = [f"probe-{i}" for i in range(batch * 6, batch * 6 + 6)]
+            _fake_tasks(keys)
+            sink.write(executed=keys)  # a periodic, changed-rows snapshot
+        yappi.stop()  # freeze: an incremental, then a full snapshot of the same state
+        sink.write()
+        sink.last_flush = True
+        sink.write()
+    finally:
+        sink.detach()
+    writer.flush()
+    run = open_run(path)
+    g = "clusters/c/workers/w/threads"
+    snaps = run.table(g, "snapshots")
+    assert list(snaps["full"]) == [True, False, False, False, False, True]
+    last = int(snaps["snapshot"].iloc[-1])
+    for table, key in (("stats", ystep._STAT_KEY), ("edges", ystep._EDGE_KEY)):
+        df = run.table(g, table)
+        cols = [*key, "ncall", "nactualcall", "ttot", "tsub"]
+        final = df[df["snapshot"] == last][cols].sort_values(key, ignore_index=True)
+        rebuilt = ystep._latest(df[df["snapshot"] < last], key)[cols]
+        rebuilt = rebuilt.sort_values(key, ignore_index=True)
+        assert len(final) and final.equals(rebuilt), table
+    prof = run.profile()
+    assert set(prof[prof["name"] == PROBE]["key"]) == {
+        f"probe-{i}" for i in range(24) if i % 3 == 0
     }

@@ -19,10 +19,11 @@ Levels ``thread`` (``<process group>/threads``) and ``coroutine``
   ``threads``.
 - **Harness out of the profile.** The collectors' flush threads and zarr's I/O
   event-loop thread (where the store writes run) are un-profiled
-  (``sys.setprofile(None)`` in that thread) after every yappi start/resume: under
-  yappi, zarr's asyncio machinery would cost several times more and dominate the
-  profile. A task's own zarr calls still show as time in the task's thread (waiting in
-  ``zarr.core.sync.sync``); zarr's codec threads stay profiled.
+  (``sys.setprofile(None)`` in that thread) at every write, as yappi profiles every
+  thread it finds when it starts: under yappi, zarr's asyncio machinery would cost
+  several times more and dominate the profile. A task's own zarr calls still show as
+  time in the task's thread (waiting in ``zarr.core.sync.sync``); zarr's codec threads
+  stay profiled.
 - **Thread ids** are yappi's ``tid``, which is ``threading.get_ident()`` - the ids step
   4 records.
 - **Snapshots** run in the collector's flush thread every
@@ -35,11 +36,12 @@ Levels ``thread`` (``<process group>/threads``) and ``coroutine``
 The raw per-(thread, tag) rows come from yappi's C enumerator
 (``yappi._yappi.enum_func_stats``, what ``yappi.get_func_stats`` uses underneath): the
 public API merges threads and builds objects per row, too slow and too coarse here. The
-enumeration is bracketed by ``_pause``/``_resume`` exactly as yappi's own API does.
+enumeration does not pause yappi (see :meth:`ProcessProfiler._enumerate`).
 """
 
 from __future__ import annotations
 
+import gc
 import inspect
 import itertools
 import logging
@@ -130,6 +132,7 @@ class ProcessProfiler:
         self.sinks: list[ProfileSink] = []
         self.tags = _Tags()
         self.tag_log: list[tuple[int, Any, int, float]] = []
+        self.task_threads: set[int] = set()  # threads that ran a task
         self.snapshot_no = 0
         self.noted: set[Any] = set()
         self.running: set[int] = set()
@@ -192,32 +195,31 @@ class ProcessProfiler:
 
     # -- enumeration -------------------------------------------------------------------
     def _enumerate(self, tags: set[int] | None) -> list[tuple[Any, ...]]:
-        """Raw yappi rows of these tags (``None``: every row), yappi paused."""
+        """Raw yappi rows of these tags (``None``: every row).
+
+        Atomic under the GIL instead of bracketed by ``_pause``/``_resume``: pausing
+        unprofiles every thread, and a short task that runs meanwhile is never seen.
+        With C callbacks only (``list.append``) and the cyclic GC off (no finalizer can
+        run Python code), no other thread runs while yappi's tables are walked.
+        """
         from yappi import _yappi
 
         rows: list[tuple[Any, ...]] = []
-        _yappi._pause()
+        threads: list[tuple[Any, ...]] = []
+        gc_was_on = gc.isenabled()
+        gc.disable()
         try:
-            if tags is None:
+            if tags is None or len(tags) * max(len(self.tags), 1) > _FILTER_BUDGET:
                 _yappi.enum_func_stats(rows.append, {})
-            elif len(tags) * max(len(self.tags), 1) > _FILTER_BUDGET:
-
-                def keep(
-                    row: tuple[Any, ...],
-                    _tags: set[int] = tags,
-                    _append: Any = rows.append,
-                ) -> None:
-                    if row[12] in _tags:
-                        _append(row)
-
-                _yappi.enum_func_stats(keep, {})
             else:
                 for tag in sorted(tags):
                     _yappi.enum_func_stats(rows.append, {"tag": tag})
-            threads: list[tuple[Any, ...]] = []
             _yappi.enum_thread_stats(threads.append)
         finally:
-            _yappi._resume()
+            if gc_was_on:
+                gc.enable()
+        if tags is not None and len(tags) * max(len(self.tags), 1) > _FILTER_BUDGET:
+            rows = [r for r in rows if r[12] in tags]
         self._threads = threads
         return rows
 
@@ -245,7 +247,8 @@ class ProcessProfiler:
         name = self._modules.get(file)
         if name is None and len(sys.modules) != self._scanned:
             self._scanned = len(sys.modules)
-            for mname, mod in list(sys.modules.items()):
+            # a copy (atomic): other threads import meanwhile
+            for mname, mod in sys.modules.copy().items():
                 f = getattr(mod, "__file__", None)
                 if isinstance(f, str):
                     self._modules.setdefault(f, mname)
@@ -260,6 +263,7 @@ class ProcessProfiler:
             new = self.tags.new
             self.tags.new = []
             self.tag_log.extend(new)
+            self.task_threads.update(th for _, _, th, _ in new)
             noted, self.noted = self.noted, set()
             running = self._running_tags()
             if full:
@@ -500,7 +504,7 @@ class ProcessProfiler:
         return out
 
     def _executor_threads(self) -> set[int]:
-        idents = {th for _, _, th, _ in self.tag_log}
+        idents = set(self.task_threads)
         for sink in self.sinks:
             w = sink.worker
             if w is None:
@@ -583,6 +587,8 @@ class ProfileSink:
         """Note the keys that started executing; snapshot when due (owner only)."""
         if self.detached:
             return
+        # read once: teardown sets it from the event loop while a periodic write may run
+        final = self.last_flush
         _unprofile_harness()
         try:
             if executed:
@@ -590,14 +596,14 @@ class ProfileSink:
             if not self.is_owner:
                 return
             now = time.monotonic()
-            if not self.last_flush and now - self._last < self.interval:
+            if not final and now - self._last < self.interval:
                 return
             self._last = now
             if self.needs_full:
                 for g in self.groups.values():
                     g.set_attrs(**self._attrs(owner=True))
-            cols = self.profiler.snapshot(self, final=self.last_flush)
-            if self.last_flush and self.profiler.sinks == [self]:
+            cols = self.profiler.snapshot(self, final=final)
+            if final and self.profiler.sinks == [self]:
                 self.detach()  # last one out: stop yappi before writing the store
             snapshot = cols.pop("snapshot")
             for group_name, tables in (
@@ -612,7 +618,7 @@ class ProfileSink:
         except Exception as e:
             self.record_error("snapshot", e)
         finally:
-            _unprofile_harness()  # yappi's resume re-profiled every thread
+            _unprofile_harness()
 
     def detach(self) -> None:
         """Leave the process profile; the last one out stops yappi."""
