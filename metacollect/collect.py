@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -105,11 +106,20 @@ def levels_index(root: zarr.Group) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in index.items()}
 
 
-def finalize(store: str, status: str = "complete", **extra: Any) -> None:
-    """Write the levels index and final status on the root.
+def consolidate(store: str) -> None:
+    """Refresh the store's consolidated metadata (after any write that adds groups)."""
+    with warnings.catch_warnings():
+        # zarr warns that consolidated metadata is not yet part of the v3 spec: known, intended
+        warnings.simplefilter("ignore", category=UserWarning)
+        zarr.consolidate_metadata(store, zarr_format=3)
 
-    Metadata is deliberately not consolidated: later writers (``metacollect ingest``) would make
-    a consolidated copy stale, and readers would silently miss their groups.
+
+def finalize(store: str, status: str = "complete", **extra: Any) -> None:
+    """Write the levels index and final status on the root, then consolidate the metadata.
+
+    Consolidated metadata lets ``xarray.open_datatree(path, engine="zarr")`` open the run in one
+    read; metacollect's own readers ignore it (they read the truth), and any writer after the
+    run (``metacollect ingest``) calls :func:`consolidate` again so it never goes stale.
     """
     try:
         if not _is_url(store):  # temp files of writes cut short (a failed flush) are not data
@@ -119,6 +129,7 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
                         os.remove(os.path.join(dirpath, f))
         root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
         root.attrs.update({"levels": levels_index(root), "status": status, "ended": time.time(), **extra})
+        consolidate(store)
     except Exception as e:  # the store was removed or replaced mid-run
         raise StoreError(
             f"cannot finalise store {store} ({type(e).__name__}: {e}); what was flushed before "

@@ -1985,21 +1985,17 @@ def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:
 def _update_levels(store: str) -> None:
     """Keep a finalised store whole after groups were added to it: its levels index and,
     where the store keeps it, its consolidated metadata."""
-    import importlib
-
     import zarr
 
-    # the module (the package's ``collect`` name is the function)
-    collect = importlib.import_module("metacollect.collect")
+    from metacollect.collect import consolidate, levels_index
+
     with contextlib.suppress(Exception):
         root = zarr.open_group(
             store=store, mode="a", zarr_format=3, use_consolidated=False
         )
         if root.attrs.get("status") == "complete":
-            root.update_attributes({"levels": collect.levels_index(root)})
-            consolidate = getattr(collect, "consolidate", None)
-            if consolidate is not None:
-                consolidate(store)
+            root.update_attributes({"levels": levels_index(root)})
+            consolidate(store)
 
 
 # -- reading it back: Run.io() ---------------------------------------------------------
