@@ -814,3 +814,64 @@ def test_no_library_is_one_clear_error_and_the_run_goes_on(client, store, caplog
     assert client.scheduler_info()[
         "workers"
     ]  # nothing was retired: Darshan never started
+
+
+RUN_UNDER_DARSHAN = """
+import json, os, sys
+from distributed import Client
+if __name__ == "__main__":
+    with Client(n_workers=2, threads_per_worker=1, dashboard_address=":0") as c:
+        env = c.run(lambda: {k: v for k, v in os.environ.items() if k.startswith("DARSHAN_") or k == "LD_PRELOAD"})
+        c.gather(c.map(lambda x: x + 1, range(6)))
+    with open(sys.argv[1], "w") as f:
+        json.dump(env, f)
+"""
+
+
+def test_metacollect_run_darshan_reaches_the_scripts_workers_and_ingests(
+    stub_runtime, tmp_path, clean_environ, monkeypatch
+):
+    monkeypatch.setenv("METACOLLECT_TEST_DARSHAN_TEMPLATE", get_log_path("dxt.darshan"))
+    script = tmp_path / "flow.py"
+    script.write_text(RUN_UNDER_DARSHAN)
+    store = str(tmp_path / "run.zarr")
+    seen = tmp_path / "env.json"
+    with dask.config.set({"metacollect.darshan.library": stub_runtime}):
+        assert main(["run", str(script), "--store", store, "--darshan", "--", str(seen)]) == 0
+    import json
+
+    envs = json.loads(seen.read_text())
+    assert len(envs) == 2
+    for env in envs.values():
+        assert env["LD_PRELOAD"].split(":")[0] == stub_runtime
+        assert env["DARSHAN_ENABLE_NONMPI"] == "1"
+        assert env["DARSHAN_LOG_DIR_PATH"] == f"{store}.darshan/{HOST}"
+    run = open_run(store)
+    logs = run.table("darshan", "logs")
+    workers = logs[logs["role"] == "worker"]
+    # both worker processes exited normally (the script closed its cluster) and were mapped
+    assert len(workers) == 2 and set(workers["status"]) == {"ingested"}
+    assert {g.rsplit("/", 1)[0] for g in workers["group"]} == set(run.worker_groups())
+    assert run.attrs["status"] == "complete"
+    assert validate_store(store) == []
+
+
+def test_jobqueue_prologue_starts_workers_under_darshan(stub_runtime, tmp_path):
+    from metacollect.launch.jobqueue import jobqueue_cluster
+
+    store = str(tmp_path / "run.zarr")
+    with dask.config.set({"metacollect.darshan.enabled": True, "metacollect.darshan.library": stub_runtime}):
+        cluster = jobqueue_cluster(
+            "slurm", cores=1, memory="1GB", darshan_store=store,
+            job_script_prologue=["module load mine"], scheduler_options={"dashboard_address": ":0"},
+        )
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    lines = script.splitlines()
+    assert "module load mine" in lines
+    exports = [line for line in lines if line.startswith("export ")]
+    assert any("DARSHAN_ENABLE_NONMPI=1" in line for line in exports)
+    assert exports[-1].startswith("export LD_PRELOAD=") and stub_runtime in exports[-1]
+    assert lines.index("module load mine") < lines.index(exports[0])

@@ -26,8 +26,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import dask.config
 import zarr
 
+from metacollect import config
 from metacollect.errors import UsageError
 from metacollect.launch.shutdown import cluster_job_ids, retire_and_wait
 
@@ -58,7 +60,7 @@ def _torque_wrappers() -> bool:
         return False
 
 
-def jobqueue_cluster(system: str, **kwargs: Any) -> Any:
+def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs: Any) -> Any:
     """A dask-jobqueue cluster for ``system`` ("slurm" or "pbs"), ready to collect.
 
     Parameters
@@ -71,6 +73,10 @@ def jobqueue_cluster(system: str, **kwargs: Any) -> Any:
         given comes from the ``jobqueue.<system>`` config (``jobqueue.yaml``), as with
         dask-jobqueue itself. With ``system="pbs"`` on Slurm's torque wrappers, a
         ``log_directory`` is passed to ``qsub -e/-o`` (the wrappers ignore ``#PBS -e DIR/``).
+    darshan_store
+        With ``metacollect.darshan.enabled``, the store whose Darshan environment the job
+        script prologue exports, so the workers start under Darshan (added after the user's
+        own ``job_script_prologue``).
 
     Returns
     -------
@@ -113,6 +119,13 @@ def jobqueue_cluster(system: str, **kwargs: Any) -> Any:
 
             self.status = Status.closed
 
+    if darshan_store is not None and config.get("darshan.enabled"):
+        from metacollect.steps import darshan
+
+        own = kwargs.get("job_script_prologue")
+        if own is None:
+            own = dask.config.get(f"jobqueue.{system}.job-script-prologue", default=None) or []
+        kwargs["job_script_prologue"] = [*own, *darshan.job_script_prologue(darshan_store)]
     ClosingJob.__name__ = ClosingJob.__qualname__ = base.__name__
     kwargs["job_cls"] = ClosingJob
     try:

@@ -9,6 +9,7 @@ script's bare ``Client()`` at it through ``DASK_SCHEDULER_ADDRESS``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import signal
@@ -116,7 +117,8 @@ def run_script(
     overrides = {f"metacollect.{k}": v for k, v in (options or {}).items()}
     with dask.config.set(overrides):
         config.validate()
-        opts = dask.config.get("metacollect")
+        # a copy: dask.config.set restores the live dicts in place when the block ends
+        opts = copy.deepcopy(dask.config.get("metacollect"))
     store = prepare_store(store, overwrite)
     run_id = uuid.uuid4().hex
     env = dict(os.environ)
@@ -128,11 +130,16 @@ def run_script(
             init_root(writer, run_id)
             write_job(writer, JobInfo.capture("run", cluster_type="script"))
             env.update(attach_environment(store, opts))
+            if opts["darshan"]["enabled"]:  # every process the script starts runs under Darshan
+                env.update(_darshan_environment(store, writer, echo))
         else:
             from distributed import Client
 
             echo(f"metacollect: starting a {cluster} cluster")
-            cluster_obj = CLUSTERS[cluster](**(cluster_options or {}))
+            cluster_options = dict(cluster_options or {})
+            if opts["darshan"]["enabled"] and cluster != "local":
+                cluster_options["darshan_store"] = store  # the job script prologue exports it
+            cluster_obj = CLUSTERS[cluster](**cluster_options)
             client = Client(cluster_obj)
             session = Collection(client, store, run_id=run_id, launcher="run", overwrite=True)
             session.start()
@@ -156,9 +163,26 @@ def run_script(
     else:
         if status == "complete" and not _all_clusters_ended(store):
             status = "incomplete"
+        if opts["darshan"]["enabled"]:  # the processes have exited: their logs are written
+            from metacollect.steps import darshan
+
+            darshan.ingest(store, darshan.default_log_dir(store), writer=writer, echo=echo)
+            writer.flush()
         finalize(store, status, **extra)
     echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
     return code
+
+
+def _darshan_environment(store: str, writer: StoreWriter, echo: Callable[[str], None]) -> dict[str, str]:
+    """Darshan's environment for the script, or nothing (recorded) when no runtime is found."""
+    from metacollect.steps import darshan
+
+    try:
+        return darshan.darshan_environment(store)
+    except darshan.DarshanNotFoundError as e:
+        echo(f"metacollect: {e}; collecting without Darshan")
+        writer.group("job").record_error("darshan", str(e))
+        return {}
 
 
 def _all_clusters_ended(store: str) -> bool:
