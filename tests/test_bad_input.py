@@ -275,21 +275,12 @@ def test_fuzz_damaged_stores(real_store, tmp_path, capsys):
 
 
 def _example_darshan_log() -> str:
-    import glob
+    from darshan.log_utils import get_log_path
 
-    darshan = pytest.importorskip("darshan")
-    logs = sorted(glob.glob(os.path.join(os.path.dirname(darshan.__file__), "examples", "**", "*.darshan"),
-                        recursive=True))
-    if not logs:
-        pytest.skip("pydarshan ships no example logs here")
-    return logs[0]
+    return get_log_path("dxt.darshan")
 
 
 def test_ingest_darshan_bad_files(store_copy, tmp_path, capsys):
-    from metacollect import cli
-
-    if "metacollect.cli.ingest" not in cli.COMMANDS:
-        pytest.skip("metacollect ingest is not there yet")
     assert main(["ingest", "darshan", store_copy, str(tmp_path / "no-such-dir")]) == 2
     assert "does not exist" in one_error_line(capsys, "ingest")
 
@@ -297,13 +288,13 @@ def test_ingest_darshan_bad_files(store_copy, tmp_path, capsys):
     logs.mkdir(parents=True)
     (logs / "junk_id1.darshan").write_bytes(b"this is not a darshan log\n" * 10)
     good = _read(_example_darshan_log())
-    (logs / "cut_id2.darshan").write_bytes(good[: len(good) // 3])
+    (logs / "cut_id2.darshan").write_bytes(good[:200])  # cut inside the header
     (logs / "empty_id3.darshan").write_bytes(b"")
     code = main(["ingest", "darshan", store_copy, str(tmp_path / "logs")])
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert "3 logs could not be read" in err
-    assert code in (0, 1, 3)
+    assert code == 1  # the rest went in, the exit code still says not all did
     run = open_run(store_copy)  # the store is intact and says which file failed, and why
     what = " ".join(run.errors().what)
     for name in ("junk_id1", "cut_id2", "empty_id3"):

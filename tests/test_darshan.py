@@ -222,7 +222,7 @@ def pydarshan(path: str) -> dict:
 def stub_runtime(tmp_path_factory):
     """A real shared library standing in for libdarshan.so (see the docstring above)."""
     if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the stand-in Darshan runtime")
+        pytest.fail("gcc is needed to build the stand-in Darshan runtime: apt-get install gcc")
     d = tmp_path_factory.mktemp("darshan-runtime")
     (d / "stub.c").write_text(STUB_C)
     lib = d / "lib" / "libdarshan.so"

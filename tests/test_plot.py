@@ -112,8 +112,6 @@ def test_io_and_profile_without_data_say_so(run):
 
 
 def test_profile_view_on_yappi_data(run):
-    if not hasattr(run, "profile"):
-        pytest.skip("this tree has no Run.profile yet (step-5 Yappi reader)")
     prof = run.profile()
     assert len(prof), "the run was collected with Yappi enabled"
     assert "profile" in plot.available_views(run)

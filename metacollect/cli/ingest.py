@@ -74,13 +74,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"metacollect ingest: {msg}", file=sys.stderr)
 
     result = ingest(args.store, logdir, host=args.host, timeout=args.timeout, echo=echo)
+    for group in result.groups:
+        print(group)
     if result.found == 0:
-        echo(f"no Darshan logs (*.darshan) below {logdir}")
-    if result.errors:
+        echo(f"no Darshan logs (*.darshan) below {logdir}; check the directory (and --host)")
+        return 1
+    if result.errors:  # the readable logs went in; the exit code still says not all did
         echo(
             f"{result.errors} of {result.found} logs could not be read; the reasons "
             "are in the store (Run.errors(), table darshan/logs)"
         )
-    for group in result.groups:
-        print(group)
+        return 1
     return 0
