@@ -41,6 +41,7 @@ enumeration does not pause yappi (see :meth:`ProcessProfiler._enumerate`).
 
 from __future__ import annotations
 
+import collections
 import gc
 import inspect
 import itertools
@@ -93,8 +94,9 @@ class _Tags(dict):  # type: ignore[type-arg]
         super().__init__()
         self[None] = 0
         self._next = itertools.count(1).__next__
-        #: (tag, key, thread, time) of tags created since the profiler last took them
-        self.new: list[tuple[int, Any, int, float]] = []
+        #: (tag, key, thread, time) of tags created since the profiler last took them;
+        #: a deque: appended by task threads, drained by the snapshot, both atomic
+        self.new: collections.deque[tuple[int, Any, int, float]] = collections.deque()
 
     def __missing__(self, key: Any) -> int:
         tag = self[key] = self._next()
@@ -260,8 +262,9 @@ class ProcessProfiler:
         t0 = time.perf_counter()
         with _lock:
             full = final or sink.needs_full
-            new = self.tags.new
-            self.tags.new = []
+            new = []
+            while self.tags.new:
+                new.append(self.tags.new.popleft())
             self.tag_log.extend(new)
             self.task_threads.update(th for _, _, th, _ in new)
             noted, self.noted = self.noted, set()
