@@ -148,6 +148,11 @@ class GroupWriter:
         self._flush_lock = threading.Lock()
         self._failed = False
         self.group = store.ensure_group(path, spec, attrs)
+        #: rows of each table known to be whole in the store (appends that failed half-way
+        #: are cut back to this before the next append, so codes and rows never shift)
+        self._committed: dict[str, int] = {}
+        # a group written before (by another writer object): new codes continue its strings
+        self.strings._next = self._rows_in_store("strings")
 
     # -- collecting -------------------------------------------------------------------
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
@@ -233,16 +238,31 @@ class GroupWriter:
             out[var.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return out
 
+    def _rows_in_store(self, table: str) -> int:
+        """Whole rows of a table already in the store (the shortest of its variables)."""
+        try:
+            tgroup = self.group[table]
+        except KeyError:
+            return 0
+        return min((a.shape[0] for _, a in tgroup.arrays()), default=0)  # type: ignore[union-attr]
+
     def _append_arrays(self, table: str, columns: Mapping[str, np.ndarray]) -> None:
+        """Append rows to every variable of a table, all or nothing as far as readers see."""
         spec = self.spec.tables[table]
         tgroup = self.store.ensure_table(self, table)
+        if table not in self._committed:
+            self._committed[table] = self._rows_in_store(table)
+        whole = self._committed[table]
         for name, data in columns.items():
             var = spec.variables[name]
             try:
                 arr = tgroup[name]
             except KeyError:
                 arr = self.store.create_array(tgroup, spec, var.name, data)
+            if arr.shape[0] != whole:  # an earlier append failed half-way: cut it back
+                arr.resize((whole, *arr.shape[1:]))
             arr.append(data, axis=0)
+        self._committed[table] = whole + len(next(iter(columns.values())))
 
 
 class StoreWriter:
