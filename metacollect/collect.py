@@ -234,13 +234,13 @@ class Collection:
         self.launcher = launcher
 
     def start(self) -> None:
-        # collectors living in this process (LocalCluster's scheduler, processes=False workers)
-        # apply the run's options to the global config: put it back in stop()
-        self._config_before = copy.deepcopy(dask.config.get("metacollect"))
+        # this process's own config, given back in stop(): collectors that live here
+        # (LocalCluster's scheduler, threaded workers) apply the run's options to it
+        self._original = copy.deepcopy(dask.config.get("metacollect"))
         with dask.config.set(config_overrides(self.options)):
             config.validate()
             # a copy: dask.config.set restores the live nested dict in place on exit
-            opts = copy.deepcopy(dask.config.get("metacollect"))
+            opts = self._opts = copy.deepcopy(dask.config.get("metacollect"))
             writer = StoreWriter(self.store)
             init_root(writer, self.run_id)
             ctype, spec = _cluster_description(self.client)
@@ -253,7 +253,15 @@ class Collection:
         self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
 
     def stop(self, status: str = "complete", error: BaseException | None = None, **extra: Any) -> None:
-        """Flush every collector, detach them, finalise the store."""
+        """Flush every collector, detach them, finalise the store (under the run's options;
+        collectors in this process give the process its own config back as they finish)."""
+        config.apply(self._opts)
+        try:
+            self._stop(status, error, **extra)
+        finally:
+            config.restore(self._original)
+
+    def _stop(self, status: str, error: BaseException | None, **extra: Any) -> None:
         problems = []
         batch = getattr(self, "batch", None)
         darshan = getattr(self, "darshan", None)
@@ -290,9 +298,6 @@ class Collection:
         if problems:
             extra["shutdown_problems"] = problems
         finalize(self.store, status, **extra)
-        before = getattr(self, "_config_before", None)
-        if before is not None:
-            dask.config.update(dask.config.config, {"metacollect": before}, priority="new")
 
 
 @contextlib.contextmanager

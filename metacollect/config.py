@@ -7,6 +7,7 @@ every key a type and a description. Users override them in ``~/.config/dask/*.ya
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -112,6 +113,23 @@ def validate(config: Mapping[str, Any] | None = None) -> None:
 def get(key: str, override: Any = None) -> Any:
     """``override`` if given, else ``metacollect.<key>`` from dask's config (jobqueue style)."""
     return override if override is not None else dask.config.get(f"metacollect.{key}")
+
+
+def apply(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Apply a run's ``metacollect`` options to this process; returns what :func:`restore`
+    needs. A collector in the client's own process (LocalCluster's scheduler, threaded
+    workers) must give the process its config back when it finishes."""
+    if not options:
+        return None
+    before = copy.deepcopy(dask.config.get("metacollect"))
+    dask.config.update(dask.config.config, {"metacollect": copy.deepcopy(dict(options))}, priority="new")
+    return before
+
+
+def restore(before: dict[str, Any] | None) -> None:
+    """Undo :func:`apply`."""
+    if before is not None:
+        dask.config.update(dask.config.config, {"metacollect": before}, priority="new")
 
 
 def interval(key: str) -> float:

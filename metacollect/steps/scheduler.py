@@ -88,10 +88,7 @@ class SchedulerCollector(SchedulerPlugin):
     async def start(self, scheduler: Scheduler) -> None:
         if self.scheduler is not None:  # idempotent: started once per scheduler
             return
-        import dask
-
-        if self.options:
-            dask.config.update(dask.config.config, {"metacollect": self.options}, priority="new")
+        self._config_before = config.apply(self.options)
         self.scheduler = scheduler
         self.cluster = cluster_id(scheduler.id)
         self._tasks = scheduler.tasks
@@ -157,6 +154,7 @@ class SchedulerCollector(SchedulerPlugin):
         if self.profile is not None:
             self.profile.detach()
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
+        config.restore(self._config_before)
 
     def finish_now(self) -> None:
         """Synchronous final flush, for interpreter exit when the scheduler was never closed."""

@@ -65,10 +65,7 @@ class WorkerCollector(WorkerPlugin):
 
     # -- lifecycle --------------------------------------------------------------------------
     def setup(self, worker: Worker) -> None:
-        import dask
-
-        if self.options:
-            dask.config.update(dask.config.config, {"metacollect": self.options}, priority="new")
+        self._config_before = config.apply(self.options)
         self.worker = worker
         self.id = worker_id(worker)
         self._transitions: list[tuple[Any, ...]] = []
@@ -117,6 +114,7 @@ class WorkerCollector(WorkerPlugin):
         await self.flusher.close()
         if self.profile is not None:
             self.profile.detach()
+        config.restore(self._config_before)
 
     # -- hooks (event loop) -------------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
