@@ -135,3 +135,13 @@ def test_compare_and_catalog(run, tmp_path):
         or "NotAStore" in cat[cat["problem"] != ""].iloc[0]["problem"]
     )
     assert isinstance(cat, pd.DataFrame)
+
+
+def test_compare_profiles_and_io(run):
+    prof = analysis.compare_profiles([run, run], labels=["a", "b"], top=None)
+    assert {"a", "b", "delta_b"} <= set(prof.columns)
+    assert (prof["delta_b"] == 0).all() and (prof["a"] > 0).any()
+    assert any(name.endswith(":inc") for name in prof.index)  # the chain's function
+    assert len(analysis.compare_profiles([run], top=5)) == 5
+    io = analysis.compare_io([run], labels=["a"])
+    assert not io.at["a", "has_io"] and io.at["a", "bytes_read"] == 0  # no Darshan here

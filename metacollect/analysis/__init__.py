@@ -558,6 +558,56 @@ def compare_prefixes(
     return out.fillna(0).sort_values(next(iter(cols)), ascending=False)
 
 
+def compare_io(
+    runs: Sequence[Run], labels: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """Darshan I/O totals of several runs (POSIX + STDIO): one row per run.
+
+    Columns bytes_read, bytes_written, reads, writes, opens, read_time, write_time,
+    meta_time; zeros for a run collected without Darshan (its ``has_io`` is False).
+    """
+    cols = ("bytes_read", "bytes_written", "reads", "writes", "opens", "read_time",
+            "write_time", "meta_time")  # fmt: skip
+    rows = []
+    for r in runs:
+        try:
+            io = r.io(by="worker")
+        except Exception:  # a run without Darshan data
+            io = pd.DataFrame()
+        row = {c: float(io[c].sum()) if c in io else 0.0 for c in cols}
+        row["has_io"] = bool(len(io))
+        rows.append(row)
+    return pd.DataFrame(rows, index=pd.Index(_labels(runs, labels), name="run"))
+
+
+def compare_profiles(
+    runs: Sequence[Run], labels: Sequence[str] | None = None, top: int | None = 20
+) -> pd.DataFrame:
+    """Yappi self time per function in several runs, and its change against the first run.
+
+    Index ``module:name``; one ``tsub`` column per run (seconds, summed over processes and
+    threads), then ``delta_<label>`` (that run minus the first) for the others; the ``top``
+    functions by their largest self time in any run (``None``: all of them).
+    """
+    labs = _labels(runs, labels)
+    per_run = {}
+    for lab, r in zip(labs, runs, strict=True):
+        prof = r.profile()
+        if len(prof):
+            name = prof["module"].astype(str) + ":" + prof["name"].astype(str)
+            per_run[lab] = prof["tsub"].groupby(name).sum()
+        else:
+            per_run[lab] = pd.Series(dtype=float)
+    out = pd.DataFrame(per_run).fillna(0.0)
+    out.index.name = "function"
+    for lab in labs[1:]:
+        out[f"delta_{lab}"] = out[lab] - out[labs[0]]
+    if not len(out):
+        return out
+    order = out[labs].max(axis=1).sort_values(ascending=False).index
+    return out.loc[order if top is None else order[:top]]
+
+
 def catalog(
     directory: str | os.PathLike[str], pattern: str = "**/*.zarr"
 ) -> pd.DataFrame:
