@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from metacollect.store.writer import GroupWriter
@@ -21,12 +22,30 @@ def _json(value: Any) -> str:
     return json.dumps(value, default=repr, separators=(",", ":"))
 
 
+@dataclass
+class SubmittedGraph:
+    """One ``update_graph`` as the hook saw it, before it becomes rows."""
+
+    graph: int
+    time: float
+    client: str
+    stimulus_id: str
+    keys: set[Any]
+    tasks: list[Any]
+    annotations: dict[str, dict[Any, Any]]
+    priority: dict[Any, tuple[Any, ...]]
+    prefixes: list[str | None] = field(default_factory=list)
+    groups: list[str | None] = field(default_factory=list)
+    dependencies: list[Any] = field(default_factory=list)
+    code: list[tuple[str, str]] = field(default_factory=list)
+
+
 class GraphRecorder:
     """Buffers every ``update_graph`` of one scheduler and writes the ``client`` group."""
 
     def __init__(self) -> None:
         self.n_graphs = 0
-        self._graphs: list[tuple[Any, ...]] = []
+        self._graphs: list[SubmittedGraph] = []
         self._clients: list[tuple[float, str, str]] = []
         self._seen_computations: set[Any] = set()
 
@@ -63,8 +82,20 @@ class GraphRecorder:
                     for sc in snippets:
                         code.append((str(comp.id), getattr(sc, "code", str(sc))))
         self._graphs.append(
-            (graph, time.time(), client, stimulus_id, set(keys), list(tasks), annotations,
-             priority, prefixes, groups, deps, code)
+            SubmittedGraph(
+                graph,
+                time.time(),
+                client,
+                stimulus_id,
+                set(keys),
+                list(tasks),
+                annotations,
+                priority,
+                prefixes,
+                groups,
+                deps,
+                code,
+            )
         )
 
     def add_client(self, client: str) -> None:
@@ -73,35 +104,48 @@ class GraphRecorder:
     def remove_client(self, client: str) -> None:
         self._clients.append((time.time(), client, "remove"))
 
-    def swap(self) -> tuple[list[tuple[Any, ...]], list[tuple[float, str, str]]]:
+    def swap(self) -> tuple[list[SubmittedGraph], list[tuple[float, str, str]]]:
         graphs, self._graphs = self._graphs, []
         clients, self._clients = self._clients, []
         return graphs, clients
 
     @staticmethod
-    def write(group: GroupWriter, batch: tuple[list[tuple[Any, ...]], list[tuple[float, str, str]]]) -> None:
+    def write(
+        group: GroupWriter,
+        batch: tuple[list[SubmittedGraph], list[tuple[float, str, str]]],
+    ) -> None:
         """Convert a swapped batch to the ``client`` group's tables (writer thread)."""
         graphs, clients = batch
         if clients:
-            t, c, e = zip(*clients)
+            t, c, e = zip(*clients, strict=False)
             group.append("clients", {"time": t, "client": c, "event": e})
-        for graph, when, client, stim, keys, tasks, annotations, priority, prefixes, groups, deps, code in graphs:
+        for g in graphs:
+            graph, tasks, keys, deps = g.graph, g.tasks, g.keys, g.dependencies
             n_edges = sum(len(d) for d in deps)
             per_key: dict[Any, dict[str, Any]] = {}
-            for name, values in annotations.items():
+            for name, values in g.annotations.items():
                 for k, v in values.items():
                     per_key.setdefault(k, {})[name] = v
             # annotations shared by every task of the graph go once on the graph row
             shared: dict[str, Any] = {}
             if per_key and len(per_key) == len(tasks):
                 first = next(iter(per_key.values()))
-                shared = {n: v for n, v in first.items() if all(a.get(n) == v for a in per_key.values())}
+                shared = {
+                    n: v
+                    for n, v in first.items()
+                    if all(a.get(n) == v for a in per_key.values())
+                }
             group.append(
                 "graphs",
                 {
-                    "graph": [graph], "time": [when], "client": [client], "stimulus_id": [stim],
-                    "n_tasks": [len(tasks)], "n_keys": [len(keys)],
-                    "n_dependencies": [n_edges], "annotations": [_json(shared) if shared else ""],
+                    "graph": [graph],
+                    "time": [g.time],
+                    "client": [g.client],
+                    "stimulus_id": [g.stimulus_id],
+                    "n_tasks": [len(tasks)],
+                    "n_keys": [len(keys)],
+                    "n_dependencies": [n_edges],
+                    "annotations": [_json(shared) if shared else ""],
                 },
             )
             group.append(
@@ -109,23 +153,31 @@ class GraphRecorder:
                 {
                     "graph": [graph] * len(tasks),
                     "key": tasks,
-                    "prefix": prefixes,
-                    "group": groups,
+                    "prefix": g.prefixes,
+                    "group": g.groups,
                     "requested": [k in keys for k in tasks],
-                    "priority": [_json(priority.get(k)) for k in tasks],
+                    "priority": [_json(g.priority.get(k)) for k in tasks],
                     "n_dependencies": [len(d) for d in deps],
                     "annotations": [
-                        _json({n: v for n, v in per_key[k].items() if n not in shared}) if k in per_key and len(per_key[k]) > len(shared) else ""
+                        _json({n: v for n, v in per_key[k].items() if n not in shared})
+                        if k in per_key and len(per_key[k]) > len(shared)
+                        else ""
                         for k in tasks
                     ],
                 },
             )
             if n_edges:
                 src, dst = [], []
-                for k, d in zip(tasks, deps):
+                for k, d in zip(tasks, deps, strict=False):
                     src.extend([k] * len(d))
                     dst.extend(d)
-                group.append("dependencies", {"graph": [graph] * n_edges, "key": src, "dependency": dst})
-            if code:
-                comp, text = zip(*code)
-                group.append("code", {"graph": [graph] * len(code), "computation": comp, "code": text})
+                group.append(
+                    "dependencies",
+                    {"graph": [graph] * n_edges, "key": src, "dependency": dst},
+                )
+            if g.code:
+                comp, text = zip(*g.code, strict=True)
+                group.append(
+                    "code",
+                    {"graph": [graph] * len(g.code), "computation": comp, "code": text},
+                )

@@ -25,7 +25,7 @@ from distributed.protocol.pickle import dumps
 from metacollect import config
 from metacollect.steps.client import GraphRecorder
 from metacollect.store.flush import PeriodicFlusher
-from metacollect.store.writer import GroupWriter, StoreWriter
+from metacollect.store.writer import GroupWriter, StoreWriter, columns
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -37,9 +37,20 @@ NAME = "metacollect-scheduler"
 _now = time.time  # a global lookup, not an attribute lookup, on the transition hot path
 
 
+_WORKER_STATE = (
+    "time", "worker", "nthreads", "processing", "executing", "occupancy", "memory_process",
+    "memory_managed", "memory_unmanaged", "memory_spilled", "nbytes", "n_in_memory",
+)  # fmt: skip
+_CLIENT_STATE = ("time", "client", "wants_what", "last_seen")
+
+
 def cluster_id(scheduler_id: str) -> str:
     """Short, unique name of a cluster's subtree, from the scheduler's id."""
-    return scheduler_id.rsplit("-", 1)[-1][:12] if "-" in scheduler_id else scheduler_id[:12]
+    return (
+        scheduler_id.rsplit("-", 1)[-1][:12]
+        if "-" in scheduler_id
+        else scheduler_id[:12]
+    )
 
 
 def _group_of(key: Any) -> str:
@@ -70,7 +81,12 @@ class SchedulerCollector(SchedulerPlugin):
     name = NAME
     idempotent = True
 
-    def __init__(self, store: str, options: dict[str, Any] | None = None, attached_by: str = "plugin") -> None:
+    def __init__(
+        self,
+        store: str,
+        options: dict[str, Any] | None = None,
+        attached_by: str = "plugin",
+    ) -> None:
         self.store_path = os.fspath(store)
         self.options = options or {}
         self.attached_by = attached_by
@@ -79,7 +95,11 @@ class SchedulerCollector(SchedulerPlugin):
 
     # -- pickling: only the parameters travel ---------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"store_path": self.store_path, "options": self.options, "attached_by": self.attached_by}
+        return {
+            "store_path": self.store_path,
+            "options": self.options,
+            "attached_by": self.attached_by,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["store_path"], state["options"], state["attached_by"])  # type: ignore[misc]
@@ -112,10 +132,16 @@ class SchedulerCollector(SchedulerPlugin):
             },
             cluster=self.cluster,
         )
-        self.client_group: GroupWriter = self.writer.group("client", cluster=self.cluster)
+        self.client_group: GroupWriter = self.writer.group(
+            "client", cluster=self.cluster
+        )
         self.group: GroupWriter = self.writer.group("scheduler", cluster=self.cluster)
         self.flusher = PeriodicFlusher(
-            self._swap, self._write, config.interval("flush-interval"), self._on_error, "metacollect-flush"
+            self._swap,
+            self._write,
+            config.interval("flush-interval"),
+            self._on_error,
+            "metacollect-flush",
         )
         self.profile = None  # step 5, Yappi: the scheduler process's profile (metacollect.yappi.scheduler)
         if config.get("yappi.enabled") and config.get("yappi.scheduler"):
@@ -125,7 +151,9 @@ class SchedulerCollector(SchedulerPlugin):
         self.flusher.start()
         from tornado.ioloop import PeriodicCallback
 
-        self._sampler = PeriodicCallback(self._sample, config.interval("snapshot-interval") * 1000)
+        self._sampler = PeriodicCallback(
+            self._sample, config.interval("snapshot-interval") * 1000
+        )
         if config.get("capture.worker-states"):
             self._sampler.start()
         for address in list(scheduler.workers):
@@ -133,7 +161,9 @@ class SchedulerCollector(SchedulerPlugin):
         from metacollect.steps.worker import WorkerCollector
 
         plugin = WorkerCollector(self.store_path, self.cluster, self.options)
-        await scheduler.register_worker_plugin(None, dumps(plugin), name=plugin.name, idempotent=True)
+        await scheduler.register_worker_plugin(
+            None, dumps(plugin), name=plugin.name, idempotent=True
+        )
 
     async def before_close(self) -> None:
         await self.finish()
@@ -149,7 +179,9 @@ class SchedulerCollector(SchedulerPlugin):
         self._sampler.stop()
         self._sample()
         if self.profile is not None:
-            self.profile.last_flush = True  # the final flush takes the full profile snapshot
+            self.profile.last_flush = (
+                True  # the final flush takes the full profile snapshot
+            )
         await self.flusher.close()
         if self.profile is not None:
             self.profile.detach()
@@ -170,7 +202,15 @@ class SchedulerCollector(SchedulerPlugin):
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
 
     # -- hooks (event loop) -------------------------------------------------------------------
-    def transition(self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str, **kwargs: Any) -> None:
+    def transition(
+        self,
+        key: Any,
+        start: str,
+        finish: str,
+        *args: Any,
+        stimulus_id: str,
+        **kwargs: Any,
+    ) -> None:
         try:  # a try block is free in 3.11; a failure is recorded, never raised into Dask
             if finish == "processing":
                 ts = self._tasks.get(key)
@@ -179,7 +219,9 @@ class SchedulerCollector(SchedulerPlugin):
             now = _now()
             # one list per column: appending creates no new GC-tracked object (a row tuple per
             # transition would, and the cyclic GC it triggers costs more than the hook itself)
-            add_key, add_start, add_finish, add_stimulus, add_extra, add_time = self._tappend
+            add_key, add_start, add_finish, add_stimulus, add_extra, add_time = (
+                self._tappend
+            )
             add_key(key)
             add_start(start)
             add_finish(finish)
@@ -189,11 +231,22 @@ class SchedulerCollector(SchedulerPlugin):
         except Exception as e:
             self._on_error("transition", e)
 
-    def update_graph(self, scheduler: Scheduler, *, client: str, keys: set[Any], tasks: list[Any],
-                     annotations: dict[str, dict[Any, Any]], priority: dict[Any, tuple[Any, ...]],
-                     stimulus_id: str, **kwargs: Any) -> None:
+    def update_graph(
+        self,
+        scheduler: Scheduler,
+        *,
+        client: str,
+        keys: set[Any],
+        tasks: list[Any],
+        annotations: dict[str, dict[Any, Any]],
+        priority: dict[Any, tuple[Any, ...]],
+        stimulus_id: str,
+        **kwargs: Any,
+    ) -> None:
         try:
-            self.graphs.update_graph(scheduler, client, keys, tasks, annotations, priority, stimulus_id)
+            self.graphs.update_graph(
+                scheduler, client, keys, tasks, annotations, priority, stimulus_id
+            )
         except Exception as e:
             self._on_error("update_graph", e)
 
@@ -220,15 +273,34 @@ class SchedulerCollector(SchedulerPlugin):
         if ws is None:
             return
         self._workers.append(
-            {"time": time.time(), "event": "add", "address": worker, "name": str(ws.name),
-             "host": ws.host, "pid": ws.pid or -1, "nthreads": ws.nthreads,
-             "memory_limit": ws.memory_limit or 0, "stimulus_id": ""}
+            {
+                "time": time.time(),
+                "event": "add",
+                "address": worker,
+                "name": str(ws.name),
+                "host": ws.host,
+                "pid": ws.pid or -1,
+                "nthreads": ws.nthreads,
+                "memory_limit": ws.memory_limit or 0,
+                "stimulus_id": "",
+            }
         )
 
-    def remove_worker(self, scheduler: Scheduler, worker: str, *, stimulus_id: str, **kwargs: Any) -> None:
+    def remove_worker(
+        self, scheduler: Scheduler, worker: str, *, stimulus_id: str, **kwargs: Any
+    ) -> None:
         self._workers.append(
-            {"time": time.time(), "event": "remove", "address": worker, "name": "", "host": "",
-             "pid": -1, "nthreads": -1, "memory_limit": -1, "stimulus_id": stimulus_id}
+            {
+                "time": time.time(),
+                "event": "remove",
+                "address": worker,
+                "name": "",
+                "host": "",
+                "pid": -1,
+                "nthreads": -1,
+                "memory_limit": -1,
+                "stimulus_id": stimulus_id,
+            }
         )
 
     def log_event(self, topic: str, msg: Any) -> None:
@@ -246,11 +318,22 @@ class SchedulerCollector(SchedulerPlugin):
         now = time.time()
         try:
             workers = [
-                (ws.address, ws.nthreads, len(ws.processing), len(ws.executing), ws.occupancy,
-                 ws.memory, ws.nbytes, len(ws.has_what))
+                (
+                    ws.address,
+                    ws.nthreads,
+                    len(ws.processing),
+                    len(ws.executing),
+                    ws.occupancy,
+                    ws.memory,
+                    ws.nbytes,
+                    len(ws.has_what),
+                )
                 for ws in s.workers.values()
             ]
-            clients = [(cs.client_key, len(cs.wants_what), cs.last_seen) for cs in s.clients.values()]
+            clients = [
+                (cs.client_key, len(cs.wants_what), cs.last_seen)
+                for cs in s.clients.values()
+            ]
         except Exception as e:
             self._on_error("sample", e)
             return
@@ -271,11 +354,15 @@ class SchedulerCollector(SchedulerPlugin):
         if transitions[0]:
             self._write_transitions(transitions)
         if workers:
-            cols: dict[str, list[Any]] = {k: [w[k] for w in workers] for k in workers[0]}
+            cols: dict[str, list[Any]] = {
+                k: [w[k] for w in workers] for k in workers[0]
+            }
             self.group.append("workers", cols)
         if events:
-            t, topic, msg = zip(*events)
-            self.group.append("events", {"time": t, "topic": topic, "msg": [_json(m) for m in msg]})
+            t, topic, msg = zip(*events, strict=False)
+            self.group.append(
+                "events", {"time": t, "topic": topic, "msg": [_json(m) for m in msg]}
+            )
         if samples:
             self._write_samples(samples)
         if self.profile is not None:
@@ -291,24 +378,52 @@ class SchedulerCollector(SchedulerPlugin):
         keys, starts, finishes, stims, extra, times = columns
         self.n_transitions += len(keys)
         # extra: None, the worker address (-> processing) or the transition's kwargs (a dict)
-        workers = [e if type(e) is str else (e.get("worker") if e else None) for e in extra]
+        workers = [
+            e if type(e) is str else (e.get("worker") if e else None) for e in extra
+        ]
         self.group.append(
             "transitions",
-            {"key": keys, "start": starts, "finish": finishes, "time": times,
-             "stimulus_id": stims, "worker": workers},
+            {
+                "key": keys,
+                "start": starts,
+                "finish": finishes,
+                "time": times,
+                "stimulus_id": stims,
+                "worker": workers,
+            },
         )
-        done = [i for i, (s, f) in enumerate(zip(starts, finishes))
-                if s == "processing" and f in ("memory", "erred") and extra[i]]
+        done = [
+            i
+            for i, (s, f) in enumerate(zip(starts, finishes, strict=False))
+            if s == "processing" and f in ("memory", "erred") and extra[i]
+        ]
         if not done:
             return
         tasks = self._tasks
-        cols: dict[str, list[Any]] = {c: [] for c in (
-            "key", "prefix", "group", "state", "worker", "thread", "start", "stop", "time",
-            "nbytes", "typename", "retries", "exception")}
+        cols: dict[str, list[Any]] = {
+            c: []
+            for c in (
+                "key",
+                "prefix",
+                "group",
+                "state",
+                "worker",
+                "thread",
+                "start",
+                "stop",
+                "time",
+                "nbytes",
+                "typename",
+                "retries",
+                "exception",
+            )
+        }
         for i in done:
             kw = extra[i]
             key = keys[i]
-            compute = [ss for ss in kw.get("startstops") or () if ss.get("action") == "compute"]
+            compute = [
+                ss for ss in kw.get("startstops") or () if ss.get("action") == "compute"
+            ]
             ts = tasks.get(key)
             cols["key"].append(key)
             cols["prefix"].append(key_split(key))
@@ -327,25 +442,21 @@ class SchedulerCollector(SchedulerPlugin):
         self.group.append("tasks", cols)
 
     def _write_samples(self, samples: list[Any]) -> None:
-        w: dict[str, list[Any]] = {c: [] for c in (
-            "time", "worker", "nthreads", "processing", "executing", "occupancy", "memory_process",
-            "memory_managed", "memory_unmanaged", "memory_spilled", "nbytes", "n_in_memory")}
-        c: dict[str, list[Any]] = {k: [] for k in ("time", "client", "wants_what", "last_seen")}
+        wrows, crows = [], []
         for now, workers, clients in samples:
-            for addr, nthreads, processing, executing, occupancy, mem, nbytes, held in workers:
-                for k, v in zip(("time", "worker", "nthreads", "processing", "executing", "occupancy",
-                                 "memory_process", "memory_managed", "memory_unmanaged", "memory_spilled",
-                                 "nbytes", "n_in_memory"),
-                                (now, addr, nthreads, processing, executing, occupancy, mem.process,
-                                 mem.managed, mem.unmanaged, mem.spilled, nbytes, held)):
-                    w[k].append(v)
-            for client, wants, last_seen in clients:
-                for k, v in zip(c, (now, client, wants, last_seen)):
-                    c[k].append(v)
-        if w["time"]:
-            self.group.append("worker_states", w)
-        if c["time"]:
-            self.group.append("client_states", c)
+            for (
+                *state,
+                mem,
+                nbytes,
+                held,
+            ) in workers:  # address .. occupancy, memory, ...
+                m = (mem.process, mem.managed, mem.unmanaged, mem.spilled)
+                wrows.append((now, *state, *m, nbytes, held))
+            crows.extend((now, *client) for client in clients)
+        if wrows:
+            self.group.append("worker_states", columns(_WORKER_STATE, wrows))
+        if crows:
+            self.group.append("client_states", columns(_CLIENT_STATE, crows))
 
     def _on_error(self, where: str, exc: BaseException) -> None:
         # a hook failing on every transition must not flood the log or the errors table:
@@ -357,8 +468,12 @@ class SchedulerCollector(SchedulerPlugin):
                 logger.warning("metacollect: scheduler.%s failed %d times", where, n)
             return
         try:
-            self.group.record_error(f"scheduler.{where}", exc if n < 10 else
-                                    f"{type(exc).__name__}: {exc} (and possibly more; "
-                                    "only the first 10 failures of a place are recorded)")
+            self.group.record_error(
+                f"scheduler.{where}",
+                exc
+                if n < 10
+                else f"{type(exc).__name__}: {exc} (and possibly more; "
+                "only the first 10 failures of a place are recorded)",
+            )
         except Exception:  # the errors table itself must never take the scheduler down
             logger.exception("metacollect: could not record a collector error")

@@ -33,7 +33,9 @@ def open_root(path: str | os.PathLike[str], mode: str = "a") -> zarr.Group:
     try:
         # never through consolidated metadata: a writer after finalize (metacollect ingest) would
         # not see the groups it adds itself, and fail creating their parents a second time
-        return zarr.open_group(store=os.fspath(path), mode=mode, zarr_format=3, use_consolidated=False)
+        return zarr.open_group(
+            store=os.fspath(path), mode=mode, zarr_format=3, use_consolidated=False
+        )
     except Exception as e:  # zarr raises many types for unwritable / odd paths
         raise StoreError(
             f"cannot open store {os.fspath(path)!r} for writing: {e}; "
@@ -60,20 +62,24 @@ class StringTable:
         """int32 codes of ``values`` (``None`` -> -1); non-strings are encoded as ``str(v)``."""
         if len(values) == 0:
             return np.empty(0, np.int32)
-        local, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=True)
+        local, uniques = pd.factorize(
+            pd.Series(values, dtype=object), use_na_sentinel=True
+        )
         with self._lock:
             if len(self._codes) + len(uniques) > self.cache_size:
                 self._codes.clear()
             codes = self._codes
-            uniq = uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
+            uniq = (
+                uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
+            )
             get = codes.get
             found = [get(u) for u in uniq]
             missing = [i for i, c in enumerate(found) if c is None]
             if missing:  # bulk-assign new codes, in first-seen order as before
                 new = [uniq[i] for i in missing]
                 fresh = range(self._next, self._next + len(new))
-                codes.update(zip(new, fresh))
-                for i, c in zip(missing, fresh):
+                codes.update(zip(new, fresh, strict=False))
+                for i, c in zip(missing, fresh, strict=False):
                     found[i] = c
                 self._next += len(new)
                 self._new.extend(u if type(u) is str else str(u) for u in new)
@@ -111,7 +117,9 @@ class Table:
             return
         unknown = set(columns) - set(self.spec.variables)
         if unknown:
-            raise KeyError(f"table {self.spec.name!r} has no variables {sorted(unknown)}")
+            raise KeyError(
+                f"table {self.spec.name!r} has no variables {sorted(unknown)}"
+            )
         with self._lock:
             self._chunks.append((n, dict(columns)))
             self._rows += n
@@ -138,7 +146,9 @@ class Table:
 class GroupWriter:
     """Writer of one group of the store (and its tables), as the schema describes it."""
 
-    def __init__(self, store: StoreWriter, spec: GroupSpec, path: str, attrs: Mapping[str, Any]) -> None:
+    def __init__(
+        self, store: StoreWriter, spec: GroupSpec, path: str, attrs: Mapping[str, Any]
+    ) -> None:
         self.store = store
         self.spec = spec
         self.path = path
@@ -166,10 +176,14 @@ class GroupWriter:
         else:
             what, why = str(exc), ""
         logger.warning("metacollect: %s failed: %s", where, what)
-        self.tables["errors"].append({"time": [time.time()], "where": [where], "what": [what], "why": [why]})
+        self.tables["errors"].append(
+            {"time": [time.time()], "where": [where], "what": [what], "why": [why]}
+        )
 
     def set_attrs(self, **attrs: Any) -> None:
-        self.group.update_attributes(_jsonable(attrs))  # one write of zarr.json, not one per key
+        self.group.update_attributes(
+            _jsonable(attrs)
+        )  # one write of zarr.json, not one per key
 
     # -- writing ----------------------------------------------------------------------
     def flush(self) -> int:
@@ -189,7 +203,9 @@ class GroupWriter:
                 }
                 new_strings = self.strings.take_new()
                 if new_strings:
-                    self._append_arrays("strings", {"value": np.array(new_strings, dtype=object)})
+                    self._append_arrays(
+                        "strings", {"value": np.array(new_strings, dtype=object)}
+                    )
                     new_strings = []
                 written = 0
                 for name, cols in columns.items():
@@ -205,7 +221,10 @@ class GroupWriter:
                     logger.error(
                         "metacollect: flush of %s to %s failed (%s); keeping up to %d rows per "
                         "table in memory and retrying",
-                        self.path or "/", self.store.path, e, self.tables["errors"].limit,
+                        self.path or "/",
+                        self.store.path,
+                        e,
+                        self.tables["errors"].limit,
                     )
                     self.record_error("flush", e)
                 return 0
@@ -216,22 +235,35 @@ class GroupWriter:
             if dropped:
                 for t in self.tables.values():
                     t.dropped = 0
-                self.record_error("buffer", f"rows dropped while flushes failed: {dropped}")
+                self.record_error(
+                    "buffer", f"rows dropped while flushes failed: {dropped}"
+                )
             return written
 
-    def _columns(self, spec: TableSpec, chunks: list[tuple[int, dict[str, Any]]]) -> dict[str, np.ndarray]:
+    def _columns(
+        self, spec: TableSpec, chunks: list[tuple[int, dict[str, Any]]]
+    ) -> dict[str, np.ndarray]:
         out = {}
         for var in spec.variables.values():
             parts = []
             for n, cols in chunks:
                 values = cols.get(var.name)
                 if values is None:
-                    parts.append(np.full(n, FILL[var.dtype], dtype=var.numpy_dtype if var.dtype != "str" else object))
+                    parts.append(
+                        np.full(
+                            n,
+                            FILL[var.dtype],
+                            dtype=var.numpy_dtype if var.dtype != "str" else object,
+                        )
+                    )
                 elif var.dtype == "code":
                     parts.append(self.strings.encode(values))
                 elif var.dtype == "str":
                     arr = np.empty(len(values), dtype=object)
-                    arr[:] = [v if type(v) is str else ("" if v is None else str(v)) for v in values]
+                    arr[:] = [
+                        v if type(v) is str else ("" if v is None else str(v))
+                        for v in values
+                    ]
                     parts.append(arr)
                 else:
                     parts.append(np.asarray(values, dtype=var.numpy_dtype))
@@ -268,18 +300,24 @@ class GroupWriter:
 class StoreWriter:
     """One process's writer of a store: it creates and appends only the groups it owns."""
 
-    def __init__(self, path: str | os.PathLike[str], schema: Schema | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], schema: Schema | None = None
+    ) -> None:
         self.path = os.fspath(path)
         self.schema = schema or load_schema()
         self.root = open_root(self.path)
         self.chunk_rows = int(config.get("store.chunk-rows"))
         level = int(config.get("store.compression-level"))
-        self._numeric = [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")]
+        self._numeric = [
+            BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")
+        ]
         self._text = [ZstdCodec(level=level)]
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
-    def group(self, kind: str, attrs: Mapping[str, Any] | None = None, **parts: Any) -> GroupWriter:
+    def group(
+        self, kind: str, attrs: Mapping[str, Any] | None = None, **parts: Any
+    ) -> GroupWriter:
         """The writer of group ``kind`` at its concrete path (``parts`` fill the template)."""
         spec = self.schema.groups[kind]
         path = spec.format(**parts)
@@ -300,7 +338,9 @@ class StoreWriter:
             "description": spec.description,
         }
 
-    def ensure_group(self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]) -> zarr.Group:
+    def ensure_group(
+        self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]
+    ) -> zarr.Group:
         """Create ``path`` and its parents, each annotated with step/level/category."""
         parts = [p for p in path.split("/") if p]
         for i in range(1, len(parts)):
@@ -320,14 +360,25 @@ class StoreWriter:
         except KeyError:
             t = gw.spec.tables[table]
             g = self.root.require_group(key)
-            g.update_attributes({**self._annotation(gw.spec), "table": table, "dim": t.dim, "description": t.description})
+            g.update_attributes(
+                {
+                    **self._annotation(gw.spec),
+                    "table": table,
+                    "dim": t.dim,
+                    "description": t.description,
+                }
+            )
             return g
 
-    def create_array(self, tgroup: zarr.Group, spec: TableSpec, name: str, sample: np.ndarray) -> zarr.Array:
+    def create_array(
+        self, tgroup: zarr.Group, spec: TableSpec, name: str, sample: np.ndarray
+    ) -> zarr.Array:
         var = spec.variables[name]
         is_str = var.dtype == "str"
         extra = tuple(sample.shape[1:])
-        dims = [spec.dim] + ([var.dim2] if var.dim2 else [f"{name}_dim{i}" for i in range(len(extra))])
+        dims = [spec.dim] + (
+            [var.dim2] if var.dim2 else [f"{name}_dim{i}" for i in range(len(extra))]
+        )
         attrs = {"description": var.description, "dtype": var.dtype}
         if var.unit:
             attrs["unit"] = var.unit
@@ -365,7 +416,9 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def rows(records: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str, list[Any]]:
+def rows(
+    records: Iterable[Mapping[str, Any]], names: Iterable[str]
+) -> dict[str, list[Any]]:
     """Columns from an iterable of dict rows (for small, non-hot tables)."""
     names = list(names)
     cols: dict[str, list[Any]] = {n: [] for n in names}
@@ -373,3 +426,10 @@ def rows(records: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str
         for n in names:
             cols[n].append(r.get(n))
     return cols
+
+
+def columns(
+    names: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> dict[str, Sequence[Any]]:
+    """Columns ``{name: values}`` from row tuples in ``names`` order."""
+    return dict(zip(names, zip(*rows, strict=True), strict=True))
