@@ -21,11 +21,18 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 def local_cluster(n_workers: int = 2) -> Any:
     from distributed import LocalCluster
 
-    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                        dashboard_address=None, silence_logs=40)
+    return LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=40,
+    )
 
 
-def interleaved(modes: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved(
+    modes: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1
+) -> dict[str, list[float]]:
     """Wall times of each mode, repeats interleaved with a rotating order (first runs are warm-up)."""
     names = list(modes)
     for _ in range(warmup):
@@ -33,18 +40,21 @@ def interleaved(modes: dict[str, Callable[[], Any]], repeats: int, warmup: int =
             modes[n]()
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             t0 = time.perf_counter()
             modes[n]()
             times[n].append(time.perf_counter() - t0)
-        log(f"  repeat {r + 1}/{repeats}: " + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names))
+        log(
+            f"  repeat {r + 1}/{repeats}: "
+            + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names)
+        )
     return times
 
 
 def paired_ratio(times: dict[str, list[float]], num: str, den: str = "bare") -> float:
     """Median of per-repeat ratios (each repeat runs every mode back to back)."""
-    return statistics.median(a / b for a, b in zip(times[num], times[den]))
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=False))
 
 
 def median(xs: list[float]) -> float:
@@ -70,8 +80,12 @@ def save(section: str, data: dict[str, Any]) -> None:
             allres = json.load(f)
     except (OSError, ValueError):
         allres = {}
-    data = {**data, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(),
-            "load_avg_1min": os.getloadavg()[0]}
+    data = {
+        **data,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpus": os.cpu_count(),
+        "load_avg_1min": os.getloadavg()[0],
+    }
     allres[section] = data
     with open(RESULTS, "w") as f:
         json.dump(allres, f, indent=2, default=str)

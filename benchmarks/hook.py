@@ -24,7 +24,15 @@ N = 200_000
 
 
 class Empty:
-    def transition(self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str, **kwargs: Any) -> None:
+    def transition(
+        self,
+        key: Any,
+        start: str,
+        finish: str,
+        *args: Any,
+        stimulus_id: str,
+        **kwargs: Any,
+    ) -> None:
         pass
 
 
@@ -34,12 +42,32 @@ async def make_scheduler() -> Any:
 
 
 def build_args(s: Any, n: int) -> list[tuple[Any, str, str, str, dict[str, Any]]]:
-    ws = WorkerState(address="tcp://127.0.0.1:40001", status=None, pid=1, name="w0", nthreads=1,
-                     memory_limit=0, local_directory="/tmp", nanny=None, server_id="w0")
-    pattern = [("released", "waiting", {}), ("waiting", "processing", {}),
-               ("processing", "memory", {"worker": ws.address, "nbytes": 8, "typename": "int",
-                                         "startstops": [{"action": "compute", "start": 1.0, "stop": 1.1}],
-                                         "thread": 123})]
+    ws = WorkerState(
+        address="tcp://127.0.0.1:40001",
+        status=None,
+        pid=1,
+        name="w0",
+        nthreads=1,
+        memory_limit=0,
+        local_directory="/tmp",
+        nanny=None,
+        server_id="w0",
+    )
+    pattern = [
+        ("released", "waiting", {}),
+        ("waiting", "processing", {}),
+        (
+            "processing",
+            "memory",
+            {
+                "worker": ws.address,
+                "nbytes": 8,
+                "typename": "int",
+                "startstops": [{"action": "compute", "start": 1.0, "stop": 1.1}],
+                "thread": 123,
+            },
+        ),
+    ]
     group = TaskGroup("inc", TaskPrefix("inc"))
     args = []
     for i in range(n // 3):
@@ -89,10 +117,16 @@ def measure(repeats: int = 9) -> dict[str, Any]:
             nogc.append((timeit(plugin.transition, args) - b) / len(args) * 1e6)
         finally:
             gc.enable()
-    out = {"transitions_per_repeat": len(args), "repeats": repeats,
-           "hook_us": statistics.median(hooks), "empty_us": statistics.median(bases),
-           "clock": "thread_time", "added_us_per_transition": statistics.median(diffs), "target_us": 1.0,
-           "added_us_per_transition_without_gc": statistics.median(nogc)}
+    out = {
+        "transitions_per_repeat": len(args),
+        "repeats": repeats,
+        "hook_us": statistics.median(hooks),
+        "empty_us": statistics.median(bases),
+        "clock": "thread_time",
+        "added_us_per_transition": statistics.median(diffs),
+        "target_us": 1.0,
+        "added_us_per_transition_without_gc": statistics.median(nogc),
+    }
     return out
 
 

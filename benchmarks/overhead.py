@@ -44,6 +44,7 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
     store = os.path.join(workdir, f"{name}.zarr")
     html = os.path.join(workdir, f"{name}.html")
     with _common.local_cluster() as cluster, Client(cluster) as client:
+
         def bare() -> None:
             dask.compute(graph)
 
@@ -57,8 +58,11 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
 
         _common.log(f"{name}: {n_tasks(graph)} tasks, {repeats} interleaved repeats")
         bare()
-        times = _common.interleaved({"bare": bare, "collected": collected, "performance_report": perf_report},
-                                    repeats, warmup=0)
+        times = _common.interleaved(
+            {"bare": bare, "collected": collected, "performance_report": perf_report},
+            repeats,
+            warmup=0,
+        )
         # (the warm-up is the untimed bare run below, which also checks the graph works)
     run = open_run(store)
     tasks = len(run.tasks())
@@ -93,7 +97,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out["tiny"] = run_workload("tiny", tiny_graph(a.tiny), a.repeats, workdir)
             _common.save("overhead_tiny", out["tiny"])
         if a.only in (None, "array"):
-            out["array"] = run_workload("array", array_graph(a.array_size), a.repeats, workdir)
+            out["array"] = run_workload(
+                "array", array_graph(a.array_size), a.repeats, workdir
+            )
             _common.save("overhead_array", out["array"])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

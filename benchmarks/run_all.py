@@ -42,55 +42,151 @@ def _f(x: Any, fmt: str) -> str:
 def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     out = []
 
-    def add(fig: str, target: str, value: Any, fmt: str, ok: bool | None, note: str = "") -> None:
-        out.append((fig, target, _f(value, fmt) + (f" {note}" if note else ""),
-                    "?" if ok is None or value is None else ("yes" if ok else "NO")))
+    def add(
+        fig: str, target: str, value: Any, fmt: str, ok: bool | None, note: str = ""
+    ) -> None:
+        out.append(
+            (
+                fig,
+                target,
+                _f(value, fmt) + (f" {note}" if note else ""),
+                "?" if ok is None or value is None else ("yes" if ok else "NO"),
+            )
+        )
 
     tiny, arr = res.get("overhead_tiny", {}), res.get("overhead_array", {})
-    for label, r, target in (("1a overhead, tiny tasks", tiny, 1.03), ("1b overhead, array >=10 ms", arr, 1.01)):
+    for label, r, target in (
+        ("1a overhead, tiny tasks", tiny, 1.03),
+        ("1b overhead, array >=10 ms", arr, 1.01),
+    ):
         v, pr = r.get("ratio_collected"), r.get("ratio_performance_report")
-        note = f"({r.get('tasks_in_graph', '?')} tasks, {r.get('repeats', '?')} repeats)" if r else ""
+        note = (
+            f"({r.get('tasks_in_graph', '?')} tasks, {r.get('repeats', '?')} repeats)"
+            if r
+            else ""
+        )
         add(label, f"<= {target}", v, ".3f", None if v is None else v <= target, note)
-        add(label.replace("overhead", "performance_report"), "collector below it", pr, ".3f",
-            None if v is None or pr is None else v < pr)
+        add(
+            label.replace("overhead", "performance_report"),
+            "collector below it",
+            pr,
+            ".3f",
+            None if v is None or pr is None else v < pr,
+        )
     h = res.get("hook", {})
-    add("2 hook cost (us/transition, CPU)", "<= 1", h.get("added_us_per_transition"), ".2f",
-        None if not h else h["added_us_per_transition"] <= 1.0)
+    add(
+        "2 hook cost (us/transition, CPU)",
+        "<= 1",
+        h.get("added_us_per_transition"),
+        ".2f",
+        None if not h else h["added_us_per_transition"] <= 1.0,
+    )
     s = res.get("store_size", {})
-    add("3 store size (B/task)", "<= 100", s.get("store_bytes_per_task"), ".0f",
-        None if not s else s["store_bytes_per_task"] <= 100, f"({s.get('tasks', '?')} tasks)" if s else "")
+    add(
+        "3 store size (B/task)",
+        "<= 100",
+        s.get("store_bytes_per_task"),
+        ".0f",
+        None if not s else s["store_bytes_per_task"] <= 100,
+        f"({s.get('tasks', '?')} tasks)" if s else "",
+    )
     sd = res.get("store_size_demo", {})
     if sd:
-        add("3 store size, demo image pipeline (B/task)", "<= 100", sd.get("store_bytes_per_task"), ".0f",
-            sd["store_bytes_per_task"] <= 100, f"({sd.get('tasks')} tasks, small run: fixed costs dominate)")
-    add("3 performance_report HTML (B/task)", "(reference)", s.get("performance_report_bytes_per_task"), ".0f", True)
+        add(
+            "3 store size, demo image pipeline (B/task)",
+            "<= 100",
+            sd.get("store_bytes_per_task"),
+            ".0f",
+            sd["store_bytes_per_task"] <= 100,
+            f"({sd.get('tasks')} tasks, small run: fixed costs dominate)",
+        )
+    add(
+        "3 performance_report HTML (B/task)",
+        "(reference)",
+        s.get("performance_report_bytes_per_task"),
+        ".0f",
+        True,
+    )
     sc = res.get("scale", {})
     if sc:
-        add("4 lost transitions", "0", sc.get("lost_transitions"), "d", sc.get("lost_transitions") == 0,
-            f"({sc.get('graph_tasks')} tasks, {sc.get('transitions_counted')} transitions)")
-        add("4 extra peak memory (MB, RSS delta)", "<= 100", sc.get("extra_peak_rss_mb"), ".1f",
-            sc.get("extra_peak_rss_mb", 1e9) <= 100, f"({sc.get('graph_tasks')} tasks)")
-        add("4 open_run().tasks() (s)", "<= 2", sc.get("tasks_open_s"), ".2f", sc.get("tasks_open_s", 1e9) <= 2,
-            f"({sc.get('tasks_rows')} rows)")
+        add(
+            "4 lost transitions",
+            "0",
+            sc.get("lost_transitions"),
+            "d",
+            sc.get("lost_transitions") == 0,
+            f"({sc.get('graph_tasks')} tasks, {sc.get('transitions_counted')} transitions)",
+        )
+        add(
+            "4 extra peak memory (MB, RSS delta)",
+            "<= 100",
+            sc.get("extra_peak_rss_mb"),
+            ".1f",
+            sc.get("extra_peak_rss_mb", 1e9) <= 100,
+            f"({sc.get('graph_tasks')} tasks)",
+        )
+        add(
+            "4 open_run().tasks() (s)",
+            "<= 2",
+            sc.get("tasks_open_s"),
+            ".2f",
+            sc.get("tasks_open_s", 1e9) <= 2,
+            f"({sc.get('tasks_rows')} rows)",
+        )
     else:
-        out.append(("4 scale run (lost transitions, extra memory)", "0 lost, <= 100 MB",
-                    res.get("scale_partial", {}).get("status", "not measured"), "?"))
+        out.append(
+            (
+                "4 scale run (lost transitions, extra memory)",
+                "0 lost, <= 100 MB",
+                res.get("scale_partial", {}).get("status", "not measured"),
+                "?",
+            )
+        )
     syn = res.get("scale_synthetic", {})
     if syn:
-        add("4 open_run().tasks() (s), synthetic store", "<= 2", syn.get("synthetic_tasks_open_s"), ".1f",
-            syn.get("synthetic_tasks_open_s", 1e9) <= 2, f"({syn.get('synthetic_rows')} rows, wall)")
+        add(
+            "4 open_run().tasks() (s), synthetic store",
+            "<= 2",
+            syn.get("synthetic_tasks_open_s"),
+            ".1f",
+            syn.get("synthetic_tasks_open_s", 1e9) <= 2,
+            f"({syn.get('synthetic_rows')} rows, wall)",
+        )
     w = sc.get("writer") or res.get("writer", {})
     if w:
-        add("4 writer (records/s, wall)", ">= 2M", w.get("records_per_s"), ".3g", w.get("records_per_s", 0) >= 2e6,
-            f"({w.get('rows')} rows)")
-        add("4 writer (records/CPU-s)", ">= 2M", w.get("records_per_cpu_s"), ".3g",
-            w.get("records_per_cpu_s", 0) >= 2e6)
+        add(
+            "4 writer (records/s, wall)",
+            ">= 2M",
+            w.get("records_per_s"),
+            ".3g",
+            w.get("records_per_s", 0) >= 2e6,
+            f"({w.get('rows')} rows)",
+        )
+        add(
+            "4 writer (records/CPU-s)",
+            ">= 2M",
+            w.get("records_per_cpu_s"),
+            ".3g",
+            w.get("records_per_cpu_s", 0) >= 2e6,
+        )
     y = res.get("yappi", {})
     if y.get("status") == "measured":
         ip, cd = y.get("image_pipeline", {}), y.get("call_dense", {})
-        add("5 yappi on, image pipeline", "<= 1.5", ip.get("ratio_yappi"), ".3f", ip.get("ratio_yappi", 9) <= 1.5)
-        add("5 yappi on, call-dense Python", "(report)", cd.get("ratio_yappi"), ".2f", None,
-            f"({_f(cd.get('ns_per_call'), '.0f')} ns/call)")
+        add(
+            "5 yappi on, image pipeline",
+            "<= 1.5",
+            ip.get("ratio_yappi"),
+            ".3f",
+            ip.get("ratio_yappi", 9) <= 1.5,
+        )
+        add(
+            "5 yappi on, call-dense Python",
+            "(report)",
+            cd.get("ratio_yappi"),
+            ".2f",
+            None,
+            f"({_f(cd.get('ns_per_call'), '.0f')} ns/call)",
+        )
     else:
         out.append(("5 yappi on", "<= 1.5", y.get("status", "not measured"), "?"))
     return out
@@ -111,16 +207,29 @@ def main(argv: list[str] | None = None) -> int:
         for script, args in (QUICK if a.quick else FULL).items():
             t0 = time.perf_counter()
             print(f"== {script} {' '.join(args)}", file=sys.stderr, flush=True)
-            rc = subprocess.call([sys.executable, os.path.join(HERE, script), *args], stdout=subprocess.DEVNULL)
-            print(f"   rc={rc} in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+            rc = subprocess.call(
+                [sys.executable, os.path.join(HERE, script), *args],
+                stdout=subprocess.DEVNULL,
+            )
+            print(
+                f"   rc={rc} in {time.perf_counter() - t0:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     with open(RESULTS) as f:
         res = json.load(f)
     t = table(res)
     print(t)
-    cmd = "python benchmarks/run_all.py" + (" --quick" if a.quick else "") + (" --table" if a.table else "")
+    cmd = (
+        "python benchmarks/run_all.py"
+        + (" --quick" if a.quick else "")
+        + (" --table" if a.table else "")
+    )
     with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
-        f.write(f"# Benchmark results\n\nProduced by `{cmd}` (see benchmarks/results.json for the raw "
-                f"numbers, per-repeat times and machine load).\n\n{t}\n")
+        f.write(
+            f"# Benchmark results\n\nProduced by `{cmd}` (see benchmarks/results.json for the raw "
+            f"numbers, per-repeat times and machine load).\n\n{t}\n"
+        )
     return 0
 
 

@@ -41,7 +41,9 @@ def child(mode: str, n_tasks: int, store: str) -> dict[str, Any]:
         def __init__(self) -> None:
             self.n = 0
 
-        def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        def transition(
+            self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any
+        ) -> None:
             self.n += 1
 
     graph = da.ones(max(n_tasks // 2, 1), chunks=1).sum(split_every=32)
@@ -58,8 +60,14 @@ def child(mode: str, n_tasks: int, store: str) -> dict[str, Any]:
             dask.compute(graph)
         wall = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"mode": mode, "tasks": ntasks, "wall_s": wall, "transitions_counted": counter.n,
-            "peak_rss_mb": peak / 1024, "rss_before_mb": base / 1024}
+    return {
+        "mode": mode,
+        "tasks": ntasks,
+        "wall_s": wall,
+        "transitions_counted": counter.n,
+        "peak_rss_mb": peak / 1024,
+        "rss_before_mb": base / 1024,
+    }
 
 
 def writer_throughput(rows: int, repeats: int = 3) -> dict[str, Any]:
@@ -81,10 +89,21 @@ def writer_throughput(rows: int, repeats: int = 3) -> dict[str, Any]:
             g = w.group("scheduler", cluster="bench")
             batch = 100_000
             t0, c0 = time.perf_counter(), time.process_time()
-            for i in range(0, rows, batch):  # one flush per batch, as the flush thread does
+            for i in range(
+                0, rows, batch
+            ):  # one flush per batch, as the flush thread does
                 sl = slice(i, i + batch)
-                g.append("transitions", {"key": keys[sl], "start": starts[sl], "finish": finishes[sl],
-                                         "time": times[sl], "stimulus_id": stims[sl], "worker": workers[sl]})
+                g.append(
+                    "transitions",
+                    {
+                        "key": keys[sl],
+                        "start": starts[sl],
+                        "finish": finishes[sl],
+                        "time": times[sl],
+                        "stimulus_id": stims[sl],
+                        "worker": workers[sl],
+                    },
+                )
                 g.flush()
             rates.append(rows / (time.perf_counter() - t0))
             # CPU time of all the process's threads (zarr compresses in its own threads): on a
@@ -92,8 +111,14 @@ def writer_throughput(rows: int, repeats: int = 3) -> dict[str, Any]:
             cpu_rates.append(rows / (time.process_time() - c0))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"rows": rows, "repeats": repeats, "records_per_s": float(np.median(rates)),
-            "records_per_cpu_s": float(np.median(cpu_rates)), "all_wall": rates, "all_cpu": cpu_rates}
+    return {
+        "rows": rows,
+        "repeats": repeats,
+        "records_per_s": float(np.median(rates)),
+        "records_per_cpu_s": float(np.median(cpu_rates)),
+        "all_wall": rates,
+        "all_cpu": cpu_rates,
+    }
 
 
 def synthetic_store(path: str, n: int) -> None:
@@ -107,23 +132,55 @@ def synthetic_store(path: str, n: int) -> None:
     init_root(w, "synthetic")
     cl, sc = w.group("client", cluster="c0"), w.group("scheduler", cluster="c0")
     t0 = time.time()
-    cl.append("graphs", {"graph": [0], "time": [t0], "client": ["Client-0"], "stimulus_id": ["update-graph"],
-                         "n_tasks": [n], "n_keys": [1], "n_dependencies": [n], "annotations": [""]})
+    cl.append(
+        "graphs",
+        {
+            "graph": [0],
+            "time": [t0],
+            "client": ["Client-0"],
+            "stimulus_id": ["update-graph"],
+            "n_tasks": [n],
+            "n_keys": [1],
+            "n_dependencies": [n],
+            "annotations": [""],
+        },
+    )
     batch = 200_000
     for i in range(0, n, batch):
         m = min(batch, n - i)
         idx = np.arange(i, i + m)
         keys = [f"('ones-{j % 97:032x}', {j})" for j in idx]
-        cl.append("tasks", {"graph": np.zeros(m, np.int64), "key": keys, "prefix": ["ones"] * m,
-                            "group": ["ones-0123"] * m, "requested": np.zeros(m, bool),
-                            "priority": ["[0,1,2]"] * m, "n_dependencies": np.ones(m, np.int32),
-                            "annotations": [""] * m})
-        sc.append("tasks", {"key": keys, "prefix": ["ones"] * m, "group": ["ones-0123"] * m,
-                            "state": ["memory"] * m, "worker": [f"tcp://127.0.0.1:4000{j % 2}" for j in idx],
-                            "thread": np.full(m, 140000000000, np.int64), "start": t0 + idx * 1e-4,
-                            "stop": t0 + idx * 1e-4 + 5e-5, "time": t0 + idx * 1e-4 + 6e-5,
-                            "nbytes": np.full(m, 8, np.int64), "typename": ["numpy.ndarray"] * m,
-                            "retries": np.zeros(m, np.int32), "exception": [""] * m})
+        cl.append(
+            "tasks",
+            {
+                "graph": np.zeros(m, np.int64),
+                "key": keys,
+                "prefix": ["ones"] * m,
+                "group": ["ones-0123"] * m,
+                "requested": np.zeros(m, bool),
+                "priority": ["[0,1,2]"] * m,
+                "n_dependencies": np.ones(m, np.int32),
+                "annotations": [""] * m,
+            },
+        )
+        sc.append(
+            "tasks",
+            {
+                "key": keys,
+                "prefix": ["ones"] * m,
+                "group": ["ones-0123"] * m,
+                "state": ["memory"] * m,
+                "worker": [f"tcp://127.0.0.1:4000{j % 2}" for j in idx],
+                "thread": np.full(m, 140000000000, np.int64),
+                "start": t0 + idx * 1e-4,
+                "stop": t0 + idx * 1e-4 + 5e-5,
+                "time": t0 + idx * 1e-4 + 6e-5,
+                "nbytes": np.full(m, 8, np.int64),
+                "typename": ["numpy.ndarray"] * m,
+                "retries": np.zeros(m, np.int32),
+                "exception": [""] * m,
+            },
+        )
         w.flush()
     finalize(path)
 
@@ -145,9 +202,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--writer-rows", type=int, default=1_000_000)
     p.add_argument("--child", choices=["bare", "collected"])
     p.add_argument("--store")
-    p.add_argument("--synthetic", type=int, default=1_000_000,
-                   help="rows of the synthetic store for the open_run().tasks() timing")
-    p.add_argument("--synthetic-only", action="store_true", help="only the synthetic-store timing")
+    p.add_argument(
+        "--synthetic",
+        type=int,
+        default=1_000_000,
+        help="rows of the synthetic store for the open_run().tasks() timing",
+    )
+    p.add_argument(
+        "--synthetic-only", action="store_true", help="only the synthetic-store timing"
+    )
     a = p.parse_args(argv)
     if a.child:
         print("RESULT " + json.dumps(child(a.child, a.tasks, a.store)), flush=True)
@@ -163,13 +226,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         synthetic_store(synth, a.synthetic)
         out["synthetic_rows"] = a.synthetic
         out["synthetic_tasks_open_s"] = tasks_time(synth, 1)
-        _common.log(f"synthetic {a.synthetic} rows: tasks() {out['synthetic_tasks_open_s']:.2f}s")
+        _common.log(
+            f"synthetic {a.synthetic} rows: tasks() {out['synthetic_tasks_open_s']:.2f}s"
+        )
         if a.synthetic_only:
             _common.save("scale_synthetic", out)
             return out
         for mode in ("bare", "collected"):
-            proc = subprocess.run([sys.executable, __file__, "--child", mode, "--tasks", str(a.tasks),
-                                   "--store", store], capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    mode,
+                    "--tasks",
+                    str(a.tasks),
+                    "--store",
+                    store,
+                ],
+                capture_output=True,
+                text=True,
+            )
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if not lines:
                 raise RuntimeError(f"{mode} run failed:\n{proc.stderr[-3000:]}")
@@ -182,9 +259,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["tasks_rows"] = len(tasks)
         out["transitions_in_store"] = len(open_run(store).transitions())
         out["transitions_counted"] = out["collected"]["transitions_counted"]
-        out["lost_transitions"] = out["transitions_counted"] - out["transitions_in_store"]
-        out["extra_peak_rss_mb"] = out["collected"]["peak_rss_mb"] - out["bare"]["peak_rss_mb"]
-        out["memory_method"] = "peak RSS (ru_maxrss) delta, collected vs bare run, driver+scheduler process"
+        out["lost_transitions"] = (
+            out["transitions_counted"] - out["transitions_in_store"]
+        )
+        out["extra_peak_rss_mb"] = (
+            out["collected"]["peak_rss_mb"] - out["bare"]["peak_rss_mb"]
+        )
+        out["memory_method"] = (
+            "peak RSS (ru_maxrss) delta, collected vs bare run, driver+scheduler process"
+        )
         out["store_bytes_per_task"] = _common.du(store) / max(len(tasks), 1)
         out["graph_tasks"] = out["collected"]["tasks"]
     finally:

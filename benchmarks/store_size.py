@@ -36,10 +36,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run = open_run(store)
         tasks = len(run.tasks())
         size = _common.du(store)
-        out = {"tasks": tasks, "transitions": len(run.transitions()), "store_bytes": size,
-               "store_bytes_per_task": size / max(tasks, 1),
-               "performance_report_html_bytes": os.path.getsize(html),
-               "performance_report_bytes_per_task": os.path.getsize(html) / max(tasks, 1)}
+        out = {
+            "tasks": tasks,
+            "transitions": len(run.transitions()),
+            "store_bytes": size,
+            "store_bytes_per_task": size / max(tasks, 1),
+            "performance_report_html_bytes": os.path.getsize(html),
+            "performance_report_bytes_per_task": os.path.getsize(html) / max(tasks, 1),
+        }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     _common.save("store_size", out)

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         dense = [dask.delayed(call_dense, pure=False)(a.calls) for _ in range(a.tasks)]
         with _common.local_cluster() as cluster, Client(cluster) as client:
             for name, graph in (("image_pipeline", image), ("call_dense", dense)):
+
                 def bare(graph: Any = graph) -> None:
                     dask.compute(graph)
 
@@ -67,13 +68,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
                 bare()
                 _common.log(f"{name}: {a.repeats} interleaved repeats")
-                times = _common.interleaved({"bare": bare, "collected": steps14, "yappi": yappi_on},
-                                            a.repeats, warmup=0)
-                res = {"times_s": times, "ratio_yappi": _common.paired_ratio(times, "yappi"),
-                       "ratio_collected": _common.paired_ratio(times, "collected")}
+                times = _common.interleaved(
+                    {"bare": bare, "collected": steps14, "yappi": yappi_on},
+                    a.repeats,
+                    warmup=0,
+                )
+                res = {
+                    "times_s": times,
+                    "ratio_yappi": _common.paired_ratio(times, "yappi"),
+                    "ratio_collected": _common.paired_ratio(times, "collected"),
+                }
                 if name == "call_dense":
-                    calls = a.calls * a.tasks  # two Python calls per loop step: _leaf and the loop body
-                    extra = _common.median(times["yappi"]) - _common.median(times["bare"])
+                    calls = (
+                        a.calls * a.tasks
+                    )  # two Python calls per loop step: _leaf and the loop body
+                    extra = _common.median(times["yappi"]) - _common.median(
+                        times["bare"]
+                    )
                     # two workers run the tasks in parallel: wall extra * 2 workers / calls
                     res["python_calls"] = calls
                     res["ns_per_call"] = extra * 2 / calls * 1e9

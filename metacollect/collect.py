@@ -57,12 +57,18 @@ def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) 
     path = os.path.abspath(path)
     overwrite = config.get("store.overwrite", overwrite)
     if os.path.isfile(path):
-        raise StoreError(f"store path {path} is a file; choose a directory path such as {path}.zarr")
+        raise StoreError(
+            f"store path {path} is a file; choose a directory path such as {path}.zarr"
+        )
     if os.path.exists(path):
         if not overwrite:
-            raise StoreExistsError(f"store {path} exists; pass --overwrite (overwrite=True) or choose another path")
+            raise StoreExistsError(
+                f"store {path} exists; pass --overwrite (overwrite=True) or choose another path"
+            )
         if not os.path.exists(os.path.join(path, "zarr.json")) and os.listdir(path):
-            raise StoreError(f"{path} is a non-empty directory that is not a metacollect store; refusing to overwrite it")
+            raise StoreError(
+                f"{path} is a non-empty directory that is not a metacollect store; refusing to overwrite it"
+            )
         shutil.rmtree(path)
     parent = os.path.dirname(path) or "."
     try:
@@ -122,13 +128,24 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
     run (``metacollect ingest``) calls :func:`consolidate` again so it never goes stale.
     """
     try:
-        if not _is_url(store):  # temp files of writes cut short (a failed flush) are not data
+        if not _is_url(
+            store
+        ):  # temp files of writes cut short (a failed flush) are not data
             for dirpath, _, files in os.walk(store):
                 for f in files:
                     if f.endswith(".partial"):
                         os.remove(os.path.join(dirpath, f))
-        root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
-        root.attrs.update({"levels": levels_index(root), "status": status, "ended": time.time(), **extra})
+        root = zarr.open_group(
+            store=store, mode="a", zarr_format=3, use_consolidated=False
+        )
+        root.attrs.update(
+            {
+                "levels": levels_index(root),
+                "status": status,
+                "ended": time.time(),
+                **extra,
+            }
+        )
         consolidate(store)
     except Exception as e:  # the store was removed or replaced mid-run
         raise StoreError(
@@ -145,7 +162,9 @@ def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
         "scheduler": info.get("address"),
         "n_workers": len(workers),
         "threads": {str(w["name"]): w.get("nthreads") for w in workers.values()},
-        "memory_limit": {str(w["name"]): w.get("memory_limit") for w in workers.values()},
+        "memory_limit": {
+            str(w["name"]): w.get("memory_limit") for w in workers.values()
+        },
     }
     return (type(cluster).__name__ if cluster is not None else "external"), spec
 
@@ -189,7 +208,11 @@ def config_overrides(options: dict[str, Any]) -> dict[str, Any]:
     for name, value in options.items():
         key = f"metacollect.{name.replace('_', '-')}"
         current = dask.config.get(key, None)
-        if isinstance(current, dict) and isinstance(value, bool) and "enabled" in current:
+        if (
+            isinstance(current, dict)
+            and isinstance(value, bool)
+            and "enabled" in current
+        ):
             out[f"{key}.enabled"] = value
         elif isinstance(current, dict) and isinstance(value, dict):
             out.update({f"{key}.{k.replace('_', '-')}": v for k, v in value.items()})
@@ -207,7 +230,9 @@ def _client_profile(client: Client, writer: StoreWriter) -> Any:
     from metacollect.steps import yappi
 
     try:  # the client's event loop runs in its own thread: that is the coroutine level
-        loop_thread = client.sync(threading.get_ident) if not client.asynchronous else None
+        loop_thread = (
+            client.sync(threading.get_ident) if not client.asynchronous else None
+        )
     except Exception:
         loop_thread = None
     return yappi.attach(writer, "client", loop_thread=loop_thread)
@@ -225,8 +250,15 @@ def _darshan_start(client: Client, store: str, writer: StoreWriter) -> Any:
 class Collection:
     """One collection session on a client; see :func:`collect`."""
 
-    def __init__(self, client: Client, store: str, run_id: str | None = None, launcher: str = "collect",
-                 overwrite: bool | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        client: Client,
+        store: str,
+        run_id: str | None = None,
+        launcher: str = "collect",
+        overwrite: bool | None = None,
+        **options: Any,
+    ) -> None:
         self.client = client
         self.options = options
         self.store = prepare_store(store, overwrite)
@@ -244,15 +276,22 @@ class Collection:
             writer = StoreWriter(self.store)
             init_root(writer, self.run_id)
             ctype, spec = _cluster_description(self.client)
-            write_job(writer, JobInfo.capture(self.launcher, cluster_type=ctype, cluster_spec=spec))
+            write_job(
+                writer,
+                JobInfo.capture(self.launcher, cluster_type=ctype, cluster_spec=spec),
+            )
             writer.flush()
             self.batch = _batch_recorder(self.client, writer)
             self.profile = _client_profile(self.client, writer)
             # Darshan: workers restart under it (if they must) before the collectors attach
             self.darshan = _darshan_start(self.client, self.store, writer)
-        self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
+        self.client.register_plugin(
+            SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN
+        )
 
-    def stop(self, status: str = "complete", error: BaseException | None = None, **extra: Any) -> None:
+    def stop(
+        self, status: str = "complete", error: BaseException | None = None, **extra: Any
+    ) -> None:
         """Flush every collector, detach them, finalise the store (under the run's options;
         collectors in this process give the process its own config back as they finish)."""
         config.apply(self._opts)
@@ -271,24 +310,46 @@ class Collection:
             # jobqueue clusters: retire the workers and wait until their jobs left the queue
             ("retire workers", lambda: batch and problems.extend(batch.retire())),
             # Darshan writes a log when a worker process exits: retire them, wait until gone
-            ("stop darshan", lambda: darshan and problems.extend(darshan.shutdown(retire=batch is None))),
-            ("flush scheduler", lambda: self.client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)),
-            ("detach workers", lambda: self.client.unregister_worker_plugin("metacollect-worker")),
-            ("detach scheduler", lambda: self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN)),
+            (
+                "stop darshan",
+                lambda: (
+                    darshan and problems.extend(darshan.shutdown(retire=batch is None))
+                ),
+            ),
+            (
+                "flush scheduler",
+                lambda: self.client.run_on_scheduler(
+                    _finish_scheduler, name=SCHEDULER_PLUGIN
+                ),
+            ),
+            (
+                "detach workers",
+                lambda: self.client.unregister_worker_plugin("metacollect-worker"),
+            ),
+            (
+                "detach scheduler",
+                lambda: self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN),
+            ),
         ):
             try:
                 fn()
             except Exception as e:  # record, keep finalising what we can
                 problems.append(f"{step}: {type(e).__name__}: {e}")
                 logger.warning("metacollect: %s failed: %s", step, e)
-        if darshan is not None:  # step 5: the workers' Darshan logs, now that they have exited
+        if (
+            darshan is not None
+        ):  # step 5: the workers' Darshan logs, now that they have exited
             try:
                 darshan.ingest()
-            except Exception as e:  # unreadable logs are recorded by ingest; this is worse
+            except (
+                Exception
+            ) as e:  # unreadable logs are recorded by ingest; this is worse
                 problems.append(f"ingest darshan logs: {type(e).__name__}: {e}")
                 logger.warning("metacollect: ingesting the Darshan logs failed: %s", e)
         profile = getattr(self, "profile", None)
-        if profile is not None:  # step 5: the client process's profile, written once at the end
+        if (
+            profile is not None
+        ):  # step 5: the client process's profile, written once at the end
             profile.last_flush = True
             profile.write()
             profile.detach()
@@ -301,8 +362,14 @@ class Collection:
 
 
 @contextlib.contextmanager
-def collect(client: Client, store: str | os.PathLike[str], *, overwrite: bool | None = None,
-            run_id: str | None = None, **options: Any) -> Iterator[Collection]:
+def collect(
+    client: Client,
+    store: str | os.PathLike[str],
+    *,
+    overwrite: bool | None = None,
+    run_id: str | None = None,
+    **options: Any,
+) -> Iterator[Collection]:
     """Collect a Dask run into a Zarr store.
 
     Parameters
@@ -325,8 +392,12 @@ def collect(client: Client, store: str | os.PathLike[str], *, overwrite: bool | 
     >>> open_run("runs/a.zarr").tasks()                 # doctest: +SKIP
     """
     if not hasattr(client, "register_plugin"):
-        raise UsageError("collect() needs a connected distributed.Client as its first argument")
-    session = Collection(client, os.fspath(store), run_id=run_id, overwrite=overwrite, **options)
+        raise UsageError(
+            "collect() needs a connected distributed.Client as its first argument"
+        )
+    session = Collection(
+        client, os.fspath(store), run_id=run_id, overwrite=overwrite, **options
+    )
     session.start()
     try:
         yield session

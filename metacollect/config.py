@@ -49,7 +49,8 @@ def _check(value: Any, spec: Mapping[str, Any], path: str) -> Iterator[str]:
     types = [types] if isinstance(types, str) else list(types)
     if types:
         ok = any(
-            isinstance(value, _TYPES[t]) and not (t in ("integer", "number") and isinstance(value, bool))
+            isinstance(value, _TYPES[t])
+            and not (t in ("integer", "number") and isinstance(value, bool))
             for t in types
         )
         if not ok:
@@ -67,7 +68,9 @@ def _check(value: Any, spec: Mapping[str, Any], path: str) -> Iterator[str]:
         props = spec.get("properties", {})
         for k, v in value.items():
             if k not in props and str(k).replace("_", "-") in props:
-                k = str(k).replace("_", "-")  # DASK_METACOLLECT__FLUSH_INTERVAL spells it flush_interval
+                k = str(k).replace(
+                    "_", "-"
+                )  # DASK_METACOLLECT__FLUSH_INTERVAL spells it flush_interval
             if k not in props:
                 known = ", ".join(sorted(props))
                 yield f"{path}.{k} is not a known key; known keys: {known}"
@@ -94,10 +97,14 @@ def validate(config: Mapping[str, Any] | None = None) -> None:
     problems = list(_check(dict(config), spec, "metacollect"))
     for key in ("flush-interval", "snapshot-interval"):
         if key not in config and key.replace("-", "_") in config:
-            key = key.replace("-", "_")  # set through DASK_METACOLLECT__... (dask accepts both)
+            key = key.replace(
+                "-", "_"
+            )  # set through DASK_METACOLLECT__... (dask accepts both)
         try:
             if parse_timedelta(config.get(key)) <= 0:
-                problems.append(f"metacollect.{key.replace('_', '-')} must be a positive duration such as 2s")
+                problems.append(
+                    f"metacollect.{key.replace('_', '-')} must be a positive duration such as 2s"
+                )
         except (TypeError, ValueError, KeyError):
             problems.append(
                 f"metacollect.{key.replace('_', '-')} = {config.get(key)!r} is not a duration; "
@@ -122,7 +129,11 @@ def apply(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not options:
         return None
     before = copy.deepcopy(dask.config.get("metacollect"))
-    dask.config.update(dask.config.config, {"metacollect": copy.deepcopy(dict(options))}, priority="new")
+    dask.config.update(
+        dask.config.config,
+        {"metacollect": copy.deepcopy(dict(options))},
+        priority="new",
+    )
     return before
 
 
@@ -148,7 +159,9 @@ def redact_patterns() -> tuple[re.Pattern[str], frozenset[str]]:
 REDACTED = "<redacted>"
 
 
-def is_secret(name: str, rx: re.Pattern[str] | None = None, allow: frozenset[str] = frozenset()) -> bool:
+def is_secret(
+    name: str, rx: re.Pattern[str] | None = None, allow: frozenset[str] = frozenset()
+) -> bool:
     """Whether a variable/config name looks like it holds a secret."""
     if rx is None:
         rx, allow = redact_patterns()
@@ -162,7 +175,11 @@ def redact_mapping(data: Any, path: str = "") -> Any:
     def walk(obj: Any, name: str) -> Any:
         if isinstance(obj, Mapping):
             return {
-                k: (REDACTED if is_secret(str(k), rx, allow) and not isinstance(v, Mapping) else walk(v, str(k)))
+                k: (
+                    REDACTED
+                    if is_secret(str(k), rx, allow) and not isinstance(v, Mapping)
+                    else walk(v, str(k))
+                )
                 for k, v in obj.items()
             }
         if isinstance(obj, (list, tuple)):

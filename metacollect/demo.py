@@ -16,7 +16,9 @@ import dask.array as da
 import numpy as np
 
 
-def make_images(directory: str, n_images: int = 16, size: int = 512, seed: int = 0) -> list[str]:
+def make_images(
+    directory: str, n_images: int = 16, size: int = 512, seed: int = 0
+) -> list[str]:
     """Write ``n_images`` synthetic images (bright blobs on noise) and return their paths."""
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -24,7 +26,9 @@ def make_images(directory: str, n_images: int = 16, size: int = 512, seed: int =
     paths = []
     for i in range(n_images):
         img = rng.normal(0.1, 0.05, (size, size))
-        for cy, cx, r in rng.uniform((0, 0, size / 40), (size, size, size / 12), (12, 3)):
+        for cy, cx, r in rng.uniform(
+            (0, 0, size / 40), (size, size, size / 12), (12, 3)
+        ):
             img += np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))
         path = os.path.join(directory, f"image-{i:04d}.npy")
         np.save(path, img.astype(np.float32))
@@ -53,17 +57,26 @@ def pipeline(paths: list[str], out_dir: str, tile: int = 256) -> dict[str, Any]:
     """Build the lazy pipeline: read, smooth, threshold, per-image stats, write tiles."""
     os.makedirs(out_dir, exist_ok=True)
     first = np.load(paths[0], mmap_mode="r")
-    read = [da.from_delayed(dask.delayed(np.load)(p), shape=first.shape, dtype=first.dtype) for p in paths]
+    read = [
+        da.from_delayed(dask.delayed(np.load)(p), shape=first.shape, dtype=first.dtype)
+        for p in paths
+    ]
     stack = da.stack(read).rechunk((1, tile, tile))
     smooth = stack.map_overlap(_smooth, depth=(0, 1, 1), boundary="reflect")
-    mask = smooth > smooth.mean(axis=(1, 2), keepdims=True) + 2 * smooth.std(axis=(1, 2), keepdims=True)
+    mask = smooth > smooth.mean(axis=(1, 2), keepdims=True) + 2 * smooth.std(
+        axis=(1, 2), keepdims=True
+    )
     stats = {
         "foreground_fraction": mask.mean(axis=(1, 2)),
         "mean_intensity": smooth.mean(axis=(1, 2)),
         "max_intensity": smooth.max(axis=(1, 2)),
     }
     written = da.map_blocks(
-        _save, smooth * mask, out_dir, dtype=np.int64, chunks=(1, 1, 1),
+        _save,
+        smooth * mask,
+        out_dir,
+        dtype=np.int64,
+        chunks=(1, 1, 1),
     ).sum()
     return {**stats, "written_values": written}
 

@@ -8,7 +8,9 @@ from distributed import Client, LocalCluster
 
 @pytest.fixture
 def cluster():
-    with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0", processes=True) as c:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=2, dashboard_address=":0", processes=True
+    ) as c:
         yield c
 
 

@@ -43,8 +43,13 @@ def _write(path: str, data: bytes) -> None:
 def real_store(tmp_path_factory):
     """A real, complete store of a small run on a process LocalCluster."""
     path = str(tmp_path_factory.mktemp("bad") / "good.zarr")
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client, collect(client, path, flush_interval="0.5s"):
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        collect(client, path, flush_interval="0.5s"),
+    ):
         da.ones((60, 60), chunks=20).sum().compute()
     return path
 
@@ -134,10 +139,26 @@ def test_non_store_directory_not_overwritten(tmp_path, script, capsys):
 @pytest.mark.parametrize(
     ("var", "value", "expected"),
     [
-        ("DASK_METACOLLECT__YAPPI__CLOCK", "bogus", "metacollect.yappi.clock = 'bogus' is not allowed; allowed values: wall, cpu"),
-        ("DASK_METACOLLECT__FLUSH_INTERVAL", "soon", "metacollect.flush-interval = 'soon' is not a duration"),
-        ("DASK_METACOLLECT__BUFFER_LIMIT", "5", "metacollect.buffer-limit = 5 is below the minimum 1000"),
-        ("DASK_METACOLLECT__YAPPI__ENABLED", "maybe", "metacollect.yappi.enabled = 'maybe' has the wrong type; expected boolean"),
+        (
+            "DASK_METACOLLECT__YAPPI__CLOCK",
+            "bogus",
+            "metacollect.yappi.clock = 'bogus' is not allowed; allowed values: wall, cpu",
+        ),
+        (
+            "DASK_METACOLLECT__FLUSH_INTERVAL",
+            "soon",
+            "metacollect.flush-interval = 'soon' is not a duration",
+        ),
+        (
+            "DASK_METACOLLECT__BUFFER_LIMIT",
+            "5",
+            "metacollect.buffer-limit = 5 is below the minimum 1000",
+        ),
+        (
+            "DASK_METACOLLECT__YAPPI__ENABLED",
+            "maybe",
+            "metacollect.yappi.enabled = 'maybe' has the wrong type; expected boolean",
+        ),
     ],
 )
 def test_invalid_config_values(tmp_path, script, var, value, expected):
@@ -146,7 +167,10 @@ def test_invalid_config_values(tmp_path, script, var, value, expected):
     env = {**os.environ, var: value}
     proc = subprocess.run(
         [sys.executable, "-m", "metacollect", "run", "--store", str(store), script],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -168,7 +192,9 @@ def test_not_a_store(tmp_path, capsys, command):
     assert "not a Zarr v3 store" in one_error_line(capsys, command)
     import zarr
 
-    zarr.open_group(str(tmp_path / "other.zarr"), mode="w", zarr_format=3).attrs["x"] = 1
+    zarr.open_group(str(tmp_path / "other.zarr"), mode="w", zarr_format=3).attrs[
+        "x"
+    ] = 1
     assert main([command, str(tmp_path / "other.zarr")]) == 3
     assert "not a metacollect run" in one_error_line(capsys, command)
     with pytest.raises(NotAStoreError, match="not a metacollect run"):
@@ -184,7 +210,9 @@ def _set_root_attr(store: str, name: str, value) -> None:
 
 def test_newer_schema_version(store_copy, capsys):
     _set_root_attr(store_copy, "schema_version", 999)
-    with pytest.raises(SchemaVersionError, match="schema version 999.*upgrade metacollect"):
+    with pytest.raises(
+        SchemaVersionError, match=r"schema version 999.*upgrade metacollect"
+    ):
         open_run(store_copy)
     for command in ("info", "validate"):
         assert main([command, store_copy]) == 3
@@ -195,7 +223,10 @@ def _chunks(store: str, table_suffix: str) -> list[str]:
     out = []
     for dirpath, _, files in os.walk(store):
         rel = os.path.relpath(dirpath, store)
-        if f"/{table_suffix}/" in f"/{rel}/" and os.path.basename(os.path.dirname(dirpath)) != "c":
+        if (
+            f"/{table_suffix}/" in f"/{rel}/"
+            and os.path.basename(os.path.dirname(dirpath)) != "c"
+        ):
             out += [os.path.join(dirpath, f) for f in files if dirpath.endswith("/c")]
     return out
 
@@ -206,7 +237,9 @@ def test_corrupt_chunks_name_the_group(store_copy, capsys):
     for c in chunks:
         _write(c, b"\x00garbage, not zstd\xff" * 3)
     run = open_run(store_copy)
-    with pytest.raises(StoreError, match=r"clusters/\w+/scheduler/transitions.*damaged"):
+    with pytest.raises(
+        StoreError, match=r"clusters/\w+/scheduler/transitions.*damaged"
+    ):
         run.transitions()
     assert main(["validate", store_copy]) == 4
     err = capsys.readouterr().err
@@ -235,7 +268,9 @@ def _damage(store: str, rng: random.Random) -> str:
     elif kind == "empty":
         data = b""
     elif kind == "json-junk":
-        data = rng.choice([b"[]", b"null", b'{"zarr_format": 3}', b'{"attributes": 7}', b"{", b"\xff"])
+        data = rng.choice(
+            [b"[]", b"null", b'{"zarr_format": 3}', b'{"attributes": 7}', b"{", b"\xff"]
+        )
     if kind == "delete":
         os.remove(target)
     else:
@@ -266,7 +301,9 @@ def test_fuzz_damaged_stores(real_store, tmp_path, capsys):
             if code != 0:
                 last = err.strip().splitlines()[-1] if err.strip() else ""
                 if not last.startswith(f"metacollect {command}: error:"):
-                    failures.append(f"{what}: {command} exit {code} without a one-line error: {err!r}")
+                    failures.append(
+                        f"{what}: {command} exit {code} without a one-line error: {err!r}"
+                    )
         shutil.rmtree(store)
     assert not failures, "\n".join(failures)
 
@@ -295,7 +332,9 @@ def test_ingest_darshan_bad_files(store_copy, tmp_path, capsys):
     assert "Traceback" not in err
     assert "3 logs could not be read" in err
     assert code == 1  # the rest went in, the exit code still says not all did
-    run = open_run(store_copy)  # the store is intact and says which file failed, and why
+    run = open_run(
+        store_copy
+    )  # the store is intact and says which file failed, and why
     what = " ".join(run.errors().what)
     for name in ("junk_id1", "cut_id2", "empty_id3"):
         assert f"cannot read Darshan log {name}.darshan" in what

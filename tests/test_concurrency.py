@@ -41,7 +41,10 @@ def test_two_runs_at_once(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(RUN_SCRIPT))
     stores = {tag: str(tmp_path / f"{tag}.zarr") for tag in ("alpha", "beta")}
-    procs = [subprocess.Popen([sys.executable, str(script), tag, store]) for tag, store in stores.items()]
+    procs = [
+        subprocess.Popen([sys.executable, str(script), tag, store])
+        for tag, store in stores.items()
+    ]
     for p in procs:
         assert p.wait(timeout=180) == 0
     for tag, store in stores.items():
@@ -50,15 +53,20 @@ def test_two_runs_at_once(tmp_path):
         assert run.attrs["run_id"] == tag
         assert len(run.clusters()) == 1
         tasks = run.tasks()
-        assert set(tasks.prefix) == {tag}          # nothing of the other run
+        assert set(tasks.prefix) == {tag}  # nothing of the other run
         assert len(tasks) == 30
         assert main(["validate", "-q", store]) == 0
 
 
 def test_two_clients_one_scheduler(tmp_path):
     store = str(tmp_path / "two.zarr")
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as a, Client(cluster.scheduler_address) as b:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as a,
+        Client(cluster.scheduler_address) as b,
+    ):
         with collect(a, store, flush_interval="0.5s"):
             fa = [a.submit(slow, i, key=f"froma-{i}") for i in range(20)]
             fb = [b.submit(slow, i, key=f"fromb-{i}") for i in range(20)]
@@ -67,7 +75,9 @@ def test_two_clients_one_scheduler(tmp_path):
     run = open_run(store)
     graphs = run.graphs()
     assert ids <= set(graphs.client)
-    gt = run.graph_tasks().merge(graphs[["cluster", "graph", "client"]], on=["cluster", "graph"])
+    gt = run.graph_tasks().merge(
+        graphs[["cluster", "graph", "client"]], on=["cluster", "graph"]
+    )
     by_client = gt.groupby("client").prefix.agg(set).to_dict()
     assert by_client[a.id] == {"froma"}
     assert by_client[b.id] == {"fromb"}
@@ -84,8 +94,12 @@ def _wait_workers(client, n, timeout=90):
 
 def test_workers_join_and_leave(tmp_path):
     store = str(tmp_path / "adapt.zarr")
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         with collect(client, store, flush_interval="0.3s"):
             seen = set(client.scheduler_info()["workers"])
             cluster.scale(3)
@@ -96,7 +110,9 @@ def test_workers_join_and_leave(tmp_path):
             cluster.scale(1)
             _wait_workers(client, 1)
             remaining = set(client.scheduler_info()["workers"])
-            assert len(client.gather(client.map(slow, range(100, 110), pure=False))) == 10
+            assert (
+                len(client.gather(client.map(slow, range(100, 110), pure=False))) == 10
+            )
     run = open_run(store)
     workers = run.workers()
     assert set(workers.address) == seen and len(seen) == 3
@@ -106,4 +122,6 @@ def test_workers_join_and_leave(tmp_path):
     assert workers[workers.address.isin(remaining)].removed.isna().all()
     # every worker, also those that left, wrote its own group
     assert workers.group.notna().all() and workers.group.nunique() == 3
-    assert set(run.worker_table("tasks").worker_group) >= set(workers[workers.address.isin(remaining)].group)
+    assert set(run.worker_table("tasks").worker_group) >= set(
+        workers[workers.address.isin(remaining)].group
+    )

@@ -46,23 +46,55 @@ def test_defaults_are_registered_in_dask_config():
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("yappi.clock", "gpu", r"metacollect.yappi.clock = 'gpu' is not allowed; allowed values: wall, cpu"),
-        ("flush-interval", "soon", r"metacollect.flush-interval = 'soon' is not a duration"),
+        (
+            "yappi.clock",
+            "gpu",
+            r"metacollect.yappi.clock = 'gpu' is not allowed; allowed values: wall, cpu",
+        ),
+        (
+            "flush-interval",
+            "soon",
+            r"metacollect.flush-interval = 'soon' is not a duration",
+        ),
         ("store.chunk-rows", 10, r"below the minimum 1024"),
         ("capture.events", "yes", r"wrong type; expected boolean"),
     ],
 )
 def test_invalid_values_name_key_and_allowed(key, value, message):
-    with dask.config.set({f"metacollect.{key}": value}), pytest.raises(ConfigError, match=message):
+    with (
+        dask.config.set({f"metacollect.{key}": value}),
+        pytest.raises(ConfigError, match=message),
+    ):
         config.validate()
 
 
 def test_redaction_of_mappings_and_argv():
-    data = {"a": {"api_token": "t0ps3cret", "user": "me"}, "password": "hunter2", "list": [1, 2]}
+    data = {
+        "a": {"api_token": "t0ps3cret", "user": "me"},
+        "password": "hunter2",
+        "list": [1, 2],
+    }
     out = config.redact_mapping(data)
-    assert out == {"a": {"api_token": config.REDACTED, "user": "me"}, "password": config.REDACTED, "list": [1, 2]}
-    argv = ["--token", "abc", "--db-password=xyz", "AWS_SECRET_ACCESS_KEY=q", "--n", "3"]
-    assert config.redact_argv(argv) == ["--token", config.REDACTED, f"--db-password={config.REDACTED}",
-                                        f"AWS_SECRET_ACCESS_KEY={config.REDACTED}", "--n", "3"]
+    assert out == {
+        "a": {"api_token": config.REDACTED, "user": "me"},
+        "password": config.REDACTED,
+        "list": [1, 2],
+    }
+    argv = [
+        "--token",
+        "abc",
+        "--db-password=xyz",
+        "AWS_SECRET_ACCESS_KEY=q",
+        "--n",
+        "3",
+    ]
+    assert config.redact_argv(argv) == [
+        "--token",
+        config.REDACTED,
+        f"--db-password={config.REDACTED}",
+        f"AWS_SECRET_ACCESS_KEY={config.REDACTED}",
+        "--n",
+        "3",
+    ]
     with dask.config.set({"metacollect.redact.allow": ["api_token"]}):
         assert config.redact_mapping(data)["a"]["api_token"] == "t0ps3cret"

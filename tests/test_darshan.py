@@ -222,7 +222,9 @@ def pydarshan(path: str) -> dict:
 def stub_runtime(tmp_path_factory):
     """A real shared library standing in for libdarshan.so (see the docstring above)."""
     if shutil.which("gcc") is None:
-        pytest.fail("gcc is needed to build the stand-in Darshan runtime: apt-get install gcc")
+        pytest.fail(
+            "gcc is needed to build the stand-in Darshan runtime: apt-get install gcc"
+        )
     d = tmp_path_factory.mktemp("darshan-runtime")
     (d / "stub.c").write_text(STUB_C)
     lib = d / "lib" / "libdarshan.so"
@@ -837,7 +839,10 @@ def test_metacollect_run_darshan_reaches_the_scripts_workers_and_ingests(
     store = str(tmp_path / "run.zarr")
     seen = tmp_path / "env.json"
     with dask.config.set({"metacollect.darshan.library": stub_runtime}):
-        assert main(["run", str(script), "--store", store, "--darshan", "--", str(seen)]) == 0
+        assert (
+            main(["run", str(script), "--store", store, "--darshan", "--", str(seen)])
+            == 0
+        )
     import json
 
     envs = json.loads(seen.read_text())
@@ -860,10 +865,19 @@ def test_jobqueue_prologue_starts_workers_under_darshan(stub_runtime, tmp_path):
     from metacollect.launch.jobqueue import jobqueue_cluster
 
     store = str(tmp_path / "run.zarr")
-    with dask.config.set({"metacollect.darshan.enabled": True, "metacollect.darshan.library": stub_runtime}):
+    with dask.config.set(
+        {
+            "metacollect.darshan.enabled": True,
+            "metacollect.darshan.library": stub_runtime,
+        }
+    ):
         cluster = jobqueue_cluster(
-            "slurm", cores=1, memory="1GB", darshan_store=store,
-            job_script_prologue=["module load mine"], scheduler_options={"dashboard_address": ":0"},
+            "slurm",
+            cores=1,
+            memory="1GB",
+            darshan_store=store,
+            job_script_prologue=["module load mine"],
+            scheduler_options={"dashboard_address": ":0"},
         )
     try:
         script = cluster.job_script()

@@ -18,7 +18,6 @@ import sys
 import textwrap
 import time
 
-import pytest
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
@@ -33,7 +32,9 @@ def slow_inc(x, delay=0.05):
 
 
 def _cluster(n=2):
-    return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0")
+    return LocalCluster(
+        n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
 
 
 # -- a worker killed ----------------------------------------------------------------------------
@@ -63,7 +64,9 @@ def test_worker_sigkilled_mid_run(tmp_path):
     workers = run.workers()
     gone = workers[workers.address == victim]
     assert len(gone) == 1
-    assert gone.removed.iloc[0] <= killed_at and gone.removed.iloc[0] > gone.added.iloc[0]
+    assert (
+        gone.removed.iloc[0] <= killed_at and gone.removed.iloc[0] > gone.added.iloc[0]
+    )
     assert gone.removal_stimulus.iloc[0]
     losses = run.losses()
     assert len(losses) >= 1
@@ -106,8 +109,12 @@ if __name__ == "__main__":
 def _start_and_kill(tmp_path, address, store, whole_group):
     script = tmp_path / "victim.py"
     script.write_text(textwrap.dedent(CLIENT_SCRIPT))
-    proc = subprocess.Popen([sys.executable, str(script), address, store], stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), address, store],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.strip() == "FLUSHED", line
@@ -135,7 +142,9 @@ def _check_incomplete(store, capsys):
     run = open_run(store)
     assert run.attrs["status"] == "incomplete"
     tasks = run.tasks()
-    assert (tasks.prefix == "slow").sum() >= 20  # everything flushed before the kill is there
+    assert (
+        tasks.prefix == "slow"
+    ).sum() >= 20  # everything flushed before the kill is there
     assert len(run.graphs()) >= 1
     assert main(["info", store]) == 0
     out = capsys.readouterr().out
@@ -175,7 +184,11 @@ def _flush_state(plugin):
         with g._flush_lock:  # not while a flush holds the rows
             errors = [c for _, c in g.tables["errors"]._chunks]
             flush_errors = sum(1 for c in errors for w in c["where"] if w == "flush")
-            over = [n for n, t in g.tables.items() if t.pending > t.limit and len(t._chunks) > 1]
+            over = [
+                n
+                for n, t in g.tables.items()
+                if t.pending > t.limit and len(t._chunks) > 1
+            ]
             out[path] = (flush_errors, over, g._failed)
     return out
 
@@ -196,11 +209,22 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
             assert sum(client.gather(client.map(slow_inc, range(10), delay=0))) == 55
             time.sleep(0.5)
             os.rename(store, aside)
-            with open(store, "w") as f:  # root can write anywhere: a file blocks every write
+            with open(
+                store, "w"
+            ) as f:  # root can write anywhere: a file blocks every write
                 f.write("not a directory")
             # Dask keeps running through many failing flushes, with >1000 transitions pending
             for i in range(3):
-                assert len(client.gather(client.map(slow_inc, range(i * 1000, i * 1000 + 300), delay=0))) == 300
+                assert (
+                    len(
+                        client.gather(
+                            client.map(
+                                slow_inc, range(i * 1000, i * 1000 + 300), delay=0
+                            )
+                        )
+                    )
+                    == 300
+                )
                 time.sleep(0.3)
             sched = client.run_on_scheduler(_scheduler_flush_state)
             workers = client.run(_worker_flush_state)
@@ -208,8 +232,8 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
                 failing = {p: s for p, s in state.items() if s[2]}
                 assert failing, state
                 for path, (flush_errors, over, _) in failing.items():
-                    assert flush_errors == 1, (path, flush_errors)   # reported once
-                    assert not over, (path, over)                    # bounded
+                    assert flush_errors == 1, (path, flush_errors)  # reported once
+                    assert not over, (path, over)  # bounded
             os.remove(store)
             os.rename(aside, store)  # the filesystem is back: kept rows land
             time.sleep(1.0)
@@ -220,8 +244,12 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
     flush = errors[errors["where"].str.endswith("flush")]
     assert len(flush) >= 1
     assert flush.groupby("group").size().max() == 1
-    assert "rows dropped while flushes failed" in " ".join(errors.what)  # the bound was hit
-    assert (run.tasks().prefix == "slow_inc").sum() >= 300  # kept rows were written after all
+    assert "rows dropped while flushes failed" in " ".join(
+        errors.what
+    )  # the bound was hit
+    assert (
+        run.tasks().prefix == "slow_inc"
+    ).sum() >= 300  # kept rows were written after all
 
 
 # -- an exception inside a hook ----------------------------------------------------------------
@@ -263,13 +291,21 @@ def test_hook_exception_recorded_and_dask_keeps_running(tmp_path):
             client.unregister_scheduler_plugin(NAME)
             client.register_plugin(FailingCollector(session.store, {}), name=NAME)
             assert client.submit(slow_inc, 1, delay=0).result() == 2
-            assert sum(client.gather(client.map(slow_inc, range(50), delay=0))) == sum(range(1, 51))
-            with Client(cluster.scheduler_address) as other:  # add_client / remove_client hooks
+            assert sum(client.gather(client.map(slow_inc, range(50), delay=0))) == sum(
+                range(1, 51)
+            )
+            with Client(
+                cluster.scheduler_address
+            ) as other:  # add_client / remove_client hooks
                 assert other.submit(slow_inc, 10, delay=0).result() == 11
             time.sleep(0.6)
     errors = open_run(store).errors()
     where = set(errors["where"])
-    assert {"scheduler.transition", "scheduler.update_graph", "scheduler.add_client"} <= where, where
+    assert {
+        "scheduler.transition",
+        "scheduler.update_graph",
+        "scheduler.add_client",
+    } <= where, where
     tr = errors[errors["where"] == "scheduler.transition"]
     assert tr.what.str.contains("broken task lookup").all()
     assert len(tr) <= 10  # recorded, not flooded

@@ -29,30 +29,58 @@ from metacollect.launch.jobqueue import (
 from metacollect.launch.shutdown import jobs_in_queue
 from metacollect.store.validate import validate_store
 
-KW = {"cores": 1, "processes": 1, "memory": "1GB", "walltime": "00:10:00", "interface": "lo",
-      "scheduler_options": {"dashboard_address": ":0"}}
+KW = {
+    "cores": 1,
+    "processes": 1,
+    "memory": "1GB",
+    "walltime": "00:10:00",
+    "interface": "lo",
+    "scheduler_options": {"dashboard_address": ":0"},
+}
 
 
 def require_slurm() -> None:
-    if shutil.which("sinfo") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
-        pytest.fail("Slurm is not running here: start it with `.ci/slurm-up` (as root), then re-run")
+    if (
+        shutil.which("sinfo") is None
+        or subprocess.run(["sinfo"], capture_output=True).returncode != 0
+    ):
+        pytest.fail(
+            "Slurm is not running here: start it with `.ci/slurm-up` (as root), then re-run"
+        )
 
 
 def squeue_ids() -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True
+    )
     return set(out.stdout.split())
 
 
 # -- without a batch system ------------------------------------------------------------------
 def test_scontrol_fields_parse():
-    line = ("JobId=12 JobName=dask-worker UserId=root(0) JobState=RUNNING Partition=debug "
-            "TimeLimit=00:10:00 SubmitTime=2026-11-21T11:00:00 StartTime=2026-11-21T11:00:01 "
-            "NodeList=vm NumNodes=1 NumCPUs=1 TRES=cpu=1,mem=954M,node=1 Command=/tmp/a b.sh")
+    line = (
+        "JobId=12 JobName=dask-worker UserId=root(0) JobState=RUNNING Partition=debug "
+        "TimeLimit=00:10:00 SubmitTime=2026-11-21T11:00:00 StartTime=2026-11-21T11:00:01 "
+        "NodeList=vm NumNodes=1 NumCPUs=1 TRES=cpu=1,mem=954M,node=1 Command=/tmp/a b.sh"
+    )
     fields = dict(_FIELD.findall(line))
     assert fields["TRES"] == "cpu=1,mem=954M,node=1"
     assert fields["Command"] == "/tmp/a b.sh"
-    row = _job_row("12", "worker", fields, "#!/bin/bash", processes=1, workers=["tcp://a"], hostnames=["vm"])
-    assert (row["cpus"], row["memory"], row["num_nodes"], row["nodes"]) == (1, "954M", 1, "vm")
+    row = _job_row(
+        "12",
+        "worker",
+        fields,
+        "#!/bin/bash",
+        processes=1,
+        workers=["tcp://a"],
+        hostnames=["vm"],
+    )
+    assert (row["cpus"], row["memory"], row["num_nodes"], row["nodes"]) == (
+        1,
+        "954M",
+        1,
+        "vm",
+    )
     assert row["start_time"] - row["submit_time"] == 1
     assert math.isnan(_epoch("Unknown"))
 
@@ -70,7 +98,9 @@ def test_clusters_registered():
 
 
 # -- real Slurm --------------------------------------------------------------------------------
-def _check_batch(store: str, system: str, seen: dict[str, dict[str, str]], template: str) -> None:
+def _check_batch(
+    store: str, system: str, seen: dict[str, dict[str, str]], template: str
+) -> None:
     assert validate_store(store) == []
     run = open_run(store)
     assert run.attrs["status"] == "complete"
@@ -94,14 +124,18 @@ def _check_batch(store: str, system: str, seen: dict[str, dict[str, str]], templ
         assert json.loads(row["hostnames"]) and len(json.loads(row["workers"])) == 1
         assert row["script"] == fields["script"], "the script Slurm holds for the job"
         worker_name = row["script"].split("--name ")[1].split()[0]
-        assert row["script"] == template.replace("--name dummy-name", f"--name {worker_name}")
+        assert row["script"] == template.replace(
+            "--name dummy-name", f"--name {worker_name}"
+        )
     env = run.table("job/batch", "environment")
     for job_id in seen:
         mine = env[env.job_id == job_id].set_index("name")["value"]
         assert mine["SLURM_JOB_ID"] == job_id
         assert mine["PBS_JOBID"] == job_id  # spank_pbs: every Slurm job has it
     assert len(run.tasks()) == 20
-    assert not jobs_in_queue(seen), "graceful shutdown returns only when the jobs left the queue"
+    assert not jobs_in_queue(seen), (
+        "graceful shutdown returns only when the jobs left the queue"
+    )
 
 
 def _collect_on(cluster, store: str) -> dict[str, dict[str, str]]:
@@ -121,7 +155,9 @@ def _collect_on(cluster, store: str) -> dict[str, dict[str, str]]:
 def test_slurm_cluster_collected(tmp_path):
     require_slurm()
     store = str(tmp_path / "slurm.zarr")
-    with jobqueue_cluster("slurm", log_directory=str(tmp_path / "logs"), **KW) as cluster:
+    with jobqueue_cluster(
+        "slurm", log_directory=str(tmp_path / "logs"), **KW
+    ) as cluster:
         template = cluster.job_script()
         assert "#SBATCH -t 00:10:00" in template and "#SBATCH --mem=954M" in template
         seen = _collect_on(cluster, store)
@@ -137,7 +173,10 @@ def test_pbs_cluster_through_torque_wrappers(tmp_path):
     logs = tmp_path / "logs"
     with jobqueue_cluster("pbs", log_directory=str(logs), **KW) as cluster:
         template = cluster.job_script()
-        assert "#PBS -l walltime=00:10:00" in template and "#PBS -l select=1:ncpus=1:mem=954MB" in template
+        assert (
+            "#PBS -l walltime=00:10:00" in template
+            and "#PBS -l select=1:ncpus=1:mem=954MB" in template
+        )
         assert cluster.job_cls.submit_command.startswith(f"qsub -e {logs}/%x-%j.err")
         seen = _collect_on(cluster, store)
     _check_batch(store, "pbs", seen, template)
@@ -148,20 +187,53 @@ def test_pbs_cluster_through_torque_wrappers(tmp_path):
 def test_metacollect_run_cluster_slurm(tmp_path):
     require_slurm()
     script = tmp_path / "wf.py"
-    script.write_text("from distributed import Client\nc = Client()\nc.wait_for_workers(2)\n"
-                      "print(c.submit(sum, [1, 2]).result())\n")
+    script.write_text(
+        "from distributed import Client\nc = Client()\nc.wait_for_workers(2)\n"
+        "print(c.submit(sum, [1, 2]).result())\n"
+    )
     store = tmp_path / "run.zarr"
     proc = subprocess.run(
-        [sys.executable, "-m", "metacollect", "run", "--store", str(store), "--cluster", "slurm",
-         "--jobs", "2", "--cores", "1", "--memory", "1GB", "--walltime", "00:05:00", "--queue", "debug",
-         "--interface", "lo", "--flush-interval", "0.5s", str(script)],
-        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)  # slurm-%j.out land there
+        [
+            sys.executable,
+            "-m",
+            "metacollect",
+            "run",
+            "--store",
+            str(store),
+            "--cluster",
+            "slurm",
+            "--jobs",
+            "2",
+            "--cores",
+            "1",
+            "--memory",
+            "1GB",
+            "--walltime",
+            "00:05:00",
+            "--queue",
+            "debug",
+            "--interface",
+            "lo",
+            "--flush-interval",
+            "0.5s",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )  # slurm-%j.out land there
     assert proc.returncode == 0, proc.stderr
     assert "3" in proc.stdout.split()
     assert validate_store(store) == []
     run = open_run(store)
     jobs = run.table("job/batch", "jobs")
-    assert len(jobs) == 2 and set(jobs.partition) == {"debug"} and set(jobs.time_limit) == {"00:05:00"}
+    assert (
+        len(jobs) == 2
+        and set(jobs.partition) == {"debug"}
+        and set(jobs.time_limit) == {"00:05:00"}
+    )
     assert "#SBATCH -p debug" in run.tree["job/batch"].attrs["job_script"]
     assert not jobs_in_queue(jobs.job_id)
 
@@ -171,7 +243,9 @@ def test_graceful_close_local_cluster():
 
     from metacollect.launch import graceful_close
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", processes=True)
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, dashboard_address=":0", processes=True
+    )
     client = Client(cluster)
     assert client.submit(sum, [1, 2]).result() == 3
     assert graceful_close(client, timeout=30) == []

@@ -30,8 +30,13 @@ print("second", sum(client.gather(client.map(lambda x: x * 3, range(50)))))
 
 
 def require_slurm() -> None:
-    if shutil.which("sinfo") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
-        pytest.fail("Slurm is not running here: start it with `.ci/slurm-up` (as root), then re-run")
+    if (
+        shutil.which("sinfo") is None
+        or subprocess.run(["sinfo"], capture_output=True).returncode != 0
+    ):
+        pytest.fail(
+            "Slurm is not running here: start it with `.ci/slurm-up` (as root), then re-run"
+        )
 
 
 def render(tmp_path, system: str, *options: str) -> str:
@@ -43,7 +48,9 @@ def render(tmp_path, system: str, *options: str) -> str:
 def wait_gone(job_id: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True
+        )
         if job_id not in out.stdout.split():
             return
         time.sleep(0.5)
@@ -52,9 +59,31 @@ def wait_gone(job_id: str, timeout: float = 120) -> None:
 
 # -- rendering ---------------------------------------------------------------------------------
 def test_slurm_header(tmp_path):
-    text = render(tmp_path, "slurm", "--workflow", "wf.py", "--store", "r.zarr", "--nodes", "2", "--cores", "4",
-                  "--memory", "8GB", "--walltime", "01:00:00", "--queue", "compute", "--account", "proj",
-                  "--job-extra=--exclusive", "--interface", "ib0", "--threads", "2")
+    text = render(
+        tmp_path,
+        "slurm",
+        "--workflow",
+        "wf.py",
+        "--store",
+        "r.zarr",
+        "--nodes",
+        "2",
+        "--cores",
+        "4",
+        "--memory",
+        "8GB",
+        "--walltime",
+        "01:00:00",
+        "--queue",
+        "compute",
+        "--account",
+        "proj",
+        "--job-extra=--exclusive",
+        "--interface",
+        "ib0",
+        "--threads",
+        "2",
+    )
     assert text.startswith("#!/bin/bash\n")
     assert "#SBATCH --job-name=metacollect\n" in text
     assert "#SBATCH --nodes=2\n" in text
@@ -65,16 +94,39 @@ def test_slurm_header(tmp_path):
     assert "#SBATCH --account=proj\n" in text
     assert "#SBATCH --exclusive\n" in text
     assert "##SBATCH" not in text
-    assert f"WORKFLOW=${{WORKFLOW:-{tmp_path.parent}" not in text  # absolute from cwd, not tmp_path
-    assert "INTERFACE=${INTERFACE:-ib0}" in text and "THREADS_PER_WORKER=${THREADS_PER_WORKER:-2}" in text
+    assert (
+        f"WORKFLOW=${{WORKFLOW:-{tmp_path.parent}" not in text
+    )  # absolute from cwd, not tmp_path
+    assert (
+        "INTERFACE=${INTERFACE:-ib0}" in text
+        and "THREADS_PER_WORKER=${THREADS_PER_WORKER:-2}" in text
+    )
     assert f"PYTHON=${{PYTHON:-{sys.executable}}}" in text
     assert "--preload metacollect.launch.preload --metacollect-store" in text
-    assert "metacollect batch stop" in text and "metacollect batch stop" in text and "--exit-code" in text
+    assert (
+        "metacollect batch stop" in text
+        and "metacollect batch stop" in text
+        and "--exit-code" in text
+    )
 
 
 def test_pbs_header(tmp_path):
-    text = render(tmp_path, "pbs", "--cores", "8", "--memory", "16GB", "--walltime", "02:00:00", "--queue", "workq",
-                  "--account", "proj", "--job-extra", "-l place=excl")
+    text = render(
+        tmp_path,
+        "pbs",
+        "--cores",
+        "8",
+        "--memory",
+        "16GB",
+        "--walltime",
+        "02:00:00",
+        "--queue",
+        "workq",
+        "--account",
+        "proj",
+        "--job-extra",
+        "-l place=excl",
+    )
     assert "#PBS -N metacollect\n" in text
     assert "#PBS -l select=1:ncpus=8:mem=15258MB\n" in text
     assert "#PBS -l walltime=02:00:00\n" in text
@@ -98,26 +150,65 @@ def test_finalize_needs_a_store(tmp_path, capsys):
 def _submit(tmp_path, system: str, *args: str) -> tuple[str, str]:
     (tmp_path / "wf.py").write_text(WORKFLOW)
     store = str(tmp_path / "run.zarr")
-    render(tmp_path, system, "--workflow", str(tmp_path / "wf.py"), "--store", store, "--cores", "2",
-           "--memory", "2GB", "--walltime", "00:05:00", "--interface", "lo", "--flush-interval", "0.5s",
-           "--job-name", f"mc-{system}")
+    render(
+        tmp_path,
+        system,
+        "--workflow",
+        str(tmp_path / "wf.py"),
+        "--store",
+        store,
+        "--cores",
+        "2",
+        "--memory",
+        "2GB",
+        "--walltime",
+        "00:05:00",
+        "--interface",
+        "lo",
+        "--flush-interval",
+        "0.5s",
+        "--job-name",
+        f"mc-{system}",
+    )
     script = str(tmp_path / f"job-{system}.sh")
     if system == "slurm":
-        cmd = ["sbatch", "--parsable", "-o", str(tmp_path / "out-%j.txt"), script, *args]
+        cmd = [
+            "sbatch",
+            "--parsable",
+            "-o",
+            str(tmp_path / "out-%j.txt"),
+            script,
+            *args,
+        ]
     else:
-        cmd = ["qsub", "-o", str(tmp_path / "out.txt"), "-e", str(tmp_path / "err.txt"), script]
+        cmd = [
+            "qsub",
+            "-o",
+            str(tmp_path / "out.txt"),
+            "-e",
+            str(tmp_path / "err.txt"),
+            script,
+        ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, check=True)
     return out.stdout.strip().split(";")[0], store
 
 
 def _check_allocation(store: str, job_id: str, system: str, script: str | None) -> None:
     run = open_run(store)
-    batch = run.root["job/batch"]  # not run.tree: xarray refuses a killed store's torn worker tables
-    assert batch.attrs["batch_system"] == system and batch.attrs["source"] == "jobscript"
+    batch = run.root[
+        "job/batch"
+    ]  # not run.tree: xarray refuses a killed store's torn worker tables
+    assert (
+        batch.attrs["batch_system"] == system and batch.attrs["source"] == "jobscript"
+    )
     jobs = run.table("job/batch", "jobs")
     assert list(jobs.job_id) == [job_id] and list(jobs.role) == ["allocation"]
     row = jobs.iloc[0]
-    assert row["name"] == f"mc-{system}" and row["time_limit"] == "00:05:00" and row["cpus"] == 2
+    assert (
+        row["name"] == f"mc-{system}"
+        and row["time_limit"] == "00:05:00"
+        and row["cpus"] == 2
+    )
     assert row["nodes"] and row["submit_time"] <= row["start_time"]
     if script is not None:
         assert row["script"] == script == batch.attrs["job_script"]
@@ -145,11 +236,15 @@ def test_sbatch_wrapper_complete(tmp_path):
 @pytest.mark.slurm
 def test_scancel_mid_run_leaves_incomplete_store(tmp_path):
     require_slurm()
-    job_id, store = _submit(tmp_path, "slurm", "120")  # the workflow sleeps 120 s between graphs
+    job_id, store = _submit(
+        tmp_path, "slurm", "120"
+    )  # the workflow sleeps 120 s between graphs
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
-            if (open_run(store).transitions().finish == "memory").sum() >= 50:  # first graph flushed
+            if (
+                open_run(store).transitions().finish == "memory"
+            ).sum() >= 50:  # first graph flushed
                 break
         except Exception:  # the store is still being created
             pass
@@ -162,7 +257,9 @@ def test_scancel_mid_run_leaves_incomplete_store(tmp_path):
     assert run.attrs["status"] == "incomplete"
     transitions = run.transitions()
     assert len(transitions) >= 150
-    assert (transitions.finish == "memory").sum() >= 50, "the first graph's results, flushed before the kill"
+    assert (transitions.finish == "memory").sum() >= 50, (
+        "the first graph's results, flushed before the kill"
+    )
     _check_allocation(store, job_id, "slurm", None)
 
 
@@ -174,7 +271,9 @@ def test_qsub_wrapper_complete(tmp_path):
     job_id, store = _submit(tmp_path, "pbs")
     wait_gone(job_id)
     log = (tmp_path / "out.txt").read_text()
-    assert "first 2450" in log and "second 3675" in log, log + (tmp_path / "err.txt").read_text()
+    assert "first 2450" in log and "second 3675" in log, (
+        log + (tmp_path / "err.txt").read_text()
+    )
     assert validate_store(store) == []
     assert open_run(store).attrs["status"] == "complete"
     _check_allocation(store, job_id, "pbs", None)

@@ -51,7 +51,19 @@ def _script(tmp_path, name):
 @pytest.mark.parametrize("name", ["bare_client", "client_n_workers"])
 def test_run_collects_whatever_cluster_the_script_starts(tmp_path, name, capsys):
     store = str(tmp_path / "s.zarr")
-    assert main(["run", _script(tmp_path, name), "--store", store, "--flush-interval", "0.5s"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                _script(tmp_path, name),
+                "--store",
+                store,
+                "--flush-interval",
+                "0.5s",
+            ]
+        )
+        == 0
+    )
     assert f"store written to {store}" in capsys.readouterr().err
     run = open_run(store)
     assert run.attrs["status"] == "complete"
@@ -69,12 +81,27 @@ def test_run_collects_whatever_cluster_the_script_starts(tmp_path, name, capsys)
 
 def test_run_keeps_several_clusters_apart_and_passes_args(tmp_path):
     store = str(tmp_path / "s.zarr")
-    assert main(["run", _script(tmp_path, "own_clusters"), "--store", store, "--", "--n", "7"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                _script(tmp_path, "own_clusters"),
+                "--store",
+                store,
+                "--",
+                "--n",
+                "7",
+            ]
+        )
+        == 0
+    )
     run = open_run(store)
     clusters = run.clusters()
     assert len(clusters) == 2
     for c in clusters:
-        assert len(run.worker_groups(c)) == 2  # scale(2) added a worker that was collected too
+        assert (
+            len(run.worker_groups(c)) == 2
+        )  # scale(2) added a worker that was collected too
     assert set(run.tasks().cluster) == set(clusters)
     assert run.groups["script"]["argv"] == ["--n", "7"]
     assert validate_store(store) == []
@@ -84,7 +111,9 @@ def test_run_appends_to_the_users_own_preload(tmp_path, monkeypatch):
     (tmp_path / "mypreload.py").write_text(
         "import os\ndef dask_setup(scheduler):\n    open(os.environ['MARK'], 'w').write('ran')\n"
     )
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv(
+        "PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     monkeypatch.setenv("MARK", str(tmp_path / "mark"))
     monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__PRELOAD", '["mypreload"]')
     store = str(tmp_path / "s.zarr")
@@ -96,14 +125,32 @@ def test_run_appends_to_the_users_own_preload(tmp_path, monkeypatch):
 def test_run_with_a_local_cluster_started_by_metacollect(tmp_path):
     store = str(tmp_path / "s.zarr")
     script = tmp_path / "uses_bare_client.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         from distributed import Client
         if __name__ == "__main__":
             with Client() as c:   # connects to the cluster metacollect started
                 assert len(c.scheduler_info()["workers"]) == 2
                 print(c.submit(sum, [1, 2, 3]).result())
-    """))
-    assert main(["run", str(script), "--store", store, "--cluster", "local", "--workers", "2", "--threads", "1"]) == 0
+    """)
+    )
+    assert (
+        main(
+            [
+                "run",
+                str(script),
+                "--store",
+                store,
+                "--cluster",
+                "local",
+                "--workers",
+                "2",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     run = open_run(store)
     assert run.groups["job"]["cluster_type"] == "LocalCluster"
     assert len(run.worker_groups()) == 2 and len(run.tasks()) == 1
@@ -133,10 +180,25 @@ def test_run_errors_are_one_line(tmp_path, capsys):
 def test_invalid_config_value_from_the_environment(tmp_path):
     env = {**os.environ, "DASK_METACOLLECT__YAPPI__CLOCK": "gpu"}
     proc = subprocess.run(
-        [sys.executable, "-m", "metacollect", "run", _script(tmp_path, "bare_client"), "--store", str(tmp_path / "s.zarr")],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "metacollect",
+            "run",
+            _script(tmp_path, "bare_client"),
+            "--store",
+            str(tmp_path / "s.zarr"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "metacollect.yappi.clock = 'gpu'" in lines[0] and "wall, cpu" in lines[0]
+    assert (
+        len(lines) == 1
+        and "metacollect.yappi.clock = 'gpu'" in lines[0]
+        and "wall, cpu" in lines[0]
+    )
     assert not (tmp_path / "s.zarr").exists()

@@ -9,10 +9,10 @@ import dask.array as da
 import dask.bag as db
 import pytest
 from distributed import wait
+from reference import TransitionRecorder, recorded, wait_idle
 
 from metacollect import collect, open_run
 from metacollect.store.validate import validate_store
-from reference import TransitionRecorder, recorded, wait_idle
 
 
 def boom(x):
@@ -24,7 +24,13 @@ def test_every_transition_and_task_is_in_the_store(client, store):
     with collect(client, store, flush_interval="0.5s"):
         x = da.random.random((400, 400), chunks=(100, 100))
         assert (x + x.T).sum().compute() > 0
-        assert db.from_sequence(range(50), npartitions=5).map(lambda v: v + 1).sum().compute() == 1275
+        assert (
+            db.from_sequence(range(50), npartitions=5)
+            .map(lambda v: v + 1)
+            .sum()
+            .compute()
+            == 1275
+        )
         futures = client.map(lambda v: v * 2, range(30))
         assert sum(client.gather(futures)) == 870
         bad = client.submit(boom, 1)
@@ -38,7 +44,7 @@ def test_every_transition_and_task_is_in_the_store(client, store):
         reference = client.run_on_scheduler(recorded)
     run = open_run(store)
     tr = run.transitions()
-    got = list(zip(tr.key, tr.start, tr.finish, tr.stimulus_id))
+    got = list(zip(tr.key, tr.start, tr.finish, tr.stimulus_id, strict=False))
     assert got == reference
 
     tasks = run.tasks()
@@ -50,7 +56,14 @@ def test_every_transition_and_task_is_in_the_store(client, store):
     erred = tasks[tasks.state == "erred"]
     assert len(erred) == 1 and "boom 1" in erred.exception.iloc[0]
     assert (tasks.execution == 0).all()
-    assert set(tasks.prefix) >= {"random_sample", "add", "sum", "lambda", "boom", "from_sequence"} - {"from_sequence"}
+    assert set(tasks.prefix) >= {
+        "random_sample",
+        "add",
+        "sum",
+        "lambda",
+        "boom",
+        "from_sequence",
+    } - {"from_sequence"}
     assert (tasks.graph >= 0).all()
 
     graphs = run.graphs()
@@ -64,7 +77,9 @@ def test_every_transition_and_task_is_in_the_store(client, store):
     assert any('"retries":1' in a and '"priority":5' in a for a in annotated)
 
     workers = run.workers()
-    assert len(workers) == 2 and workers.pid.gt(0).all() and workers.nthreads.eq(2).all()
+    assert (
+        len(workers) == 2 and workers.pid.gt(0).all() and workers.nthreads.eq(2).all()
+    )
     assert workers.group.notna().all()
     states = run.worker_states()
     assert len(states) >= 2 and set(states.worker) == set(workers.address)

@@ -25,7 +25,7 @@ SECRETS = {
     "MY_API_TOKEN": "s3kr1t-env-token-7781",
     "AWS_SECRET_ACCESS_KEY": "s3kr1t-aws-key-9912",
     "DB_PASSWORD": "s3kr1t-db-pass-3344",
-    "DASK_MYSERVICE__PASSWORD": "s3kr1t-dask-config-5566",     # dask config myservice.password
+    "DASK_MYSERVICE__PASSWORD": "s3kr1t-dask-config-5566",  # dask config myservice.password
     "DASK_MYSERVICE__AUTH__CREDENTIAL": "s3kr1t-dask-cred-6677",  # nested config key
 }
 ARGV_SECRETS = ["s3kr1t-argv-token-1122", "s3kr1t-argv-apikey-2233"]
@@ -46,9 +46,25 @@ def _run(tmp_path, store, script_text, umask, extra_env=None, args=()):
     script.write_text(script_text)
     env = {**os.environ, **(extra_env or {})}
     proc = subprocess.run(
-        [sys.executable, "-m", "metacollect", "run", "--store", str(store), "--flush-interval", "0.5s",
-         str(script), "--", *args],
-        env=env, capture_output=True, text=True, timeout=180, umask=umask, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "metacollect",
+            "run",
+            "--store",
+            str(store),
+            "--flush-interval",
+            "0.5s",
+            str(script),
+            "--",
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        umask=umask,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     return proc
@@ -58,7 +74,11 @@ def _run(tmp_path, store, script_text, umask, extra_env=None, args=()):
 def secret_store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sec")
     store = tmp / "secret.zarr"
-    env = {**SECRETS, ALLOWED[0]: ALLOWED[1], "DASK_METACOLLECT__REDACT__ALLOW": json.dumps([ALLOWED[0]])}
+    env = {
+        **SECRETS,
+        ALLOWED[0]: ALLOWED[1],
+        "DASK_METACOLLECT__REDACT__ALLOW": json.dumps([ALLOWED[0]]),
+    }
     args = ["--token", ARGV_SECRETS[0], f"--api-key={ARGV_SECRETS[1]}", "plain-arg"]
     _run(tmp, store, SCRIPT, 0o077, env, args)
     return store
@@ -93,19 +113,34 @@ def test_no_secrets_in_store(secret_store):
 
 def test_redaction_allow_list(secret_store):
     env = open_run(secret_store).table("job", "environment")
-    values = dict(zip(env["name"], env["value"]))
-    assert values[ALLOWED[0]] == ALLOWED[1]          # allow-listed: kept
-    assert values["MY_API_TOKEN"] == "<redacted>"     # matches TOKEN: hidden
+    values = dict(zip(env["name"], env["value"], strict=False))
+    assert values[ALLOWED[0]] == ALLOWED[1]  # allow-listed: kept
+    assert values["MY_API_TOKEN"] == "<redacted>"  # matches TOKEN: hidden
     assert values["DASK_MYSERVICE__PASSWORD"] == "<redacted>"
 
 
 def test_no_pickles_and_opening_runs_no_code(secret_store, monkeypatch):
-    allowed_codecs = {"bytes", "blosc", "zstd", "vlen-utf8", "transpose", "crc32c", "gzip"}
+    allowed_codecs = {
+        "bytes",
+        "blosc",
+        "zstd",
+        "vlen-utf8",
+        "transpose",
+        "crc32c",
+        "gzip",
+    }
     for path in secret_store.rglob("zarr.json"):
         meta = json.loads(path.read_text())
         if meta.get("node_type") != "array":
             continue
-        assert meta["data_type"] in {"string", "int32", "int64", "uint64", "float64", "bool"}, path
+        assert meta["data_type"] in {
+            "string",
+            "int32",
+            "int64",
+            "uint64",
+            "float64",
+            "bool",
+        }, path
         names = {c["name"] for c in meta.get("codecs", [])}
         assert names <= allowed_codecs, (path, names)
 
@@ -135,5 +170,5 @@ def test_files_follow_umask_022(tmp_path):
     modes = _modes(store)
     assert len(modes) > 10
     for p, mode in modes.items():
-        assert mode & 0o002 == 0, (p, oct(mode))          # never world-writable
-        assert mode & 0o044 == 0o044, (p, oct(mode))      # but readable as the umask allows
+        assert mode & 0o002 == 0, (p, oct(mode))  # never world-writable
+        assert mode & 0o044 == 0o044, (p, oct(mode))  # but readable as the umask allows

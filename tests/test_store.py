@@ -27,7 +27,9 @@ def test_schema_groups_have_map_attrs():
             for var in table.variables.values():
                 assert var.description, (spec.kind, table.name, var.name)
     assert schema.match("clusters/ab12/workers/0-x").kind == "worker"
-    assert schema.table_owner("clusters/ab12/scheduler/transitions")[1].dim == "transition"
+    assert (
+        schema.table_owner("clusters/ab12/scheduler/transitions")[1].dim == "transition"
+    )
 
 
 def test_string_table_codes_survive_cache_restart():
@@ -42,8 +44,15 @@ def test_string_table_codes_survive_cache_restart():
     assert st.take_new() == ["('k', 1)"]
 
 
-CLUSTER_ATTRS = {"scheduler_id": "Scheduler-c1", "address": "tcp://x:1", "host": "h", "pid": 1,
-                 "started": 1.0, "ended": 2.0, "attached_by": "plugin"}
+CLUSTER_ATTRS = {
+    "scheduler_id": "Scheduler-c1",
+    "address": "tcp://x:1",
+    "host": "h",
+    "pid": 1,
+    "started": 1.0,
+    "ended": 2.0,
+    "attached_by": "plugin",
+}
 
 
 def test_roundtrip_tables_strings_and_datatree(store):
@@ -53,11 +62,29 @@ def test_roundtrip_tables_strings_and_datatree(store):
     g = w.group("scheduler", cluster="c1")
     n = 70_000  # more than one chunk
     keys = [("x", i % 1000) for i in range(n)]
-    g.append("transitions", {"key": keys, "start": ["released"] * n, "finish": ["waiting"] * n,
-                             "time": np.arange(n, dtype=float), "stimulus_id": ["s"] * n, "worker": [None] * n})
+    g.append(
+        "transitions",
+        {
+            "key": keys,
+            "start": ["released"] * n,
+            "finish": ["waiting"] * n,
+            "time": np.arange(n, dtype=float),
+            "stimulus_id": ["s"] * n,
+            "worker": [None] * n,
+        },
+    )
     assert g.flush() == n
-    g.append("transitions", {"key": ["late"], "start": ["waiting"], "finish": ["processing"], "time": [1e9],
-                             "stimulus_id": ["s2"], "worker": ["tcp://w"]})
+    g.append(
+        "transitions",
+        {
+            "key": ["late"],
+            "start": ["waiting"],
+            "finish": ["processing"],
+            "time": [1e9],
+            "stimulus_id": ["s2"],
+            "worker": ["tcp://w"],
+        },
+    )
     g.flush()
     finalize(store)
     run = open_run(store)
@@ -109,7 +136,10 @@ def test_buffer_limit_bounds_memory(store):
     with dask.config.set({"metacollect.buffer-limit": 1000}):
         g = StoreWriter(store).group("scheduler", cluster="c1")
     for i in range(30):
-        g.append("events", {"time": [float(i)] * 100, "topic": ["t"] * 100, "msg": [""] * 100})
+        g.append(
+            "events",
+            {"time": [float(i)] * 100, "topic": ["t"] * 100, "msg": [""] * 100},
+        )
     assert g.tables["events"].pending <= 1100
     assert g.tables["events"].dropped >= 1900
 
@@ -137,7 +167,9 @@ def test_job_info_roundtrip_and_redaction(monkeypatch, store):
 def test_validate_reports_schema_violations(store):
     w = StoreWriter(store)
     init_root(w, "r")
-    w.group("scheduler", cluster="c1").append("events", {"time": [1.0], "topic": ["t"], "msg": [""]})
+    w.group("scheduler", cluster="c1").append(
+        "events", {"time": [1.0], "topic": ["t"], "msg": [""]}
+    )
     w.flush()
     finalize(store)
     import zarr

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dask.array as da
+from reference import wait_idle
 
 from metacollect import collect, open_run
-from reference import wait_idle
 
 
 def test_worker_groups_hold_their_executions(client, store):
@@ -17,7 +17,9 @@ def test_worker_groups_hold_their_executions(client, store):
     sched = run.tasks()
     wt = run.worker_table("tasks")
     assert len(wt) == len(sched)
-    assert set(map(tuple, wt[["key", "thread"]].values)) == set(map(tuple, sched[["key", "thread"]].values))
+    assert set(map(tuple, wt[["key", "thread"]].values)) == set(
+        map(tuple, sched[["key", "thread"]].values)
+    )
     assert (wt.stop >= wt.start).all() and wt.nbytes.gt(0).all()
     assert set(wt.typename) >= {"ndarray"}
     workers = run.workers().set_index("group")
@@ -35,5 +37,7 @@ def test_worker_groups_hold_their_executions(client, store):
     assert metrics.memory.gt(0).all()
     wtr = run.worker_table("transitions")
     assert {"executing", "memory"} <= set(wtr.finish)
-    for path, attrs in run.worker_groups().items():
-        assert attrs["pid"] > 0 and attrs["nthreads"] == 2 and attrs["level"] == "worker"
+    for _path, attrs in run.worker_groups().items():
+        assert (
+            attrs["pid"] > 0 and attrs["nthreads"] == 2 and attrs["level"] == "worker"
+        )

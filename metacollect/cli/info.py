@@ -11,7 +11,9 @@ import zarr
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("info", help="show a store's tree by level and step", description=__doc__)
+    p = sub.add_parser(
+        "info", help="show a store's tree by level and step", description=__doc__
+    )
     p.add_argument("store", help="path of the store")
     return p
 
@@ -49,10 +51,15 @@ def describe(store: str) -> list[str]:
     a = run.attrs
     lines = [
         f"run {a.get('run_id')}  status: {a.get('status')}"
-        + ("  (collection did not finish: data up to the last flush)" if a.get("status") != "complete" else ""),
+        + (
+            "  (collection did not finish: data up to the last flush)"
+            if a.get("status") != "complete"
+            else ""
+        ),
         f"started {_when(a.get('started'))}  ended {_when(a.get('ended'))}  "
         f"metacollect {a.get('metacollect_version')}  schema {a.get('schema_version')}",
-        "versions: " + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
+        "versions: "
+        + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
         f"clusters: {len(run.clusters())}  workers: {len(run.worker_groups())}  size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
         "",
     ]
@@ -60,16 +67,25 @@ def describe(store: str) -> list[str]:
     by_step: dict[int, list[tuple[str, str]]] = {}
     for level, paths in levels.items():
         for p in paths:
-            by_step.setdefault(run.groups.get(p, {}).get("step", 0) if p else 0, []).append((level, p))
+            by_step.setdefault(
+                run.groups.get(p, {}).get("step", 0) if p else 0, []
+            ).append((level, p))
     for step in sorted(by_step):
         lines.append(f"step {step}: {run.schema.steps.get(step, '')}")
         for level, path in sorted(by_step[step], key=lambda t: t[1]):
             spec = run.schema.match(path)
             tables = []
-            for t in (spec.tables if spec else {}):
+            for t in spec.tables if spec else {}:
                 try:
                     g = run.root[f"{path}/{t}" if path else t]
-                    n = min((m.shape[0] for _, m in g.members() if isinstance(m, zarr.Array)), default=0)
+                    n = min(
+                        (
+                            m.shape[0]
+                            for _, m in g.members()
+                            if isinstance(m, zarr.Array)
+                        ),
+                        default=0,
+                    )
                 except KeyError:
                     continue
                 except Exception:  # damaged metadata: say so, keep describing the rest
@@ -77,10 +93,15 @@ def describe(store: str) -> list[str]:
                     continue
                 if t not in ("strings",) and (n or t != "errors"):
                     tables.append(f"{t}={n}")
-            lines.append(f"  [{level}] /{path}" + (f"  {' '.join(tables)}" if tables else ""))
+            lines.append(
+                f"  [{level}] /{path}" + (f"  {' '.join(tables)}" if tables else "")
+            )
     errors = run.errors()
     if len(errors):
-        lines += ["", f"{len(errors)} collector error(s) recorded; first: {errors.iloc[0]['where']}: {errors.iloc[0]['what']}"]
+        lines += [
+            "",
+            f"{len(errors)} collector error(s) recorded; first: {errors.iloc[0]['where']}: {errors.iloc[0]['what']}",
+        ]
     return lines
 
 

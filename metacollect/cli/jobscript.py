@@ -15,8 +15,10 @@ from typing import Any
 from metacollect.errors import UsageError
 
 MARKER = "# ---- no need to edit below this line"
-JOBSCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                          "jobscripts")
+JOBSCRIPTS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "jobscripts",
+)
 
 
 def template_path(system: str) -> str:
@@ -30,15 +32,22 @@ def _mb(memory: str) -> int:
     try:
         return max(1, int(parse_bytes(memory) // 2**20))
     except (ValueError, TypeError) as e:
-        raise UsageError(f"cannot read --memory {memory!r}; give a size such as 4GB or 500MB") from e
+        raise UsageError(
+            f"cannot read --memory {memory!r}; give a size such as 4GB or 500MB"
+        ) from e
 
 
 def directives(system: str, args: argparse.Namespace) -> list[str]:
     """The ``#SBATCH`` / ``#PBS`` lines of the options."""
     if system == "slurm":
-        lines = [f"#SBATCH --job-name={args.job_name}", f"#SBATCH --nodes={args.nodes}",
-                 "#SBATCH --ntasks-per-node=1", f"#SBATCH --cpus-per-task={args.cores}",
-                 f"#SBATCH --mem={_mb(args.memory)}M", f"#SBATCH --time={args.walltime}"]
+        lines = [
+            f"#SBATCH --job-name={args.job_name}",
+            f"#SBATCH --nodes={args.nodes}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --cpus-per-task={args.cores}",
+            f"#SBATCH --mem={_mb(args.memory)}M",
+            f"#SBATCH --time={args.walltime}",
+        ]
         if args.queue:
             lines.append(f"#SBATCH --partition={args.queue}")
         if args.account:
@@ -47,9 +56,11 @@ def directives(system: str, args: argparse.Namespace) -> list[str]:
             lines.append(f"#SBATCH --output={args.output}")
         prefix = "#SBATCH"
     else:
-        lines = [f"#PBS -N {args.job_name}",
-                 f"#PBS -l select={args.nodes}:ncpus={args.cores}:mem={_mb(args.memory)}MB",
-                 f"#PBS -l walltime={args.walltime}"]
+        lines = [
+            f"#PBS -N {args.job_name}",
+            f"#PBS -l select={args.nodes}:ncpus={args.cores}:mem={_mb(args.memory)}MB",
+            f"#PBS -l walltime={args.walltime}",
+        ]
         if args.queue:
             lines.append(f"#PBS -q {args.queue}")
         if args.account:
@@ -67,12 +78,16 @@ def render(system: str, args: argparse.Namespace) -> str:
     """The wrapper for ``system`` with the options' directives and variable defaults."""
     path = template_path(system)
     if not os.path.exists(path):
-        raise UsageError(f"the {system} wrapper {path} is missing; install metacollect from its source "
-                         "tree (pip install -e .) to get jobscripts/")
+        raise UsageError(
+            f"the {system} wrapper {path} is missing; install metacollect from its source "
+            "tree (pip install -e .) to get jobscripts/"
+        )
     with open(path, encoding="utf-8") as f:
         text = f.read()
     head, body = text.split(MARKER, 1)
-    kept = [line for line in head.splitlines() if not re.match(r"##?(SBATCH|PBS)\b", line)]
+    kept = [
+        line for line in head.splitlines() if not re.match(r"##?(SBATCH|PBS)\b", line)
+    ]
     first_var = next(i for i, line in enumerate(kept) if line.startswith("WORKFLOW="))
     insert = first_var
     while insert > 0 and kept[insert - 1] == "":
@@ -91,27 +106,58 @@ def render(system: str, args: argparse.Namespace) -> str:
     out = "\n".join(kept) + "\n"
     for name, value in values.items():
         if value is not None:
-            out = re.sub(rf"^{name}=\$\{{{name}:-.*?\}}(\s)", lambda m, n=name, v=value: f"{n}=${{{n}:-{v}}}{m.group(1)}",
-                         out, count=1, flags=re.M)
+            out = re.sub(
+                rf"^{name}=\$\{{{name}:-.*?\}}(\s)",
+                lambda m, n=name, v=value: f"{n}=${{{n}:-{v}}}{m.group(1)}",
+                out,
+                count=1,
+                flags=re.M,
+            )
     return out + MARKER + body
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    b = sub.add_parser("batch", help="steps of the batch wrappers (run inside an allocation)",
-                       description="The steps the jobscripts/ wrappers run inside the allocation.")
+    b = sub.add_parser(
+        "batch",
+        help="steps of the batch wrappers (run inside an allocation)",
+        description="The steps the jobscripts/ wrappers run inside the allocation.",
+    )
     bsub = b.add_subparsers(dest="action", metavar="ACTION", required=True)
-    s = bsub.add_parser("start", help="create the store: run, step 1 and the allocation's job")
+    s = bsub.add_parser(
+        "start", help="create the store: run, step 1 and the allocation's job"
+    )
     s.add_argument("store")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    s.add_argument("--system", choices=["slurm", "pbs"], help="batch system (default: detected)")
-    t = bsub.add_parser("stop", help="record worker environments, retire workers, close the scheduler")
+    s.add_argument(
+        "--system", choices=["slurm", "pbs"], help="batch system (default: detected)"
+    )
+    t = bsub.add_parser(
+        "stop", help="record worker environments, retire workers, close the scheduler"
+    )
     t.add_argument("store")
-    t.add_argument("--scheduler-file", required=True, help="the scheduler file of the wrapper's scheduler")
-    t.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each phase")
-    t.add_argument("--wait-pid", type=int, action="append", default=[],
-                   help="then wait until this process (a worker launcher, the scheduler) exited; repeatable")
-    t.add_argument("--exit-code", type=int, help="then finalise the store with the workflow's exit code")
-    f = bsub.add_parser("finalize", help="mark the store complete (or incomplete) after the run")
+    t.add_argument(
+        "--scheduler-file",
+        required=True,
+        help="the scheduler file of the wrapper's scheduler",
+    )
+    t.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for each phase"
+    )
+    t.add_argument(
+        "--wait-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="then wait until this process (a worker launcher, the scheduler) exited; repeatable",
+    )
+    t.add_argument(
+        "--exit-code",
+        type=int,
+        help="then finalise the store with the workflow's exit code",
+    )
+    f = bsub.add_parser(
+        "finalize", help="mark the store complete (or incomplete) after the run"
+    )
     f.add_argument("store")
     f.add_argument("--exit-code", type=int, default=0, help="exit code of the workflow")
     b.set_defaults(func=run_batch)
@@ -124,24 +170,49 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "store. Submit it with sbatch (slurm) or qsub (pbs).",
     )
     p.add_argument("system", choices=["slurm", "pbs"], help="batch system")
-    p.add_argument("--workflow", "-w", help="the Dask script to run (its Client() connects to the cluster)")
-    p.add_argument("--store", "-s", help="store to write (default: metacollect-<jobid>.zarr in the submit directory)")
+    p.add_argument(
+        "--workflow",
+        "-w",
+        help="the Dask script to run (its Client() connects to the cluster)",
+    )
+    p.add_argument(
+        "--store",
+        "-s",
+        help="store to write (default: metacollect-<jobid>.zarr in the submit directory)",
+    )
     p.add_argument("--job-name", default="metacollect", help="job name")
-    p.add_argument("--nodes", type=int, default=1, help="nodes (slurm: one worker launcher per node)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="nodes (slurm: one worker launcher per node)",
+    )
     p.add_argument("--cores", type=int, default=2, help="CPUs per node")
     p.add_argument("--memory", default="4GB", help="memory per node, e.g. 4GB")
     p.add_argument("--walltime", default="00:30:00", help="walltime, HH:MM:SS")
     p.add_argument("--queue", help="partition / queue")
     p.add_argument("--account", help="account / project")
-    p.add_argument("--output", help="the job's output file (batch system patterns allowed)")
-    p.add_argument("--job-extra", action="append", help="extra directive, e.g. '--exclusive' (repeatable)")
-    p.add_argument("--workers-per-node", type=int, help="dask worker processes per node")
+    p.add_argument(
+        "--output", help="the job's output file (batch system patterns allowed)"
+    )
+    p.add_argument(
+        "--job-extra",
+        action="append",
+        help="extra directive, e.g. '--exclusive' (repeatable)",
+    )
+    p.add_argument(
+        "--workers-per-node", type=int, help="dask worker processes per node"
+    )
     p.add_argument("--threads", type=int, help="threads per worker process")
     p.add_argument("--memory-limit", help="memory limit per worker process")
     p.add_argument("--interface", help="network interface, e.g. ib0")
-    p.add_argument("--python", help="Python with metacollect installed (default: this one)")
+    p.add_argument(
+        "--python", help="Python with metacollect installed (default: this one)"
+    )
     p.add_argument("--flush-interval", help="how often collectors flush, e.g. 5s")
-    p.add_argument("-o", "--output-file", help="write the script here (default: stdout)")
+    p.add_argument(
+        "-o", "--output-file", help="write the script here (default: stdout)"
+    )
     return p
 
 
@@ -152,8 +223,10 @@ def run(args: argparse.Namespace) -> int:
             f.write(text)
         os.chmod(args.output_file, 0o755)
         submit = "sbatch" if args.system == "slurm" else "qsub"
-        print(f"metacollect: wrote {args.output_file}; submit it with `{submit} {args.output_file}`",
-              file=sys.stderr)
+        print(
+            f"metacollect: wrote {args.output_file}; submit it with `{submit} {args.output_file}`",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(text)
     return 0
@@ -163,18 +236,31 @@ def run_batch(args: argparse.Namespace) -> int:
     from metacollect.launch import jobqueue
 
     if args.action == "start":
-        store = jobqueue.batch_start(args.store, overwrite=args.overwrite, system=args.system)
+        store = jobqueue.batch_start(
+            args.store, overwrite=args.overwrite, system=args.system
+        )
         print(f"metacollect: collecting into {store}", file=sys.stderr)
     elif args.action == "stop":
-        for problem in jobqueue.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):
+        for problem in jobqueue.batch_stop(
+            args.store, args.scheduler_file, timeout=args.timeout
+        ):
             print(f"metacollect batch stop: {problem}", file=sys.stderr)
         left = jobqueue.wait_pids(args.wait_pid, timeout=args.timeout)
         if left:
-            print(f"metacollect batch stop: processes {left} still running; finalising anyway", file=sys.stderr)
+            print(
+                f"metacollect batch stop: processes {left} still running; finalising anyway",
+                file=sys.stderr,
+            )
         if args.exit_code is not None:
             status = jobqueue.batch_finalize(args.store, args.exit_code)
-            print(f"metacollect: store {args.store} finalised (status {status})", file=sys.stderr)
+            print(
+                f"metacollect: store {args.store} finalised (status {status})",
+                file=sys.stderr,
+            )
     else:
         status = jobqueue.batch_finalize(args.store, args.exit_code)
-        print(f"metacollect: store {args.store} finalised (status {status})", file=sys.stderr)
+        print(
+            f"metacollect: store {args.store} finalised (status {status})",
+            file=sys.stderr,
+        )
     return 0

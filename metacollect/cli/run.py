@@ -20,30 +20,74 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "script follow --, e.g. metacollect run flow.py --store a.zarr -- --input data/",
     )
     p.add_argument("script", help="the Python script to run")
-    p.add_argument("--store", "-s", help="store to write (default: <script>.zarr in the working directory)")
-    p.add_argument("--overwrite", action="store_true", default=None, help="replace an existing store")
-    p.add_argument("--cluster", help="start this cluster for the script (local; slurm and pbs with dask-jobqueue)")
-    p.add_argument("--workers", "--jobs", dest="workers", type=int, help="workers (local) or jobs (batch)")
+    p.add_argument(
+        "--store",
+        "-s",
+        help="store to write (default: <script>.zarr in the working directory)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace an existing store",
+    )
+    p.add_argument(
+        "--cluster",
+        help="start this cluster for the script (local; slurm and pbs with dask-jobqueue)",
+    )
+    p.add_argument(
+        "--workers",
+        "--jobs",
+        dest="workers",
+        type=int,
+        help="workers (local) or jobs (batch)",
+    )
     p.add_argument("--threads", type=int, help="threads per worker (local)")
     p.add_argument("--memory", help="memory per worker/job, e.g. 1GB")
     p.add_argument("--cores", type=int, help="cores per batch job (slurm, pbs)")
-    p.add_argument("--processes", type=int, help="worker processes per batch job (slurm, pbs)")
+    p.add_argument(
+        "--processes", type=int, help="worker processes per batch job (slurm, pbs)"
+    )
     p.add_argument("--queue", help="queue / partition of the batch jobs")
     p.add_argument("--walltime", help="walltime of each batch job, e.g. 00:30:00")
     p.add_argument("--account", help="account / project charged for the batch jobs")
-    p.add_argument("--interface", help="network interface of scheduler and workers, e.g. ib0 or lo")
-    p.add_argument("--job-extra", action="append", help="extra #SBATCH/#PBS directive (repeatable)")
-    p.add_argument("--local-directory", help="worker scratch directory on the compute nodes")
+    p.add_argument(
+        "--interface", help="network interface of scheduler and workers, e.g. ib0 or lo"
+    )
+    p.add_argument(
+        "--job-extra", action="append", help="extra #SBATCH/#PBS directive (repeatable)"
+    )
+    p.add_argument(
+        "--local-directory", help="worker scratch directory on the compute nodes"
+    )
     p.add_argument("--flush-interval", help="how often collectors flush (e.g. 2s)")
-    p.add_argument("--yappi", action="store_true", default=None, help="profile the worker processes with Yappi")
-    p.add_argument("--darshan", action="store_true", default=None, help="capture I/O with Darshan")
+    p.add_argument(
+        "--yappi",
+        action="store_true",
+        default=None,
+        help="profile the worker processes with Yappi",
+    )
+    p.add_argument(
+        "--darshan", action="store_true", default=None, help="capture I/O with Darshan"
+    )
     return p
 
 
 def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     """Options of ``--cluster``, by name, without the unset ones."""
-    names = ("workers", "threads", "memory", "cores", "processes", "queue", "walltime", "account",
-             "interface", "job_extra", "local_directory")
+    names = (
+        "workers",
+        "threads",
+        "memory",
+        "cores",
+        "processes",
+        "queue",
+        "walltime",
+        "account",
+        "interface",
+        "job_extra",
+        "local_directory",
+    )
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
@@ -64,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
     script_args = args.passthrough
     store = args.store or os.path.splitext(os.path.basename(args.script))[0] + ".zarr"
     return run_script(
-        args.script, script_args, store, overwrite=args.overwrite, cluster=args.cluster,
-        cluster_options=cluster_options(args), options=collect_options(args),
+        args.script,
+        script_args,
+        store,
+        overwrite=args.overwrite,
+        cluster=args.cluster,
+        cluster_options=cluster_options(args),
+        options=collect_options(args),
     )

@@ -40,8 +40,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SYSTEMS", "BatchRecorder", "batch_start", "batch_stop", "batch_system", "jobqueue_cluster",
-           "scontrol_job"]
+__all__ = [
+    "SYSTEMS",
+    "BatchRecorder",
+    "batch_start",
+    "batch_stop",
+    "batch_system",
+    "jobqueue_cluster",
+    "scontrol_job",
+]
 
 #: batch systems and their dask-jobqueue cluster class
 SYSTEMS = {"slurm": "SLURMCluster", "pbs": "PBSCluster"}
@@ -60,7 +67,9 @@ def _torque_wrappers() -> bool:
         return False
 
 
-def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs: Any) -> Any:
+def jobqueue_cluster(
+    system: str, *, darshan_store: str | None = None, **kwargs: Any
+) -> Any:
     """A dask-jobqueue cluster for ``system`` ("slurm" or "pbs"), ready to collect.
 
     Parameters
@@ -92,7 +101,9 @@ def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs:
     ...     client.submit(sum, [1, 2]).result()
     """
     if system not in SYSTEMS:
-        raise UsageError(f"unknown batch system {system!r}; choose one of {', '.join(SYSTEMS)}")
+        raise UsageError(
+            f"unknown batch system {system!r}; choose one of {', '.join(SYSTEMS)}"
+        )
     import dask_jobqueue
 
     cls = getattr(dask_jobqueue, SYSTEMS[system])
@@ -104,7 +115,9 @@ def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs:
             os.makedirs(logdir, exist_ok=True)
             submit = f"qsub -e {os.path.abspath(logdir)}/%x-%j.err -o {os.path.abspath(logdir)}/%x-%j.out"
 
-            class TorqueJob(PBSJob):  # qsub (slurm-wlm-torque) always passes -e/-o: give file patterns
+            class TorqueJob(
+                PBSJob
+            ):  # qsub (slurm-wlm-torque) always passes -e/-o: give file patterns
                 submit_command = submit
 
             kwargs["job_cls"] = TorqueJob
@@ -124,8 +137,14 @@ def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs:
 
         own = kwargs.get("job_script_prologue")
         if own is None:
-            own = dask.config.get(f"jobqueue.{system}.job-script-prologue", default=None) or []
-        kwargs["job_script_prologue"] = [*own, *darshan.job_script_prologue(darshan_store)]
+            own = (
+                dask.config.get(f"jobqueue.{system}.job-script-prologue", default=None)
+                or []
+            )
+        kwargs["job_script_prologue"] = [
+            *own,
+            *darshan.job_script_prologue(darshan_store),
+        ]
     ClosingJob.__name__ = ClosingJob.__qualname__ = base.__name__
     kwargs["job_cls"] = ClosingJob
     try:
@@ -155,19 +174,30 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     """Fields of ``scontrol show job -o ID`` (empty if Slurm no longer knows the job)."""
     if not shutil.which("scontrol"):
         return {}
-    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
-                         check=False)
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", str(job_id)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0 or not out.stdout.strip():
         return {}
-    return {k: ("" if v == "(null)" else v) for k, v in _FIELD.findall(out.stdout.strip().splitlines()[0])}
+    return {
+        k: ("" if v == "(null)" else v)
+        for k, v in _FIELD.findall(out.stdout.strip().splitlines()[0])
+    }
 
 
 def scontrol_script(job_id: str) -> str:
     """The batch script Slurm stored for a job ("" if unavailable)."""
     if not shutil.which("scontrol"):
         return ""
-    out = subprocess.run(["scontrol", "write", "batch_script", str(job_id), "-"], capture_output=True,
-                         text=True, check=False)
+    out = subprocess.run(
+        ["scontrol", "write", "batch_script", str(job_id), "-"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return out.stdout if out.returncode == 0 else ""
 
 
@@ -187,10 +217,19 @@ def _int(value: Any) -> int:
         return -1
 
 
-def _job_row(job_id: str, role: str, fields: Mapping[str, str], script: str, processes: int = -1,
-             workers: list[str] | None = None, hostnames: list[str] | None = None) -> dict[str, Any]:
+def _job_row(
+    job_id: str,
+    role: str,
+    fields: Mapping[str, str],
+    script: str,
+    processes: int = -1,
+    workers: list[str] | None = None,
+    hostnames: list[str] | None = None,
+) -> dict[str, Any]:
     memory = fields.get("MinMemoryNode") or fields.get("MinMemoryCPU") or ""
-    tres = dict(kv.split("=", 1) for kv in fields.get("TRES", "").split(",") if "=" in kv)
+    tres = dict(
+        kv.split("=", 1) for kv in fields.get("TRES", "").split(",") if "=" in kv
+    )
     return {
         "job_id": str(job_id),
         "role": role,
@@ -220,8 +259,11 @@ def _batch_environment() -> dict[str, Any]:
     import socket as _socket
 
     env = {k: v for k, v in _os.environ.items() if k.startswith(BATCH_PREFIXES)}
-    return {"host": _socket.gethostname(), "env": env,
-            "job_id": env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or ""}
+    return {
+        "host": _socket.gethostname(),
+        "env": env,
+        "job_id": env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or "",
+    }
 
 
 def _write_rows(group: Any, table: str, rows: list[dict[str, Any]]) -> None:
@@ -230,7 +272,10 @@ def _write_rows(group: Any, table: str, rows: list[dict[str, Any]]) -> None:
 
 
 def _env_rows(job_id: str, worker: str, env: Mapping[str, str]) -> list[dict[str, Any]]:
-    return [{"job_id": job_id, "worker": worker, "name": k, "value": v} for k, v in sorted(env.items())]
+    return [
+        {"job_id": job_id, "worker": worker, "name": k, "value": v}
+        for k, v in sorted(env.items())
+    ]
 
 
 class BatchRecorder:
@@ -240,7 +285,9 @@ class BatchRecorder:
     worker's environment is written once, when first seen running.
     """
 
-    def __init__(self, client: Client, cluster: Any, system: str, writer: StoreWriter) -> None:
+    def __init__(
+        self, client: Client, cluster: Any, system: str, writer: StoreWriter
+    ) -> None:
         self.client = client
         self.cluster = cluster
         self.system = system
@@ -249,17 +296,21 @@ class BatchRecorder:
         self._seen_jobs: set[str] = set()
         self._seen_workers: set[str] = set()
         job = getattr(cluster, "_dummy_job", None)
-        self.group = writer.group("batch", attrs={
-            "batch_system": system,
-            "source": "jobqueue",
-            "job_script": cluster.job_script(),
-            "queue": _requested(cluster, "queue"),
-            "account": _requested(cluster, "account") or _requested(cluster, "project"),
-            "walltime": _requested(cluster, "walltime"),
-            "cores": getattr(job, "worker_cores", None),
-            "memory": _memory(getattr(job, "worker_memory", None)),
-            "processes": getattr(job, "worker_processes", None),
-        })
+        self.group = writer.group(
+            "batch",
+            attrs={
+                "batch_system": system,
+                "source": "jobqueue",
+                "job_script": cluster.job_script(),
+                "queue": _requested(cluster, "queue"),
+                "account": _requested(cluster, "account")
+                or _requested(cluster, "project"),
+                "walltime": _requested(cluster, "walltime"),
+                "cores": getattr(job, "worker_cores", None),
+                "memory": _memory(getattr(job, "worker_memory", None)),
+                "processes": getattr(job, "worker_processes", None),
+            },
+        )
 
     @classmethod
     def for_client(cls, client: Client, writer: StoreWriter) -> BatchRecorder | None:
@@ -270,7 +321,11 @@ class BatchRecorder:
 
     def record(self) -> None:
         """Capture the jobs and worker environments not recorded yet, and flush."""
-        jobs = {str(j.job_id): j for j in list(self.cluster.workers.values()) if getattr(j, "job_id", None)}
+        jobs = {
+            str(j.job_id): j
+            for j in list(self.cluster.workers.values())
+            if getattr(j, "job_id", None)
+        }
         for job_id in jobs:
             if job_id not in self.job_ids:
                 self.job_ids.append(job_id)
@@ -295,9 +350,17 @@ class BatchRecorder:
                 continue  # queued, not running yet: record it when it runs
             self._seen_jobs.add(job_id)
             members = by_job.get(job_id, [])
-            rows.append(_job_row(job_id, "worker", fields, job.job_script(),
-                                 processes=getattr(job, "worker_processes", -1),
-                                 workers=[a for a, _ in members], hostnames=[i["host"] for _, i in members]))
+            rows.append(
+                _job_row(
+                    job_id,
+                    "worker",
+                    fields,
+                    job.job_script(),
+                    processes=getattr(job, "worker_processes", -1),
+                    workers=[a for a, _ in members],
+                    hostnames=[i["host"] for _, i in members],
+                )
+            )
         _write_rows(self.group, "jobs", rows)
         _write_rows(self.group, "environment", env_rows)
         self.group.flush()
@@ -342,7 +405,9 @@ def allocation_id(environ: Mapping[str, str] | None = None) -> tuple[str | None,
     under Slurm's torque wrappers PBS_JOBID is set too)."""
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
-        return env["SLURM_JOB_ID"], ("pbs" if env.get("METACOLLECT_BATCH_SYSTEM") == "pbs" else "slurm")
+        return env["SLURM_JOB_ID"], (
+            "pbs" if env.get("METACOLLECT_BATCH_SYSTEM") == "pbs" else "slurm"
+        )
     if env.get("PBS_JOBID"):
         return env["PBS_JOBID"], "pbs"
     return None, env.get("METACOLLECT_BATCH_SYSTEM", "slurm")
@@ -367,19 +432,24 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
     write_job(writer, JobInfo.capture("jobscript", cluster_type=f"{system}-allocation"))
     fields = scontrol_job(job_id) if job_id else {}
     script = scontrol_script(job_id) if job_id else ""
-    group = writer.group("batch", attrs={
-        "batch_system": system,
-        "source": "jobscript",
-        "job_script": script,
-        "queue": fields.get("Partition") or os.environ.get("PBS_QUEUE"),
-        "account": fields.get("Account") or None,
-        "walltime": fields.get("TimeLimit") or None,
-        "cores": _int(fields.get("NumCPUs")) if fields else None,
-        "memory": (fields.get("MinMemoryNode") or None) if fields else None,
-        "processes": None,
-    })
+    group = writer.group(
+        "batch",
+        attrs={
+            "batch_system": system,
+            "source": "jobscript",
+            "job_script": script,
+            "queue": fields.get("Partition") or os.environ.get("PBS_QUEUE"),
+            "account": fields.get("Account") or None,
+            "walltime": fields.get("TimeLimit") or None,
+            "cores": _int(fields.get("NumCPUs")) if fields else None,
+            "memory": (fields.get("MinMemoryNode") or None) if fields else None,
+            "processes": None,
+        },
+    )
     if job_id:
-        row = _job_row(job_id, "allocation", fields, script, hostnames=[socket.gethostname()])
+        row = _job_row(
+            job_id, "allocation", fields, script, hostnames=[socket.gethostname()]
+        )
         _write_rows(group, "jobs", [row])
     env = {k: v for k, v in os.environ.items() if k.startswith(BATCH_PREFIXES)}
     _write_rows(group, "environment", _env_rows(job_id or "", "", env))
@@ -396,8 +466,10 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
     from metacollect.store.writer import StoreWriter
 
     if not os.path.exists(scheduler_file):
-        raise UsageError(f"scheduler file {scheduler_file} not found; give the --scheduler-file the "
-                         "wrapper's scheduler wrote")
+        raise UsageError(
+            f"scheduler file {scheduler_file} not found; give the --scheduler-file the "
+            "wrapper's scheduler wrote"
+        )
     from distributed import Client
 
     problems: list[str] = []
@@ -421,12 +493,15 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
         except Exception as e:
             problems.append(f"shutdown scheduler: {type(e).__name__}: {e}")
     if problems:
-        zarr.open_group(store=store, mode="a", zarr_format=3).attrs["shutdown_problems"] = problems
+        zarr.open_group(store=store, mode="a", zarr_format=3).attrs[
+            "shutdown_problems"
+        ] = problems
     return problems
 
 
 def wait_pids(pids: list[int], timeout: float = 60.0) -> list[int]:
     """Wait until the processes ``pids`` exited (zombies count as exited); returns those left."""
+
     def alive(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/stat") as f:

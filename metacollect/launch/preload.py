@@ -24,7 +24,9 @@ MODULE = "metacollect.launch.preload"
 logger = logging.getLogger(__name__)
 
 
-def attach_environment(store: str, options: dict[str, Any], preloads: list[str] | None = None) -> dict[str, str]:
+def attach_environment(
+    store: str, options: dict[str, Any], preloads: list[str] | None = None
+) -> dict[str, str]:
     """Environment that makes every scheduler of a child process collect into ``store``.
 
     ``preloads`` are the user's own scheduler preloads; ours is appended, never replacing them.
@@ -34,7 +36,10 @@ def attach_environment(store: str, options: dict[str, Any], preloads: list[str] 
     if preloads is None:
         # read the user's config afresh (YAML files and DASK_* variables as they are now)
         fresh = dask.config.collect(env=os.environ)
-        preloads = dask.config.get("distributed.scheduler.preload", default=[], config=fresh) or []
+        preloads = (
+            dask.config.get("distributed.scheduler.preload", default=[], config=fresh)
+            or []
+        )
     existing = list(preloads)
     if isinstance(existing, str):
         existing = [existing]
@@ -56,21 +61,33 @@ def _flush_at_exit(plugin: Any) -> None:
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--metacollect-store", default=None, help="store to collect into (else $METACOLLECT_ATTACH)")
+@click.option(
+    "--metacollect-store",
+    default=None,
+    help="store to collect into (else $METACOLLECT_ATTACH)",
+)
 def dask_setup(server: Any, metacollect_store: str | None = None) -> None:
     """Add the scheduler collector to a scheduler (workers get theirs from it)."""
     from distributed import Scheduler
 
     if not isinstance(server, Scheduler):
-        logger.info("metacollect preload: %s collects through its scheduler", type(server).__name__)
+        logger.info(
+            "metacollect preload: %s collects through its scheduler",
+            type(server).__name__,
+        )
         return
     from metacollect.steps.scheduler import SchedulerCollector
 
     attach = json.loads(os.environ.get(ENV, "{}") or "{}")
     store = metacollect_store or attach.get("store")
     if not store:
-        logger.error("metacollect preload: no store given; pass --metacollect-store or set %s", ENV)
+        logger.error(
+            "metacollect preload: no store given; pass --metacollect-store or set %s",
+            ENV,
+        )
         return
-    plugin = SchedulerCollector(store, attach.get("options") or {}, attached_by="preload")
+    plugin = SchedulerCollector(
+        store, attach.get("options") or {}, attached_by="preload"
+    )
     server.add_plugin(plugin)
     atexit.register(_flush_at_exit, plugin)

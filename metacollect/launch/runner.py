@@ -30,7 +30,12 @@ from metacollect.steps.job import JobInfo, write_job
 from metacollect.store.writer import StoreWriter
 
 
-def start_local(workers: int | None = None, threads: int | None = None, memory: str | None = None, **_: Any) -> Any:
+def start_local(
+    workers: int | None = None,
+    threads: int | None = None,
+    memory: str | None = None,
+    **_: Any,
+) -> Any:
     """A LocalCluster with worker processes (nannies)."""
     from distributed import LocalCluster
 
@@ -46,8 +51,12 @@ def start_local(workers: int | None = None, threads: int | None = None, memory: 
 def start_jobqueue(system: str) -> Callable[..., Any]:
     """Factory of a dask-jobqueue cluster scaled to ``workers`` jobs (see ``metacollect.launch.jobqueue``)."""
 
-    def start(workers: int | None = None, threads: int | None = None, job_extra: list[str] | None = None,
-              **options: Any) -> Any:
+    def start(
+        workers: int | None = None,
+        threads: int | None = None,
+        job_extra: list[str] | None = None,
+        **options: Any,
+    ) -> Any:
         from metacollect.launch.jobqueue import jobqueue_cluster
 
         if job_extra:
@@ -79,7 +88,9 @@ def read_script(script: str) -> tuple[str, str]:
         with open(path, encoding="utf-8") as f:
             return path, f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read script {script}: {e.strerror if isinstance(e, OSError) else e}") from e
+        raise UsageError(
+            f"cannot read script {script}: {e.strerror if isinstance(e, OSError) else e}"
+        ) from e
 
 
 def write_script(writer: StoreWriter, path: str, source: str, argv: list[str]) -> None:
@@ -113,7 +124,9 @@ def run_script(
     """
     path, source = read_script(script)
     if cluster is not None and cluster not in CLUSTERS:
-        raise UsageError(f"unknown --cluster {cluster!r}; choose one of {', '.join(sorted(CLUSTERS))}")
+        raise UsageError(
+            f"unknown --cluster {cluster!r}; choose one of {', '.join(sorted(CLUSTERS))}"
+        )
     overrides = {f"metacollect.{k}": v for k, v in (options or {}).items()}
     with dask.config.set(overrides):
         config.validate()
@@ -130,7 +143,9 @@ def run_script(
             init_root(writer, run_id)
             write_job(writer, JobInfo.capture("run", cluster_type="script"))
             env.update(attach_environment(store, opts))
-            if opts["darshan"]["enabled"]:  # every process the script starts runs under Darshan
+            if opts["darshan"][
+                "enabled"
+            ]:  # every process the script starts runs under Darshan
                 env.update(_darshan_environment(store, writer, echo))
         else:
             from distributed import Client
@@ -138,10 +153,14 @@ def run_script(
             echo(f"metacollect: starting a {cluster} cluster")
             cluster_options = dict(cluster_options or {})
             if opts["darshan"]["enabled"] and cluster != "local":
-                cluster_options["darshan_store"] = store  # the job script prologue exports it
+                cluster_options["darshan_store"] = (
+                    store  # the job script prologue exports it
+                )
             cluster_obj = CLUSTERS[cluster](**cluster_options)
             client = Client(cluster_obj)
-            session = Collection(client, store, run_id=run_id, launcher="run", overwrite=True)
+            session = Collection(
+                client, store, run_id=run_id, launcher="run", overwrite=True
+            )
             session.start()
             writer = StoreWriter(store)
             env["DASK_SCHEDULER_ADDRESS"] = cluster_obj.scheduler_address
@@ -155,7 +174,10 @@ def run_script(
     except KeyboardInterrupt:
         code = -signal.SIGINT
     status = "complete" if code >= 0 else "incomplete"
-    extra: dict[str, Any] = {"script_exit_code": code, "script_seconds": time.time() - started}
+    extra: dict[str, Any] = {
+        "script_exit_code": code,
+        "script_seconds": time.time() - started,
+    }
     if session is not None:
         session.stop(status, **extra)
         session.client.close()
@@ -163,17 +185,25 @@ def run_script(
     else:
         if status == "complete" and not _all_clusters_ended(store):
             status = "incomplete"
-        if opts["darshan"]["enabled"]:  # the processes have exited: their logs are written
+        if opts["darshan"][
+            "enabled"
+        ]:  # the processes have exited: their logs are written
             from metacollect.steps import darshan
 
-            darshan.ingest(store, darshan.default_log_dir(store), writer=writer, echo=echo)
+            darshan.ingest(
+                store, darshan.default_log_dir(store), writer=writer, echo=echo
+            )
             writer.flush()
         finalize(store, status, **extra)
-    echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
+    echo(
+        f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`"
+    )
     return code
 
 
-def _darshan_environment(store: str, writer: StoreWriter, echo: Callable[[str], None]) -> dict[str, str]:
+def _darshan_environment(
+    store: str, writer: StoreWriter, echo: Callable[[str], None]
+) -> dict[str, str]:
     """Darshan's environment for the script, or nothing (recorded) when no runtime is found."""
     from metacollect.steps import darshan
 
@@ -193,4 +223,8 @@ def _all_clusters_ended(store: str) -> bool:
         clusters = root["clusters"]
     except KeyError:
         return True
-    return all(m.attrs.get("ended") is not None for _, m in clusters.members() if isinstance(m, zarr.Group))
+    return all(
+        m.attrs.get("ended") is not None
+        for _, m in clusters.members()
+        if isinstance(m, zarr.Group)
+    )

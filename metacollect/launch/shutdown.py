@@ -34,14 +34,22 @@ def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
     if not ids:
         return set()
     if shutil.which("squeue"):
-        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=False
+        )
         listed = {line.strip() for line in out.stdout.splitlines()}
         return {j for j in ids if j.split(".")[0] in listed}
     if shutil.which("qstat"):
         left = set()
         for j in ids:
-            out = subprocess.run(["qstat", j], capture_output=True, text=True, check=False)
-            if out.returncode == 0 and j.split(".")[0] in out.stdout and " C " not in out.stdout:
+            out = subprocess.run(
+                ["qstat", j], capture_output=True, text=True, check=False
+            )
+            if (
+                out.returncode == 0
+                and j.split(".")[0] in out.stdout
+                and " C " not in out.stdout
+            ):
                 left.add(j)
         return left
     return set()
@@ -57,8 +65,12 @@ def _wait(predicate: Any, timeout: float, poll: float) -> bool:
         time.sleep(poll)
 
 
-def retire_and_wait(client: Client, job_ids: Iterable[str] = (), timeout: float = 60.0,
-                    poll: float = 0.25) -> list[str]:
+def retire_and_wait(
+    client: Client,
+    job_ids: Iterable[str] = (),
+    timeout: float = 60.0,
+    poll: float = 0.25,
+) -> list[str]:
     """Retire every worker gracefully and wait until they (and their batch jobs) are gone.
 
     Parameters
@@ -88,25 +100,40 @@ def retire_and_wait(client: Client, job_ids: Iterable[str] = (), timeout: float 
     job_ids = [str(j) for j in job_ids if j]
 
     def n_tasks() -> int:
-        return int(client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)))
+        return int(
+            client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+        )
 
     if not _wait(lambda: n_tasks() == 0, timeout, poll):
-        problems.append(f"scheduler still held {n_tasks()} tasks after {timeout:g} s; retired anyway")
+        problems.append(
+            f"scheduler still held {n_tasks()} tasks after {timeout:g} s; retired anyway"
+        )
     try:
         client.retire_workers(close_workers=True)
-    except Exception as e:  # a worker that dies while retiring: keep waiting for the rest
+    except (
+        Exception
+    ) as e:  # a worker that dies while retiring: keep waiting for the rest
         problems.append(f"retire_workers: {type(e).__name__}: {e}")
-    if not _wait(lambda: not client.scheduler_info(n_workers=-1).get("workers"), timeout, poll):
+    if not _wait(
+        lambda: not client.scheduler_info(n_workers=-1).get("workers"), timeout, poll
+    ):
         problems.append(f"workers still connected {timeout:g} s after retire_workers")
     if job_ids and not _wait(lambda: not jobs_in_queue(job_ids), timeout, poll):
-        problems.append(f"batch jobs {sorted(jobs_in_queue(job_ids))} still queued {timeout:g} s after retiring")
+        problems.append(
+            f"batch jobs {sorted(jobs_in_queue(job_ids))} still queued {timeout:g} s after retiring"
+        )
     for p in problems:
         logger.warning("metacollect: graceful shutdown: %s", p)
     return problems
 
 
-def graceful_close(client: Client, cluster: Any = None, timeout: float = 60.0,
-                   job_ids: Iterable[str] | None = None, close: bool = True) -> list[str]:
+def graceful_close(
+    client: Client,
+    cluster: Any = None,
+    timeout: float = 60.0,
+    job_ids: Iterable[str] | None = None,
+    close: bool = True,
+) -> list[str]:
     """Retire workers, wait until they and their jobs are gone, then close client and cluster.
 
     Parameters
@@ -142,4 +169,8 @@ def graceful_close(client: Client, cluster: Any = None, timeout: float = 60.0,
 def cluster_job_ids(cluster: Any) -> list[str]:
     """Batch job ids of a dask-jobqueue cluster's jobs (empty for other clusters)."""
     workers = getattr(cluster, "workers", None) or {}
-    return [str(job.job_id) for job in list(workers.values()) if getattr(job, "job_id", None)]
+    return [
+        str(job.job_id)
+        for job in list(workers.values())
+        if getattr(job, "job_id", None)
+    ]

@@ -23,7 +23,20 @@ import dask.config
 from metacollect import config
 from metacollect.store.writer import StoreWriter
 
-VERSIONED = ("dask", "distributed", "dask-jobqueue", "numpy", "pandas", "xarray", "zarr", "yappi", "darshan", "tornado", "msgpack", "cloudpickle")
+VERSIONED = (
+    "dask",
+    "distributed",
+    "dask-jobqueue",
+    "numpy",
+    "pandas",
+    "xarray",
+    "zarr",
+    "yappi",
+    "darshan",
+    "tornado",
+    "msgpack",
+    "cloudpickle",
+)
 
 
 @dataclass
@@ -83,8 +96,14 @@ def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
     rx, allow = config.redact_patterns()
     out = {}
     for name in sorted(environ):
-        if name in names or name.startswith(prefixes) or config.is_secret(name, rx, allow):
-            out[name] = config.REDACTED if config.is_secret(name, rx, allow) else environ[name]
+        if (
+            name in names
+            or name.startswith(prefixes)
+            or config.is_secret(name, rx, allow)
+        ):
+            out[name] = (
+                config.REDACTED if config.is_secret(name, rx, allow) else environ[name]
+            )
     return out
 
 
@@ -118,9 +137,15 @@ def write_job(writer: StoreWriter, info: JobInfo) -> None:
     job = writer.group("job", attrs=attrs)
     job.append("environment", {"name": list(env), "value": list(env.values())})
     dists = sorted(
-        {(d.metadata["Name"] or "", d.version) for d in importlib.metadata.distributions() if d.metadata["Name"]}
+        {
+            (d.metadata["Name"] or "", d.version)
+            for d in importlib.metadata.distributions()
+            if d.metadata["Name"]
+        }
     )
-    job.append("packages", {"name": [n for n, _ in dists], "version": [v for _, v in dists]})
+    job.append(
+        "packages", {"name": [n for n, _ in dists], "version": [v for _, v in dists]}
+    )
     cfg = writer.group("config")
     entries = flatten(config.redact_mapping(dask.config.config))
     cfg.append(

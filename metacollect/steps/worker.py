@@ -51,14 +51,20 @@ class WorkerCollector(WorkerPlugin):
     name = "metacollect-worker"
     idempotent = True
 
-    def __init__(self, store: str, cluster: str, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, store: str, cluster: str, options: dict[str, Any] | None = None
+    ) -> None:
         self.store_path = store
         self.cluster = cluster
         self.options = options or {}
         self.worker: Worker | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"store_path": self.store_path, "cluster": self.cluster, "options": self.options}
+        return {
+            "store_path": self.store_path,
+            "cluster": self.cluster,
+            "options": self.options,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["store_path"], state["cluster"], state["options"])  # type: ignore[misc]
@@ -89,17 +95,31 @@ class WorkerCollector(WorkerPlugin):
             worker=self.id,
         )
         self.flusher = PeriodicFlusher(
-            self._swap, self._write, config.interval("flush-interval"), self._on_error, "metacollect-flush"
+            self._swap,
+            self._write,
+            config.interval("flush-interval"),
+            self._on_error,
+            "metacollect-flush",
         )
-        self.profile = None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
+        self.profile = (
+            None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
+        )
         if config.get("yappi.enabled"):
             from metacollect.steps import yappi
 
-            self.profile = yappi.attach(self.writer, "worker", dask_worker=worker, cluster=self.cluster, worker=self.id)
+            self.profile = yappi.attach(
+                self.writer,
+                "worker",
+                dask_worker=worker,
+                cluster=self.cluster,
+                worker=self.id,
+            )
         self.flusher.start()
         from tornado.ioloop import PeriodicCallback
 
-        self._sampler = PeriodicCallback(self._sample, config.interval("snapshot-interval") * 1000)
+        self._sampler = PeriodicCallback(
+            self._sample, config.interval("snapshot-interval") * 1000
+        )
         if config.get("capture.worker-metrics"):
             self._sampler.start()
 
@@ -110,7 +130,9 @@ class WorkerCollector(WorkerPlugin):
         self._sampler.stop()
         self._sample()
         if self.profile is not None:
-            self.profile.last_flush = True  # the final flush takes the full profile snapshot
+            self.profile.last_flush = (
+                True  # the final flush takes the full profile snapshot
+            )
         await self.flusher.close()
         if self.profile is not None:
             self.profile.detach()
@@ -125,8 +147,15 @@ class WorkerCollector(WorkerPlugin):
                 ts = self.worker.state.tasks.get(key)  # type: ignore[union-attr]
                 if ts is not None:
                     self._executions.append(
-                        (key, finish, start in _RUNNING, self.worker.state.threads.get(key),  # type: ignore[union-attr]
-                         list(ts.startstops), ts.nbytes, ts.type)
+                        (
+                            key,
+                            finish,
+                            start in _RUNNING,
+                            self.worker.state.threads.get(key),  # type: ignore[union-attr]
+                            list(ts.startstops),
+                            ts.nbytes,
+                            ts.type,
+                        )
                     )
             except Exception as e:
                 self._on_error("transition", e)
@@ -143,14 +172,23 @@ class WorkerCollector(WorkerPlugin):
             if hasattr(data, "spilled_total"):
                 spilled = int(data.spilled_total.memory)
             memory = int(m.get("memory") or 0)
-            self._samples.append((
-                m.get("time", time.time()), float(m.get("cpu") or 0.0), memory, managed, spilled,
-                max(memory - managed, 0), float(m.get("host_net_io.read_bps") or 0.0),
-                float(m.get("host_net_io.write_bps") or 0.0),
-                float(m.get("host_disk_io.read_bps", math.nan)),
-                float(m.get("host_disk_io.write_bps", math.nan)),
-                len(w.state.executing), len(w.state.ready), len(w.data),
-            ))
+            self._samples.append(
+                (
+                    m.get("time", time.time()),
+                    float(m.get("cpu") or 0.0),
+                    memory,
+                    managed,
+                    spilled,
+                    max(memory - managed, 0),
+                    float(m.get("host_net_io.read_bps") or 0.0),
+                    float(m.get("host_net_io.write_bps") or 0.0),
+                    float(m.get("host_disk_io.read_bps", math.nan)),
+                    float(m.get("host_disk_io.write_bps", math.nan)),
+                    len(w.state.executing),
+                    len(w.state.ready),
+                    len(w.data),
+                )
+            )
             self._transfers()
         except Exception as e:
             self._on_error("sample", e)
@@ -158,8 +196,10 @@ class WorkerCollector(WorkerPlugin):
     def _transfers(self) -> None:
         """Take the transfer-log entries added since the last sample (logs are bounded deques)."""
         w = self.worker
-        for direction, log, last_attr in (("in", w.transfer_incoming_log, "_last_in"),
-                                           ("out", w.transfer_outgoing_log, "_last_out")):
+        for direction, log, last_attr in (
+            ("in", w.transfer_incoming_log, "_last_in"),
+            ("out", w.transfer_outgoing_log, "_last_out"),
+        ):
             last = getattr(self, last_attr)
             new = []
             for entry in reversed(log):
@@ -181,11 +221,24 @@ class WorkerCollector(WorkerPlugin):
         transitions, executions, samples = batch
         g = self.group
         if transitions:
-            k, s, f, t = zip(*transitions)
+            k, s, f, t = zip(*transitions, strict=False)
             g.append("transitions", {"key": k, "start": s, "finish": f, "time": t})
         if executions:
-            tasks: dict[str, list[Any]] = {c: [] for c in ("key", "state", "thread", "start", "stop", "nbytes", "typename")}
-            ss: dict[str, list[Any]] = {c: [] for c in ("key", "action", "start", "stop", "source")}
+            tasks: dict[str, list[Any]] = {
+                c: []
+                for c in (
+                    "key",
+                    "state",
+                    "thread",
+                    "start",
+                    "stop",
+                    "nbytes",
+                    "typename",
+                )
+            }
+            ss: dict[str, list[Any]] = {
+                c: [] for c in ("key", "action", "start", "stop", "source")
+            }
             for key, state, ran, thread, startstops, nbytes, typ in executions:
                 for s_ in startstops:
                     ss["key"].append(key)
@@ -202,16 +255,44 @@ class WorkerCollector(WorkerPlugin):
                 tasks["start"].append(compute[0]["start"] if compute else math.nan)
                 tasks["stop"].append(compute[-1]["stop"] if compute else math.nan)
                 tasks["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
-                tasks["typename"].append(getattr(typ, "__name__", None) if typ is not None else None)
+                tasks["typename"].append(
+                    getattr(typ, "__name__", None) if typ is not None else None
+                )
             if tasks["key"]:
                 g.append("tasks", tasks)
             if ss["key"]:
                 g.append("startstops", ss)
-        metrics: dict[str, list[Any]] = {c: [] for c in (
-            "time", "cpu", "memory", "managed", "spilled", "unmanaged", "read_bytes", "write_bytes",
-            "disk_read", "disk_write", "executing", "ready", "in_memory")}
-        transfers: dict[str, list[Any]] = {c: [] for c in (
-            "direction", "peer", "start", "stop", "n_keys", "keys", "total", "compressed")}
+        metrics: dict[str, list[Any]] = {
+            c: []
+            for c in (
+                "time",
+                "cpu",
+                "memory",
+                "managed",
+                "spilled",
+                "unmanaged",
+                "read_bytes",
+                "write_bytes",
+                "disk_read",
+                "disk_write",
+                "executing",
+                "ready",
+                "in_memory",
+            )
+        }
+        transfers: dict[str, list[Any]] = {
+            c: []
+            for c in (
+                "direction",
+                "peer",
+                "start",
+                "stop",
+                "n_keys",
+                "keys",
+                "total",
+                "compressed",
+            )
+        }
         for row in samples:
             if row[0] == "transfer":
                 _, direction, entries = row
@@ -225,9 +306,11 @@ class WorkerCollector(WorkerPlugin):
                     transfers["keys"].append(json.dumps([str(k) for k in keys]))
                     transfers["total"].append(int(e.get("total") or 0))
                     c = e.get("compressed")
-                    transfers["compressed"].append(int(c) if isinstance(c, (int, float)) else -1)
+                    transfers["compressed"].append(
+                        int(c) if isinstance(c, (int, float)) else -1
+                    )
             else:
-                for name, v in zip(metrics, row):
+                for name, v in zip(metrics, row, strict=False):
                     metrics[name].append(v)
         if metrics["time"]:
             g.append("metrics", metrics)

@@ -48,14 +48,22 @@ class Run:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         if "://" not in self.path and not os.path.isdir(self.path):
-            raise NotAStoreError(f"{self.path} does not exist or is not a directory; give the path of a metacollect store")
+            raise NotAStoreError(
+                f"{self.path} does not exist or is not a directory; give the path of a metacollect store"
+            )
         try:
-            self.root = zarr.open_group(store=self.path, mode="r", zarr_format=3, use_consolidated=False)
+            self.root = zarr.open_group(
+                store=self.path, mode="r", zarr_format=3, use_consolidated=False
+            )
         except Exception as e:
-            raise NotAStoreError(f"{self.path} is not a Zarr v3 store ({type(e).__name__}: {e}); give the path of a metacollect store") from e
+            raise NotAStoreError(
+                f"{self.path} is not a Zarr v3 store ({type(e).__name__}: {e}); give the path of a metacollect store"
+            ) from e
         attrs = dict(self.root.attrs)
         if "run_id" not in attrs or "schema_version" not in attrs:
-            raise NotAStoreError(f"{self.path} is a Zarr store but not a metacollect run (no run_id/schema_version on its root)")
+            raise NotAStoreError(
+                f"{self.path} is a Zarr store but not a metacollect run (no run_id/schema_version on its root)"
+            )
         self.schema: Schema = load_schema()
         version = attrs["schema_version"]
         if not isinstance(version, int) or version > self.schema.version:
@@ -77,7 +85,9 @@ class Run:
     @functools.cached_property
     def tree(self) -> xr.DataTree:
         """The whole run as an :class:`xarray.DataTree` (lazily loaded)."""
-        return xr.open_datatree(self.path, engine="zarr", consolidated=False, chunks=None)
+        return xr.open_datatree(
+            self.path, engine="zarr", consolidated=False, chunks=None
+        )
 
     @functools.cached_property
     def groups(self) -> dict[str, dict[str, Any]]:
@@ -104,14 +114,22 @@ class Run:
     def level(self, name: str) -> dict[str, xr.DataTree]:
         """Every group at that level of the metadata map, as DataTree nodes by path."""
         if name not in self.schema.levels:
-            raise StoreError(f"unknown level {name!r}; levels are {', '.join(self.schema.levels)}")
-        return {p: self.tree[p] if p else self.tree for p in self.levels().get(name, [])}
+            raise StoreError(
+                f"unknown level {name!r}; levels are {', '.join(self.schema.levels)}"
+            )
+        return {
+            p: self.tree[p] if p else self.tree for p in self.levels().get(name, [])
+        }
 
     def step(self, n: int) -> dict[str, xr.DataTree]:
         """Every group of step ``n`` (1-5) of the metadata map."""
         if n not in self.schema.steps:
-            raise StoreError(f"unknown step {n!r}; steps are {sorted(self.schema.steps)}")
-        return {p: self.tree[p] for p, a in self.groups.items() if a.get("step") == n and p}
+            raise StoreError(
+                f"unknown step {n!r}; steps are {sorted(self.schema.steps)}"
+            )
+        return {
+            p: self.tree[p] for p, a in self.groups.items() if a.get("step") == n and p
+        }
 
     def clusters(self) -> list[str]:
         """Cluster ids (one per scheduler), in start order."""
@@ -119,19 +137,26 @@ class Run:
             g = self.root["clusters"]
         except KeyError:
             return []
-        items = [(dict(m.attrs).get("started", 0.0), name) for name, m in walk(g, "clusters", depth=1)
-                 if isinstance(m, zarr.Group)]
+        items = [
+            (dict(m.attrs).get("started", 0.0), name)
+            for name, m in walk(g, "clusters", depth=1)
+            if isinstance(m, zarr.Group)
+        ]
         return [name for _, name in sorted(items)]
 
     def worker_groups(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
         """``{group path: attrs}`` of the worker groups."""
         return {
-            p: a for p, a in self.groups.items()
-            if a.get("kind") == "worker" and (cluster is None or p.startswith(f"clusters/{cluster}/"))
+            p: a
+            for p, a in self.groups.items()
+            if a.get("kind") == "worker"
+            and (cluster is None or p.startswith(f"clusters/{cluster}/"))
         }
 
     # -- tables ----------------------------------------------------------------------------------
-    def table(self, group: str, name: str, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    def table(
+        self, group: str, name: str, columns: Iterable[str] | None = None
+    ) -> pd.DataFrame:
         """One table of one group, codes decoded to strings; empty if never written.
 
         ``columns`` limits the read to those variables (a large table reads much faster).
@@ -146,31 +171,50 @@ class Run:
         try:
             tg = self.root[f"{group}/{name}" if group else name]
         except KeyError:
-            return pd.DataFrame({v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype)) for v in wanted})
+            return pd.DataFrame(
+                {
+                    v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype))
+                    for v in wanted
+                }
+            )
         arrays = {}
         try:
             n = min((tg[v].shape[0] for v in tspec.variables if v in tg), default=0)
             for v in wanted:
                 vspec = tspec.variables[v]
                 if v not in tg:
-                    arrays[v] = pd.Series(np.full(n, None if vspec.dtype in ("str", "code") else FILL[vspec.dtype],
-                                                  dtype=_pandas_dtype(vspec.dtype)))
+                    arrays[v] = pd.Series(
+                        np.full(
+                            n,
+                            None
+                            if vspec.dtype in ("str", "code")
+                            else FILL[vspec.dtype],
+                            dtype=_pandas_dtype(vspec.dtype),
+                        )
+                    )
                     continue
                 data = tg[v][:n]
                 if vspec.dtype == "code":
                     data = self._decode(group, data)
                 elif vspec.dtype == "str":
                     data = np.asarray(data, dtype=object)
-                arrays[v] = pd.Series(data, dtype=object, copy=False) if data.dtype == object else (
-                    data if data.ndim == 1 else list(data))
+                arrays[v] = (
+                    pd.Series(data, dtype=object, copy=False)
+                    if data.dtype == object
+                    else (data if data.ndim == 1 else list(data))
+                )
         except Exception as e:
-            raise StoreError(f"cannot read table {group}/{name}: {type(e).__name__}: {e} (the store may be damaged)") from e
+            raise StoreError(
+                f"cannot read table {group}/{name}: {type(e).__name__}: {e} (the store may be damaged)"
+            ) from e
         return pd.DataFrame(arrays)
 
     def _decode(self, group: str, codes: np.ndarray) -> np.ndarray:
         """Strings of ``codes``, reading only the chunks of the group's strings table they use
         (a column of a few task prefixes must not read a million task keys)."""
-        used, inverse = np.unique(np.asarray(codes, dtype=np.int64), return_inverse=True)
+        used, inverse = np.unique(
+            np.asarray(codes, dtype=np.int64), return_inverse=True
+        )
         try:
             table = self.root[f"{group}/strings/value" if group else "strings/value"]
             n = table.shape[0]
@@ -181,18 +225,29 @@ class Run:
         if valid.any():
             idx = used[valid]
             values = table[:] if len(idx) > n // 4 else table.oindex[idx]
-            lookup[valid] = np.asarray(values if len(idx) <= n // 4 else values[idx], dtype=object)
+            lookup[valid] = np.asarray(
+                values if len(idx) <= n // 4 else values[idx], dtype=object
+            )
         return lookup[inverse.reshape(-1)]
 
-    def _concat(self, kind: str, table: str, paths: Iterable[str] | None = None,
-                columns: Iterable[str] | None = None) -> pd.DataFrame:
+    def _concat(
+        self,
+        kind: str,
+        table: str,
+        paths: Iterable[str] | None = None,
+        columns: Iterable[str] | None = None,
+    ) -> pd.DataFrame:
         frames = []
         for path, attrs in self.groups.items():
             if attrs.get("kind") != kind or (paths is not None and path not in paths):
                 continue
             df = self.table(path, table, columns)
             parts = path.split("/")
-            df.insert(0, "cluster", parts[1] if len(parts) > 1 and parts[0] == "clusters" else "")
+            df.insert(
+                0,
+                "cluster",
+                parts[1] if len(parts) > 1 and parts[0] == "clusters" else "",
+            )
             if kind == "worker":
                 df.insert(1, "worker_group", parts[-1])
             frames.append(df)
@@ -201,8 +256,13 @@ class Run:
             cols = {"cluster": pd.Series(dtype=object)}
             if kind == "worker":
                 cols["worker_group"] = pd.Series(dtype=object)
-            cols.update({v: pd.Series(dtype=_pandas_dtype(s.dtype)) for v, s in spec.variables.items()
-                         if columns is None or v in set(columns)})
+            cols.update(
+                {
+                    v: pd.Series(dtype=_pandas_dtype(s.dtype))
+                    for v, s in spec.variables.items()
+                    if columns is None or v in set(columns)
+                }
+            )
             return pd.DataFrame(cols)
         return pd.concat(frames, ignore_index=True)
 
@@ -252,7 +312,9 @@ class Run:
 
         return read_io(self, by=by)
 
-    def profile(self, worker: str | None = None, task: Any = None, thread: int | None = None) -> pd.DataFrame:
+    def profile(
+        self, worker: str | None = None, task: Any = None, thread: int | None = None
+    ) -> pd.DataFrame:
         """Yappi function stats (step 5), one row per (process, thread, task tag, function).
 
         Parameters
@@ -280,7 +342,9 @@ class Run:
 
         return read_profile(self, worker=worker, task=task, thread=thread)
 
-    def profile_edges(self, worker: str | None = None, task: Any = None, thread: int | None = None) -> pd.DataFrame:
+    def profile_edges(
+        self, worker: str | None = None, task: Any = None, thread: int | None = None
+    ) -> pd.DataFrame:
         """Yappi call edges caller -> callee (counts, ttot, tsub of the callee under the caller),
         filtered like :meth:`profile` (``task`` selects the caller's task); enough to rebuild a
         call graph or flame view."""
@@ -298,7 +362,7 @@ class Run:
     def errors(self) -> pd.DataFrame:
         """Every collector failure recorded in the store, with the group it belongs to."""
         frames = []
-        for path, attrs in self.groups.items():
+        for path, _attrs in self.groups.items():
             spec = self.schema.match(path)
             if spec is not None and "errors" in spec.tables:
                 df = self.table(path, "errors")
@@ -306,8 +370,12 @@ class Run:
                     df.insert(0, "group", path)
                     frames.append(df)
         if not frames:
-            return pd.DataFrame({"group": [], "time": [], "where": [], "what": [], "why": []})
-        return pd.concat(frames, ignore_index=True).sort_values("time", ignore_index=True)
+            return pd.DataFrame(
+                {"group": [], "time": [], "where": [], "what": [], "why": []}
+            )
+        return pd.concat(frames, ignore_index=True).sort_values(
+            "time", ignore_index=True
+        )
 
     def losses(self) -> pd.DataFrame:
         """Tasks lost with a worker: one row per task the scheduler took back from a removed
@@ -316,18 +384,34 @@ class Run:
         Columns: cluster, worker, removed (time), removal_stimulus, key, lost (``memory`` or
         ``processing``), recomputed (the task ran again afterwards, see ``tasks().execution``).
         """
-        cols = ["cluster", "worker", "removed", "removal_stimulus", "key", "lost", "recomputed"]
+        cols = [
+            "cluster",
+            "worker",
+            "removed",
+            "removal_stimulus",
+            "key",
+            "lost",
+            "recomputed",
+        ]
         w = self.workers()
         w = w[w["removed"].notna()] if "removed" in w else w.iloc[:0]
         if not len(w):
             return pd.DataFrame({c: [] for c in cols})
         tr = self.transitions()
         tr = tr[tr["start"].isin(["memory", "processing"])].drop(columns=["worker"])
-        m = tr.merge(w[["cluster", "address", "removed", "removal_stimulus"]],
-                     left_on=["cluster", "stimulus_id"], right_on=["cluster", "removal_stimulus"])
+        m = tr.merge(
+            w[["cluster", "address", "removed", "removal_stimulus"]],
+            left_on=["cluster", "stimulus_id"],
+            right_on=["cluster", "removal_stimulus"],
+        )
         m = m.rename(columns={"address": "worker", "start": "lost"})
         tasks = self.tasks()
-        last = tasks.groupby(["cluster", "key"])["time"].max().rename("last_done").reset_index()
+        last = (
+            tasks.groupby(["cluster", "key"])["time"]
+            .max()
+            .rename("last_done")
+            .reset_index()
+        )
         m = m.merge(last, on=["cluster", "key"], how="left")
         m["recomputed"] = m["last_done"] > m["removed"]
         return m[cols].sort_values(["removed", "key"], ignore_index=True)
@@ -336,16 +420,31 @@ class Run:
         """One row per worker ever seen: address, name, host, pid, nthreads, memory_limit,
         added/removed times and its store group."""
         ev = self._concat("scheduler", "workers")
-        adds = ev[ev.event == "add"].drop(columns=["event", "stimulus_id"]).rename(columns={"time": "added"})
+        adds = (
+            ev[ev.event == "add"]
+            .drop(columns=["event", "stimulus_id"])
+            .rename(columns={"time": "added"})
+        )
         adds = adds.drop_duplicates(["cluster", "address", "pid"], keep="first")
         rem = ev[ev.event == "remove"][["cluster", "address", "time", "stimulus_id"]]
         rem = rem.rename(columns={"time": "removed", "stimulus_id": "removal_stimulus"})
-        adds = pd.merge_asof(
-            adds.sort_values("added"), rem.sort_values("removed"), left_on="added", right_on="removed",
-            by=["cluster", "address"], direction="forward",
-        ) if len(rem) and len(adds) else adds.assign(removed=np.nan, removal_stimulus="")
+        adds = (
+            pd.merge_asof(
+                adds.sort_values("added"),
+                rem.sort_values("removed"),
+                left_on="added",
+                right_on="removed",
+                by=["cluster", "address"],
+                direction="forward",
+            )
+            if len(rem) and len(adds)
+            else adds.assign(removed=np.nan, removal_stimulus="")
+        )
         groups = pd.DataFrame(
-            [(p.split("/")[1], a.get("address"), a.get("pid"), p.split("/")[-1]) for p, a in self.worker_groups().items()],
+            [
+                (p.split("/")[1], a.get("address"), a.get("pid"), p.split("/")[-1])
+                for p, a in self.worker_groups().items()
+            ],
             columns=["cluster", "address", "pid", "group"],
         )
         out = adds.merge(groups, on=["cluster", "address", "pid"], how="left")
@@ -363,7 +462,11 @@ class Run:
         by = ["key"] if df["cluster"].nunique() <= 1 else ["cluster", "key"]
         ids = df[by[0]].to_numpy() if len(by) == 1 else pd.MultiIndex.from_frame(df[by])
         codes, _ = pd.factorize(ids)
-        df.insert(2, "execution", pd.Series(codes).groupby(codes, sort=False).cumcount().to_numpy())
+        df.insert(
+            2,
+            "execution",
+            pd.Series(codes).groupby(codes, sort=False).cumcount().to_numpy(),
+        )
         df["duration"] = df["stop"] - df["start"]
         df.insert(5, "graph", self._graph_of(df))
         return df
@@ -376,18 +479,24 @@ class Run:
         """
         if not len(df):
             return np.full(0, -1, dtype=np.int64)
-        pairs = self._concat("client", "tasks", columns=["graph", "group"]).drop_duplicates()
+        pairs = self._concat(
+            "client", "tasks", columns=["graph", "group"]
+        ).drop_duplicates()
         if not len(pairs):
             return np.full(len(df), -1, dtype=np.int64)
         if not pairs.duplicated(["cluster", "group"]).any():
-            m = df[["cluster", "group"]].merge(pairs, on=["cluster", "group"], how="left")
+            m = df[["cluster", "group"]].merge(
+                pairs, on=["cluster", "group"], how="left"
+            )
             return m["graph"].fillna(-1).to_numpy(dtype=np.int64)
         gt = self._concat("client", "tasks", columns=["graph", "key"])
         g = self.graphs()[["cluster", "graph", "time"]]
         gt = gt.merge(g, on=["cluster", "graph"], how="left")
         left = df[["cluster", "key", "time"]].reset_index().sort_values("time")
         right = gt.rename(columns={"time": "gtime"}).sort_values("gtime")
-        m = pd.merge_asof(left, right, left_on="time", right_on="gtime", by=["cluster", "key"])
+        m = pd.merge_asof(
+            left, right, left_on="time", right_on="gtime", by=["cluster", "key"]
+        )
         return m.sort_values("index")["graph"].fillna(-1).to_numpy(dtype=np.int64)
 
     def config(self) -> dict[str, Any]:
@@ -396,7 +505,7 @@ class Run:
 
         entries = self.table("config", "entries")
         out: dict[str, Any] = {}
-        for key, value in zip(entries["key"], entries["value"]):
+        for key, value in zip(entries["key"], entries["value"], strict=False):
             d = out
             *parents, leaf = key.split(".")
             for p in parents:
@@ -405,8 +514,12 @@ class Run:
         return out
 
 
-def walk(group: zarr.Group, path: str = "", on_error: Callable[[str], None] | None = None,
-         depth: int | None = None) -> Iterator[tuple[str, zarr.Group | zarr.Array]]:
+def walk(
+    group: zarr.Group,
+    path: str = "",
+    on_error: Callable[[str], None] | None = None,
+    depth: int | None = None,
+) -> Iterator[tuple[str, zarr.Group | zarr.Array]]:
     """``(path, member)`` of every group and array below ``group``, listing one group at a time.
 
     A group whose listing fails (damaged ``zarr.json``) raises a :class:`StoreError` naming it,
@@ -419,7 +532,7 @@ def walk(group: zarr.Group, path: str = "", on_error: Callable[[str], None] | No
             warnings.filterwarnings("ignore", message=r".*\.partial is not recognized")
             members = list(group.members())
     except Exception as e:
-        msg = (f"group /{path} cannot be read ({type(e).__name__}: {e}); the store is damaged there")
+        msg = f"group /{path} cannot be read ({type(e).__name__}: {e}); the store is damaged there"
         if on_error is None:
             raise StoreError(msg) from e
         on_error(msg)
@@ -432,5 +545,12 @@ def walk(group: zarr.Group, path: str = "", on_error: Callable[[str], None] | No
 
 
 def _pandas_dtype(dtype: str) -> Any:
-    return {"str": object, "code": object, "bool": bool, "int32": np.int32, "int64": np.int64,
-            "uint64": np.uint64, "float64": np.float64}[dtype]
+    return {
+        "str": object,
+        "code": object,
+        "bool": bool,
+        "int32": np.int32,
+        "int64": np.int64,
+        "uint64": np.uint64,
+        "float64": np.float64,
+    }[dtype]

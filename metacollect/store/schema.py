@@ -121,7 +121,12 @@ def _table(name: str, raw: dict[str, Any]) -> TableSpec:
         )
         for v, spec in raw["variables"].items()
     }
-    return TableSpec(name=name, dim=raw["dim"], description=raw.get("description", ""), variables=variables)
+    return TableSpec(
+        name=name,
+        dim=raw["dim"],
+        description=raw.get("description", ""),
+        variables=variables,
+    )
 
 
 @functools.cache
@@ -137,7 +142,9 @@ def load_schema(directory: str = SCHEMA_DIR) -> Schema:
     for doc in docs:
         for kind, g in doc.get("groups", {}).items():
             tables = {n: _table(n, t) for n, t in (g.get("tables") or {}).items()}
-            if tables or kind == "root":  # every group that holds data gets strings + errors
+            if (
+                tables or kind == "root"
+            ):  # every group that holds data gets strings + errors
                 tables = {**common, **tables}
             regex = re.sub(r"\\\{[a-z_]+\\\}", r"[^/]+", re.escape(g["path"]))
             groups[kind] = GroupSpec(

@@ -11,17 +11,26 @@ import zarr
 from metacollect.store.schema import DTYPES, GroupSpec, Schema, load_schema
 
 _ATTR_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,), "int": (int,), "float": (int, float), "dict": (dict,), "list": (list,),
-    "bool": (bool,), "null": (type(None),),
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "dict": (dict,),
+    "list": (list,),
+    "bool": (bool,),
+    "null": (type(None),),
 }
 _COMMON = ("kind", "step", "level", "category", "schema_version")
 
 
-def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -> list[str]:
+def validate_store(
+    path: str | os.PathLike[str], schema: Schema | None = None
+) -> list[str]:
     """Problems of a store, one line each (empty: the store holds against the schema)."""
     schema = schema or load_schema()
     try:
-        root = zarr.open_group(store=os.fspath(path), mode="r", zarr_format=3, use_consolidated=False)
+        root = zarr.open_group(
+            store=os.fspath(path), mode="r", zarr_format=3, use_consolidated=False
+        )
     except Exception as e:
         return [f"not a Zarr v3 store: {type(e).__name__}: {e}"]
     problems: list[str] = []
@@ -44,37 +53,64 @@ def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -
     return problems
 
 
-def _check_group(path: str, group: zarr.Group, spec: GroupSpec, schema: Schema, problems: list[str]) -> None:
+def _check_group(
+    path: str, group: zarr.Group, spec: GroupSpec, schema: Schema, problems: list[str]
+) -> None:
     where = path or "/"
     attrs = dict(group.attrs)
     for name in _COMMON:
         if name not in attrs:
             problems.append(f"{where}: missing attr {name!r}")
     if attrs.get("kind") not in (None, spec.kind):
-        problems.append(f"{where}: kind {attrs.get('kind')!r} but its path is a {spec.kind!r}")
-    for name, key in (("step", spec.step), ("level", spec.level), ("category", spec.category)):
+        problems.append(
+            f"{where}: kind {attrs.get('kind')!r} but its path is a {spec.kind!r}"
+        )
+    for name, key in (
+        ("step", spec.step),
+        ("level", spec.level),
+        ("category", spec.category),
+    ):
         if name in attrs and attrs[name] != key:
             problems.append(f"{where}: {name} is {attrs[name]!r}, schema says {key!r}")
     if attrs.get("schema_version", schema.version) != schema.version:
-        problems.append(f"{where}: schema_version {attrs.get('schema_version')!r}, expected {schema.version}")
+        problems.append(
+            f"{where}: schema_version {attrs.get('schema_version')!r}, expected {schema.version}"
+        )
     for name, aspec in spec.attrs.items():
         if name not in attrs:
-            problems.append(f"{where}: missing attr {name!r} ({aspec.get('description', '')})")
+            problems.append(
+                f"{where}: missing attr {name!r} ({aspec.get('description', '')})"
+            )
             continue
         types = aspec.get("type", [])
         types = [types] if isinstance(types, str) else types
         value = attrs[name]
-        if types and not any(isinstance(value, _ATTR_TYPES[t]) and not (t in ("int", "float") and isinstance(value, bool)) for t in types):
-            problems.append(f"{where}: attr {name}={value!r} is not of type {' or '.join(types)}")
+        if types and not any(
+            isinstance(value, _ATTR_TYPES[t])
+            and not (t in ("int", "float") and isinstance(value, bool))
+            for t in types
+        ):
+            problems.append(
+                f"{where}: attr {name}={value!r} is not of type {' or '.join(types)}"
+            )
         if "values" in aspec and value not in aspec["values"]:
-            problems.append(f"{where}: attr {name}={value!r} not one of {aspec['values']}")
+            problems.append(
+                f"{where}: attr {name}={value!r} not one of {aspec['values']}"
+            )
     if path == "" and isinstance(attrs.get("levels"), dict):
         for level in attrs["levels"]:
             if level not in schema.levels:
                 problems.append(f"/: levels index names unknown level {level!r}")
 
 
-def _check_table(root: zarr.Group, path: str, group: zarr.Group, tspec: Any, incomplete: bool, problems: list[str]) -> None:
+def _check_table(
+    root: zarr.Group,
+    path: str,
+    group: zarr.Group,
+    tspec: Any,
+    incomplete: bool,
+    problems: list[str],
+) -> None:
     lengths = {}
     try:
         members = list(group.members())
@@ -87,19 +123,29 @@ def _check_table(root: zarr.Group, path: str, group: zarr.Group, tspec: Any, inc
             continue
         var = tspec.variables.get(name)
         if var is None:
-            problems.append(f"{path}/{name}: variable not in the schema of table {tspec.name!r}")
+            problems.append(
+                f"{path}/{name}: variable not in the schema of table {tspec.name!r}"
+            )
             continue
         dims = list(arr.metadata.dimension_names or [])
         if not dims or dims[0] != tspec.dim:
-            problems.append(f"{path}/{name}: first dimension {dims[:1]} should be {tspec.dim!r}")
+            problems.append(
+                f"{path}/{name}: first dimension {dims[:1]} should be {tspec.dim!r}"
+            )
         expected = DTYPES[var.dtype]
         if var.dtype == "str":
             if arr.dtype.kind not in ("T", "O", "U"):
-                problems.append(f"{path}/{name}: dtype {arr.dtype} should be a variable-length string")
+                problems.append(
+                    f"{path}/{name}: dtype {arr.dtype} should be a variable-length string"
+                )
             elif arr.dtype.kind == "U":
-                problems.append(f"{path}/{name}: fixed-width unicode; the schema needs variable-length strings")
+                problems.append(
+                    f"{path}/{name}: fixed-width unicode; the schema needs variable-length strings"
+                )
         elif np.dtype(arr.dtype) != np.dtype(expected):
-            problems.append(f"{path}/{name}: dtype {arr.dtype} should be {np.dtype(expected)}")
+            problems.append(
+                f"{path}/{name}: dtype {arr.dtype} should be {np.dtype(expected)}"
+            )
         lengths[name] = arr.shape[0]
         if var.dtype == "code" and arr.shape[0]:
             parent = path.rsplit("/", 1)[0] if "/" in path else ""
@@ -108,8 +154,12 @@ def _check_table(root: zarr.Group, path: str, group: zarr.Group, tspec: Any, inc
                 strings = root[strings_path].shape[0] if strings_path in root else 0
                 codes = arr[:]
                 if codes.min() < -1 or codes.max() >= strings:
-                    problems.append(f"{path}/{name}: codes outside the strings table (0..{strings - 1})")
+                    problems.append(
+                        f"{path}/{name}: codes outside the strings table (0..{strings - 1})"
+                    )
             except Exception as e:
-                problems.append(f"{path}/{name}: cannot be read ({type(e).__name__}: {e})")
+                problems.append(
+                    f"{path}/{name}: cannot be read ({type(e).__name__}: {e})"
+                )
     if len(set(lengths.values())) > 1 and not incomplete:
         problems.append(f"{path}: variables have different lengths {lengths}")
