@@ -528,8 +528,9 @@ def walk(
     try:
         with warnings.catch_warnings():
             # a write cut short (killed process, failed flush) leaves a <name>.<uuid>.partial
-            # temp file; it is not part of the store, and not a reason to warn on every read
-            warnings.filterwarnings("ignore", message=r".*\.partial is not recognized")
+            # temp file, or an array directory whose zarr.json was never written: neither
+            # holds data, and neither is a reason to warn on every read
+            warnings.filterwarnings("ignore", message=r"Object at .* is not recognized")
             members = list(group.members())
     except Exception as e:
         msg = f"group /{path} cannot be read ({type(e).__name__}: {e}); the store is damaged there"
