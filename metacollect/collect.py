@@ -331,11 +331,13 @@ class Collection:
                 lambda: self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN),
             ),
         ):
+            t0 = time.perf_counter()
             try:
                 fn()
             except Exception as e:  # record, keep finalising what we can
                 problems.append(f"{step}: {type(e).__name__}: {e}")
                 logger.warning("metacollect: %s failed: %s", step, e)
+            logger.debug("metacollect: %s took %.3fs", step, time.perf_counter() - t0)
         if (
             darshan is not None
         ):  # step 5: the workers' Darshan logs, now that they have exited

@@ -39,7 +39,7 @@ def test_defaults_and_schema_do_not_drift():
 
 
 def test_defaults_are_registered_in_dask_config():
-    assert dask.config.get("metacollect.flush-interval") == "2s"
+    assert dask.config.get("metacollect.flush-interval") == "5s"
     assert dask.config.get("metacollect.yappi.clock") == "wall"
 
 

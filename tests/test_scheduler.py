@@ -97,6 +97,15 @@ def test_custom_event_topics_are_recorded(client, store):
     assert len(mine) == 1 and '"stage":"load"' in mine.msg.iloc[0]
 
 
+def test_events_off_records_no_events(client, store):
+    with collect(client, store, flush_interval="0.5s", capture={"events": False}):
+        client.log_event("my-topic", {"stage": "load"})
+        client.submit(lambda: 1).result()
+    run = open_run(store)
+    assert run.events().empty
+    assert len(run.transitions()) > 0  # the rest is still collected
+
+
 def inc(x):
     return x + 1
 

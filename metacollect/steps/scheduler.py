@@ -92,6 +92,7 @@ class SchedulerCollector(SchedulerPlugin):
         self.attached_by = attached_by
         self.cluster: str | None = None
         self.scheduler: Scheduler | None = None
+        self._capture_events = True  # metacollect.capture.events, read at start
 
     # -- pickling: only the parameters travel ---------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -156,14 +157,21 @@ class SchedulerCollector(SchedulerPlugin):
         )
         if config.get("capture.worker-states"):
             self._sampler.start()
+        self._capture_events = bool(config.get("capture.events"))
         for address in list(scheduler.workers):
             self.add_worker(scheduler, address)
         from metacollect.steps.worker import WorkerCollector
 
         plugin = WorkerCollector(self.store_path, self.cluster, self.options)
-        await scheduler.register_worker_plugin(
+        replies = await scheduler.register_worker_plugin(
             None, dumps(plugin), name=plugin.name, idempotent=True
         )
+        # a worker whose collector could not start writes nothing: say so in the store
+        for address, reply in (replies or {}).items():
+            if isinstance(reply, dict) and reply.get("status") == "error":
+                self._on_error(
+                    f"worker-setup {address}", RuntimeError(str(reply.get("exception")))
+                )
 
     async def before_close(self) -> None:
         await self.finish()
@@ -305,7 +313,7 @@ class SchedulerCollector(SchedulerPlugin):
 
     def log_event(self, topic: str, msg: Any) -> None:
         try:
-            if topic != "metacollect-internal":
+            if self._capture_events and topic != "metacollect-internal":
                 self._events.append((time.time(), topic, msg))
         except Exception as e:
             self._on_error("log_event", e)

@@ -127,7 +127,10 @@ class WorkerCollector(WorkerPlugin):
         if self.worker is None or getattr(self, "_finished", False):
             return
         self._finished = True
-        self._sampler.stop()
+        if not hasattr(self, "flusher"):  # setup failed before collecting (it is recorded)
+            return
+        if hasattr(self, "_sampler"):
+            self._sampler.stop()
         self._sample()
         if self.profile is not None:
             self.profile.last_flush = (

@@ -8,6 +8,7 @@ arrays and appends them to Zarr - from a thread or at the end, never on a hot pa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -20,6 +21,8 @@ import numpy as np
 import pandas as pd
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.core.sync import sync
+from zarr.errors import ContainsGroupError
 
 from metacollect import config
 from metacollect.errors import StoreError
@@ -161,6 +164,9 @@ class GroupWriter:
         #: rows of each table known to be whole in the store (appends that failed half-way
         #: are cut back to this before the next append, so codes and rows never shift)
         self._committed: dict[str, int] = {}
+        #: per table: its zarr group and arrays (async handles), cached once known
+        self._tgroups: dict[str, Any] = {}
+        self._arrays: dict[str, dict[str, Any]] = {}
         # a group written before (by another writer object): new codes continue its strings
         self.strings._next = self._rows_in_store("strings")
 
@@ -202,16 +208,15 @@ class GroupWriter:
                     if chunks
                 }
                 new_strings = self.strings.take_new()
-                if new_strings:
-                    self._append_arrays(
-                        "strings", {"value": np.array(new_strings, dtype=object)}
-                    )
-                    new_strings = []
-                written = 0
-                for name, cols in columns.items():
-                    self._append_arrays(name, cols)
-                    written += sum(n for n, _ in taken[name])
-                    taken[name] = []
+                if new_strings:  # first: the codes in the other tables refer to them
+                    columns = {
+                        "strings": {"value": np.array(new_strings, dtype=object)},
+                        **columns,
+                    }
+                self._append_tables(columns)
+                new_strings = []
+                written = sum(n for chunks in taken.values() for n, _ in chunks)
+                taken = {}
             except Exception as e:
                 self.strings.restore(new_strings)
                 for name, chunks in taken.items():
@@ -278,23 +283,54 @@ class GroupWriter:
             return 0
         return min((a.shape[0] for _, a in tgroup.arrays()), default=0)  # type: ignore[union-attr]
 
-    def _append_arrays(self, table: str, columns: Mapping[str, np.ndarray]) -> None:
-        """Append rows to every variable of a table, all or nothing as far as readers see."""
-        spec = self.spec.tables[table]
-        tgroup = self.store.ensure_table(self, table)
-        if table not in self._committed:
-            self._committed[table] = self._rows_in_store(table)
-        whole = self._committed[table]
-        for name, data in columns.items():
-            var = spec.variables[name]
-            try:
-                arr = tgroup[name]
-            except KeyError:
-                arr = self.store.create_array(tgroup, spec, var.name, data)
+    def _append_tables(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Append rows to every variable of these tables in one batch of Zarr writes.
+
+        Zarr's cost is per array written (its async machinery, one chunk encoded, metadata
+        rewritten), not per row, so a flush hands all its arrays to Zarr's event loop at once
+        - creating those that do not exist yet - instead of one blocking call each. A table's
+        append is all or nothing as far as readers see: an append that failed half-way is cut
+        back before the next one, so codes and rows never shift.
+        """
+        for table in tables:
+            if table not in self._committed:
+                self._committed[table] = self._rows_in_store(table)
+            if table not in self._arrays:  # its group, and the arrays an earlier writer made
+                tgroup = self.store.ensure_table(self, table)
+                self._tgroups[table] = tgroup._async_group
+                self._arrays[table] = {n: a._async_array for n, a in tgroup.arrays()}
+        sync(self._append_all(tables))
+        for table, columns in tables.items():
+            self._committed[table] += len(next(iter(columns.values())))
+
+    async def _append_all(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        async def one(table: str, name: str, data: np.ndarray) -> None:
+            arr = await self._array(table, name, data)
+            whole = self._committed[table]
             if arr.shape[0] != whole:  # an earlier append failed half-way: cut it back
-                arr.resize((whole, *arr.shape[1:]))
-            arr.append(data, axis=0)
-        self._committed[table] = whole + len(next(iter(columns.values())))
+                await arr.resize((whole, *arr.shape[1:]))
+            await arr.append(data, axis=0)
+
+        jobs = [
+            one(table, name, data)
+            for table, columns in tables.items()
+            for name, data in columns.items()
+        ]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def _array(self, table: str, name: str, sample: np.ndarray) -> Any:
+        """The (async) array of a variable, created on first use; cached, since opening one
+        reads its metadata."""
+        arrays = self._arrays[table]
+        arr = arrays.get(name)
+        if arr is None:
+            arr = arrays[name] = await self.store.create_array(
+                self._tgroups[table], self.spec.tables[table], name, sample
+            )
+        return arr
 
 
 class StoreWriter:
@@ -346,10 +382,10 @@ class StoreWriter:
         for i in range(1, len(parts)):
             parent = "/".join(parts[:i])
             pspec = self.schema.match(parent)
-            g = self.root.require_group(parent)
+            g = _require_group(self.root, parent)
             if pspec is not None and "step" not in g.attrs:
                 g.update_attributes(self._annotation(pspec))
-        g = self.root.require_group(path) if path else self.root
+        g = _require_group(self.root, path) if path else self.root
         g.update_attributes({**self._annotation(spec), **_jsonable(dict(attrs))})
         return g
 
@@ -359,7 +395,7 @@ class StoreWriter:
             return self.root[key]  # type: ignore[return-value]
         except KeyError:
             t = gw.spec.tables[table]
-            g = self.root.require_group(key)
+            g = _require_group(self.root, key)
             g.update_attributes(
                 {
                     **self._annotation(gw.spec),
@@ -370,9 +406,9 @@ class StoreWriter:
             )
             return g
 
-    def create_array(
-        self, tgroup: zarr.Group, spec: TableSpec, name: str, sample: np.ndarray
-    ) -> zarr.Array:
+    async def create_array(
+        self, tgroup: Any, spec: TableSpec, name: str, sample: np.ndarray
+    ) -> Any:
         var = spec.variables[name]
         is_str = var.dtype == "str"
         extra = tuple(sample.shape[1:])
@@ -386,7 +422,7 @@ class StoreWriter:
         # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
         width = int(np.prod(extra)) if extra else 1
         rows = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
-        return tgroup.create_array(
+        return await tgroup.create_array(
             name,
             shape=(0, *extra),
             chunks=(rows, *extra),
@@ -399,6 +435,19 @@ class StoreWriter:
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))
+
+
+def _require_group(root: zarr.Group, path: str) -> zarr.Group:
+    """``root.require_group(path)`` that tolerates another process creating it meanwhile.
+
+    Workers of one cluster create their common parents (``clusters/<id>/workers``) at the
+    same moment; zarr checks for an existing node and then writes, so the loser of that
+    race gets ``ContainsGroupError`` for a group that is exactly what it wanted.
+    """
+    try:
+        return root.require_group(path)
+    except ContainsGroupError:
+        return root[path]  # type: ignore[return-value]
 
 
 def _jsonable(obj: Any) -> Any:
