@@ -54,7 +54,9 @@ def interleaved(
 
 def paired_ratio(times: dict[str, list[float]], num: str, den: str = "bare") -> float:
     """Median of per-repeat ratios (each repeat runs every mode back to back)."""
-    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=False))
+    return statistics.median(
+        a / b for a, b in zip(times[num], times[den], strict=False)
+    )
 
 
 def median(xs: list[float]) -> float:

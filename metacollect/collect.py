@@ -7,16 +7,18 @@ finalises the store (levels index, ``status="complete"``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -169,6 +171,20 @@ def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
     return (type(cluster).__name__ if cluster is not None else "external"), spec
 
 
+def _in_thread(fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    """Start ``fn`` in a daemon thread; the Future of its result."""
+    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as e:
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name="metacollect-finish", daemon=True).start()
+    return fut
+
+
 async def _finish_scheduler(dask_scheduler: Any, name: str) -> None:
     plugin = dask_scheduler.plugins.get(name)
     if plugin is not None:
@@ -304,6 +320,15 @@ class Collection:
         problems = []
         batch = getattr(self, "batch", None)
         darshan = getattr(self, "darshan", None)
+        # without batch jobs or Darshan to wait for, the scheduler's final flush need not
+        # wait for the workers': both run at once (each writes only its own groups)
+        early = None
+        if batch is None and darshan is None:
+            early = _in_thread(
+                lambda: self.client.run_on_scheduler(
+                    _finish_scheduler, name=SCHEDULER_PLUGIN
+                )
+            )
         for step, fn in (
             ("record batch jobs", lambda: batch and batch.record()),
             ("flush workers", lambda: self.client.run(_finish_worker)),
@@ -318,8 +343,12 @@ class Collection:
             ),
             (
                 "flush scheduler",
-                lambda: self.client.run_on_scheduler(
-                    _finish_scheduler, name=SCHEDULER_PLUGIN
+                lambda: (
+                    early.result()
+                    if early is not None
+                    else self.client.run_on_scheduler(
+                        _finish_scheduler, name=SCHEDULER_PLUGIN
+                    )
                 ),
             ),
             (

@@ -214,7 +214,9 @@ def test_append_that_fails_half_way_is_cut_back(store, monkeypatch):
     monkeypatch.setattr(AsyncArray, "append", flaky)
     g.append("events", {"time": [2.0, 3.0], "topic": ["b", "c"], "msg": ["m2", "m3"]})
     assert g.flush() == 0
-    assert w.root["clusters/c1/scheduler/events/time"].shape[0] == 3  # landed, uncommitted
+    assert (
+        w.root["clusters/c1/scheduler/events/time"].shape[0] == 3
+    )  # landed, uncommitted
     broken["on"] = False
     assert g.flush() > 0
     run = open_run_unfinalized(store)

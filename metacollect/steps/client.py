@@ -40,6 +40,50 @@ class SubmittedGraph:
     code: list[tuple[str, str]] = field(default_factory=list)
 
 
+#: tasks of a submitted graph converted and flushed at a time (bounds the writer's memory)
+_SLICE = 50_000
+
+
+def _write_slice(
+    group: GroupWriter,
+    g: SubmittedGraph,
+    graph: int,
+    part: slice,
+    per_key: dict[Any, dict[str, Any]],
+    shared: dict[str, Any],
+) -> None:
+    """The ``tasks`` and ``dependencies`` rows of one slice of a submitted graph."""
+    tasks, deps, keys = g.tasks[part], g.dependencies[part], g.keys
+    group.append(
+        "tasks",
+        {
+            "graph": [graph] * len(tasks),
+            "key": tasks,
+            "prefix": g.prefixes[part],
+            "group": g.groups[part],
+            "requested": [k in keys for k in tasks],
+            "priority": [_json(g.priority.get(k)) for k in tasks],
+            "n_dependencies": [len(d) for d in deps],
+            "annotations": [
+                _json({n: v for n, v in per_key[k].items() if n not in shared})
+                if k in per_key and len(per_key[k]) > len(shared)
+                else ""
+                for k in tasks
+            ],
+        },
+    )
+    n_edges = sum(len(d) for d in deps)
+    if n_edges:
+        src, dst = [], []
+        for k, d in zip(tasks, deps, strict=False):
+            src.extend([k] * len(d))
+            dst.extend(d)
+        group.append(
+            "dependencies",
+            {"graph": [graph] * n_edges, "key": src, "dependency": dst},
+        )
+
+
 class GraphRecorder:
     """Buffers every ``update_graph`` of one scheduler and writes the ``client`` group."""
 
@@ -148,33 +192,14 @@ class GraphRecorder:
                     "annotations": [_json(shared) if shared else ""],
                 },
             )
-            group.append(
-                "tasks",
-                {
-                    "graph": [graph] * len(tasks),
-                    "key": tasks,
-                    "prefix": g.prefixes,
-                    "group": g.groups,
-                    "requested": [k in keys for k in tasks],
-                    "priority": [_json(g.priority.get(k)) for k in tasks],
-                    "n_dependencies": [len(d) for d in deps],
-                    "annotations": [
-                        _json({n: v for n, v in per_key[k].items() if n not in shared})
-                        if k in per_key and len(per_key[k]) > len(shared)
-                        else ""
-                        for k in tasks
-                    ],
-                },
-            )
-            if n_edges:
-                src, dst = [], []
-                for k, d in zip(tasks, deps, strict=False):
-                    src.extend([k] * len(d))
-                    dst.extend(d)
-                group.append(
-                    "dependencies",
-                    {"graph": [graph] * n_edges, "key": src, "dependency": dst},
+            # a large graph goes in slices, each flushed before the next is converted:
+            # the columns of a million tasks would otherwise all be in memory at once
+            for lo in range(0, len(tasks), _SLICE):
+                _write_slice(
+                    group, g, graph, slice(lo, lo + _SLICE), per_key, shared
                 )
+                if len(tasks) > _SLICE:
+                    group.flush()
             if g.code:
                 comp, text = zip(*g.code, strict=True)
                 group.append(

@@ -127,7 +127,9 @@ class WorkerCollector(WorkerPlugin):
         if self.worker is None or getattr(self, "_finished", False):
             return
         self._finished = True
-        if not hasattr(self, "flusher"):  # setup failed before collecting (it is recorded)
+        if not hasattr(
+            self, "flusher"
+        ):  # setup failed before collecting (it is recorded)
             return
         if hasattr(self, "_sampler"):
             self._sampler.stop()

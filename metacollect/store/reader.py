@@ -7,6 +7,7 @@ Opening a store never executes code from it: it holds no pickles, only arrays an
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import warnings
@@ -17,9 +18,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 import zarr
+from zarr.core.sync import sync
 
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
 from metacollect.store.schema import FILL, Schema, load_schema
+from metacollect.store.writer import committed_rows
 
 
 def open_run(path: str | os.PathLike[str]) -> Run:
@@ -179,10 +182,19 @@ class Run:
             )
         arrays = {}
         try:
-            n = min((tg[v].shape[0] for v in tspec.variables if v in tg), default=0)
+            present = {v: tg[v] for v in tspec.variables if v in tg}
+            n = committed_rows(tg, (a.shape[0] for a in present.values()))
+            # every column in one batch of Zarr reads: they decode side by side
+            data_of = dict(
+                zip(
+                    [v for v in wanted if v in present],
+                    sync(_read_all([present[v] for v in wanted if v in present], n)),
+                    strict=True,
+                )
+            )
             for v in wanted:
                 vspec = tspec.variables[v]
-                if v not in tg:
+                if v not in present:
                     arrays[v] = pd.Series(
                         np.full(
                             n,
@@ -193,7 +205,7 @@ class Run:
                         )
                     )
                     continue
-                data = tg[v][:n]
+                data = data_of[v]
                 if vspec.dtype == "code":
                     data = self._decode(group, data)
                 elif vspec.dtype == "str":
@@ -212,23 +224,25 @@ class Run:
     def _decode(self, group: str, codes: np.ndarray) -> np.ndarray:
         """Strings of ``codes``, reading only the chunks of the group's strings table they use
         (a column of a few task prefixes must not read a million task keys)."""
-        used, inverse = np.unique(
-            np.asarray(codes, dtype=np.int64), return_inverse=True
-        )
+        codes = np.asarray(codes, dtype=np.int64)
         try:
             table = self.root[f"{group}/strings/value" if group else "strings/value"]
             n = table.shape[0]
         except KeyError:
             table, n = None, 0
-        valid = (used >= 0) & (used < n)
-        lookup = np.full(len(used), None, dtype=object)
-        if valid.any():
-            idx = used[valid]
-            values = table[:] if len(idx) > n // 4 else table.oindex[idx]
-            lookup[valid] = np.asarray(
-                values if len(idx) <= n // 4 else values[idx], dtype=object
+        # codes index a table of n strings: mark the used ones instead of sorting them
+        valid = (codes >= 0) & (codes < n)
+        mask = np.zeros(n + 1, dtype=bool)
+        mask[np.where(valid, codes, n)] = True  # slot n: missing or out-of-range codes
+        used = np.flatnonzero(mask[:n])
+        lookup = np.full(len(used) + 1, None, dtype=object)
+        if len(used):
+            values = table[:] if len(used) > n // 4 else table.oindex[used]
+            lookup[:-1] = np.asarray(
+                values if len(used) <= n // 4 else values[used], dtype=object
             )
-        return lookup[inverse.reshape(-1)]
+        position = np.cumsum(mask[:n], dtype=np.int64) - 1  # code -> index into used
+        return lookup[np.where(valid, position[np.where(valid, codes, 0)], len(used))]
 
     def _concat(
         self,
@@ -512,6 +526,13 @@ class Run:
                 d = d.setdefault(p, {})
             d[leaf] = json.loads(value)
         return out
+
+
+async def _read_all(arrays: list[zarr.Array], n: int) -> list[np.ndarray]:
+    """The first ``n`` rows of each array, read concurrently on Zarr's event loop."""
+    return await asyncio.gather(
+        *(a._async_array.getitem(slice(0, n)) for a in arrays)  # type: ignore[union-attr]
+    )
 
 
 def walk(

@@ -62,19 +62,22 @@ class StringTable:
         self._lock = threading.Lock()
 
     def encode(self, values: Sequence[Any]) -> np.ndarray:
-        """int32 codes of ``values`` (``None`` -> -1); non-strings are encoded as ``str(v)``."""
+        """int32 codes of ``values`` (``None`` -> -1); non-strings are encoded as ``str(v)``.
+
+        The cache holds the strings, never the caller's objects: a task key cached as the
+        scheduler's own tuple would outlive the task by the whole cache.
+        """
         if len(values) == 0:
             return np.empty(0, np.int32)
         local, uniques = pd.factorize(
             pd.Series(values, dtype=object), use_na_sentinel=True
         )
+        uniq = uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
+        uniq = [u if type(u) is str else str(u) for u in uniq]
         with self._lock:
-            if len(self._codes) + len(uniques) > self.cache_size:
+            if len(self._codes) + len(uniq) > self.cache_size:
                 self._codes.clear()
             codes = self._codes
-            uniq = (
-                uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
-            )
             get = codes.get
             found = [get(u) for u in uniq]
             missing = [i for i, c in enumerate(found) if c is None]
@@ -85,7 +88,7 @@ class StringTable:
                 for i, c in zip(missing, fresh, strict=False):
                     found[i] = c
                 self._next += len(new)
-                self._new.extend(u if type(u) is str else str(u) for u in new)
+                self._new.extend(new)
             mapped = np.empty(len(uniq) + 1, np.int32)
             mapped[:-1] = found
             mapped[-1] = -1  # local code -1 (None) indexes the last slot
@@ -276,12 +279,12 @@ class GroupWriter:
         return out
 
     def _rows_in_store(self, table: str) -> int:
-        """Whole rows of a table already in the store (the shortest of its variables)."""
+        """Whole rows of a table already in the store (see :func:`committed_rows`)."""
         try:
             tgroup = self.group[table]
         except KeyError:
             return 0
-        return min((a.shape[0] for _, a in tgroup.arrays()), default=0)  # type: ignore[union-attr]
+        return committed_rows(tgroup)  # type: ignore[arg-type]
 
     def _append_tables(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
         """Append rows to every variable of these tables in one batch of Zarr writes.
@@ -295,7 +298,9 @@ class GroupWriter:
         for table in tables:
             if table not in self._committed:
                 self._committed[table] = self._rows_in_store(table)
-            if table not in self._arrays:  # its group, and the arrays an earlier writer made
+            if (
+                table not in self._arrays
+            ):  # its group, and the arrays an earlier writer made
                 tgroup = self.store.ensure_table(self, table)
                 self._tgroups[table] = tgroup._async_group
                 self._arrays[table] = {n: a._async_array for n, a in tgroup.arrays()}
@@ -311,15 +316,32 @@ class GroupWriter:
                 await arr.resize((whole, *arr.shape[1:]))
             await arr.append(data, axis=0)
 
-        jobs = [
-            one(table, name, data)
-            for table, columns in tables.items()
-            for name, data in columns.items()
-        ]
-        results = await asyncio.gather(*jobs, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+        async def commit(table: str, n: int) -> None:
+            await self._tgroups[table].update_attributes(
+                {"rows": self._committed[table] + n}
+            )
+
+        _raise_first(
+            await asyncio.gather(
+                *(
+                    one(table, name, data)
+                    for table, columns in tables.items()
+                    for name, data in columns.items()
+                ),
+                return_exceptions=True,
+            )
+        )
+        # Zarr grows an array's shape before it writes the new chunk, so a process killed
+        # in between leaves rows of fill values: a table's rows count for readers only once
+        # all its data is written (its ``rows`` attribute), the strings before the rest
+        rows = {t: len(next(iter(c.values()))) for t, c in tables.items()}
+        if "strings" in rows:
+            await commit("strings", rows.pop("strings"))
+        _raise_first(
+            await asyncio.gather(
+                *(commit(t, n) for t, n in rows.items()), return_exceptions=True
+            )
+        )
 
     async def _array(self, table: str, name: str, sample: np.ndarray) -> Any:
         """The (async) array of a variable, created on first use; cached, since opening one
@@ -435,6 +457,22 @@ class StoreWriter:
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))
+
+
+def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> int:
+    """Rows of a table that readers may use: the shortest of its variables, and no more
+    than its ``rows`` attribute (written once all of an append's data had landed)."""
+    if shapes is None:
+        shapes = (a.shape[0] for _, a in tgroup.arrays())
+    n = min(shapes, default=0)
+    rows = tgroup.attrs.get("rows")
+    return min(n, int(rows)) if isinstance(rows, int) else n
+
+
+def _raise_first(results: Iterable[Any]) -> None:
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
 
 
 def _require_group(root: zarr.Group, path: str) -> zarr.Group:
