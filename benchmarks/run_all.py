@@ -60,8 +60,11 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ("1b overhead, array >=10 ms", arr, 1.01),
     ):
         v, pr = r.get("ratio_collected"), r.get("ratio_performance_report")
+        inner = r.get("ratio_collected_inner")
         note = (
-            f"({r.get('tasks_in_graph', '?')} tasks, {r.get('repeats', '?')} repeats)"
+            f"({r.get('tasks_in_graph', '?')} tasks, {r.get('repeats', '?')} repeats"
+            + (f"; workload alone in the session {inner:.3f}" if inner else "")
+            + ")"
             if r
             else ""
         )
