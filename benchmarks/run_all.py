@@ -155,7 +155,7 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             syn.get("synthetic_tasks_open_s", 1e9) <= 2,
             f"({syn.get('synthetic_rows')} rows, wall)",
         )
-    w = sc.get("writer") or res.get("writer", {})
+    w = res.get("writer") or sc.get("writer", {})
     if w:
         add(
             "4 writer (records/s, wall)",

@@ -35,8 +35,9 @@ def call_dense(n_calls: int) -> int:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--images", type=int, default=8)
-    p.add_argument("--calls", type=int, default=200_000)
+    p.add_argument("--images", type=int, default=16)
+    p.add_argument("--size", type=int, default=1024, help="image side in pixels")
+    p.add_argument("--calls", type=int, default=5_000_000)
     p.add_argument("--tasks", type=int, default=20)
     a = p.parse_args(argv)
     if importlib.util.find_spec("metacollect.steps.yappi") is None:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     store = os.path.join(workdir, "y.zarr")
     out: dict[str, Any] = {"status": "measured"}
     try:
-        paths = make_images(os.path.join(workdir, "images"), a.images, 512)
+        paths = make_images(os.path.join(workdir, "images"), a.images, a.size)
         image = pipeline(paths, os.path.join(workdir, "processed"))
         dense = [dask.delayed(call_dense, pure=False)(a.calls) for _ in range(a.tasks)]
         with _common.local_cluster() as cluster, Client(cluster) as client:
