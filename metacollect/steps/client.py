@@ -195,9 +195,7 @@ class GraphRecorder:
             # a large graph goes in slices, each flushed before the next is converted:
             # the columns of a million tasks would otherwise all be in memory at once
             for lo in range(0, len(tasks), _SLICE):
-                _write_slice(
-                    group, g, graph, slice(lo, lo + _SLICE), per_key, shared
-                )
+                _write_slice(group, g, graph, slice(lo, lo + _SLICE), per_key, shared)
                 if len(tasks) > _SLICE:
                     group.flush()
             if g.code:
