@@ -14,11 +14,10 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -171,20 +170,6 @@ def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
     return (type(cluster).__name__ if cluster is not None else "external"), spec
 
 
-def _in_thread(fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-    """Start ``fn`` in a daemon thread; the Future of its result."""
-    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            fut.set_result(fn())
-        except BaseException as e:
-            fut.set_exception(e)
-
-    threading.Thread(target=run, name="metacollect-finish", daemon=True).start()
-    return fut
-
-
 async def _finish_scheduler(dask_scheduler: Any, name: str) -> None:
     plugin = dask_scheduler.plugins.get(name)
     if plugin is not None:
@@ -324,11 +309,11 @@ class Collection:
         # wait for the workers': both run at once (each writes only its own groups)
         early = None
         if batch is None and darshan is None:
-            early = _in_thread(
-                lambda: self.client.run_on_scheduler(
-                    _finish_scheduler, name=SCHEDULER_PLUGIN
-                )
+            pool = concurrent.futures.ThreadPoolExecutor(1, "metacollect-finish")
+            early = pool.submit(
+                self.client.run_on_scheduler, _finish_scheduler, name=SCHEDULER_PLUGIN
             )
+            pool.shutdown(wait=False)  # the submitted call still runs
         for step, fn in (
             ("record batch jobs", lambda: batch and batch.record()),
             ("flush workers", lambda: self.client.run(_finish_worker)),

@@ -211,7 +211,9 @@ class GroupWriter:
                     if chunks
                 }
                 new_strings = self.strings.take_new()
-                if new_strings:  # first: the codes in the other tables refer to them
+                if (
+                    new_strings
+                ):  # committed first: the other tables' codes refer to them
                     columns = {
                         "strings": {"value": np.array(new_strings, dtype=object)},
                         **columns,
