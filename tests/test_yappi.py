@@ -328,24 +328,17 @@ def test_collect_options_map_to_config():
 
 
 def _fake_tasks(keys: list[str]) -> None:
-    """Run "tasks" on threads as distributed's ``_run_task`` does: the key entered in the
-    worker's ``active_threads`` (here the tagging one a worker sink installs) and
-    ``thread_state.key`` set around them, on the task's own thread."""
+    """Run "tasks" on threads as distributed does: thread_state.key set around them."""
     import threading
 
     from distributed.utils import thread_state
 
-    active = ystep._TaggingThreads(ystep.running_profiler(), {})
-
     def run(key: str) -> None:
-        ident = threading.get_ident()
-        active[ident] = key
         thread_state.key = key
         try:
             _probe_task(int(key.rsplit("-", 1)[-1]))
         finally:
             del thread_state.key
-            del active[ident]
 
     for key in keys:
         t = threading.Thread(target=run, args=(key,))

@@ -9,11 +9,11 @@ Levels ``thread`` (``<process group>/threads``) and ``coroutine``
   first attach starts yappi, the last detach stops it and frees its stats. The first
   sink owns the profile and writes it; when it leaves, the next one takes over with a
   full snapshot.
-- **Per-task attribution.** Each task key takes a small int tag (``_Tags``; tag 0 is
-  "not in a task"). The tag is set on the task's thread when the task starts, through
-  the worker's ``active_threads`` (distributed assigns it on that thread around every
-  task): once per task. yappi's tag callback, which runs on *every* profiled call, is a
-  C-level ``getattr`` of that thread-local tag, with no Python frame of its own.
+- **Per-task attribution.** yappi's tag callback maps ``distributed``'s
+  ``thread_state.key`` (set while a task runs on a worker thread) to a small int; tag 0
+  is "not in a task". The callback runs on every profiled call, so it is one attribute
+  read and one dict lookup; a new key takes a tag in ``_Tags.__missing__`` (once per
+  key).
 - **Event loop apart.** Stats of the event-loop thread go to the ``coroutines`` group
   (wall clock: a coroutine's time includes its awaits); every other thread goes to
   ``threads``.
@@ -42,7 +42,6 @@ enumeration does not pause yappi (see :meth:`ProcessProfiler._enumerate`).
 from __future__ import annotations
 
 import collections
-import functools
 import gc
 import inspect
 import itertools
@@ -52,7 +51,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -105,46 +104,18 @@ class _Tags(dict):  # type: ignore[type-arg]
         return tag
 
 
-def _tag_callback(current: threading.local) -> Any:
-    """What yappi calls on every profiled call: a C-level ``getattr`` of this thread's
-    current tag, no Python frame (a Python callback here costs more than yappi itself)."""
-    return functools.partial(getattr, current, "tag", 0)
+def _tag_callback(tags: _Tags) -> Any:
+    from distributed.utils import (
+        thread_state,
+    )  # what distributed's worker sets around a task
 
+    def tag(_get: Any = getattr, _ts: Any = thread_state, _tags: _Tags = tags) -> int:
+        try:
+            return _tags[_get(_ts, "key", None)]
+        except Exception:  # yappi drops a callback that raises; never raise
+            return 0
 
-class _TaggingThreads(dict):  # type: ignore[type-arg]
-    """A worker's ``active_threads`` (thread id -> running key) that also sets the thread's
-    tag: distributed assigns the entry on the task's own thread as the task starts and
-    deletes it as it ends, so the tag is looked up once per task, not once per call."""
-
-    def __init__(self, profiler: ProcessProfiler, items: Mapping[int, Any]) -> None:
-        super().__init__(items)
-        self._tags = profiler.tags
-        self._current = profiler.current
-
-    def __setitem__(self, ident: int, key: Any) -> None:
-        super().__setitem__(ident, key)
-        if ident == threading.get_ident():
-            try:
-                self._current.tag = self._tags[key]
-            except Exception:  # an unhashable key: the task stays untagged
-                self._current.tag = 0
-
-    def __delitem__(self, ident: int) -> None:
-        super().__delitem__(ident)
-        if ident == threading.get_ident():
-            self._current.tag = 0
-
-
-def _tag_tasks(worker: Worker, profiler: ProcessProfiler) -> None:
-    with worker.active_threads_lock:
-        if not isinstance(worker.active_threads, _TaggingThreads):
-            worker.active_threads = _TaggingThreads(profiler, worker.active_threads)
-
-
-def _untag_tasks(worker: Worker) -> None:
-    with worker.active_threads_lock:
-        if isinstance(worker.active_threads, _TaggingThreads):
-            worker.active_threads = dict(worker.active_threads)
+    return tag
 
 
 def _thread_name() -> str | None:
@@ -162,9 +133,6 @@ class ProcessProfiler:
         self.per_task = per_task
         self.sinks: list[ProfileSink] = []
         self.tags = _Tags()
-        #: each thread's current tag; one per profile, so that a thread whose task was
-        #: still running when an earlier profile stopped carries no stale tag into this one
-        self.current = threading.local()
         self.tag_log: list[tuple[int, Any, int, float]] = []
         self.task_threads: set[int] = set()  # threads that ran a task
         self.snapshot_no = 0
@@ -188,7 +156,7 @@ class ProcessProfiler:
         yappi.clear_stats()
         yappi.set_clock_type(clock)
         yappi.set_context_name_callback(_thread_name)
-        yappi.set_tag_callback(_tag_callback(self.current) if per_task else None)
+        yappi.set_tag_callback(_tag_callback(self.tags) if per_task else None)
         yappi.start(builtins=builtins, profile_threads=True)
         self.started_here = True
 
@@ -774,8 +742,6 @@ def attach(
                 g.set_attrs(owner=False)
         else:
             _profiler.sinks.append(sink)
-        if dask_worker is not None and _profiler.per_task:
-            _tag_tasks(dask_worker, _profiler)
         _unprofile_zarr_io()
         for g in sink.groups.values():
             g.set_attrs(**sink._attrs(owner=sink.is_owner))
@@ -810,8 +776,6 @@ def detach(sink: ProfileSink) -> None:
         if sink.detached:
             return
         sink.detached = True
-        if sink.worker is not None:
-            _untag_tasks(sink.worker)
         p = sink.profiler
         was_owner = p.owner is sink
         if sink in p.sinks:
