@@ -7,7 +7,7 @@ import datetime
 import os
 from typing import Any
 
-import zarr
+from metacollect.store.writer import committed_rows
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -78,14 +78,7 @@ def describe(store: str) -> list[str]:
             for t in spec.tables if spec else {}:
                 try:
                     g = run.root[f"{path}/{t}" if path else t]
-                    n = min(
-                        (
-                            m.shape[0]
-                            for _, m in g.members()
-                            if isinstance(m, zarr.Array)
-                        ),
-                        default=0,
-                    )
+                    n = committed_rows(g)
                 except KeyError:
                     continue
                 except Exception:  # damaged metadata: say so, keep describing the rest

@@ -67,6 +67,7 @@ from metacollect import config
 from metacollect.errors import ConfigError, MetacollectError, StoreError
 from metacollect.steps.darshan_reader import _MARK, DXT_MODULES, RECORD_TABLES
 from metacollect.store.schema import safe_name
+from metacollect.store.writer import committed_rows
 
 if TYPE_CHECKING:
     from distributed import Client, Nanny
@@ -1460,7 +1461,7 @@ def known_processes(store: str) -> tuple[list[Known], set[str]]:
         nannies = root["darshan/nannies"]
         codes = root["darshan/strings/value"][:]
         hosts, pids = nannies["host"][:], nannies["pid"][:]
-        n = min(len(hosts), len(pids))  # a writer cut short between two appends
+        n = committed_rows(nannies, (len(hosts), len(pids)))  # no half-landed append
         for h, p in zip(hosts[:n], pids[:n], strict=True):
             if int(p) > 0:
                 out.append(
@@ -1709,7 +1710,7 @@ def _ingested(store: str) -> set[str]:
         logs = root["darshan/logs"]
         codes = root["darshan/strings/value"][:]
         paths, status = logs["path"][:], logs["status"][:]
-        n = min(len(paths), len(status))
+        n = committed_rows(logs, (len(paths), len(status)))
         for p, st in zip(paths[:n], status[:n], strict=True):
             if 0 <= st < len(codes) and codes[st] == "ingested":
                 ingested.add(str(p))
@@ -2044,11 +2045,14 @@ def read_records(run: Run, path: str, module: str) -> pd.DataFrame | None:
     )
     if ids is None or files is None or counters is None:
         return None
-    n = min(
-        len(ids),
-        len(files),
-        len(counters),
-        len(ranks) if ranks is not None else len(ids),
+    n = committed_rows(
+        run.root[prefix],
+        (
+            len(ids),
+            len(files),
+            len(counters),
+            len(ranks) if ranks is not None else len(ids),
+        ),
     )
     try:
         strings = np.asarray(run.root[f"{path}/strings/value"][:], dtype=object)

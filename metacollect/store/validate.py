@@ -9,6 +9,7 @@ import numpy as np
 import zarr
 
 from metacollect.store.schema import DTYPES, GroupSpec, Schema, load_schema
+from metacollect.store.writer import committed_rows
 
 _ATTR_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
@@ -111,7 +112,8 @@ def _check_table(
     incomplete: bool,
     problems: list[str],
 ) -> None:
-    lengths = {}
+    lengths: dict[str, int] = {}
+    code_arrays: dict[str, zarr.Array] = {}
     try:
         members = list(group.members())
     except Exception as e:  # a damaged zarr.json below the table
@@ -147,19 +149,30 @@ def _check_table(
                 f"{path}/{name}: dtype {arr.dtype} should be {np.dtype(expected)}"
             )
         lengths[name] = arr.shape[0]
-        if var.dtype == "code" and arr.shape[0]:
-            parent = path.rsplit("/", 1)[0] if "/" in path else ""
-            strings_path = f"{parent}/strings/value" if parent else "strings/value"
-            try:
-                strings = root[strings_path].shape[0] if strings_path in root else 0
-                codes = arr[:]
-                if codes.min() < -1 or codes.max() >= strings:
-                    problems.append(
-                        f"{path}/{name}: codes outside the strings table (0..{strings - 1})"
-                    )
-            except Exception as e:
-                problems.append(
-                    f"{path}/{name}: cannot be read ({type(e).__name__}: {e})"
-                )
-    if len(set(lengths.values())) > 1 and not incomplete:
+        if var.dtype == "code":
+            code_arrays[name] = arr
+    rows = group.attrs.get("rows")
+    n = committed_rows(group, lengths.values())
+    if isinstance(rows, int) and rows > min(lengths.values(), default=0):
+        problems.append(
+            f"{path}: rows attribute {rows} exceeds its variables {lengths}"
+        )
+    elif (
+        len(set(lengths.values())) > 1 and not incomplete and not isinstance(rows, int)
+    ):
+        # with a ``rows`` commit point, a longer tail is an append a kill cut short
         problems.append(f"{path}: variables have different lengths {lengths}")
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    strings_path = f"{parent}/strings/value" if parent else "strings/value"
+    for name, arr in code_arrays.items():
+        if not n:
+            continue
+        try:
+            strings = root[strings_path].shape[0] if strings_path in root else 0
+            codes = arr[:n]
+            if codes.min() < -1 or codes.max() >= strings:
+                problems.append(
+                    f"{path}/{name}: codes outside the strings table (0..{strings - 1})"
+                )
+        except Exception as e:
+            problems.append(f"{path}/{name}: cannot be read ({type(e).__name__}: {e})")
