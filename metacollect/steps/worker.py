@@ -58,6 +58,7 @@ class WorkerCollector(WorkerPlugin):
         self.cluster = cluster
         self.options = options or {}
         self.worker: Worker | None = None
+        self._started = False  # set once setup has finished; teardown undoes only that
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -122,17 +123,14 @@ class WorkerCollector(WorkerPlugin):
         )
         if config.get("capture.worker-metrics"):
             self._sampler.start()
+        self._started = True
 
     async def teardown(self, worker: Worker) -> None:
-        if self.worker is None or getattr(self, "_finished", False):
+        # not started: setup failed (the scheduler records it) or this ran already
+        if not self._started:
             return
-        self._finished = True
-        if not hasattr(
-            self, "flusher"
-        ):  # setup failed before collecting (it is recorded)
-            return
-        if hasattr(self, "_sampler"):
-            self._sampler.stop()
+        self._started = False
+        self._sampler.stop()
         self._sample()
         if self.profile is not None:
             self.profile.last_flush = (
