@@ -201,18 +201,27 @@ def _worker_flush_state(dask_worker):
     return _flush_state(dask_worker.plugins["metacollect-worker"])
 
 
+def _point(link: str, target: str) -> None:
+    """Point the symlink ``link`` at ``target`` in one atomic rename."""
+    os.symlink(target, link + ".new")
+    os.replace(link + ".new", link)
+
+
 def test_failing_flush_reported_once_and_bounded(tmp_path):
-    store = str(tmp_path / "flaky.zarr")
-    aside = str(tmp_path / "aside.zarr")
+    # the store's parent is a symlink, swapped in one rename (no flush can slip in) to a
+    # directory where the store's name is a file: root can write anywhere, so a file it is
+    good, blocked, link = (str(tmp_path / n) for n in ("good", "blocked", "link"))
+    os.makedirs(good)
+    os.makedirs(blocked)
+    with open(os.path.join(blocked, "flaky.zarr"), "w") as f:
+        f.write("not a directory")
+    os.symlink(good, link)
+    store = os.path.join(link, "flaky.zarr")
     with _cluster(2) as cluster, Client(cluster) as client:
         with collect(client, store, flush_interval="0.2s", buffer_limit=1000):
             assert sum(client.gather(client.map(slow_inc, range(10), delay=0))) == 55
             time.sleep(0.5)
-            os.rename(store, aside)
-            with open(
-                store, "w"
-            ) as f:  # root can write anywhere: a file blocks every write
-                f.write("not a directory")
+            _point(link, blocked)
             # Dask keeps running through many failing flushes, with >1000 transitions pending
             for i in range(3):
                 assert (
@@ -234,8 +243,7 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
                 for path, (flush_errors, over, _) in failing.items():
                     assert flush_errors == 1, (path, flush_errors)  # reported once
                     assert not over, (path, over)  # bounded
-            os.remove(store)
-            os.rename(aside, store)  # the filesystem is back: kept rows land
+            _point(link, good)  # the filesystem is back: kept rows land
             time.sleep(1.0)
             assert sum(client.gather(client.map(slow_inc, range(5), delay=0))) == 15
     run = open_run(store)
