@@ -114,7 +114,12 @@ def levels_index(root: zarr.Group) -> dict[str, list[str]]:
 
 
 def consolidate(store: str) -> None:
-    """Refresh the store's consolidated metadata (after any write that adds groups)."""
+    """Seal a store no process writes any more: cut its arrays back to their committed rows
+    (writers keep room ahead) and refresh its consolidated metadata (after any write that
+    adds groups), so plain Zarr and xarray readers see exactly the rows written."""
+    from metacollect.store.writer import trim
+
+    trim(zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False))
     with warnings.catch_warnings():
         # zarr warns that consolidated metadata is not yet part of the v3 spec: known, intended
         warnings.simplefilter("ignore", category=UserWarning)

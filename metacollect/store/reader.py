@@ -224,25 +224,24 @@ class Run:
     def _decode(self, group: str, codes: np.ndarray) -> np.ndarray:
         """Strings of ``codes``, reading only the chunks of the group's strings table they use
         (a column of a few task prefixes must not read a million task keys)."""
-        codes = np.asarray(codes, dtype=np.int64)
+        used, inverse = np.unique(
+            np.asarray(codes, dtype=np.int64), return_inverse=True
+        )
         try:
-            table = self.root[f"{group}/strings/value" if group else "strings/value"]
-            n = table.shape[0]
+            strings = self.root[f"{group}/strings" if group else "strings"]
+            table = strings["value"]
+            n = committed_rows(strings, (table.shape[0],))
         except KeyError:
             table, n = None, 0
-        # codes index a table of n strings: mark the used ones instead of sorting them
-        valid = (codes >= 0) & (codes < n)
-        mask = np.zeros(n + 1, dtype=bool)
-        mask[np.where(valid, codes, n)] = True  # slot n: missing or out-of-range codes
-        used = np.flatnonzero(mask[:n])
-        lookup = np.full(len(used) + 1, None, dtype=object)
-        if len(used):
-            values = table[:] if len(used) > n // 4 else table.oindex[used]
-            lookup[:-1] = np.asarray(
-                values if len(used) <= n // 4 else values[used], dtype=object
+        valid = (used >= 0) & (used < n)
+        lookup = np.full(len(used), None, dtype=object)
+        if valid.any():
+            idx = used[valid]
+            values = table[:n] if len(idx) > n // 4 else table.oindex[idx]
+            lookup[valid] = np.asarray(
+                values if len(idx) <= n // 4 else values[idx], dtype=object
             )
-        position = np.cumsum(mask[:n], dtype=np.int64) - 1  # code -> index into used
-        return lookup[np.where(valid, position[np.where(valid, codes, 0)], len(used))]
+        return lookup[inverse.reshape(-1)]
 
     def _concat(
         self,

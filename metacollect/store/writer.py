@@ -313,10 +313,14 @@ class GroupWriter:
     async def _append_all(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
         async def one(table: str, name: str, data: np.ndarray) -> None:
             arr = await self._array(table, name, data)
-            whole = self._committed[table]
-            if arr.shape[0] != whole:  # an earlier append failed half-way: cut it back
-                await arr.resize((whole, *arr.shape[1:]))
-            await arr.append(data, axis=0)
+            # rows past the commit point are free: a failed append's are written over
+            start = self._committed[table]
+            end = start + len(data)
+            if arr.shape[0] < end:
+                await arr.resize(
+                    (_capacity(end, arr.shape[0], arr.chunks[0]), *arr.shape[1:])
+                )
+            await arr.setitem(slice(start, end), data)
 
         async def commit(table: str, n: int) -> None:
             await self._tgroups[table].update_attributes(
@@ -333,9 +337,8 @@ class GroupWriter:
                 return_exceptions=True,
             )
         )
-        # Zarr grows an array's shape before it writes the new chunk, so a process killed
-        # in between leaves rows of fill values: a table's rows count for readers only once
-        # all its data is written (its ``rows`` attribute), the strings before the rest
+        # a table's rows count for readers only once all its data is written (its ``rows``
+        # attribute): a process killed mid-append leaves rows past it, the strings first
         rows = {t: len(next(iter(c.values()))) for t, c in tables.items()}
         if "strings" in rows:
             await commit("strings", rows.pop("strings"))
@@ -347,12 +350,17 @@ class GroupWriter:
 
     async def _array(self, table: str, name: str, sample: np.ndarray) -> Any:
         """The (async) array of a variable, created on first use; cached, since opening one
-        reads its metadata."""
+        reads its metadata. A new one is as long as the rows already committed (a variable
+        that joins a table later, e.g. one a newer schema added)."""
         arrays = self._arrays[table]
         arr = arrays.get(name)
         if arr is None:
             arr = arrays[name] = await self.store.create_array(
-                self._tgroups[table], self.spec.tables[table], name, sample
+                self._tgroups[table],
+                self.spec.tables[table],
+                name,
+                sample,
+                self._committed[table] + len(sample),
             )
         return arr
 
@@ -426,13 +434,15 @@ class StoreWriter:
                     "table": table,
                     "dim": t.dim,
                     "description": t.description,
+                    "rows": 0,
                 }
             )
             return g
 
     async def create_array(
-        self, tgroup: Any, spec: TableSpec, name: str, sample: np.ndarray
+        self, tgroup: Any, spec: TableSpec, name: str, sample: np.ndarray, rows: int
     ) -> Any:
+        """A variable's array, with room for ``rows`` rows (rounded up to whole chunks)."""
         var = spec.variables[name]
         is_str = var.dtype == "str"
         extra = tuple(sample.shape[1:])
@@ -445,11 +455,11 @@ class StoreWriter:
         # a 2-D variable (e.g. Darshan's counter axis) keeps chunks about as big as a 1-D one's:
         # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
         width = int(np.prod(extra)) if extra else 1
-        rows = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
+        chunk = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
         return await tgroup.create_array(
             name,
-            shape=(0, *extra),
-            chunks=(rows, *extra),
+            shape=(_capacity(rows, 0, chunk), *extra),
+            chunks=(chunk, *extra),
             dtype=str if is_str else var.numpy_dtype,
             dimension_names=dims,
             compressors=self._text if is_str else self._numeric,
@@ -461,9 +471,34 @@ class StoreWriter:
         return sum(g.flush() for g in list(self.groups.values()))
 
 
+def _capacity(needed: int, current: int, chunk: int) -> int:
+    """Rows to give an array that must hold ``needed``: at least double what it has, in
+    whole chunks. Growing an array rewrites its metadata; growing it geometrically keeps
+    that to a few dozen times in a run instead of once per flush."""
+    want = max(needed, 2 * current)
+    return max(chunk, -(-want // chunk) * chunk)
+
+
+def trim(root: zarr.Group) -> int:
+    """Cut every table's arrays back to its committed rows (the room writers keep ahead
+    is fill values); returns the arrays cut. Run on a store no process writes any more."""
+    from metacollect.store.reader import walk
+
+    cut = 0
+    for _path, member in walk(root):
+        if isinstance(member, zarr.Group) and isinstance(member.attrs.get("rows"), int):
+            rows = member.attrs["rows"]
+            for _name, arr in member.arrays():
+                if arr.shape[0] > rows:
+                    arr.resize((rows, *arr.shape[1:]))
+                    cut += 1
+    return cut
+
+
 def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> int:
-    """Rows of a table that readers may use: the shortest of its variables, and no more
-    than its ``rows`` attribute (written once all of an append's data had landed)."""
+    """Rows of a table that readers may use: its ``rows`` attribute (written once all of an
+    append's data had landed; arrays keep room past it), and no more than the shortest of
+    its variables. Without the attribute (a store from before it), the shortest variable."""
     if shapes is None:
         shapes = (a.shape[0] for _, a in tgroup.arrays())
     n = min(shapes, default=0)
