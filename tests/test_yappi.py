@@ -95,12 +95,24 @@ def test_every_worker_profiled(profiled):
     assert validate_store(profiled) == []
 
 
+def _executions(run, keys) -> dict[tuple[str, int, str], int]:
+    """How often step 4 saw each task of ``keys`` run, per (worker, thread, key): Dask may
+    run a task more than once (a steal that raced its start, a lost result), and the
+    profile must count exactly those runs."""
+    tasks = run.worker_table("tasks")
+    tasks = tasks[tasks["key"].isin(keys)]
+    return tasks.groupby(["worker_group", "thread", "key"]).size().to_dict()
+
+
 def test_task_tags_reproduce_which_tasks_called_a_function(profiled):
     run = open_run(profiled)
     prof = run.profile()
     probe = prof[prof["name"] == PROBE]
     assert set(probe["key"]) == PROBED
-    assert (probe["ncall"] == 1).all() and (probe["level"] == "thread").all()
+    assert (probe["level"] == "thread").all()
+    calls = probe.groupby(["worker", "thread", "key"])["ncall"].sum().to_dict()
+    tr = run.transitions()
+    assert calls == _executions(run, PROBED), tr[tr["key"].isin(PROBED)].to_string()
     assert set(run.profile(task="probe-3")["name"]) >= {PROBE, "_probe_task"}
     assert PROBE not in set(run.profile(task="probe-1")["name"])
     assert PROBE not in set(prof[prof["tag"] == 0]["name"])
@@ -140,7 +152,8 @@ def test_call_edges_rebuild_the_call_graph(profiled):
     edges = open_run(profiled).profile_edges(task="probe-6")
     e = edges[(edges["caller_name"] == "_probe_task") & (edges["callee_name"] == PROBE)]
     assert len(e) == 1 and e["callee_key"].iloc[0] == "probe-6"
-    assert e["ttot"].iloc[0] > 0 and e["ncall"].iloc[0] == 1
+    runs = sum(_executions(open_run(profiled), {"probe-6"}).values())
+    assert e["ttot"].iloc[0] > 0 and e["ncall"].iloc[0] == runs >= 1
     # where the task starts: an edge from outside the task (tag 0) into it
     edges = open_run(profiled).profile_edges()
     start = edges[(edges["callee_key"] == "probe-6") & edges["key"].isna()]
@@ -161,7 +174,7 @@ def test_pstat_export_loads(profiled, tmp_path):
                 found += nc
                 assert file.endswith("test_yappi.py") and ct > 0
                 assert any(c[2] == "_probe_task" for c in callers)
-    assert found == len(PROBED)
+    assert found == sum(_executions(run, PROBED).values()) >= len(PROBED)
     for path in paths:
         if os.path.basename(path).startswith("callgrind.out."):
             with open(path) as f:
