@@ -181,6 +181,7 @@ class Run:
                 }
             )
         arrays = {}
+        strings: _GroupStrings | None = None  # the group's strings, read once per table
         try:
             present = {v: tg[v] for v in tspec.variables if v in tg}
             n = committed_rows(tg, (a.shape[0] for a in present.values()))
@@ -207,7 +208,9 @@ class Run:
                     continue
                 data = data_of[v]
                 if vspec.dtype == "code":
-                    data = self._decode(group, data)
+                    if strings is None:
+                        strings = _GroupStrings(self.root, group)
+                    data = _decode(strings, data)
                 elif vspec.dtype == "str":
                     data = np.asarray(data, dtype=object)
                 arrays[v] = (
@@ -220,28 +223,6 @@ class Run:
                 f"cannot read table {group}/{name}: {type(e).__name__}: {e} (the store may be damaged)"
             ) from e
         return pd.DataFrame(arrays)
-
-    def _decode(self, group: str, codes: np.ndarray) -> np.ndarray:
-        """Strings of ``codes``, reading only the chunks of the group's strings table they use
-        (a column of a few task prefixes must not read a million task keys)."""
-        used, inverse = np.unique(
-            np.asarray(codes, dtype=np.int64), return_inverse=True
-        )
-        try:
-            strings = self.root[f"{group}/strings" if group else "strings"]
-            table = strings["value"]
-            n = committed_rows(strings, (table.shape[0],))
-        except KeyError:
-            table, n = None, 0
-        valid = (used >= 0) & (used < n)
-        lookup = np.full(len(used), None, dtype=object)
-        if valid.any():
-            idx = used[valid]
-            values = table[:n] if len(idx) > n // 4 else table.oindex[idx]
-            lookup[valid] = np.asarray(
-                values if len(idx) <= n // 4 else values[idx], dtype=object
-            )
-        return lookup[inverse.reshape(-1)]
 
     def _concat(
         self,
@@ -525,6 +506,39 @@ class Run:
                 d = d.setdefault(p, {})
             d[leaf] = json.loads(value)
         return out
+
+
+class _GroupStrings:
+    """A group's strings table, as one table read needs it: the few chunks a column of a
+    handful of codes uses (a column of task prefixes must not read a million task keys), or
+    all of it at most once (task keys), then shared by the table's other columns."""
+
+    def __init__(self, root: zarr.Group, group: str) -> None:
+        try:
+            strings = root[f"{group}/strings" if group else "strings"]
+            self.value: zarr.Array | None = strings["value"]
+            self.n = committed_rows(strings, (self.value.shape[0],))
+        except KeyError:
+            self.value, self.n = None, 0
+        self.all: np.ndarray | None = None
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """Strings at ``idx`` (valid, sorted codes)."""
+        if self.all is None and len(idx) > self.n // 4:
+            self.all = np.asarray(self.value[: self.n], dtype=object)  # type: ignore[index]
+        if self.all is not None:
+            return self.all[idx]
+        return np.asarray(self.value.oindex[idx], dtype=object)  # type: ignore[union-attr]
+
+
+def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:
+    """Strings of ``codes`` (-1 or out of range: ``None``)."""
+    used, inverse = np.unique(np.asarray(codes, dtype=np.int64), return_inverse=True)
+    valid = (used >= 0) & (used < strings.n)
+    lookup = np.full(len(used), None, dtype=object)
+    if valid.any():
+        lookup[valid] = strings.take(used[valid])
+    return lookup[inverse.reshape(-1)]
 
 
 async def _read_all(arrays: list[zarr.Array], n: int) -> list[np.ndarray]:
