@@ -137,3 +137,22 @@ def test_100k_task_graph_flushes_during_the_run(client, store):
     assert len(run.transitions()) == len(reference)
     # the collector flushed while the graph ran, not only at the end: memory stays bounded
     assert max(flushed_during_run) > 0
+
+
+def test_dependencies_stay_with_their_tasks_across_slices(client, store, monkeypatch):
+    """A big graph is converted in slices: every task keeps exactly its own edges."""
+    from metacollect.steps import client as client_step
+
+    monkeypatch.setattr(client_step, "_SLICE", 7)  # the scheduler runs in this process
+    x = da.ones(60, chunks=1).sum(split_every=4)
+    with collect(client, store, flush_interval="0.5s"):
+        assert x.compute() == 60
+    run = open_run(store)
+    gt, deps = run.graph_tasks(), run.dependencies()
+    assert len(gt) > 7 * 3 and len(deps) == gt.n_dependencies.sum()
+    per_key = deps.groupby("key").size()
+    counted = gt.set_index("key").n_dependencies
+    assert per_key.to_dict() == counted[counted > 0].to_dict()
+    leaves = set(gt.key[gt.n_dependencies == 0])  # the 60 chunks (fused with ones)
+    assert len(leaves) == 60
+    assert sorted(deps.dependency[deps.dependency.isin(leaves)]) == sorted(leaves)
