@@ -111,8 +111,12 @@ def test_task_tags_reproduce_which_tasks_called_a_function(profiled):
     assert set(probe["key"]) == PROBED
     assert (probe["level"] == "thread").all()
     calls = probe.groupby(["worker", "thread", "key"])["ncall"].sum().to_dict()
-    tr = run.transitions()
-    assert calls == _executions(run, PROBED), tr[tr["key"].isin(PROBED)].to_string()
+    tr, wtr = run.transitions(), run.worker_table("transitions")
+    assert calls == _executions(run, PROBED), (
+        tr[tr["key"].isin(PROBED)].to_string()
+        + "\n"
+        + wtr[wtr["key"].isin(PROBED)].to_string()
+    )
     assert set(run.profile(task="probe-3")["name"]) >= {PROBE, "_probe_task"}
     assert PROBE not in set(run.profile(task="probe-1")["name"])
     assert PROBE not in set(prof[prof["tag"] == 0]["name"])
