@@ -211,9 +211,8 @@ class GroupWriter:
                     if chunks
                 }
                 new_strings = self.strings.take_new()
-                if (
-                    new_strings
-                ):  # committed first: the other tables' codes refer to them
+                # committed first: the other tables' codes refer to them
+                if new_strings:
                     columns = {
                         "strings": {"value": np.array(new_strings, dtype=object)},
                         **columns,
