@@ -401,3 +401,104 @@ def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
     assert set(prof[prof["name"] == PROBE]["key"]) == {
         f"probe-{i}" for i in range(24) if i % 3 == 0
     }
+
+
+def _mc_child_7f3a(entered, go) -> None:
+    entered.set()
+    go.wait()
+
+
+def _mc_target_7f3a(entered, go) -> None:
+    entered.set()
+    go.wait()
+
+
+def _mc_recurse_7f3a(depth: int, entered, go) -> None:
+    if depth:
+        _mc_recurse_7f3a(depth - 1, entered, go)
+        entered.set()
+        go.wait()
+
+
+def _mc_recurse_deep_7f3a(depth: int, entered, go) -> None:
+    if depth:
+        _mc_recurse_deep_7f3a(depth - 1, entered, go)
+    else:
+        entered.set()
+        go.wait()
+
+
+def _mc_slow_task_7f3a(steps) -> None:
+    for fn, args in steps:
+        fn(*args)
+
+
+def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
+    """yappi's enumeration turns an unfinished first call's count 0 into 1 and clamps a
+    negative self time to 0, in place; the call's return then counts it again. Snapshots
+    taken in the middle of calls must leave the final profile as if never taken."""
+    import threading
+
+    from distributed.utils import thread_state
+
+    from metacollect.collect import init_root
+
+    path = str(tmp_path / "s.zarr")
+    writer = StoreWriter(path)
+    init_root(writer, "midcall")
+    steps = [
+        (_mc_child_7f3a, (threading.Event(), threading.Event())),
+        (_mc_target_7f3a, (threading.Event(), threading.Event())),
+        (_mc_recurse_7f3a, (1, threading.Event(), threading.Event())),
+        (_mc_recurse_deep_7f3a, (1, threading.Event(), threading.Event())),
+    ]
+
+    def task() -> None:
+        thread_state.key = "slow-0"
+        try:
+            _mc_slow_task_7f3a(steps)
+        finally:
+            del thread_state.key
+
+    with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
+        sink = ystep.attach(writer, "worker", cluster="c", worker="w")
+    assert sink is not None
+    t = threading.Thread(target=task, name="mc-slow")
+    try:
+        t.start()
+        for _fn, (*_, entered, go) in steps:
+            assert entered.wait(10)
+            time.sleep(0.3)  # the waiting call's time, > 0 for every finished child
+            for _ in range(2):  # snapshots in the middle of the task's calls
+                sink.write(executed=["slow-0"])
+            go.set()
+        t.join(10)
+        sink.write()
+        sink.last_flush = True
+        sink.write()
+    finally:
+        sink.detach()
+    writer.flush()
+    prof = open_run(path).profile()
+    prof = prof[prof["thread_name"] == "mc-slow"]
+    task_rows = prof[prof["key"] == "slow-0"].set_index("name")
+    for name in ("_mc_slow_task_7f3a", "_mc_child_7f3a", "_mc_target_7f3a"):
+        assert task_rows.loc[name, "ncall"] == 1, name
+    # recursion: one call returned under the unfinished first one (a real call, not
+    # yappi's), or still running above it when the snapshot was taken
+    for name in ("_mc_recurse_7f3a", "_mc_recurse_deep_7f3a"):
+        assert task_rows.loc[name, ["ncall", "nactualcall"]].tolist() == [2, 1], name
+    # the task's frame spent its time in its callees (each waited 0.3 s)
+    slow = task_rows.loc["_mc_slow_task_7f3a"]
+    assert slow["ttot"] >= 1.2 and slow["tsub"] < 0.1, slow
+    # the thread's own frames, outside the task (tag 0), ran once
+    outside = prof[prof["key"].isna()].groupby("name")["ncall"].sum()
+    assert outside["run"] == 1 and outside["task"] == 1, outside
+    edges = open_run(path).profile_edges(task="slow-0")
+    e = edges[edges["caller_name"] == "_mc_slow_task_7f3a"].set_index("callee_name")
+    assert e.loc[["_mc_child_7f3a", "_mc_target_7f3a"], "ncall"].tolist() == [1, 1]
+    for name in ("_mc_recurse_7f3a", "_mc_recurse_deep_7f3a"):
+        self_edge = edges[
+            (edges["caller_name"] == name) & (edges["callee_name"] == name)
+        ]
+        assert self_edge["ncall"].tolist() == [1], name

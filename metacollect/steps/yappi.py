@@ -142,6 +142,10 @@ class ProcessProfiler:
         self.funcs: dict[tuple[str, int, str], int] = {}
         self.func_meta: list[tuple[str, str, str, int, bool, bool]] = []
         self.zero_pits: dict[int, tuple[int, int]] = {}
+        #: pits seen in their first, unfinished call -> self time yappi clamped away
+        self.unfinished: dict[int, float] = {}
+        #: caller pit -> callee pits whose edge was seen in its first, unfinished call
+        self.unfinished_edges: dict[int, set[int]] = {}
         self.last_stats: dict[tuple[int, int], tuple[int, float]] = {}
         self.last_edges: dict[tuple[int, int, int, int], tuple[int, float]] = {}
         self._modules: dict[str, str] = {}
@@ -291,6 +295,83 @@ class ProcessProfiler:
         sink.needs_full = False
         return cols
 
+    def _unclamp(
+        self, kept: list[tuple[Any, ...]], ctx_tid: dict[int, int]
+    ) -> list[tuple[Any, ...]]:
+        """Undo what yappi's enumeration does to calls still running.
+
+        Enumerating stats (``_yappi.enum_func_stats``, also under
+        ``yappi.get_func_stats``) rewrites, in place, a call count of 0 as 1 and a
+        negative self time as 0. A function whose first call is still running (on a
+        stack, or a suspended coroutine) has count 0 and, once some of its callees
+        returned, a negative self time: a snapshot makes it 1 call, the call's return
+        then counts it again and adds back the callees' time the clamp dropped.
+
+        Such a pit reads (ncall 1, nactualcall 0) the first time it is seen: from
+        then on one call is taken off its count, and the callees' time it had when
+        last seen unfinished is taken off its self time (same for a caller -> callee
+        edge reading (1, 0)). A directly recursive function reads (1, 0) also when
+        one recursive call returned under its unfinished first call: it is taken as
+        unfinished only if it is on its thread's stack twice (the recursive call
+        still running). A function that never returned shows 0 calls.
+        """
+        unfinished, unfinished_edges = self.unfinished, self.unfinished_edges
+        meta = self.func_meta
+        stacks: dict[int, list[Any]] | None = None
+
+        def depth(ctx: int, code: Any) -> int:
+            """How often ``code`` is on the stack of ``ctx``'s thread now."""
+            nonlocal stacks
+            if stacks is None:
+                stacks = {}
+                for tid, frame in sys._current_frames().items():
+                    codes = stacks[tid] = []
+                    while frame is not None:
+                        codes.append(frame.f_code)
+                        frame = frame.f_back
+            return sum(c is code for c in stacks.get(ctx_tid.get(ctx, -1), ()))
+
+        out = []
+        for ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc in kept:
+            if (
+                ncall == 1
+                and nactual == 0
+                and index not in unfinished
+                and (
+                    all(c[0] != index for c in children)
+                    or meta[fid][5]
+                    or depth(ctx, desc) > 1
+                )
+            ):
+                unfinished[index] = 0.0
+            lost = unfinished.get(index)
+            if lost is not None:
+                if nactual == 0:  # still in its first call: clamped again just now
+                    lost = unfinished[index] = sum(c[3] for c in children)
+                ncall -= 1
+                tsub = max(tsub - lost, 0.0)
+            callees = unfinished_edges.get(index)
+            new = [
+                c[0]
+                for c in children
+                if c[1] == 1
+                and c[2] == 0
+                and (callees is None or c[0] not in callees)
+                and (c[0] != index or depth(ctx, desc) > 1)
+            ]
+            if new:
+                callees = unfinished_edges.setdefault(index, set())
+                callees.update(new)
+            if callees:
+                children = [
+                    (ci, cn - 1, cna, ctt, max(cts - unfinished.get(ci, 0.0), 0.0))
+                    if ci in callees
+                    else (ci, cn, cna, ctt, cts)
+                    for ci, cn, cna, ctt, cts in children
+                ]
+            out.append((ctx, tag, fid, index, ncall, nactual, ttot, tsub, children))
+        return out
+
     def _columns(
         self,
         sink: ProfileSink,
@@ -326,12 +407,15 @@ class ProcessProfiler:
             pit[index] = (fid, tag)
             if tag == 0:
                 self.zero_pits[index] = (fid, 0)
-            kept.append((ctx, tag, fid, ncall, nactual, ttot, tsub, children))
+            kept.append(
+                (ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc)
+            )
+        kept = self._unclamp(kept, ctx_tid)
         # aggregate per (context, tag, func): code objects may share file, line and name
         stats: dict[tuple[int, int, int], list[float]] = {}
         edges: dict[tuple[int, int, int, int, int], list[float]] = {}
         zero = self.zero_pits
-        for ctx, tag, fid, ncall, nactual, ttot, tsub, children in kept:
+        for ctx, tag, fid, _index, ncall, nactual, ttot, tsub, children in kept:
             s = stats.get((ctx, tag, fid))
             if s is None:
                 stats[(ctx, tag, fid)] = [ncall, nactual, ttot, tsub]
