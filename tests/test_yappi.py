@@ -364,6 +364,13 @@ def _fake_tasks(keys: list[str]) -> None:
         t.join()
 
 
+def _last_snapshots(sink: ystep.ProfileSink) -> None:
+    """What a collector's teardown does: a periodic snapshot, then the final one."""
+    sink.write()
+    sink.last_flush = True
+    sink.write()
+
+
 def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
     from metacollect.collect import init_root
 
@@ -379,9 +386,7 @@ def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
             _fake_tasks(keys)
             sink.write(executed=keys)  # a periodic, changed-rows snapshot
         yappi.stop()  # freeze: an incremental, then a full snapshot of the same state
-        sink.write()
-        sink.last_flush = True
-        sink.write()
+        _last_snapshots(sink)
     finally:
         sink.detach()
     writer.flush()
@@ -473,9 +478,7 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
                 sink.write(executed=["slow-0"])
             go.set()
         t.join(10)
-        sink.write()
-        sink.last_flush = True
-        sink.write()
+        _last_snapshots(sink)
     finally:
         sink.detach()
     writer.flush()
