@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import pstats
 import signal
+import threading
 import time
+from typing import Any
 
 import dask
 import pytest
@@ -345,21 +347,31 @@ def test_collect_options_map_to_config():
     }
 
 
-def _fake_tasks(keys: list[str]) -> None:
-    """Run "tasks" on threads as distributed does: thread_state.key set around them."""
-    import threading
+class _TaskThreads:
+    """What task tagging uses of a distributed ``Worker``, run as ``_run_task`` does."""
 
-    from distributed.utils import thread_state
+    def __init__(self) -> None:
+        self.active_threads: dict[int, str] = {}
+        self.active_threads_lock = threading.Lock()
 
-    def run(key: str) -> None:
-        thread_state.key = key
+    def run(self, key: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` as task ``key``, in this thread."""
+        ident = threading.get_ident()
+        with self.active_threads_lock:
+            self.active_threads[ident] = key
         try:
-            _probe_task(int(key.rsplit("-", 1)[-1]))
+            return fn(*args)
         finally:
-            del thread_state.key
+            with self.active_threads_lock:
+                del self.active_threads[ident]
 
+
+def _fake_tasks(worker: _TaskThreads, keys: list[str]) -> None:
+    """Run "tasks" on threads of their own, as distributed runs them."""
     for key in keys:
-        t = threading.Thread(target=run, args=(key,))
+        t = threading.Thread(
+            target=worker.run, args=(key, _probe_task, int(key.rsplit("-", 1)[-1]))
+        )
         t.start()
         t.join()
 
@@ -377,13 +389,16 @@ def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
     path = str(tmp_path / "s.zarr")
     writer = StoreWriter(path)
     init_root(writer, "incremental")
+    worker = _TaskThreads()
     with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
-        sink = ystep.attach(writer, "worker", cluster="c", worker="w")
+        sink = ystep.attach(
+            writer, "worker", dask_worker=worker, cluster="c", worker="w"
+        )
     assert sink is not None
     try:
         for batch in range(4):
             keys = [f"probe-{i}" for i in range(batch * 6, batch * 6 + 6)]
-            _fake_tasks(keys)
+            _fake_tasks(worker, keys)
             sink.write(executed=keys)  # a periodic, changed-rows snapshot
         yappi.stop()  # freeze: an incremental, then a full snapshot of the same state
         _last_snapshots(sink)
@@ -442,10 +457,6 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
     """yappi's enumeration turns an unfinished first call's count 0 into 1 and clamps a
     negative self time to 0, in place; the call's return then counts it again. Snapshots
     taken in the middle of calls must leave the final profile as if never taken."""
-    import threading
-
-    from distributed.utils import thread_state
-
     from metacollect.collect import init_root
 
     path = str(tmp_path / "s.zarr")
@@ -458,17 +469,15 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
         (_mc_recurse_deep_7f3a, (1, threading.Event(), threading.Event())),
     ]
 
-    def task() -> None:
-        thread_state.key = "slow-0"
-        try:
-            _mc_slow_task_7f3a(steps)
-        finally:
-            del thread_state.key
-
+    worker = _TaskThreads()
     with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
-        sink = ystep.attach(writer, "worker", cluster="c", worker="w")
+        sink = ystep.attach(
+            writer, "worker", dask_worker=worker, cluster="c", worker="w"
+        )
     assert sink is not None
-    t = threading.Thread(target=task, name="mc-slow")
+    t = threading.Thread(
+        target=worker.run, args=("slow-0", _mc_slow_task_7f3a, steps), name="mc-slow"
+    )
     try:
         t.start()
         for _fn, (*_, entered, go) in steps:
@@ -496,7 +505,8 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
     assert slow["ttot"] >= 1.2 and slow["tsub"] < 0.1, slow
     # the thread's own frames, outside the task (tag 0), ran once
     outside = prof[prof["key"].isna()].groupby("name")["ncall"].sum()
-    assert outside["run"] == 1 and outside["task"] == 1, outside
+    assert outside["run"] == 1 and outside["_TaskThreads.run"] == 1, outside
+    assert not prof["file"].str.endswith("metacollect/steps/yappi.py").any()
     edges = open_run(path).profile_edges(task="slow-0")
     e = edges[edges["caller_name"] == "_mc_slow_task_7f3a"].set_index("callee_name")
     assert e.loc[["_mc_child_7f3a", "_mc_target_7f3a"], "ncall"].tolist() == [1, 1]
@@ -505,3 +515,26 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
             (edges["caller_name"] == name) & (edges["callee_name"] == name)
         ]
         assert self_edge["ncall"].tolist() == [1], name
+
+
+def test_tagging_takes_over_active_threads_while_tasks_run():
+    """Tags ride on the worker's ``active_threads``; swapping it in while tasks run
+    must not leave their entries behind, nor hide a task handed the old dict."""
+    worker = _TaskThreads()
+    old = worker.active_threads
+    old[1] = "running-before"
+    tags = ystep._Tags()
+    ystep._tag_tasks(worker, tags)
+    new = worker.active_threads
+    assert isinstance(new, ystep._TaggingThreads) and new[1] == "running-before"
+    old[2] = "handed-the-old-dict"  # Worker.get_current_task still finds it
+    assert new[2] == "handed-the-old-dict" and 2 not in new
+    del old[1]  # the task that ran before ends: its entry goes with the next prune
+    new.prune()
+    assert dict(new) == {}
+    seen = []
+    worker.run("k-1", lambda: seen.append(ystep._TAG.get()))
+    assert seen == [tags["k-1"]] and ystep._TAG.get() == 0 and dict(new) == {}
+    ystep._tag_tasks(worker, None)  # the profile stops: same dict, no tags
+    worker.run("k-2", lambda: seen.append(ystep._TAG.get()))
+    assert worker.active_threads is new and seen[-1] == 0 and "k-2" not in tags

@@ -9,11 +9,11 @@ Levels ``thread`` (``<process group>/threads``) and ``coroutine``
   first attach starts yappi, the last detach stops it and frees its stats. The first
   sink owns the profile and writes it; when it leaves, the next one takes over with a
   full snapshot.
-- **Per-task attribution.** yappi's tag callback maps ``distributed``'s
-  ``thread_state.key`` (set while a task runs on a worker thread) to a small int; tag 0
-  is "not in a task". The callback runs on every profiled call, so it is one attribute
-  read and one dict lookup; a new key takes a tag in ``_Tags.__missing__`` (once per
-  key).
+- **Per-task attribution.** Each task key maps to a small int tag (tag 0: "not in a
+  task"; a new key takes one in ``_Tags.__missing__``). The worker's ``active_threads``
+  (filled by ``distributed`` from the task's thread around every task) sets the tag in
+  a context variable (:class:`_TaggingThreads`), and yappi's tag callback, which runs
+  on every profiled call, is that variable's ``get``: a C call, no Python frame.
 - **Event loop apart.** Stats of the event-loop thread go to the ``coroutines`` group
   (wall clock: a coroutine's time includes its awaits); every other thread goes to
   ``threads``.
@@ -42,6 +42,7 @@ enumeration does not pause yappi (see :meth:`ProcessProfiler._enumerate`).
 from __future__ import annotations
 
 import collections
+import contextvars
 import gc
 import inspect
 import itertools
@@ -76,11 +77,15 @@ KINDS: dict[str, tuple[str, str]] = {
 _ASYNC_FLAGS = (
     inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
 )
-_YAPPI_FILES = frozenset(
-    {"_yappi", os.path.join(os.path.dirname(yappi.__file__), "yappi.py")}
+#: files whose frames are left out of the profile: yappi's own, and this module's
+#: (the task-tagging dict runs in the task's thread, around every task)
+_HIDDEN_FILES = frozenset(
+    {"_yappi", os.path.join(os.path.dirname(yappi.__file__), "yappi.py"), __file__}
 )
-#: above this many (candidate tags x known tags), one unfiltered enumeration is cheaper
-_FILTER_BUDGET = 2_000_000
+#: what one row of an unfiltered enumeration costs (a tuple from yappi, ~2.6 us, and as
+#: much again in :meth:`ProcessProfiler._columns`), in the units of what a tag-filtered
+#: enumeration costs per known tag (yappi walks every context's tag table: ~16 ns)
+_ROW_PER_TAG_VISIT = 300
 
 _lock = threading.RLock()
 _profiler: ProcessProfiler | None = None
@@ -104,23 +109,89 @@ class _Tags(dict):  # type: ignore[type-arg]
         return tag
 
 
-def _tag_callback(tags: _Tags) -> Any:
-    from distributed.utils import (
-        thread_state,
-    )  # what distributed's worker sets around a task
+#: the yappi tag of the task running in this thread (0: none). yappi calls the tag
+#: callback on every profiled call: ``_TAG.get`` is a C call, no Python frame.
+_TAG: contextvars.ContextVar[int] = contextvars.ContextVar("metacollect_tag", default=0)
 
-    def tag(_get: Any = getattr, _ts: Any = thread_state, _tags: _Tags = tags) -> int:
-        try:
-            return _tags[_get(_ts, "key", None)]
-        except Exception:  # yappi drops a callback that raises; never raise
-            return 0
 
-    return tag
+class _TaggingThreads(dict):  # type: ignore[type-arg]
+    """A worker's ``active_threads`` that also sets the running task's yappi tag.
+
+    distributed's ``_run_task`` (and ``_run_actor``) put ``{thread: key}`` in it from
+    the task's own thread right before running the task, and delete it right after:
+    the tag is set and cleared there, in that thread, once per task. Installed once per
+    worker and switched off (``tags = None``) when the profile stops, never swapped
+    back: a task running at a swap would delete its entry from the other dict.
+    """
+
+    def __init__(self, threads: dict[int, Any], tags: _Tags) -> None:
+        super().__init__(threads)
+        self.tags: _Tags | None = tags
+        #: entries of tasks that started before the swap, and the dict they started
+        #: in: their end deletes them there, :meth:`prune` does it here
+        self.inherited = dict(threads)
+        self.source = threads
+
+    def __setitem__(self, ident: int, key: Any) -> None:
+        super().__setitem__(ident, key)
+        self.inherited.pop(ident, None)
+        tags = self.tags
+        if tags is not None:
+            try:
+                _TAG.set(tags[key])
+            except Exception:  # never break a task: it runs untagged
+                pass
+
+    def __delitem__(self, ident: int) -> None:
+        super().__delitem__(ident)
+        _TAG.set(0)
+
+    def __missing__(self, ident: int) -> Any:
+        # a task handed the old dict before the swap registers there (untagged):
+        # Worker.get_current_task still finds it
+        return self.source[ident]
+
+    def prune(self) -> None:
+        """Drop inherited entries whose task ended (call under the worker's lock)."""
+        for ident, key in list(self.inherited.items()):
+            if self.source.get(ident) is not key:
+                del self.inherited[ident]
+                if dict.get(self, ident) is key:
+                    dict.__delitem__(self, ident)
+
+
+def _tag_tasks(worker: Worker, tags: _Tags | None) -> None:
+    """Tag ``worker``'s tasks with ``tags`` from now on, or stop (``None``)."""
+    with worker.active_threads_lock:
+        threads = worker.active_threads
+        if isinstance(threads, _TaggingThreads):
+            threads.tags = tags
+        elif tags is not None:
+            worker.active_threads = _TaggingThreads(threads, tags)
 
 
 def _thread_name() -> str | None:
     t = threading._active.get(threading.get_ident())  # type: ignore[attr-defined]
     return t.name if t is not None else None
+
+
+class _Stacks:
+    """The code objects on each thread's stack, read once, when first asked."""
+
+    def __init__(self, ctx_tid: dict[int, int]) -> None:
+        self.ctx_tid = ctx_tid
+        self.codes: dict[int, list[Any]] | None = None
+
+    def depth(self, ctx: int, code: Any) -> int:
+        """How often ``code`` is on the stack of yappi context ``ctx``'s thread."""
+        if self.codes is None:
+            self.codes = {}
+            for tid, frame in sys._current_frames().items():
+                codes = self.codes[tid] = []
+                while frame is not None:
+                    codes.append(frame.f_code)
+                    frame = frame.f_back
+        return sum(c is code for c in self.codes.get(self.ctx_tid.get(ctx, -1), ()))
 
 
 # -- the process-wide profiler ---------------------------------------------------------
@@ -142,12 +213,14 @@ class ProcessProfiler:
         self.funcs: dict[tuple[str, int, str], int] = {}
         self.func_meta: list[tuple[str, str, str, int, bool, bool]] = []
         self.zero_pits: dict[int, tuple[int, int]] = {}
+        #: rows per tag in the last enumeration (picks filtered or unfiltered)
+        self.rows_per_tag = 20.0
         #: pits seen in their first, unfinished call -> self time yappi clamped away
         self.unfinished: dict[int, float] = {}
         #: caller pit -> callee pits whose edge was seen in its first, unfinished call
         self.unfinished_edges: dict[int, set[int]] = {}
-        self.last_stats: dict[tuple[int, int], tuple[int, float]] = {}
-        self.last_edges: dict[tuple[int, int, int, int], tuple[int, float]] = {}
+        self.last_stats: dict[tuple[int, int], tuple[int, float, float]] = {}
+        self.last_edges: dict[tuple[int, int, int, int], tuple[int, float, float]] = {}
         self._modules: dict[str, str] = {}
         self._scanned = 0
         self.version = _yappi_version()
@@ -160,7 +233,7 @@ class ProcessProfiler:
         yappi.clear_stats()
         yappi.set_clock_type(clock)
         yappi.set_context_name_callback(_thread_name)
-        yappi.set_tag_callback(_tag_callback(self.tags) if per_task else None)
+        yappi.set_tag_callback(_TAG.get if per_task else None)
         yappi.start(builtins=builtins, profile_threads=True)
         self.started_here = True
 
@@ -190,6 +263,8 @@ class ProcessProfiler:
                 continue
             try:
                 with w.active_threads_lock:
+                    if isinstance(w.active_threads, _TaggingThreads):
+                        w.active_threads.prune()
                     keys = list(w.active_threads.values())
             except Exception:
                 continue
@@ -212,19 +287,23 @@ class ProcessProfiler:
 
         rows: list[tuple[Any, ...]] = []
         threads: list[tuple[Any, ...]] = []
+        # one filtered enumeration per tag costs len(tags) x len(self.tags) visits; an
+        # unfiltered one, every row of every tag: filter unless nearly all tags change
+        unfiltered = tags is None or len(tags) > _ROW_PER_TAG_VISIT * self.rows_per_tag
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            if tags is None or len(tags) * max(len(self.tags), 1) > _FILTER_BUDGET:
+            if unfiltered:
                 _yappi.enum_func_stats(rows.append, {})
             else:
-                for tag in sorted(tags):
+                for tag in sorted(tags):  # type: ignore[arg-type]
                     _yappi.enum_func_stats(rows.append, {"tag": tag})
             _yappi.enum_thread_stats(threads.append)
         finally:
             if gc_was_on:
                 gc.enable()
-        if tags is not None and len(tags) * max(len(self.tags), 1) > _FILTER_BUDGET:
+        self.rows_per_tag = max(len(rows) / max(len(tags or self.tags), 1), 1.0)
+        if unfiltered and tags is not None:
             rows = [r for r in rows if r[12] in tags]
         self._threads = threads
         return rows
@@ -295,10 +374,10 @@ class ProcessProfiler:
         sink.needs_full = False
         return cols
 
-    def _unclamp(
-        self, kept: list[tuple[Any, ...]], ctx_tid: dict[int, int]
-    ) -> list[tuple[Any, ...]]:
-        """Undo what yappi's enumeration does to calls still running.
+    def _unfinished_pit(
+        self, row: tuple[Any, ...], stacks: _Stacks
+    ) -> tuple[int, float]:
+        """``(ncall, tsub)`` of a pit as if no snapshot had been taken mid-call.
 
         Enumerating stats (``_yappi.enum_func_stats``, also under
         ``yappi.get_func_stats``) rewrites, in place, a call count of 0 as 1 and a
@@ -309,68 +388,26 @@ class ProcessProfiler:
 
         Such a pit reads (ncall 1, nactualcall 0) the first time it is seen: from
         then on one call is taken off its count, and the callees' time it had when
-        last seen unfinished is taken off its self time (same for a caller -> callee
-        edge reading (1, 0)). A directly recursive function reads (1, 0) also when
-        one recursive call returned under its unfinished first call: it is taken as
+        last seen unfinished is taken off its self time (edges reading (1, 0): see
+        :meth:`_columns`). A directly recursive function reads (1, 0) also when one
+        recursive call returned under its unfinished first call: it is taken as
         unfinished only if it is on its thread's stack twice (the recursive call
         still running). A function that never returned shows 0 calls.
         """
-        unfinished, unfinished_edges = self.unfinished, self.unfinished_edges
-        meta = self.func_meta
-        stacks: dict[int, list[Any]] | None = None
-
-        def depth(ctx: int, code: Any) -> int:
-            """How often ``code`` is on the stack of ``ctx``'s thread now."""
-            nonlocal stacks
-            if stacks is None:
-                stacks = {}
-                for tid, frame in sys._current_frames().items():
-                    codes = stacks[tid] = []
-                    while frame is not None:
-                        codes.append(frame.f_code)
-                        frame = frame.f_back
-            return sum(c is code for c in stacks.get(ctx_tid.get(ctx, -1), ()))
-
-        out = []
-        for ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc in kept:
-            if (
-                ncall == 1
-                and nactual == 0
-                and index not in unfinished
-                and (
-                    all(c[0] != index for c in children)
-                    or meta[fid][5]
-                    or depth(ctx, desc) > 1
-                )
+        ctx, _tag, fid, index, ncall, nactual, _ttot, tsub, children, desc = row
+        lost = self.unfinished.get(index)
+        if lost is None:
+            if not (
+                all(c[0] != index for c in children)
+                or self.func_meta[fid][5]
+                or stacks.depth(ctx, desc) > 1
             ):
-                unfinished[index] = 0.0
-            lost = unfinished.get(index)
-            if lost is not None:
-                if nactual == 0:  # still in its first call: clamped again just now
-                    lost = unfinished[index] = sum(c[3] for c in children)
-                ncall -= 1
-                tsub = max(tsub - lost, 0.0)
-            callees = unfinished_edges.get(index)
-            new = [
-                c[0]
-                for c in children
-                if c[1] == 1
-                and c[2] == 0
-                and (callees is None or c[0] not in callees)
-                and (c[0] != index or depth(ctx, desc) > 1)
-            ]
-            if new:
-                callees = unfinished_edges.setdefault(index, set())
-                callees.update(new)
-            if callees:
-                children = [
-                    (ci, cn - 1, cna, ctt, max(cts - unfinished.get(ci, 0.0), 0.0))
-                    if ci in callees
-                    else (ci, cn, cna, ctt, cts)
-                    for ci, cn, cna, ctt, cts in children
-                ]
-            out.append((ctx, tag, fid, index, ncall, nactual, ttot, tsub, children))
-        return out
+                return ncall, tsub  # a returned recursive call: a real one
+            lost = 0.0
+        if nactual == 0:  # still in its first call: clamped again just now
+            lost = sum(c[3] for c in children)
+        self.unfinished[index] = lost
+        return ncall - 1, max(tsub - lost, 0.0)
 
     def _columns(
         self,
@@ -384,6 +421,8 @@ class ProcessProfiler:
         loops = {s.loop for s in self.sinks}
         pit: dict[int, tuple[int, int]] = {}
         kept = []
+        unfinished, unfinished_edges = self.unfinished, self.unfinished_edges
+        stacks = _Stacks(ctx_tid)
         for r in rows:
             (
                 name,
@@ -401,21 +440,22 @@ class ProcessProfiler:
                 tag,
                 desc,
             ) = r[:14]
-            if module in _YAPPI_FILES:
-                continue  # yappi's own frames, as yappi.get_func_stats hides them
+            if module in _HIDDEN_FILES:
+                continue  # yappi's (get_func_stats hides them too) and ours
             fid = self._func(name, module, line, bool(builtin), desc)
             pit[index] = (fid, tag)
             if tag == 0:
                 self.zero_pits[index] = (fid, 0)
-            kept.append(
-                (ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc)
-            )
-        kept = self._unclamp(kept, ctx_tid)
+            row = (ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc)
+            if index in unfinished or (ncall == 1 and nactual == 0):
+                ncall, tsub = self._unfinished_pit(row, stacks)
+                row = (ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc)
+            kept.append(row)
         # aggregate per (context, tag, func): code objects may share file, line and name
         stats: dict[tuple[int, int, int], list[float]] = {}
         edges: dict[tuple[int, int, int, int, int], list[float]] = {}
         zero = self.zero_pits
-        for ctx, tag, fid, _index, ncall, nactual, ttot, tsub, children in kept:
+        for ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc in kept:
             s = stats.get((ctx, tag, fid))
             if s is None:
                 stats[(ctx, tag, fid)] = [ncall, nactual, ttot, tsub]
@@ -424,7 +464,20 @@ class ProcessProfiler:
                 s[1] += nactual
                 s[2] += ttot
                 s[3] += tsub
+            callees = unfinished_edges.get(index)
             for cindex, cn, cna, cttot, ctsub in children:
+                # an edge in its first, unfinished call: as for pits (_unfinished_pit)
+                if (
+                    cn == 1
+                    and cna == 0
+                    and (callees is None or cindex not in callees)
+                    and (cindex != index or stacks.depth(ctx, desc) > 1)
+                ):
+                    callees = unfinished_edges.setdefault(index, set())
+                    callees.add(cindex)
+                if callees is not None and cindex in callees:
+                    cn -= 1
+                    ctsub = max(ctsub - unfinished.get(cindex, 0.0), 0.0)
                 target = pit.get(cindex) or zero.get(cindex)
                 if target is None:
                     continue  # callee in a tag not enumerated now: written when it was
@@ -462,7 +515,7 @@ class ProcessProfiler:
                 if not in_group(ctx):
                     continue
                 if tag == 0:
-                    sig = (ncall, ttot)
+                    sig = (ncall, ttot, tsub)
                     if not full and self.last_stats.get((ctx, fid)) == sig:
                         continue
                     self.last_stats[(ctx, fid)] = sig
@@ -507,7 +560,7 @@ class ProcessProfiler:
                 if not in_group(ctx):
                     continue
                 if tag == 0 and ctag == 0:
-                    sig = (ncall, ttot)
+                    sig = (ncall, ttot, tsub)
                     if not full and self.last_edges.get((ctx, fid, ctag, cfid)) == sig:
                         continue
                     self.last_edges[(ctx, fid, ctag, cfid)] = sig
@@ -827,6 +880,8 @@ def attach(
         else:
             _profiler.sinks.append(sink)
         _unprofile_zarr_io()
+        if _profiler.per_task and dask_worker is not None:
+            _tag_tasks(dask_worker, _profiler.tags)
         for g in sink.groups.values():
             g.set_attrs(**sink._attrs(owner=sink.is_owner))
         return sink
@@ -861,6 +916,8 @@ def detach(sink: ProfileSink) -> None:
             return
         sink.detached = True
         p = sink.profiler
+        if p.per_task and sink.worker is not None:
+            _tag_tasks(sink.worker, None)
         was_owner = p.owner is sink
         if sink in p.sinks:
             p.sinks.remove(sink)
