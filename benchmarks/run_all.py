@@ -183,6 +183,13 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             ip.get("ratio_yappi", 9) <= 1.5,
         )
         add(
+            "5 yappi light (prefix tags, no event loop), image pipeline",
+            "<= 1.5",
+            ip.get("ratio_yappi_light"),
+            ".3f",
+            ip.get("ratio_yappi_light", 9) <= 1.5,
+        )
+        add(
             "5 yappi on, call-dense Python",
             "(report)",
             cd.get("ratio_yappi"),

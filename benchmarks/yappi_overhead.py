@@ -1,5 +1,7 @@
 """Figure 5: Yappi on. Wall-time ratio yappi-collected / bare on the demo image pipeline, and
-on call-dense pure-Python tasks (ns added per Python call), LocalCluster with 2 workers.
+on call-dense pure-Python tasks (ns added per Python call), LocalCluster with 2 workers; with
+the default settings (a tag per task, event loops profiled) and the light ones (a tag per
+task prefix, event loops left out: ``metacollect.yappi.tasks: prefix``, ``event-loop: false``).
 
     python benchmarks/yappi_overhead.py [--repeats 3]
 """
@@ -18,6 +20,9 @@ import dask
 from distributed import Client
 
 from metacollect import collect
+
+#: the light settings: a tag per task prefix, event loops not profiled
+LIGHT = {"enabled": True, "tasks": "prefix", "event_loop": False}
 
 
 def _leaf(x: int) -> int:
@@ -63,6 +68,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     with collect(client, store, overwrite=True, yappi=True):
                         dask.compute(graph)
 
+                def yappi_light(graph: Any = graph) -> None:
+                    with collect(client, store, overwrite=True, yappi=LIGHT):
+                        dask.compute(graph)
+
                 def steps14(graph: Any = graph) -> None:
                     with collect(client, store, overwrite=True):
                         dask.compute(graph)
@@ -70,13 +79,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 bare()
                 _common.log(f"{name}: {a.repeats} interleaved repeats")
                 times = _common.interleaved(
-                    {"bare": bare, "collected": steps14, "yappi": yappi_on},
+                    {
+                        "bare": bare,
+                        "collected": steps14,
+                        "yappi": yappi_on,
+                        "yappi_light": yappi_light,
+                    },
                     a.repeats,
                     warmup=0,
                 )
                 res = {
                     "times_s": times,
                     "ratio_yappi": _common.paired_ratio(times, "yappi"),
+                    "ratio_yappi_light": _common.paired_ratio(times, "yappi_light"),
                     "ratio_collected": _common.paired_ratio(times, "collected"),
                 }
                 if name == "call_dense":

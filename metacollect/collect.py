@@ -241,7 +241,16 @@ def _client_profile(client: Client, writer: StoreWriter) -> Any:
         )
     except Exception:
         loop_thread = None
-    return yappi.attach(writer, "client", loop_thread=loop_thread)
+    sink = yappi.attach(writer, "client", loop_thread=loop_thread)
+    if (
+        sink is not None
+        and loop_thread is not None
+        and not config.get("yappi.event-loop")
+    ):
+        import sys
+
+        client.sync(sys.setprofile, None)  # leave the client's event loop out
+    return sink
 
 
 def _darshan_start(client: Client, store: str, writer: StoreWriter) -> Any:

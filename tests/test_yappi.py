@@ -267,6 +267,30 @@ def test_scheduler_and_client_profiles(module_client, store):
     assert validate_store(store) == []
 
 
+def test_prefix_tags_and_no_event_loop(module_client, store, fast_profile):
+    """The cheap settings: a tag per task prefix, the event loops left unprofiled."""
+    with collect(
+        module_client,
+        store,
+        yappi={"enabled": True, "tasks": "prefix", "event_loop": False},
+    ):
+        _run_probes(module_client)
+    run = open_run(store)
+    assert run.errors().empty, run.errors()
+    prof = run.profile()
+    assert set(prof["level"]) == {"thread"} and set(prof["key"].dropna()) == {"probe"}
+    probe = prof[prof["name"] == PROBE]
+    assert set(probe["key"]) == {"probe"}
+    assert probe["ncall"].sum() == sum(_executions(run, PROBED).values())
+    loops = set()
+    for path in run.worker_groups():
+        attrs = run.groups[f"{path}/threads"]
+        assert (attrs["tags"], attrs["event_loop"]) == ("prefix", False)
+        loops.update(attrs["loop_threads"])
+    assert loops and not loops & set(prof["thread"])
+    assert validate_store(store) == []
+
+
 def test_workers_sharing_a_process_have_one_profile(store, fast_profile):
     with (
         LocalCluster(

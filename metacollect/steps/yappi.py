@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import yappi
+from dask.utils import key_split
 
 from metacollect import config
 
@@ -124,9 +125,10 @@ class _TaggingThreads(dict):  # type: ignore[type-arg]
     back: a task running at a swap would delete its entry from the other dict.
     """
 
-    def __init__(self, threads: dict[int, Any], tags: _Tags) -> None:
+    def __init__(self, threads: dict[int, Any], tags: _Tags, label: Any = None) -> None:
         super().__init__(threads)
         self.tags: _Tags | None = tags
+        self.label = label  # key -> what a tag stands for (None: the key)
         #: entries of tasks that started before the swap, and the dict they started
         #: in: their end deletes them there, :meth:`prune` does it here
         self.inherited = dict(threads)
@@ -135,10 +137,10 @@ class _TaggingThreads(dict):  # type: ignore[type-arg]
     def __setitem__(self, ident: int, key: Any) -> None:
         super().__setitem__(ident, key)
         self.inherited.pop(ident, None)
-        tags = self.tags
+        tags, label = self.tags, self.label
         if tags is not None:
             try:
-                _TAG.set(tags[key])
+                _TAG.set(tags[key if label is None else label(key)])
             except Exception:  # never break a task: it runs untagged
                 pass
 
@@ -160,14 +162,15 @@ class _TaggingThreads(dict):  # type: ignore[type-arg]
                     dict.__delitem__(self, ident)
 
 
-def _tag_tasks(worker: Worker, tags: _Tags | None) -> None:
-    """Tag ``worker``'s tasks with ``tags`` from now on, or stop (``None``)."""
+def _tag_tasks(worker: Worker, tags: _Tags | None, label: Any = None) -> None:
+    """Tag ``worker``'s tasks with ``tags`` from now on, or stop (``None``); ``label``
+    maps a key to what its tag stands for (``None``: the key)."""
     with worker.active_threads_lock:
         threads = worker.active_threads
         if isinstance(threads, _TaggingThreads):
-            threads.tags = tags
+            threads.tags, threads.label = tags, label
         elif tags is not None:
-            worker.active_threads = _TaggingThreads(threads, tags)
+            worker.active_threads = _TaggingThreads(threads, tags, label)
 
 
 def _thread_name() -> str | None:
@@ -198,10 +201,17 @@ class _Stacks:
 class ProcessProfiler:
     """The one owner of ``yappi.start``/``yappi.stop`` in this process."""
 
-    def __init__(self, clock: str, builtins: bool, per_task: bool) -> None:
+    def __init__(
+        self, clock: str, builtins: bool, tags: str = "key", event_loop: bool = True
+    ) -> None:
         self.clock = clock
         self.builtins = builtins
-        self.per_task = per_task
+        #: what a tag stands for: "key" (a task), "prefix" (a task prefix), "" (none)
+        self.tag_by = tags
+        self.per_task = bool(tags)
+        #: task key -> what its tag stands for (None: the key itself)
+        self.label: Any = key_split if tags == "prefix" else None
+        self.event_loop = event_loop
         self.sinks: list[ProfileSink] = []
         self.tags = _Tags()
         self.tag_log: list[tuple[int, Any, int, float]] = []
@@ -233,7 +243,7 @@ class ProcessProfiler:
         yappi.clear_stats()
         yappi.set_clock_type(clock)
         yappi.set_context_name_callback(_thread_name)
-        yappi.set_tag_callback(_TAG.get if per_task else None)
+        yappi.set_tag_callback(_TAG.get if tags else None)
         yappi.start(builtins=builtins, profile_threads=True)
         self.started_here = True
 
@@ -269,10 +279,14 @@ class ProcessProfiler:
             except Exception:
                 continue
             for k in keys:
-                t = self.tags.get(k)
+                t = self.tag_of(k)
                 if t is not None:
                     out.add(t)
         return out
+
+    def tag_of(self, key: Any) -> int | None:
+        """The tag of task ``key``'s calls, if it has run."""
+        return self.tags.get(key if self.label is None else self.label(key))
 
     # -- enumeration -------------------------------------------------------------------
     def _enumerate(self, tags: set[int] | None) -> list[tuple[Any, ...]]:
@@ -356,7 +370,7 @@ class ProcessProfiler:
                 rows = self._enumerate(None)
             else:
                 tags = {0} | running | self.running | {t for t, *_ in new}
-                tags.update(t for t in map(self.tags.get, noted) if t is not None)
+                tags.update(t for t in map(self.tag_of, noted) if t is not None)
                 rows = self._enumerate(tags)
             self.running = running
             self.snapshot_no += 1
@@ -494,7 +508,8 @@ class ProcessProfiler:
         n_rows = 0
         for group_name, in_group in (
             ("threads", lambda c: ctx_tid.get(c) not in loops),
-            ("coroutines", lambda c: ctx_tid.get(c) in loops),
+            # event-loop off: the calls made before its thread was unprofiled go too
+            ("coroutines", lambda c: self.event_loop and ctx_tid.get(c) in loops),
         ):
             written = sink.written_funcs[group_name]
             s_cols: dict[str, list[Any]] = {
@@ -715,6 +730,8 @@ class ProfileSink:
             "clock": p.clock,
             "builtins": p.builtins,
             "per_task": p.per_task,
+            "tags": p.tag_by,
+            "event_loop": p.event_loop,
             "loop_threads": sorted({s.loop for s in p.sinks} | {self.loop}),
             "yappi_version": p.version,
         }
@@ -832,9 +849,9 @@ def attach(
     with _lock:
         try:
             if _profiler is None:
-                per_task = bool(config.get("yappi.tasks"))
-                if per_task and _version_tuple(_yappi_version()) < (1, 7):
-                    per_task = False
+                tags = _tags_setting()
+                if tags and _version_tuple(_yappi_version()) < (1, 7):
+                    tags = ""
                     logger.warning(
                         "metacollect: yappi %s is too old for per-task tags; "
                         "pip install 'yappi>=1.7'",
@@ -843,7 +860,8 @@ def attach(
                 _profiler = ProcessProfiler(
                     str(config.get("yappi.clock")),
                     bool(config.get("yappi.builtins")),
-                    per_task,
+                    tags,
+                    bool(config.get("yappi.event-loop")),
                 )
             sink = ProfileSink(
                 _profiler,
@@ -880,11 +898,21 @@ def attach(
         else:
             _profiler.sinks.append(sink)
         _unprofile_zarr_io()
+        if not _profiler.event_loop and loop_thread is None:
+            sys.setprofile(None)  # called on the event loop: leave it out
         if _profiler.per_task and dask_worker is not None:
-            _tag_tasks(dask_worker, _profiler.tags)
+            _tag_tasks(dask_worker, _profiler.tags, _profiler.label)
         for g in sink.groups.values():
             g.set_attrs(**sink._attrs(owner=sink.is_owner))
         return sink
+
+
+def _tags_setting() -> str:
+    """``metacollect.yappi.tasks`` as what a tag stands for: "key", "prefix" or ""."""
+    value = config.get("yappi.tasks")
+    if value is True or value == "key":
+        return "key"
+    return "prefix" if value == "prefix" else ""
 
 
 def _failed_attrs() -> dict[str, Any]:
@@ -895,6 +923,8 @@ def _failed_attrs() -> dict[str, Any]:
         "clock": str(config.get("yappi.clock")),
         "builtins": bool(config.get("yappi.builtins")),
         "per_task": False,
+        "tags": "",
+        "event_loop": bool(config.get("yappi.event-loop")),
         "loop_threads": [],
         "yappi_version": _yappi_version(),
     }
