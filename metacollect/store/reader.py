@@ -317,7 +317,8 @@ class Run:
             Worker group name, address or name; ``"scheduler"`` or ``"client"`` for those
             processes' profiles. Default: every profiled process.
         task
-            A task key (or list of keys): only time spent inside that task.
+            A task key (or list of keys): only time spent inside that task (a task
+            prefix, for a run profiled with ``metacollect.yappi.tasks: prefix``).
         thread
             A thread id (``threading.get_ident``, as in ``worker_table("tasks").thread``).
 
@@ -325,8 +326,10 @@ class Run:
         -------
         pandas.DataFrame
             cluster, worker, level (``thread`` or ``coroutine`` - the event loop), thread,
-            thread_name, tag, key (``None`` outside tasks), name, module, file, line, builtin,
-            coroutine, ncall, nactualcall, ttot, tsub (seconds), snapshot; heaviest first.
+            thread_name, tag, key (``None`` outside tasks; the task prefix when the run
+            had ``metacollect.yappi.tasks: prefix``), name, module, file, line, builtin,
+            coroutine, ncall (returned calls), nactualcall, ttot, tsub (seconds), snapshot;
+            heaviest first.
 
         Examples
         --------
