@@ -272,13 +272,23 @@ def test_prefix_tags_and_no_event_loop(module_client, store, fast_profile):
     with collect(
         module_client,
         store,
-        yappi={"enabled": True, "tasks": "prefix", "event_loop": False},
+        yappi={
+            "enabled": True,
+            "tasks": "prefix",
+            "event_loop": False,
+            "scheduler": True,
+            "client": True,
+        },
     ):
         _run_probes(module_client)
     run = open_run(store)
     assert run.errors().empty, run.errors()
     prof = run.profile()
     assert set(prof["level"]) == {"thread"} and set(prof["key"].dropna()) == {"probe"}
+    # the scheduler's and the client's event loop (one process here) are left out too
+    assert len(run.profile(worker="scheduler")) and set(
+        run.profile(worker="scheduler")["level"]
+    ) == {"thread"}
     probe = prof[prof["name"] == PROBE]
     assert set(probe["key"]) == {"probe"}
     assert probe["ncall"].sum() == sum(_executions(run, PROBED).values())
