@@ -208,7 +208,6 @@ class ProcessProfiler:
         self.builtins = builtins
         #: what a tag stands for: "key" (a task), "prefix" (a task prefix), "" (none)
         self.tag_by = tags
-        self.per_task = bool(tags)
         #: task key -> what its tag stands for (None: the key itself)
         self.label: Any = key_split if tags == "prefix" else None
         self.event_loop = event_loop
@@ -246,6 +245,11 @@ class ProcessProfiler:
         yappi.set_tag_callback(_TAG.get if tags else None)
         yappi.start(builtins=builtins, profile_threads=True)
         self.started_here = True
+
+    @property
+    def per_task(self) -> bool:
+        """Calls carry a tag per task (key or prefix)."""
+        return bool(self.tag_by)
 
     def stop(self) -> None:
         if self.started_here:
