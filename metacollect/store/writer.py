@@ -163,6 +163,7 @@ class GroupWriter:
         self.tables = {name: Table(t, limit) for name, t in spec.tables.items()}
         self._flush_lock = threading.Lock()
         self._failed = False
+        self._last_failure = ""  # type of the last flush failure (logged once per kind)
         self.group = store.ensure_group(path, spec, attrs)
         #: rows of each table known to be whole in the store (appends that failed half-way
         #: are cut back to this before the next append, so codes and rows never shift)
@@ -236,6 +237,15 @@ class GroupWriter:
                         self.tables["errors"].limit,
                     )
                     self.record_error("flush", e)
+                elif type(e).__name__ != self._last_failure:
+                    # still failing, for another reason: say so once (not in the store:
+                    # its errors table waits for a flush that works)
+                    logger.error(
+                        "metacollect: flush of %s still fails, now with %r",
+                        self.path or "/",
+                        e,
+                    )
+                self._last_failure = type(e).__name__
                 return 0
             if self._failed:
                 self._failed = False
