@@ -265,3 +265,56 @@ def test_arrays_keep_room_ahead_and_are_cut_to_their_rows_when_sealed(store):
     # but a commit point past the data is
     events.update_attributes({"rows": 6})
     assert any("rows attribute 6 exceeds" in p for p in validate_store(store))
+
+
+def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(
+    store, monkeypatch
+):
+    """An outage that ends in the middle of a flush can leave a new table's array made in
+    the store but not known to its writer: the next flush opens it rather than failing
+    forever. And a table that keeps failing does not keep the group's report of it out
+    of the store: the errors table is written by itself."""
+    from zarr.core.array import AsyncArray
+    from zarr.core.group import AsyncGroup
+
+    w = StoreWriter(store)
+    g = w.group("scheduler", cluster="c1")
+    real_create = AsyncGroup.create_array
+    outage = {"creates": 1}
+
+    async def create_then_fail(self, name, **kwargs):
+        array = await real_create(self, name, **kwargs)
+        if outage["creates"]:
+            outage["creates"] -= 1
+            raise OSError("storage went away after writing the array's metadata")
+        return array
+
+    monkeypatch.setattr(AsyncGroup, "create_array", create_then_fail)
+    g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
+    assert g.flush() == 0
+    assert g.flush() > 0
+    run = open_run_unfinalized(store)
+    assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0]
+    assert "went away" in run.table("clusters/c1/scheduler", "errors").what[0]
+
+    real_setitem = AsyncArray.setitem
+
+    async def events_broken(self, selection, value, prototype=None):
+        if self.path.endswith("events/msg"):
+            raise OSError("bad block under events/msg")
+        return await real_setitem(self, selection, value, prototype=prototype)
+
+    monkeypatch.setattr(AsyncArray, "setitem", events_broken)
+    g.append("events", {"time": [2.0], "topic": ["b"], "msg": ["m2"]})
+    assert g.flush() == 0 and g.flush() == 0
+    run = open_run_unfinalized(store)
+    assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0]
+    errors = run.table("clusters/c1/scheduler", "errors")
+    assert [w.split(":")[0] for w in errors.what] == ["OSError", "OSError"]
+    assert "bad block" in errors.what[1] and errors["where"].tolist()[1] == "flush"
+    assert g.tables["events"].pending == 1  # kept for when the block is mended
+    monkeypatch.setattr(AsyncArray, "setitem", real_setitem)
+    assert g.flush() > 0
+    run = open_run_unfinalized(store)
+    assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0, 2.0]
+    assert len(run.table("clusters/c1/scheduler", "errors")) == 2

@@ -199,33 +199,15 @@ class GroupWriter:
     def flush(self) -> int:
         """Append everything pending to Zarr; returns rows written.
 
-        A failing flush keeps the rows (bounded by ``buffer-limit``) and is reported once.
+        A failing flush keeps the rows (bounded by ``buffer-limit``) and is reported once;
+        the report is written on its own when the rest keeps failing.
         """
         with self._flush_lock:
-            taken = {name: t.take() for name, t in self.tables.items()}
-            new_strings: list[str] = []
             try:
-                # encode first: it creates the new strings, which must land before the codes
-                columns = {
-                    name: self._columns(self.tables[name].spec, chunks)
-                    for name, chunks in taken.items()
-                    if chunks
-                }
-                new_strings = self.strings.take_new()
-                # committed first: the other tables' codes refer to them
-                if new_strings:
-                    columns = {
-                        "strings": {"value": np.array(new_strings, dtype=object)},
-                        **columns,
-                    }
-                self._append_tables(columns)
-                new_strings = []
-                written = sum(n for chunks in taken.values() for n, _ in chunks)
-                taken = {}
+                written = self._write(
+                    {name: t.take() for name, t in self.tables.items()}
+                )
             except Exception as e:
-                self.strings.restore(new_strings)
-                for name, chunks in taken.items():
-                    self.tables[name].restore(chunks)
                 if not self._failed:
                     self._failed = True
                     logger.error(
@@ -238,14 +220,14 @@ class GroupWriter:
                     )
                     self.record_error("flush", e)
                 elif type(e).__name__ != self._last_failure:
-                    # still failing, for another reason: say so once (not in the store:
-                    # its errors table waits for a flush that works)
+                    # still failing, for another reason: say so once
                     logger.error(
                         "metacollect: flush of %s still fails, now with %r",
                         self.path or "/",
                         e,
                     )
                 self._last_failure = type(e).__name__
+                self._write_errors_alone()
                 return 0
             if self._failed:
                 self._failed = False
@@ -258,6 +240,44 @@ class GroupWriter:
                     "buffer", f"rows dropped while flushes failed: {dropped}"
                 )
             return written
+
+    def _write(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
+        """Encode and append these rows (their new strings first); on failure put them
+        all back, ahead of rows appended since, and raise."""
+        new_strings: list[str] = []
+        try:
+            # encode first: it creates the new strings, which must land before the codes
+            columns = {
+                name: self._columns(self.tables[name].spec, chunks)
+                for name, chunks in taken.items()
+                if chunks
+            }
+            new_strings = self.strings.take_new()
+            if new_strings:  # committed first: the other tables' codes refer to them
+                columns = {
+                    "strings": {"value": np.array(new_strings, dtype=object)},
+                    **columns,
+                }
+            self._append_tables(columns)
+        except Exception:
+            self.strings.restore(new_strings)
+            for name, chunks in taken.items():
+                self.tables[name].restore(chunks)
+            raise
+        return sum(n for chunks in taken.values() for n, _ in chunks)
+
+    def _write_errors_alone(self) -> None:
+        """After a failed flush, try the errors table by itself: a failure that stays with
+        one table (an array it cannot write) must not keep the group's report of it out of
+        the store as well - a run that ends so would lose rows without a word."""
+        if not self.tables["errors"].pending:
+            return
+        try:
+            self._write({"errors": self.tables["errors"].take()})
+        except Exception as e:  # the same outage: already reported, the rows are kept
+            logger.debug(
+                "metacollect: errors of %s not written either: %r", self.path, e
+            )
 
     def _columns(
         self, spec: TableSpec, chunks: list[tuple[int, dict[str, Any]]]
@@ -465,6 +485,14 @@ class StoreWriter:
         # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
         width = int(np.prod(extra)) if extra else 1
         chunk = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
+        try:
+            existing = await tgroup.getitem(name)
+        except KeyError:
+            existing = None
+        if existing is not None:
+            # created by an earlier flush that failed after creating it (an outage that
+            # ends mid-flush): use it, as a flush that opened the table would
+            return existing
         return await tgroup.create_array(
             name,
             shape=(_capacity(rows, 0, chunk), *extra),
