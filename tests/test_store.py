@@ -318,3 +318,40 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(
     run = open_run_unfinalized(store)
     assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0, 2.0]
     assert len(run.table("clusters/c1/scheduler", "errors")) == 2
+
+
+def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
+    """A column of a handful of codes reads only those strings (not the task keys beside
+    them), codes past the committed strings read as missing, and ``distinct`` keeps one row
+    per distinct value, also when a cache restart gave a string a second code."""
+    with dask.config.set({"metacollect.strings.cache-size": 3000}):
+        w = StoreWriter(store)
+        g = w.group("scheduler", cluster="c1")
+    n = 4000
+    topics = ["a", "b", None, "a"] * (n // 4)
+    for half in (slice(0, n // 2), slice(n // 2, n)):  # the cache restarts in between
+        g.append(
+            "events",
+            {
+                "time": np.arange(n, dtype=float)[half],
+                "topic": topics[half],
+                "msg": [f"m{i}" for i in range(n)][half],
+            },
+        )
+        g.append("transitions", {"key": [f"k{i}" for i in range(n)][half]})
+        g.flush()
+    run = open_run_unfinalized(store)
+    path = "clusters/c1/scheduler"
+    assert run.table(path, "events").topic.tolist() == topics
+    assert run.table(path, "transitions").key.tolist() == [f"k{i}" for i in range(n)]
+    seen = run.table(path, "events", columns=["topic"], distinct=True)
+    assert len(seen) > 3  # "a" and "b" have two codes each ...
+    assert sorted(seen.drop_duplicates().topic, key=str) == [None, "a", "b"]  # one each
+
+    from metacollect.store.reader import _decode, _GroupStrings
+
+    few = _GroupStrings(w.root, path)
+    codes = np.array([0, 1, -1, few.n, 0])
+    first_two = list(w.root[f"{path}/strings/value"][:2])
+    assert _decode(few, codes).tolist() == [*first_two, None, None, first_two[0]]
+    assert few.all is None  # two strings wanted: the table was not read whole

@@ -158,11 +158,19 @@ class Run:
 
     # -- tables ----------------------------------------------------------------------------------
     def table(
-        self, group: str, name: str, columns: Iterable[str] | None = None
+        self,
+        group: str,
+        name: str,
+        columns: Iterable[str] | None = None,
+        distinct: bool = False,
     ) -> pd.DataFrame:
         """One table of one group, codes decoded to strings; empty if never written.
 
         ``columns`` limits the read to those variables (a large table reads much faster).
+        ``distinct`` drops repeated rows before decoding, comparing codes (a few distinct
+        pairs out of a million rows decode in no time); rows whose strings are equal under
+        different codes may remain, so callers that need exactly distinct rows still
+        ``drop_duplicates`` the (small) result.
         String columns keep ``object`` dtype: converting millions of strings to pandas' Arrow
         strings costs more than reading them.
         """
@@ -193,6 +201,16 @@ class Run:
                     strict=True,
                 )
             )
+            if distinct and data_of:
+                keep = (
+                    ~pd.DataFrame(
+                        {v: d if d.ndim == 1 else list(d) for v, d in data_of.items()}
+                    )
+                    .duplicated()
+                    .to_numpy()
+                )
+                data_of = {v: d[keep] for v, d in data_of.items()}
+                n = int(keep.sum())
             for v in wanted:
                 vspec = tspec.variables[v]
                 if v not in present:
@@ -230,12 +248,13 @@ class Run:
         table: str,
         paths: Iterable[str] | None = None,
         columns: Iterable[str] | None = None,
+        distinct: bool = False,
     ) -> pd.DataFrame:
         frames = []
         for path, attrs in self.groups.items():
             if attrs.get("kind") != kind or (paths is not None and path not in paths):
                 continue
-            df = self.table(path, table, columns)
+            df = self.table(path, table, columns, distinct)
             parts = path.split("/")
             df.insert(
                 0,
@@ -477,7 +496,7 @@ class Run:
         if not len(df):
             return np.full(0, -1, dtype=np.int64)
         pairs = self._concat(
-            "client", "tasks", columns=["graph", "group"]
+            "client", "tasks", columns=["graph", "group"], distinct=True
         ).drop_duplicates()
         if not len(pairs):
             return np.full(len(df), -1, dtype=np.int64)
@@ -526,7 +545,8 @@ class _GroupStrings:
         self.all: np.ndarray | None = None
 
     def take(self, idx: np.ndarray) -> np.ndarray:
-        """Strings at ``idx`` (valid, sorted codes)."""
+        """Strings at ``idx`` (valid, sorted codes); all of them are read once more than a
+        quarter is wanted."""
         if self.all is None and len(idx) > self.n // 4:
             self.all = np.asarray(self.value[: self.n], dtype=object)  # type: ignore[index]
         if self.all is not None:
@@ -535,13 +555,28 @@ class _GroupStrings:
 
 
 def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:
-    """Strings of ``codes`` (-1 or out of range: ``None``)."""
-    used, inverse = np.unique(np.asarray(codes, dtype=np.int64), return_inverse=True)
-    valid = (used >= 0) & (used < strings.n)
-    lookup = np.full(len(used), None, dtype=object)
-    if valid.any():
-        lookup[valid] = strings.take(used[valid])
-    return lookup[inverse.reshape(-1)]
+    """Strings of ``codes`` (-1 or out of range: ``None``).
+
+    Linear in the rows: the codes used are marked in a table as long as the strings (no
+    sort of a million codes), and once every string is in memory a code indexes it directly.
+    """
+    codes = np.asarray(codes, dtype=np.int64).reshape(-1)
+    valid = (codes >= 0) & (codes < strings.n)
+    if not valid.any():
+        return np.full(len(codes), None, dtype=object)
+    if strings.all is None:
+        marked = np.zeros(strings.n, bool)
+        marked[codes[valid]] = True
+        used = np.flatnonzero(marked)
+        found = strings.take(used)
+        if strings.all is None:  # a few strings, read on their own
+            out = np.full(len(codes), None, dtype=object)
+            out[valid] = found[np.searchsorted(used, codes[valid])]
+            return out
+    out = strings.all[np.where(valid, codes, 0)]  # type: ignore[index]
+    if not valid.all():
+        out[~valid] = None
+    return out
 
 
 async def _read_all(arrays: list[zarr.Array], n: int) -> list[np.ndarray]:
