@@ -117,10 +117,14 @@ def consolidate(store: str) -> None:
     """Seal a store no process writes any more: cut its arrays back to their committed rows
     (writers keep room ahead) and refresh its consolidated metadata (after any write that
     adds groups), so plain Zarr and xarray readers see exactly the rows written."""
-    from metacollect.store.writer import trim
+    from metacollect.store.writer import compact_json, trim
 
-    trim(zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False))
-    with warnings.catch_warnings():
+    with compact_json(), warnings.catch_warnings():
+        trim(
+            zarr.open_group(
+                store=store, mode="a", zarr_format=3, use_consolidated=False
+            )
+        )
         # zarr warns that consolidated metadata is not yet part of the v3 spec: known, intended
         warnings.simplefilter("ignore", category=UserWarning)
         zarr.consolidate_metadata(store, zarr_format=3)

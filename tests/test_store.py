@@ -101,6 +101,12 @@ def test_roundtrip_tables_strings_and_datatree(store):
     assert ds["time"].attrs["unit"] == "s"
     assert tree["clusters/c1/scheduler"].attrs["step"] == 3
     assert validate_store(store) == []
+    # metadata without zarr's indentation (a third of its bytes), zarr's own setting untouched
+    import pathlib
+
+    metadata = list(pathlib.Path(store).rglob("zarr.json"))
+    assert len(metadata) > 10 and not any(b"\n" in m.read_bytes() for m in metadata)
+    assert zarr.config.get("json_indent") == 2
 
 
 def test_flush_failure_keeps_rows_and_reports_once(store, tmp_path):
