@@ -75,13 +75,18 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def save(section: str, data: dict[str, Any]) -> None:
-    """Merge ``data`` under ``section`` of benchmarks/results.json."""
+def load() -> dict[str, Any]:
+    """benchmarks/results.json as it is (empty if missing or unreadable)."""
     try:
         with open(RESULTS) as f:
-            allres = json.load(f)
+            return json.load(f)
     except (OSError, ValueError):
-        allres = {}
+        return {}
+
+
+def save(section: str, data: dict[str, Any]) -> None:
+    """Merge ``data`` under ``section`` of benchmarks/results.json."""
+    allres = load()
     data = {
         **data,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         synth = os.path.join(workdir, "synthetic.zarr")
         synthetic_store(synth, a.synthetic)
         out["synthetic_rows"] = a.synthetic
-        out["synthetic_tasks_open_s"] = tasks_time(synth, 1)
+        out["synthetic_tasks_open_s"] = tasks_time(synth, 5)
         _common.log(
             f"synthetic {a.synthetic} rows: tasks() {out['synthetic_tasks_open_s']:.2f}s"
         )
