@@ -361,3 +361,39 @@ def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
     first_two = list(w.root[f"{path}/strings/value"][:2])
     assert _decode(few, codes).tolist() == [*first_two, None, None, first_two[0]]
     assert few.all is None  # two strings wanted: the table was not read whole
+
+
+def test_a_burst_is_flushed_in_slices_in_order(store, monkeypatch):
+    """A flush encodes at most FLUSH_ROWS rows of a table at a time (a chunk that straddles
+    the limit is split), and the slices land whole and in order, each code with its string."""
+    import metacollect.store.writer as writer
+
+    monkeypatch.setattr(writer, "FLUSH_ROWS", 1000)
+    w = StoreWriter(store)
+    g = w.group("scheduler", cluster="c1")
+    sizes = [700, 2500, 1, 1300]  # chunks below, across and exactly at slice edges
+    keys = [f"k{i}" for i in range(sum(sizes))]
+    lo = 0
+    for n in sizes:
+        g.append(
+            "transitions",
+            {
+                "key": keys[lo : lo + n],
+                "time": np.arange(lo, lo + n, dtype=float),
+                "start": ["waiting"] * n,
+            },
+        )
+        lo += n
+    taken = []
+    real = writer.GroupWriter._write
+
+    def spy(self, tables):
+        taken.append(sum(n for n, _ in tables["transitions"]))
+        return real(self, tables)
+
+    monkeypatch.setattr(writer.GroupWriter, "_write", spy)
+    assert g.flush() == len(keys)
+    assert taken == [1000, 1000, 1000, 1000, 501]
+    t = open_run_unfinalized(store).table("clusters/c1/scheduler", "transitions")
+    assert t.key.tolist() == keys and t.time.tolist() == list(range(len(keys)))
+    assert set(t.start) == {"waiting"}

@@ -32,6 +32,9 @@ from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_sc
 logger = logging.getLogger(__name__)
 
 
+#: rows of a table encoded and appended at a time by a flush (bounds its memory)
+FLUSH_ROWS = 131_072
+
 _COMPACT_JSON = threading.RLock()
 
 
@@ -148,9 +151,23 @@ class Table:
                 self._rows -= m
                 self.dropped += m
 
-    def take(self) -> list[tuple[int, dict[str, Any]]]:
+    def take(self, limit: int | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """The pending rows, oldest first: all of them, or about ``limit`` (a chunk that
+        straddles it is split)."""
         with self._lock:
-            chunks, self._chunks, self._rows = self._chunks, [], 0
+            if limit is None or self._rows <= limit:
+                chunks, self._chunks, self._rows = self._chunks, [], 0
+                return chunks
+            chunks, rows = [], 0
+            while rows < limit:
+                n, cols = self._chunks.pop(0)
+                if rows + n > limit:
+                    m = limit - rows
+                    self._chunks.insert(0, (n - m, {k: v[m:] for k, v in cols.items()}))
+                    n, cols = m, {k: v[:m] for k, v in cols.items()}
+                chunks.append((n, cols))
+                rows += n
+            self._rows -= rows
         return chunks
 
     def restore(self, chunks: list[tuple[int, dict[str, Any]]]) -> None:
@@ -216,10 +233,15 @@ class GroupWriter:
         the report is written on its own when the rest keeps failing.
         """
         with self._flush_lock:
+            written = 0
             try:
-                written = self._write(
-                    {name: t.take() for name, t in self.tables.items()}
-                )
+                # in slices: a burst (a million transitions while a graph is submitted)
+                # would otherwise be encoded at once, its temporaries and new strings
+                # costing a few hundred bytes a row on top of the rows themselves
+                while any(t.pending for t in self.tables.values()):
+                    written += self._write(
+                        {name: t.take(FLUSH_ROWS) for name, t in self.tables.items()}
+                    )
             except Exception as e:
                 if not self._failed:
                     self._failed = True
@@ -241,7 +263,7 @@ class GroupWriter:
                     )
                 self._last_failure = type(e).__name__
                 self._write_errors_alone()
-                return 0
+                return written
             if self._failed:
                 self._failed = False
                 logger.warning("metacollect: flush of %s works again", self.path or "/")
