@@ -397,3 +397,35 @@ def test_a_burst_is_flushed_in_slices_in_order(store, monkeypatch):
     t = open_run_unfinalized(store).table("clusters/c1/scheduler", "transitions")
     assert t.key.tolist() == keys and t.time.tolist() == list(range(len(keys)))
     assert set(t.start) == {"waiting"}
+
+
+def test_compact_metadata_writers_never_wait_for_each_other():
+    """A writer inside a long flush does not hold up another (say, a group created on the
+    event loop); the setting is put back only when the last one leaves."""
+    import threading
+
+    from metacollect.store.writer import compact_json
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def slow_flush():
+        with compact_json():
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=slow_flush)
+    t.start()
+    assert inside.wait(10)
+    done = threading.Event()
+
+    def quick():
+        with compact_json():
+            pass
+        done.set()
+
+    threading.Thread(target=quick).start()
+    assert done.wait(5)  # not blocked by the slow flush
+    assert zarr.config.get("json_indent") is None  # the slow flush is still inside
+    leave.set()
+    t.join()
+    assert zarr.config.get("json_indent") == 2

@@ -35,17 +35,37 @@ logger = logging.getLogger(__name__)
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
 
-_COMPACT_JSON = threading.RLock()
 
-
-@contextlib.contextmanager
-def compact_json() -> Iterator[None]:
+class _CompactJson:
     """Zarr metadata written meanwhile without indentation: zarr indents ``zarr.json`` by
     default, and the whitespace was ~40% of a store's metadata (~9% of a 15k-task store).
-    Scoped, since zarr's config belongs to the whole process; our own writers take turns so
-    one never restores the setting under another."""
-    with _COMPACT_JSON, zarr.config.set({"json_indent": None}):
-        yield
+
+    Scoped, since zarr's config belongs to the whole process: the first of our writers in
+    sets it, the last out puts back what it was. Writers never wait for each other (a flush
+    on a slow filesystem must not hold up a group created on the event loop)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved: Any = None
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._saved = zarr.config.get("json_indent")
+                zarr.config.set({"json_indent": None})
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    zarr.config.set({"json_indent": self._saved})
+
+
+compact_json = _CompactJson()
 
 
 def open_root(path: str | os.PathLike[str], mode: str = "a") -> zarr.Group:
