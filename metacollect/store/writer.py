@@ -495,21 +495,16 @@ class StoreWriter:
         self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]
     ) -> zarr.Group:
         """Create ``path`` and its parents, each annotated with step/level/category."""
-        with compact_json():
-            return self._ensure_group(path, spec, attrs)
-
-    def _ensure_group(
-        self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]
-    ) -> zarr.Group:
         parts = [p for p in path.split("/") if p]
-        for i in range(1, len(parts)):
-            parent = "/".join(parts[:i])
-            pspec = self.schema.match(parent)
-            g = _require_group(self.root, parent)
-            if pspec is not None and "step" not in g.attrs:
-                g.update_attributes(self._annotation(pspec))
-        g = _require_group(self.root, path) if path else self.root
-        g.update_attributes({**self._annotation(spec), **_jsonable(dict(attrs))})
+        with compact_json():
+            for i in range(1, len(parts)):
+                parent = "/".join(parts[:i])
+                pspec = self.schema.match(parent)
+                g = _require_group(self.root, parent)
+                if pspec is not None and "step" not in g.attrs:
+                    g.update_attributes(self._annotation(pspec))
+            g = _require_group(self.root, path) if path else self.root
+            g.update_attributes({**self._annotation(spec), **_jsonable(dict(attrs))})
         return g
 
     def ensure_table(self, gw: GroupWriter, table: str) -> zarr.Group:
