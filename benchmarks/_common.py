@@ -31,9 +31,13 @@ def local_cluster(n_workers: int = 2) -> Any:
 
 
 def interleaved(
-    modes: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1
+    modes: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    before: Callable[[], Any] | None = None,
 ) -> dict[str, list[float]]:
-    """Wall times of each mode, repeats interleaved with a rotating order (first runs are warm-up)."""
+    """Wall times of each mode, repeats interleaved with a rotating order (first runs are
+    warm-up); ``before`` runs ahead of every timed run, outside its time."""
     names = list(modes)
     for _ in range(warmup):
         for n in names:
@@ -42,6 +46,8 @@ def interleaved(
     for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             modes[n]()
             times[n].append(time.perf_counter() - t0)

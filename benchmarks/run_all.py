@@ -24,6 +24,7 @@ FULL = {
     "overhead.py": ["--repeats", "5"],
     "store_size.py": [],
     "scale.py": ["--tasks", "1000000"],
+    "scheduler_memory.py": [],
     "yappi_overhead.py": ["--repeats", "3"],
 }
 QUICK = {
@@ -31,6 +32,7 @@ QUICK = {
     "overhead.py": ["--repeats", "3"],
     "store_size.py": [],
     "scale.py": ["--tasks", "60000", "--writer-rows", "500000"],
+    "scheduler_memory.py": ["--tasks", "30000"],
     "yappi_overhead.py": ["--repeats", "3", "--images", "4"],
 }
 
@@ -144,6 +146,16 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 res.get("scale_partial", {}).get("status", "not measured"),
                 "?",
             )
+        )
+    mem = res.get("scheduler_memory", {})
+    if mem:
+        add(
+            "4 extra peak memory by allocation (MB, tracemalloc)",
+            "(reference)",
+            mem.get("extra_peak_traced_mb"),
+            ".1f",
+            None,
+            f"({mem.get('graph_tasks')} tasks)",
         )
     syn = res.get("scale_synthetic", {})
     if syn:

@@ -84,35 +84,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 graph = workloads[name]
 
                 def bare(graph: Any = graph) -> None:
-                    _settle(client)
                     dask.compute(graph)
 
                 def yappi_on(graph: Any = graph) -> None:
-                    _settle(client)
                     with collect(client, store, overwrite=True, yappi=True):
                         dask.compute(graph)
 
                 def yappi_light(graph: Any = graph) -> None:
-                    _settle(client)
                     with collect(client, store, overwrite=True, yappi=LIGHT):
                         dask.compute(graph)
 
                 def steps14(graph: Any = graph) -> None:
-                    _settle(client)
                     with collect(client, store, overwrite=True):
                         dask.compute(graph)
 
                 bare()
                 _common.log(f"{name}: {a.repeats} interleaved repeats")
+                runs = {
+                    "bare": bare,
+                    "collected": steps14,
+                    "yappi": yappi_on,
+                    "yappi_light": yappi_light,
+                }
                 times = _common.interleaved(
-                    {
-                        "bare": bare,
-                        "collected": steps14,
-                        "yappi": yappi_on,
-                        "yappi_light": yappi_light,
-                    },
+                    runs,
                     a.repeats,
                     warmup=0,
+                    before=lambda: _settle(client),
                 )
                 res = {
                     "times_s": times,
