@@ -27,13 +27,29 @@ import _common
 import numpy as np
 
 
-def child(mode: str, n_tasks: int, store: str) -> dict[str, Any]:
-    import dask
+def stress_graph(n_tasks: int) -> Any:
+    """About ``n_tasks`` keys (half of them fuse away): ones summed in a tree."""
     import dask.array as da
-    from distributed import Client
-    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    return da.ones(max(n_tasks // 2, 1), chunks=1).sum(split_every=32)
+
+
+def compute(client: Any, mode: str, store: str, graph: Any) -> None:
+    """``graph`` computed bare or inside a collector session (steps 1-4)."""
+    import dask
 
     from metacollect import collect
+
+    if mode == "collected":
+        with collect(client, store, overwrite=True):
+            dask.compute(graph)
+    else:
+        dask.compute(graph)
+
+
+def child(mode: str, n_tasks: int, store: str) -> dict[str, Any]:
+    from distributed import Client
+    from distributed.diagnostics.plugin import SchedulerPlugin
 
     class Counter(SchedulerPlugin):
         name = "bench-counter"
@@ -46,18 +62,14 @@ def child(mode: str, n_tasks: int, store: str) -> dict[str, Any]:
         ) -> None:
             self.n += 1
 
-    graph = da.ones(max(n_tasks // 2, 1), chunks=1).sum(split_every=32)
+    graph = stress_graph(n_tasks)
     ntasks = len(dict(graph.__dask_graph__()))
     with _common.local_cluster() as cluster, Client(cluster) as client:
         counter = Counter()
         cluster.scheduler.add_plugin(counter)
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()
-        if mode == "collected":
-            with collect(client, store, overwrite=True):
-                dask.compute(graph)
-        else:
-            dask.compute(graph)
+        compute(client, mode, store, graph)
         wall = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {

@@ -25,23 +25,16 @@ import _common
 
 
 def child(mode: str, n_tasks: int, store: str) -> dict[str, Any]:
-    import dask
-    import dask.array as da
     from distributed import Client
+    from scale import compute, stress_graph
 
-    from metacollect import collect
-
-    graph = da.ones(max(n_tasks // 2, 1), chunks=1).sum(split_every=32)
+    graph = stress_graph(n_tasks)
     ntasks = len(dict(graph.__dask_graph__()))
     with _common.local_cluster() as cluster, Client(cluster) as client:
         tracemalloc.start()
         start = tracemalloc.get_traced_memory()[0]
         t0 = time.perf_counter()
-        if mode == "collected":
-            with collect(client, store, overwrite=True):
-                dask.compute(graph)
-        else:
-            dask.compute(graph)
+        compute(client, mode, store, graph)
         wall = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
