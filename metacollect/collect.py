@@ -17,7 +17,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -101,10 +101,15 @@ def init_root(writer: StoreWriter, run_id: str) -> None:
     )
 
 
-def levels_index(root: zarr.Group) -> dict[str, list[str]]:
-    """``{level: [group paths]}`` of every (non-table) group in the store."""
+def levels_index(
+    root: zarr.Group, nodes: Sequence[tuple[str, Any]] | None = None
+) -> dict[str, list[str]]:
+    """``{level: [group paths]}`` of every (non-table) group in the store (``nodes``: its
+    :func:`~metacollect.store.writer.members` when already read)."""
+    from metacollect.store.writer import members
+
     index: dict[str, list[str]] = {}
-    for path, member in root.members(max_depth=None):
+    for path, member in members(root) if nodes is None else nodes:
         if isinstance(member, zarr.Group):
             attrs = member.attrs
             if "level" in attrs and "table" not in attrs:
@@ -113,17 +118,19 @@ def levels_index(root: zarr.Group) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in index.items()}
 
 
-def consolidate(store: str) -> None:
+def consolidate(store: str, nodes: Sequence[tuple[str, Any]] | None = None) -> None:
     """Seal a store no process writes any more: cut its arrays back to their committed rows
     (writers keep room ahead) and refresh its consolidated metadata (after any write that
-    adds groups), so plain Zarr and xarray readers see exactly the rows written."""
+    adds groups), so plain Zarr and xarray readers see exactly the rows written. ``nodes``:
+    the store's :func:`~metacollect.store.writer.members` when already read."""
     from metacollect.store.writer import compact_json, trim
 
     with compact_json(), warnings.catch_warnings():
         trim(
             zarr.open_group(
                 store=store, mode="a", zarr_format=3, use_consolidated=False
-            )
+            ),
+            nodes,
         )
         # zarr warns that consolidated metadata is not yet part of the v3 spec: known, intended
         warnings.simplefilter("ignore", category=UserWarning)
@@ -145,18 +152,23 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
                 for f in files:
                     if f.endswith(".partial"):
                         os.remove(os.path.join(dirpath, f))
+        from metacollect.store.writer import members
+
         root = zarr.open_group(
             store=store, mode="a", zarr_format=3, use_consolidated=False
         )
+        nodes = members(
+            root
+        )  # one read of the whole store serves the index and the trim
         root.attrs.update(
             {
-                "levels": levels_index(root),
+                "levels": levels_index(root, nodes),
                 "status": status,
                 "ended": time.time(),
                 **extra,
             }
         )
-        consolidate(store)
+        consolidate(store, nodes)
     except Exception as e:  # the store was removed or replaced mid-run
         raise StoreError(
             f"cannot finalise store {store} ({type(e).__name__}: {e}); what was flushed before "

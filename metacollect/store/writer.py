@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -574,20 +575,50 @@ def _capacity(needed: int, current: int, chunk: int) -> int:
     return max(chunk, -(-want // chunk) * chunk)
 
 
-def trim(root: zarr.Group) -> int:
-    """Cut every table's arrays back to its committed rows (the room writers keep ahead
-    is fill values); returns the arrays cut. Run on a store no process writes any more."""
-    from metacollect.store.reader import walk
+def members(root: zarr.Group) -> list[tuple[str, zarr.Group | zarr.Array]]:
+    """``(path, node)`` of every group and array below ``root``, read in one concurrent pass.
 
-    cut = 0
-    for _path, member in walk(root):
-        if isinstance(member, zarr.Group) and isinstance(member.attrs.get("rows"), int):
-            rows = member.attrs["rows"]
-            for _name, arr in member.arrays():
-                if arr.shape[0] > rows:
-                    arr.resize((rows, *arr.shape[1:]))
-                    cut += 1
-    return cut
+    Temp files of writes cut short (``<name>.<uuid>.partial``) and array directories whose
+    ``zarr.json`` was never written hold no data: Zarr's warning for them is not repeated.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Object at .* is not recognized")
+        return list(root.members(max_depth=None))
+
+
+def trim(
+    root: zarr.Group,
+    nodes: Sequence[tuple[str, zarr.Group | zarr.Array]] | None = None,
+) -> int:
+    """Cut every table's arrays back to its committed rows (the room writers keep ahead
+    is fill values), all in one batch of Zarr writes; returns the arrays cut. Run on a store
+    no process writes any more; ``nodes`` is its :func:`members` when already read."""
+    if nodes is None:
+        nodes = members(root)
+    rows = {
+        path: node.attrs["rows"]
+        for path, node in nodes
+        if isinstance(node, zarr.Group) and isinstance(node.attrs.get("rows"), int)
+    }
+    cuts = []
+    for path, node in nodes:
+        table = path.rpartition("/")[0]
+        if isinstance(node, zarr.Array) and node.shape[0] > rows.get(
+            table, node.shape[0]
+        ):
+            cuts.append((node._async_array, (rows[table], *node.shape[1:])))
+
+    async def cut_all() -> None:
+        # one resize costs Zarr a few ms of machinery, mostly waiting: a store has hundreds
+        _raise_first(
+            await asyncio.gather(
+                *(arr.resize(shape) for arr, shape in cuts), return_exceptions=True
+            )
+        )
+
+    if cuts:
+        sync(cut_all())
+    return len(cuts)
 
 
 def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> int:
