@@ -24,7 +24,7 @@ import pandas as pd
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.core.sync import sync
-from zarr.errors import ContainsGroupError
+from zarr.errors import ContainsArrayError, ContainsGroupError
 
 from metacollect import config
 from metacollect.errors import StoreError
@@ -530,7 +530,9 @@ class StoreWriter:
     async def create_array(
         self, tgroup: Any, spec: TableSpec, name: str, sample: np.ndarray, rows: int
     ) -> Any:
-        """A variable's array, with room for ``rows`` rows (rounded up to whole chunks)."""
+        """A variable's array, exactly ``rows`` long: room ahead comes with its first growth
+        (:func:`_capacity`), so a table written once - most of a short run's, all of a final
+        flush's - is never resized, not even to be cut back when the store is sealed."""
         var = spec.variables[name]
         is_str = var.dtype == "str"
         extra = tuple(sample.shape[1:])
@@ -545,23 +547,20 @@ class StoreWriter:
         width = int(np.prod(extra)) if extra else 1
         chunk = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
         try:
-            existing = await tgroup.getitem(name)
-        except KeyError:
-            existing = None
-        if existing is not None:
+            return await tgroup.create_array(
+                name,
+                shape=(rows, *extra),
+                chunks=(chunk, *extra),
+                dtype=str if is_str else var.numpy_dtype,
+                dimension_names=dims,
+                compressors=self._text if is_str else self._numeric,
+                fill_value="" if is_str else FILL[var.dtype],
+                attributes=attrs,
+            )
+        except ContainsArrayError:
             # created by an earlier flush that failed after creating it (an outage that
             # ends mid-flush): use it, as a flush that opened the table would
-            return existing
-        return await tgroup.create_array(
-            name,
-            shape=(_capacity(rows, 0, chunk), *extra),
-            chunks=(chunk, *extra),
-            dtype=str if is_str else var.numpy_dtype,
-            dimension_names=dims,
-            compressors=self._text if is_str else self._numeric,
-            fill_value="" if is_str else FILL[var.dtype],
-            attributes=attrs,
-        )
+            return await tgroup.getitem(name)
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))
