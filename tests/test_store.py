@@ -171,6 +171,39 @@ def test_job_info_roundtrip_and_redaction(monkeypatch, store):
     assert validate_store(store) == []
 
 
+def test_packages_are_every_installed_distribution_read_off_its_header(tmp_path, store):
+    """``job/packages`` lists what ``importlib.metadata`` knows, read off each file's
+    header only: the same names and versions as parsing the whole file, and a long
+    description that looks like headers changes nothing."""
+    import importlib.metadata as im
+
+    from metacollect.steps.job import name_version
+
+    egg = tmp_path / "legacy.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text(
+        "Metadata-Version: 1.1\nName: legacy\nVersion: 0.3\n\n"
+        "Name: not-this\nVersion: 9.9\n"
+    )
+    assert name_version(im.PathDistribution(egg)) == ("legacy", "0.3")
+    empty = tmp_path / "broken.dist-info"
+    empty.mkdir()
+    assert name_version(im.PathDistribution(empty)) is None
+    expected = sorted(
+        {
+            (d.metadata["Name"], d.version)
+            for d in im.distributions()
+            if d.metadata["Name"]
+        }
+    )
+    w = StoreWriter(store)
+    init_root(w, "r")
+    write_job(w, JobInfo.capture("collect"))
+    packages = open_run(store).table("job", "packages")
+    assert list(zip(packages.name, packages.version, strict=True)) == expected
+    assert ("distributed", im.version("distributed")) in expected
+
+
 def test_validate_reports_schema_violations(store):
     w = StoreWriter(store)
     init_root(w, "r")

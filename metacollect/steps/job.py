@@ -118,6 +118,24 @@ def versions() -> dict[str, str]:
     return out
 
 
+def name_version(dist: importlib.metadata.Distribution) -> tuple[str, str] | None:
+    """A distribution's ``(Name, Version)``, read off the header of its core metadata.
+
+    ``dist.metadata`` parses the whole file as an email message, long description included:
+    ~1 ms a package, most of a session's start. Both fields are single-line headers
+    (core metadata spec), so the lines before the first blank one are enough.
+    """
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+    if not text:
+        return None
+    fields = {}
+    for line in text.partition("\n\n")[0].splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in ("Name", "Version") and key not in fields:
+            fields[key] = value.strip()
+    return (fields["Name"], fields.get("Version", "")) if fields.get("Name") else None
+
+
 def flatten(mapping: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     """``[(dotted key, leaf value)]`` of a nested mapping."""
     out: list[tuple[str, Any]] = []
@@ -137,11 +155,7 @@ def write_job(writer: StoreWriter, info: JobInfo) -> None:
     job = writer.group("job", attrs=attrs)
     job.append("environment", {"name": list(env), "value": list(env.values())})
     dists = sorted(
-        {
-            (d.metadata["Name"] or "", d.version)
-            for d in importlib.metadata.distributions()
-            if d.metadata["Name"]
-        }
+        {nv for d in importlib.metadata.distributions() if (nv := name_version(d))}
     )
     job.append(
         "packages", {"name": [n for n, _ in dists], "version": [v for _, v in dists]}
