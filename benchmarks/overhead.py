@@ -45,7 +45,7 @@ def n_tasks(graph: Any) -> int:
 
 
 def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str, Any]:
-    store = os.path.join(workdir, f"{name}.zarr")
+    stores: list[str] = []  # one new store per collected run, as a user's run writes
     html = os.path.join(workdir, f"{name}.html")
     with _common.local_cluster() as cluster, Client(cluster) as client:
 
@@ -54,8 +54,14 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
 
         inner: list[float] = []
 
+        def drop_old_stores() -> None:
+            # outside the timing: deleting the last repeat's store is not the collector's cost
+            for path in stores[:-1]:
+                shutil.rmtree(path, ignore_errors=True)
+
         def collected() -> None:
-            with collect(client, store, overwrite=True):
+            stores.append(os.path.join(workdir, f"{name}-{len(stores)}.zarr"))
+            with collect(client, stores[-1]):
                 t0 = time.perf_counter()
                 dask.compute(graph)
                 inner.append(time.perf_counter() - t0)
@@ -70,8 +76,10 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
             {"bare": bare, "collected": collected, "performance_report": perf_report},
             repeats,
             warmup=0,
+            before=drop_old_stores,
         )
         # (the warm-up is the untimed bare run below, which also checks the graph works)
+    store = stores[-1]
     run = open_run(store)
     tasks = len(run.tasks())
     size = _common.du(store)
