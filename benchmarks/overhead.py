@@ -4,7 +4,8 @@ side by side with distributed's ``performance_report``, steps 1-4 (Yappi, Darsha
 (a) stress graph of >= 30k tiny tasks, (b) dask.array pipeline with tasks of >= 10 ms
 (8000x8000 in 1000x1000 blocks: ~1500 tasks, tens of seconds, as a real pipeline runs).
 The ratio includes the session's start and final flush; ``ratio_collected_inner`` is the
-workload alone inside the session.
+workload alone inside the session; ``ratio_cpu_*`` are the same ratios of CPU seconds used by
+the client/scheduler process and the workers (less swayed by other tenants of the machine).
 One cluster per workload, shared by its three modes; repeats interleaved with a rotating
 order; the ratio is the median of per-repeat ratios. Also records store size per task
 (figure 3) next to the performance_report HTML size of the same workload.
@@ -72,8 +73,24 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
 
         _common.log(f"{name}: {n_tasks(graph)} tasks, {repeats} interleaved repeats")
         bare()
+        used = _common.cpu_clock()  # after the first run: every worker is up
+        cpu: dict[str, list[float]] = {}
+
+        def on_cpu(mode: str, run: Any) -> Any:
+            def counted() -> None:
+                c0 = used()
+                run()
+                cpu.setdefault(mode, []).append(used() - c0)
+
+            return counted
+
+        modes = {
+            "bare": bare,
+            "collected": collected,
+            "performance_report": perf_report,
+        }
         times = _common.interleaved(
-            {"bare": bare, "collected": collected, "performance_report": perf_report},
+            {mode: on_cpu(mode, run) for mode, run in modes.items()},
             repeats,
             warmup=0,
             before=drop_old_stores,
@@ -97,6 +114,10 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
             {"inner": inner, "bare": times["bare"]}, "inner"
         ),
         "ratio_performance_report": _common.paired_ratio(times, "performance_report"),
+        # CPU seconds of the client/scheduler process and the workers, per run
+        "cpu_s": cpu,
+        "ratio_cpu_collected": _common.paired_ratio(cpu, "collected"),
+        "ratio_cpu_performance_report": _common.paired_ratio(cpu, "performance_report"),
         "store_bytes": size,
         "store_bytes_per_task": size / max(tasks, 1),
         "performance_report_html_bytes": os.path.getsize(html),

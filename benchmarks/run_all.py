@@ -63,9 +63,18 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     ):
         v, pr = r.get("ratio_collected"), r.get("ratio_performance_report")
         inner = r.get("ratio_collected_inner")
+        cpu, cpu_pr = (
+            r.get("ratio_cpu_collected"),
+            r.get("ratio_cpu_performance_report"),
+        )
         note = (
             f"({r.get('tasks_in_graph', '?')} tasks, {r.get('repeats', '?')} repeats"
             + (f"; workload alone in the session {inner:.3f}" if inner else "")
+            + (
+                f"; CPU time {cpu:.3f}, performance_report's {cpu_pr:.3f}"
+                if cpu
+                else ""
+            )
             + ")"
             if r
             else ""
