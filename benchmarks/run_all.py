@@ -22,6 +22,7 @@ RESULTS = os.path.join(HERE, "results.json")
 FULL = {
     "hook.py": [],
     "overhead.py": ["--repeats", "5"],
+    "session.py": [],
     "store_size.py": [],
     "scale.py": ["--tasks", "1000000"],
     "scheduler_memory.py": [],
@@ -30,6 +31,7 @@ FULL = {
 QUICK = {
     "hook.py": [],
     "overhead.py": ["--repeats", "3"],
+    "session.py": ["--sessions", "3"],
     "store_size.py": [],
     "scale.py": ["--tasks", "60000", "--writer-rows", "500000"],
     "scheduler_memory.py": ["--tasks", "30000"],
@@ -87,6 +89,18 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             ".3f",
             None if v is None or pr is None else v < pr,
         )
+    se = res.get("session", {})
+    add(
+        "1 session start + stop (s), trivial graph",
+        "(reference)",
+        (se["median_start_s"] + se["median_stop_s"]) if se else None,
+        ".2f",
+        None,
+        f"(start {se['median_start_s']:.2f}, stop {se['median_stop_s']:.2f}; "
+        f"medians of {se['sessions']})"
+        if se
+        else "",
+    )
     h = res.get("hook", {})
     add(
         "2 hook cost (us/transition, CPU)",
