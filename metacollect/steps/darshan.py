@@ -1989,14 +1989,25 @@ def _update_levels(store: str) -> None:
     import zarr
 
     from metacollect.collect import consolidate, levels_index
+    from metacollect.store.writer import members
 
-    with contextlib.suppress(Exception):
+    try:
         root = zarr.open_group(
             store=store, mode="a", zarr_format=3, use_consolidated=False
         )
         if root.attrs.get("status") == "complete":
-            root.update_attributes({"levels": levels_index(root)})
-            consolidate(store)
+            nodes = members(root)  # one read serves the index and the trim
+            root.update_attributes({"levels": levels_index(root, nodes)})
+            consolidate(store, nodes)
+    except Exception as e:  # the ingested rows are in; only the index may be stale
+        logger.warning(
+            "metacollect: the levels index of %s was not refreshed after the Darshan "
+            "ingest (%s: %s); run 'metacollect ingest darshan STORE' again to refresh it "
+            "(it skips the logs already in)",
+            store,
+            type(e).__name__,
+            e,
+        )
 
 
 # -- reading it back: Run.io() ---------------------------------------------------------
