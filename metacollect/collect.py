@@ -157,9 +157,8 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
         root = zarr.open_group(
             store=store, mode="a", zarr_format=3, use_consolidated=False
         )
-        nodes = members(
-            root
-        )  # one read of the whole store serves the index and the trim
+        # one read of the whole store serves the index and the trim
+        nodes = members(root)
         root.attrs.update(
             {
                 "levels": levels_index(root, nodes),

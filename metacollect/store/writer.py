@@ -608,7 +608,7 @@ def trim(
             cuts.append((node._async_array, (rows[table], *node.shape[1:])))
 
     async def cut_all() -> None:
-        # one resize costs Zarr a few ms of machinery, mostly waiting: a store has hundreds
+        # each resize is a few ms of Zarr's machinery and a store has hundreds: one batch
         _raise_first(
             await asyncio.gather(
                 *(arr.resize(shape) for arr, shape in cuts), return_exceptions=True
