@@ -39,6 +39,14 @@ QUICK = {
 }
 
 
+def _newest(
+    a: dict[str, Any], b: dict[str, Any], key: str | None = None
+) -> dict[str, Any]:
+    """Of two results of the same measurement (``key`` present: measured), the later one."""
+    have = [r for r in (a, b) if r and (key is None or key in r)]
+    return max(have, key=lambda r: r.get("when") or "", default={})
+
+
 def _f(x: Any, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
 
@@ -180,7 +188,8 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             None,
             f"({mem.get('graph_tasks')} tasks)",
         )
-    syn = res.get("scale_synthetic", {})
+    # scale.py measures these in a full run too (inside "scale"): show the newest
+    syn = _newest(res.get("scale_synthetic", {}), sc, "synthetic_tasks_open_s")
     if syn:
         add(
             "4 open_run().tasks() (s), synthetic store",
@@ -190,7 +199,11 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             syn.get("synthetic_tasks_open_s", 1e9) <= 2,
             f"({syn.get('synthetic_rows')} rows, wall)",
         )
-    w = res.get("writer") or sc.get("writer", {})
+    w = _newest(
+        res.get("writer", {}),
+        {**sc.get("writer", {}), "when": sc.get("when")},
+        "records_per_s",
+    )
     if w:
         add(
             "4 writer (records/s, wall)",
