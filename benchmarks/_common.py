@@ -44,10 +44,8 @@ def cpu_clock() -> Callable[[], float]:
         for p in procs:
             try:
                 t = p.cpu_times()
-            except (
-                psutil.Error
-            ):  # a worker that has gone: its time is lost to both modes
-                continue
+            except psutil.Error:
+                continue  # a worker that has gone: its time is lost to both modes
             total += t.user + t.system
         return total
 

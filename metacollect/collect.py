@@ -123,15 +123,16 @@ def consolidate(store: str, nodes: Sequence[tuple[str, Any]] | None = None) -> N
     (writers keep room ahead) and refresh its consolidated metadata (after any write that
     adds groups), so plain Zarr and xarray readers see exactly the rows written. ``nodes``:
     the store's :func:`~metacollect.store.writer.members` when already read."""
-    from metacollect.store.writer import compact_json, trim
+    from metacollect.store.writer import compact_json, members, trim
 
     with compact_json(), warnings.catch_warnings():
-        trim(
-            zarr.open_group(
-                store=store, mode="a", zarr_format=3, use_consolidated=False
-            ),
-            nodes,
-        )
+        if nodes is None:
+            nodes = members(
+                zarr.open_group(
+                    store=store, mode="a", zarr_format=3, use_consolidated=False
+                )
+            )
+        trim(nodes)
         # zarr warns that consolidated metadata is not yet part of the v3 spec: known, intended
         warnings.simplefilter("ignore", category=UserWarning)
         zarr.consolidate_metadata(store, zarr_format=3)

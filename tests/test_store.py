@@ -432,6 +432,33 @@ def test_a_burst_is_flushed_in_slices_in_order(store, monkeypatch):
     assert set(t.start) == {"waiting"}
 
 
+def test_a_flush_writes_the_rows_pending_when_it_started(store, monkeypatch):
+    """Rows appended while a flush runs (the event loop does not wait for it) are left for
+    the next flush: a flush ends however fast rows keep coming."""
+    import metacollect.store.writer as writer
+
+    monkeypatch.setattr(writer, "FLUSH_ROWS", 10)
+    w = StoreWriter(store)
+    g = w.group("scheduler", cluster="c1")
+    row = {"time": [0.0], "topic": ["t"], "msg": ["m"]}
+    for _ in range(25):
+        g.append("events", row)
+    real = writer.GroupWriter._write
+
+    def busy_loop(self, tables):  # every slice written, two more rows arrive
+        g.append("events", row)
+        g.append("events", row)
+        return real(self, tables)
+
+    monkeypatch.setattr(writer.GroupWriter, "_write", busy_loop)
+    assert g.flush() == 25
+    assert g.tables["events"].pending == 6  # three slices, two rows each meanwhile
+    monkeypatch.setattr(writer.GroupWriter, "_write", real)
+    assert g.flush() == 6
+    events = open_run_unfinalized(store).table("clusters/c1/scheduler", "events")
+    assert len(events) == 31
+
+
 def test_compact_metadata_writers_never_wait_for_each_other():
     """A writer inside a long flush does not hold up another (say, a group created on the
     event loop); the setting is put back only when the last one leaves."""

@@ -22,7 +22,7 @@ from zarr.core.sync import sync
 
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
 from metacollect.store.schema import FILL, Schema, load_schema
-from metacollect.store.writer import committed_rows
+from metacollect.store.writer import UNRECOGNIZED, committed_rows
 
 
 def open_run(path: str | os.PathLike[str]) -> Run:
@@ -602,7 +602,7 @@ def walk(
             # a write cut short (killed process, failed flush) leaves a <name>.<uuid>.partial
             # temp file, or an array directory whose zarr.json was never written: neither
             # holds data, and neither is a reason to warn on every read
-            warnings.filterwarnings("ignore", message=r"Object at .* is not recognized")
+            warnings.filterwarnings("ignore", message=UNRECOGNIZED)
             members = list(group.members())
     except Exception as e:
         msg = f"group /{path} cannot be read ({type(e).__name__}: {e}); the store is damaged there"

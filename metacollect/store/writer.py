@@ -33,6 +33,10 @@ from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_sc
 logger = logging.getLogger(__name__)
 
 
+#: Zarr's warning for a store entry that holds no data: the temp file of a write cut short
+#: (``<name>.<uuid>.partial``) or an array directory whose ``zarr.json`` was never written
+UNRECOGNIZED = r"Object at .* is not recognized"
+
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
 
@@ -258,11 +262,20 @@ class GroupWriter:
             try:
                 # in slices: a burst (a million transitions while a graph is submitted)
                 # would otherwise be encoded at once, its temporaries and new strings
-                # costing a few hundred bytes a row on top of the rows themselves
-                while any(t.pending for t in self.tables.values()):
-                    written += self._write(
-                        {name: t.take(FLUSH_ROWS) for name, t in self.tables.items()}
-                    )
+                # costing a few hundred bytes a row on top of the rows themselves. Only
+                # the rows pending now: those the event loop adds meanwhile wait for the
+                # next flush, so a flush ends however fast they come.
+                left = {name: t.pending for name, t in self.tables.items()}
+                while any(left.values()):
+                    taken = {
+                        name: self.tables[name].take(min(n, FLUSH_ROWS))
+                        for name, n in left.items()
+                        if n
+                    }
+                    for name, chunks in taken.items():
+                        got = sum(n for n, _ in chunks)
+                        left[name] = left[name] - got if got else 0
+                    written += self._write(taken)
             except Exception as e:
                 if not self._failed:
                     self._failed = True
@@ -575,25 +588,17 @@ def _capacity(needed: int, current: int, chunk: int) -> int:
 
 
 def members(root: zarr.Group) -> list[tuple[str, zarr.Group | zarr.Array]]:
-    """``(path, node)`` of every group and array below ``root``, read in one concurrent pass.
-
-    Temp files of writes cut short (``<name>.<uuid>.partial``) and array directories whose
-    ``zarr.json`` was never written hold no data: Zarr's warning for them is not repeated.
-    """
+    """``(path, node)`` of every group and array below ``root``, read in one concurrent pass
+    (without Zarr's warning for entries that hold no data, :data:`UNRECOGNIZED`)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Object at .* is not recognized")
+        warnings.filterwarnings("ignore", message=UNRECOGNIZED)
         return list(root.members(max_depth=None))
 
 
-def trim(
-    root: zarr.Group,
-    nodes: Sequence[tuple[str, zarr.Group | zarr.Array]] | None = None,
-) -> int:
+def trim(nodes: Sequence[tuple[str, zarr.Group | zarr.Array]]) -> int:
     """Cut every table's arrays back to its committed rows (the room writers keep ahead
-    is fill values), all in one batch of Zarr writes; returns the arrays cut. Run on a store
-    no process writes any more; ``nodes`` is its :func:`members` when already read."""
-    if nodes is None:
-        nodes = members(root)
+    is fill values), all in one batch of Zarr writes; returns the arrays cut. ``nodes``:
+    the :func:`members` of a store no process writes any more."""
     rows = {
         path: node.attrs["rows"]
         for path, node in nodes
