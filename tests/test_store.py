@@ -238,21 +238,22 @@ def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
     """One array of a flush failing while the others land: readers never see the half
     append (the table's ``rows`` stays), and the next flush writes over it, so no row is
     duplicated and every code still finds its string."""
-    from zarr.core.array import AsyncArray
+    from zarr.storage import LocalStore
 
     w = StoreWriter(store)
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     g.flush()
-    real = AsyncArray.setitem
+    real = LocalStore.set
     broken = {"on": True}
 
-    async def flaky(self, selection, value, prototype=None):
-        if broken["on"] and self.path.endswith("events/msg"):
+    async def flaky(self, key, value):
+        # the disk fills under one array's chunks
+        if broken["on"] and "events/msg/c/" in key:
             raise OSError("disk full")
-        return await real(self, selection, value, prototype=prototype)
+        return await real(self, key, value)
 
-    monkeypatch.setattr(AsyncArray, "setitem", flaky)
+    monkeypatch.setattr(LocalStore, "set", flaky)
     g.append("events", {"time": [2.0, 3.0], "topic": ["b", "c"], "msg": ["m2", "m3"]})
     assert g.flush() == 0
     events = w.root["clusters/c1/scheduler/events"]
@@ -313,8 +314,8 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(
     the store but not known to its writer: the next flush opens it rather than failing
     forever. And a table that keeps failing does not keep the group's report of it out
     of the store: the errors table is written by itself."""
-    from zarr.core.array import AsyncArray
     from zarr.core.group import AsyncGroup
+    from zarr.storage import LocalStore
 
     w = StoreWriter(store)
     g = w.group("scheduler", cluster="c1")
@@ -336,14 +337,14 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(
     assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0]
     assert "went away" in run.table("clusters/c1/scheduler", "errors").what[0]
 
-    real_setitem = AsyncArray.setitem
+    real_set = LocalStore.set
 
-    async def events_broken(self, selection, value, prototype=None):
-        if self.path.endswith("events/msg"):
+    async def events_broken(self, key, value):
+        if "events/msg/c/" in key:
             raise OSError("bad block under events/msg")
-        return await real_setitem(self, selection, value, prototype=prototype)
+        return await real_set(self, key, value)
 
-    monkeypatch.setattr(AsyncArray, "setitem", events_broken)
+    monkeypatch.setattr(LocalStore, "set", events_broken)
     g.append("events", {"time": [2.0], "topic": ["b"], "msg": ["m2"]})
     assert g.flush() == 0 and g.flush() == 0
     run = open_run_unfinalized(store)
@@ -352,7 +353,7 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(
     assert [w.split(":")[0] for w in errors.what] == ["OSError", "OSError"]
     assert "bad block" in errors.what[1] and errors["where"].tolist()[1] == "flush"
     assert g.tables["events"].pending == 1  # kept for when the block is mended
-    monkeypatch.setattr(AsyncArray, "setitem", real_setitem)
+    monkeypatch.setattr(LocalStore, "set", real_set)
     assert g.flush() > 0
     run = open_run_unfinalized(store)
     assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0, 2.0]
@@ -489,3 +490,89 @@ def test_compact_metadata_writers_never_wait_for_each_other():
     leave.set()
     t.join()
     assert zarr.config.get("json_indent") == 2
+
+
+def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
+    """The writer encodes and stores chunks itself (it keeps the last one's rows): numbers,
+    strings and rows of counters, appended across chunk edges, by a writer that holds the
+    tail and by a new one that must read it back, read the same as Zarr's own setitem."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+    from zarr.core.sync import sync
+
+    from metacollect.store.chunks import ChunkAppender
+
+    rng = np.random.default_rng(0)
+    kinds = {
+        "f8": (lambda n: rng.random(n), dict(dtype="f8", fill_value=np.nan)),
+        "i4": (lambda n: rng.integers(-1, 9, n), dict(dtype="i4", fill_value=-1)),
+        "str": (
+            lambda n: np.array(
+                [f"k-{v}" * (v % 4) for v in rng.integers(0, 99, n)], object
+            ),
+            dict(dtype=str, fill_value="", compressors=[ZstdCodec(level=5)]),
+        ),
+        "2d": (
+            lambda n: rng.integers(0, 2**40, (n, 3)),
+            dict(dtype="i8", fill_value=0),
+        ),
+    }
+    sizes = [
+        1,
+        6,
+        9,
+        16,
+        3,
+        40,
+        2,
+    ]  # chunks of 8: ends, edges and several chunks at once
+    for name, (make, opts) in kinds.items():
+        opts = {"compressors": [BloscCodec(cname="zstd", clevel=5)], **opts}
+        width = (3,) if name == "2d" else ()
+        root = zarr.open_group(tmp_path / f"{name}.zarr", mode="w")
+        ours = root.create_array("ours", shape=(0, *width), chunks=(8, *width), **opts)
+        theirs = root.create_array(
+            "theirs", shape=(0, *width), chunks=(8, *width), **opts
+        )
+        appender = ChunkAppender(ours._async_array)
+        start = 0
+        for i, n in enumerate(sizes):
+            data = make(n)
+            for arr in (ours, theirs):
+                arr.resize((start + n, *width))
+            theirs[start : start + n] = data
+            if i == 4:  # a new writer: it reads the partial last chunk back
+                appender = ChunkAppender(zarr.open_array(ours.store_path)._async_array)
+            sync(appender.write(start, data))
+            start += n
+        back = zarr.open_array(tmp_path / f"{name}.zarr" / "ours")
+        np.testing.assert_array_equal(back[:], theirs[:])
+        assert back.shape[0] == sum(sizes)
+
+
+def test_append_after_a_failed_chunk_reads_its_rows_back(tmp_path, monkeypatch):
+    """An append whose second chunk failed to store (its first did) leaves the appender
+    without a tail: the retry, from the committed row as a flush retries, reads the rows
+    before it back from the store."""
+    from zarr.core.sync import sync
+    from zarr.storage import LocalStore
+
+    from metacollect.store.chunks import ChunkAppender
+
+    arr = zarr.open_group(tmp_path / "a.zarr", mode="w").create_array(
+        "x", shape=(20,), chunks=(8,), dtype="f8", fill_value=np.nan
+    )
+    appender = ChunkAppender(arr._async_array)
+    sync(appender.write(0, np.arange(5.0)))
+    real = LocalStore.set
+
+    async def second_chunk_fails(self, key, value):
+        if key.endswith("x/c/1"):
+            raise OSError("disk full")
+        return await real(self, key, value)
+
+    monkeypatch.setattr(LocalStore, "set", second_chunk_fails)
+    with pytest.raises(OSError):
+        sync(appender.write(5, np.arange(50.0, 58.0)))
+    monkeypatch.setattr(LocalStore, "set", real)
+    sync(appender.write(5, np.arange(5.0, 10.0)))
+    np.testing.assert_array_equal(arr[:10], np.arange(10.0))

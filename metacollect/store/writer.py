@@ -28,6 +28,7 @@ from zarr.errors import ContainsArrayError, ContainsGroupError
 
 from metacollect import config
 from metacollect.errors import StoreError
+from metacollect.store.chunks import ChunkAppender
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
 logger = logging.getLogger(__name__)
@@ -227,6 +228,8 @@ class GroupWriter:
         #: per table: its zarr group and arrays (async handles), cached once known
         self._tgroups: dict[str, Any] = {}
         self._arrays: dict[str, dict[str, Any]] = {}
+        #: per (table, variable): what appends to its array (holding its last chunk's rows)
+        self._appenders: dict[tuple[str, str], ChunkAppender] = {}
         # a group written before (by another writer object): new codes continue its strings
         self.strings._next = self._rows_in_store("strings")
 
@@ -419,7 +422,7 @@ class GroupWriter:
                 await arr.resize(
                     (_capacity(end, arr.shape[0], arr.chunks[0]), *arr.shape[1:])
                 )
-            await arr.setitem(slice(start, end), data)
+            await self._appender(table, name, arr).write(start, data)
 
         async def commit(table: str, n: int) -> None:
             await self._tgroups[table].update_attributes(
@@ -446,6 +449,12 @@ class GroupWriter:
                 *(commit(t, n) for t, n in rows.items()), return_exceptions=True
             )
         )
+
+    def _appender(self, table: str, name: str, arr: Any) -> ChunkAppender:
+        appender = self._appenders.get((table, name))
+        if appender is None:
+            appender = self._appenders[(table, name)] = ChunkAppender(arr)
+        return appender
 
     async def _array(self, table: str, name: str, sample: np.ndarray) -> Any:
         """The (async) array of a variable, created on first use; cached, since opening one
