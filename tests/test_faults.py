@@ -218,7 +218,11 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
     os.symlink(good, link)
     store = os.path.join(link, "flaky.zarr")
     with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="0.2s", buffer_limit=1000):
+        # flushes on a fixed 0.2 s schedule (budget 1): the first ones create every array
+        # and would otherwise stretch the interval past the test's few seconds
+        with collect(
+            client, store, flush_interval="0.2s", flush_budget=1, buffer_limit=1000
+        ):
             assert sum(client.gather(client.map(slow_inc, range(10), delay=0))) == 55
             time.sleep(0.5)
             _point(link, blocked)

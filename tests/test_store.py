@@ -576,3 +576,49 @@ def test_append_after_a_failed_chunk_reads_its_rows_back(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalStore, "set", real)
     sync(appender.write(5, np.arange(5.0, 10.0)))
     np.testing.assert_array_equal(arr[:10], np.arange(10.0))
+
+
+def test_slow_flushes_come_less_often_within_the_budget():
+    """The next flush starts ``flush-interval`` after the last began, or later when that
+    flush took more than the budget's share: flushing never takes more of the time."""
+    from metacollect.store.flush import next_tick
+
+    assert next_tick(0.05, interval=5.0, budget=0.02) == 5.0  # a quick flush: on time
+    assert next_tick(0.4, interval=5.0, budget=0.02) == pytest.approx(20.0)
+    assert next_tick(0.4, interval=5.0, budget=1.0) == 5.0  # budget 1: a fixed interval
+    for spent in (0.01, 0.1, 1.0, 10.0):
+        assert spent / next_tick(spent, 5.0, 0.02) <= 0.02 + 1e-12
+
+
+def test_flusher_writes_on_its_interval_until_closed():
+    """Ticks swap the buffers and write them in the flush thread, the next tick scheduled
+    when a write ends; closing writes what is left and stops the ticks."""
+    import asyncio
+
+    from metacollect.store.flush import PeriodicFlusher
+
+    buffers = {"rows": []}
+    written: list[list[int]] = []
+
+    def swap():
+        rows, buffers["rows"] = buffers["rows"], []
+        return rows
+
+    async def main():
+        flusher = PeriodicFlusher(
+            swap, written.append, 0.02, lambda where, e: None, "test-flush", budget=0.5
+        )
+        flusher.start()
+        for i in range(6):
+            buffers["rows"].append(i)
+            await asyncio.sleep(0.05)
+        await flusher.close()
+        buffers["rows"].append(99)
+        await asyncio.sleep(0.1)  # no tick after close
+
+    asyncio.run(main())
+    rows = [r for batch in written for r in batch]
+    assert rows == [0, 1, 2, 3, 4, 5]
+    assert (
+        len([b for b in written if b]) >= 2
+    )  # written along the way, not only at close

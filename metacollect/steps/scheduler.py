@@ -144,6 +144,7 @@ class SchedulerCollector(SchedulerPlugin):
             config.interval("flush-interval"),
             self._on_error,
             "metacollect-flush",
+            budget=float(config.get("flush-budget")),
         )
         self.profile = None  # step 5, Yappi: the scheduler process's profile (metacollect.yappi.scheduler)
         if config.get("yappi.enabled") and config.get("yappi.scheduler"):

@@ -101,6 +101,7 @@ class WorkerCollector(WorkerPlugin):
             config.interval("flush-interval"),
             self._on_error,
             "metacollect-flush",
+            budget=float(config.get("flush-budget")),
         )
         self.profile = (
             None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)

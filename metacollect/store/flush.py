@@ -2,25 +2,37 @@
 
 On each tick the collector's ``swap`` runs on the event loop (it only exchanges its hot-path
 buffers for empty ones) and ``write`` runs in a dedicated thread (conversion, encoding,
-compression and Zarr I/O). At most one write is in flight; a slow filesystem delays the next
-tick instead of piling writes up.
+compression and Zarr I/O). At most one write is in flight: the next tick is scheduled when a
+write ends, ``flush-interval`` after the last tick began - or later, so that writing takes at
+most ``flush-budget`` of the time. A flush costs about the same whatever its rows (a file per
+array it appends to), and it is slowest when the process is busiest (its threads wait for the
+GIL) or the filesystem is loaded (a shared filesystem's metadata server): then flushes come
+less often, instead of taking a growing share of the workload's time or the filesystem's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tornado.ioloop import PeriodicCallback
+from tornado.ioloop import IOLoop
 
 logger = logging.getLogger(__name__)
 
 
+def next_tick(spent: float, interval: float, budget: float) -> float:
+    """Seconds from the start of a flush that took ``spent`` to the start of the next one:
+    at least ``interval``, and long enough that flushing takes at most ``budget`` of the time."""
+    return max(interval, spent / budget)
+
+
 class PeriodicFlusher:
-    """Run ``write(swap())`` every ``interval`` seconds, the write in a background thread."""
+    """Run ``write(swap())`` every ``interval`` seconds (stretched to keep writing within
+    ``budget`` of the time), the write in a background thread."""
 
     def __init__(
         self,
@@ -29,27 +41,70 @@ class PeriodicFlusher:
         interval: float,
         on_error: Callable[[str, BaseException], None],
         name: str,
+        budget: float = 1.0,
     ) -> None:
         self._swap = swap
         self._write = write
         self._on_error = on_error
+        self.interval = interval
+        self.budget = budget
+        #: the longest time between two flushes so far: what a killed process can lose
+        self.longest = interval
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._pending: Future[None] | None = None
-        self._pc = PeriodicCallback(self.tick, interval * 1000)
+        self._loop: IOLoop | None = None
+        self._timer: Any = None
+        self._closed = False
 
     def start(self) -> None:
-        self._pc.start()
+        """Start ticking (call on the event loop)."""
+        self._loop = IOLoop.current()
+        self._timer = self._loop.call_later(self.interval, self.tick)
 
     def tick(self) -> None:
         """Swap the buffers and hand them to the writer thread (called on the event loop)."""
-        if self._pending is not None and not self._pending.done():
+        self._timer = None
+        if self._closed:
             return
+        began = time.monotonic()
         try:
             batch = self._swap()
         except Exception as e:  # a failing swap must never break the event loop
             self._on_error("swap", e)
+            self._schedule(began, 0.0)
             return
-        self._pending = self._executor.submit(self._guarded_write, batch)
+        self._pending = self._executor.submit(self._timed_write, batch, began)
+
+    def _timed_write(self, batch: Any, began: float) -> None:
+        t0 = time.monotonic()
+        self._guarded_write(batch)
+        spent = time.monotonic() - t0
+        assert self._loop is not None
+        try:
+            self._loop.add_callback(self._schedule, began, spent)
+        except (
+            RuntimeError
+        ):  # the event loop has closed (interpreter exit): no next tick
+            pass
+
+    def _schedule(self, began: float, spent: float) -> None:
+        """Next tick, ``next_tick`` after ``began`` (on the event loop)."""
+        if self._closed:
+            return
+        gap = next_tick(spent, self.interval, self.budget)
+        if gap > self.longest:
+            self.longest = gap
+            logger.info(
+                "metacollect: a flush took %.2f s; flushing every %.1f s (at most %.0f%% of "
+                "the time, metacollect.flush-budget)",
+                spent,
+                gap,
+                100 * self.budget,
+            )
+        assert self._loop is not None
+        self._timer = self._loop.call_later(
+            max(began + gap - time.monotonic(), 0.0), self.tick
+        )
 
     def _guarded_write(self, batch: Any) -> None:
         try:
@@ -59,7 +114,10 @@ class PeriodicFlusher:
 
     async def close(self) -> None:
         """Stop ticking, wait for the write in flight, then write what is left."""
-        self._pc.stop()
+        self._closed = True
+        if self._timer is not None and self._loop is not None:
+            self._loop.remove_timeout(self._timer)
+            self._timer = None
         loop = asyncio.get_running_loop()
         if self._pending is not None:
             await asyncio.wrap_future(self._pending)
