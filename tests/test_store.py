@@ -543,6 +543,7 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
             if i == 4:  # a new writer: it reads the partial last chunk back
                 appender = ChunkAppender(zarr.open_array(ours.store_path)._async_array)
             sync(appender.write(start, data))
+            sync(appender.write(start + n, data[:0]))  # nothing to append: no change
             start += n
         back = zarr.open_array(tmp_path / f"{name}.zarr" / "ours")
         np.testing.assert_array_equal(back[:], theirs[:])

@@ -7,7 +7,7 @@ more than the rows (milliseconds an array). A writer that appends knows more: it
 last chunk itself. :class:`ChunkAppender` keeps that chunk's rows in memory, encodes the
 chunks an append touches with the array's own codecs (numcodecs, as Zarr does) and stores
 each with one ``set``, through the array's store - the same for a directory or an fsspec URL.
-The result is the array Zarr would have written; readers see no difference.
+Readers see the values Zarr would have written (Zarr would skip a chunk of fill values only).
 """
 
 from __future__ import annotations
@@ -83,13 +83,15 @@ class ChunkAppender:
             )
         self.chunk = int(chunks[0])
         self.encode = _encoder(arr)
-        self.is_str = arr.metadata.codecs[0].__class__ is VLenUTF8Codec
+        self.is_str = isinstance(arr.metadata.codecs[0], VLenUTF8Codec)
         self.fill = "" if self.is_str else arr.metadata.fill_value
         #: (first row of the chunk, its rows written so far)
         self._tail: tuple[int, np.ndarray] | None = None
 
     async def write(self, start: int, data: np.ndarray) -> None:
         """Store ``data`` as rows ``start:start+len(data)`` (the array is already as long)."""
+        if len(data) == 0:
+            return
         first = start - start % self.chunk
         rows = np.concatenate([await self._rows(first, start), self._cast(data)])
         for lo in range(0, len(rows), self.chunk):
