@@ -8,6 +8,7 @@ peak-RSS delta of that process between a collected and a bare run of the same gr
 carry the same counting reference plugin, whose count is compared with the store).
 
     python benchmarks/scale.py [--tasks 1000000] [--writer-rows 1000000]
+    python benchmarks/scale.py --writer-only     (or --synthetic-only: one figure alone)
 """
 
 from __future__ import annotations
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--synthetic-only", action="store_true", help="only the synthetic-store timing"
     )
+    p.add_argument("--writer-only", action="store_true", help="only the writer's rate")
     a = p.parse_args(argv)
     if a.child:
         print("RESULT " + json.dumps(child(a.child, a.tasks, a.store)), flush=True)
@@ -246,6 +248,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not a.synthetic_only:
         out["writer"] = writer_throughput(a.writer_rows)
         _common.log(f"writer: {out['writer']['records_per_s']:.3g} records/s")
+        if a.writer_only:
+            _common.save("writer", out["writer"])
+            return out
     workdir = tempfile.mkdtemp(prefix="mc-scale-")
     store = os.path.join(workdir, "scale.zarr")
     try:
