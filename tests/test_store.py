@@ -626,3 +626,28 @@ def test_flusher_writes_on_its_interval_until_closed():
     assert (
         len([b for b in written if b]) >= 2
     )  # written along the way, not only at close
+
+
+def test_appends_through_a_store_that_is_not_a_directory():
+    """Chunks go through the array's store (``set``), not the filesystem: appends to an
+    in-memory store read back as Zarr's own setitem writes them."""
+    from zarr.core.sync import sync
+    from zarr.storage import MemoryStore
+
+    from metacollect.store.chunks import ChunkAppender
+
+    root = zarr.open_group(MemoryStore(), mode="w")
+    ours, theirs = (
+        root.create_array(n, shape=(0,), chunks=(4,), dtype=str, fill_value="")
+        for n in ("ours", "theirs")
+    )
+    appender = ChunkAppender(ours._async_array)
+    start = 0
+    for n in (3, 6, 1):
+        data = np.array([f"v{start + i}" for i in range(n)], object)
+        ours.resize((start + n,))
+        theirs.resize((start + n,))
+        theirs[start : start + n] = data
+        sync(appender.write(start, data))
+        start += n
+    assert ours[:].tolist() == theirs[:].tolist() == [f"v{i}" for i in range(10)]
