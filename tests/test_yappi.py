@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import dask
+import pandas as pd
 import pytest
 import yappi
 import zarr
@@ -450,11 +451,107 @@ def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
         final = df[df["snapshot"] == last][cols].sort_values(key, ignore_index=True)
         rebuilt = ystep._latest(df[df["snapshot"] < last], key)[cols]
         rebuilt = rebuilt.sort_values(key, ignore_index=True)
+        if not final.equals(rebuilt):
+            m = final.merge(
+                rebuilt, on=key, how="outer", suffixes=("", "_r"), indicator=True
+            )
+            print(
+                m[
+                    (m["_merge"] != "both")
+                    | (m["ncall"] != m["ncall_r"])
+                    | ((m["ttot"] - m["ttot_r"]).abs() > 0)
+                    | ((m["tsub"] - m["tsub_r"]).abs() > 0)
+                ].to_string()
+            )
         assert len(final) and final.equals(rebuilt), table
     prof = run.profile()
     assert set(prof[prof["name"] == PROBE]["key"]) == {
         f"probe-{i}" for i in range(24) if i % 3 == 0
     }
+
+
+def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path):
+    """A thread running many tasks moves to a new idle tag every EPOCH_TASKS tasks, so
+    yappi's callee list of the frame that starts each task stays short; the store
+    still shows that frame as one tag-0 function, called once per task, with one edge
+    to each task, however the snapshots fell."""
+    import queue
+
+    from metacollect.collect import init_root
+
+    n = 3 * ystep.EPOCH_TASKS + 5
+    keys = [f"epoch-{i}" for i in range(n)]
+    path = str(tmp_path / "s.zarr")
+    writer = StoreWriter(path)
+    init_root(writer, "epochs")
+    worker = _TaskThreads()
+    batches: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()
+
+    def task_thread() -> None:
+        while (batch := batches.get()) is not None:
+            for key in batch:
+                worker.run(key, _probe_task, int(key.rsplit("-", 1)[-1]))
+            done.put(len(batch))
+
+    with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
+        sink = ystep.attach(
+            writer, "worker", dask_worker=worker, cluster="c", worker="w"
+        )
+    assert sink is not None
+    t = threading.Thread(target=task_thread, name="epoch-tasks")
+    try:
+        t.start()
+        for start in range(0, n, 40):  # snapshots between batches, across epochs
+            batches.put(keys[start : start + 40])
+            assert done.get(timeout=30)
+            sink.write(executed=keys[start : start + 40])
+        batches.put(None)
+        t.join(10)
+        from yappi import _yappi
+
+        raw: list = []
+        _yappi.enum_func_stats(raw.append, {})
+        tags = ystep.running_profiler().tags
+        longest = max(len(r[9]) for r in raw if r[12] == 0 or r[12] in tags.idle)
+        yappi.stop()
+        _last_snapshots(sink)
+    finally:
+        sink.detach()
+    assert len(tags.idle) == n // ystep.EPOCH_TASKS
+    # three new callees per task under _TaskThreads.run: one idle tag for all the
+    # tasks would make that list ~3n long
+    assert longest < 4 * ystep.EPOCH_TASKS < 3 * n, longest
+    writer.flush()
+    run = open_run(path)
+    prof = run.profile()
+    prof = prof[prof["thread_name"] == "epoch-tasks"]
+    assert set(prof["tag"]) - {0} == set(prof["tag"].dropna()) - {0}
+    assert set(prof.loc[prof["tag"] != 0, "key"]) == set(keys)
+    outside = prof[prof["tag"] == 0].set_index("name")
+    assert outside.loc["_TaskThreads.run", "ncall"] == n
+    per_task = prof[prof["name"] == "_probe_task"]
+    assert sorted(per_task["key"]) == sorted(keys) and (per_task["ncall"] == 1).all()
+    edges = run.profile_edges()
+    edges = edges[
+        (edges["thread_name"] == "epoch-tasks")
+        & (edges["caller_name"] == "_TaskThreads.run")
+        & (edges["callee_name"] == "_probe_task")
+    ]
+    assert (edges["tag"] == 0).all() and sorted(edges["callee_key"]) == sorted(keys)
+    assert (edges["ncall"] == 1).all()
+    # the snapshots along the way rebuild the final one (times summed in another
+    # order: equal to rounding)
+    g = "clusters/c/workers/w/threads"
+    last = int(run.table(g, "snapshots")["snapshot"].iloc[-1])
+    for table, key in (("stats", ystep._STAT_KEY), ("edges", ystep._EDGE_KEY)):
+        df = run.table(g, table)
+        cols = [*key, "ncall", "nactualcall", "ttot", "tsub"]
+        final = df[df["snapshot"] == last][cols].sort_values(key, ignore_index=True)
+        rebuilt = ystep._latest(df[df["snapshot"] < last], key)[cols]
+        rebuilt = rebuilt.sort_values(key, ignore_index=True)
+        assert len(final), table
+        pd.testing.assert_frame_equal(final, rebuilt, check_exact=False, rtol=1e-9)
 
 
 def _mc_child_7f3a(entered, go) -> None:
@@ -567,8 +664,8 @@ def test_tagging_takes_over_active_threads_while_tasks_run():
     new.prune()
     assert dict(new) == {}
     seen = []
-    worker.run("k-1", lambda: seen.append(ystep._TAG.get()))
-    assert seen == [tags["k-1"]] and ystep._TAG.get() == 0 and dict(new) == {}
+    worker.run("k-1", lambda: seen.append(ystep._THREAD_TAG.tag))
+    assert seen == [tags["k-1"]] and ystep._THREAD_TAG.tag == 0 and dict(new) == {}
     ystep._tag_tasks(worker, None)  # the profile stops: same dict, no tags
-    worker.run("k-2", lambda: seen.append(ystep._TAG.get()))
+    worker.run("k-2", lambda: seen.append(ystep._THREAD_TAG.tag))
     assert worker.active_threads is new and seen[-1] == 0 and "k-2" not in tags

@@ -12,8 +12,10 @@ Levels ``thread`` (``<process group>/threads``) and ``coroutine``
 - **Per-task attribution.** Each task key maps to a small int tag (tag 0: "not in a
   task"; a new key takes one in ``_Tags.__missing__``). The worker's ``active_threads``
   (filled by ``distributed`` from the task's thread around every task) sets the tag in
-  a context variable (:class:`_TaggingThreads`), and yappi's tag callback, which runs
-  on every profiled call, is that variable's ``get``: a C call, no Python frame.
+  a thread-local (:class:`_TaggingThreads`), and yappi's tag callback, which runs on
+  every profiled call, reads it with C calls only, no Python frame. Between tasks a
+  thread runs under an *idle* tag, new every :data:`EPOCH_TASKS` tasks and written as
+  tag 0: yappi's per-frame callee lists then stay short (see :class:`_Tags`).
 - **Event loop apart.** Stats of the event-loop thread go to the ``coroutines`` group
   (wall clock: a coroutine's time includes its awaits); every other thread goes to
   ``threads``.
@@ -42,11 +44,12 @@ enumeration does not pause yappi (see :meth:`ProcessProfiler._enumerate`).
 from __future__ import annotations
 
 import collections
-import contextvars
+import functools
 import gc
 import inspect
 import itertools
 import logging
+import operator
 import os
 import socket
 import sys
@@ -94,7 +97,16 @@ _profiler: ProcessProfiler | None = None
 
 # -- the tag callback ------------------------------------------------------------------
 class _Tags(dict):  # type: ignore[type-arg]
-    """Task key -> tag; a key seen for the first time takes the next tag."""
+    """Task key -> tag; a key seen for the first time takes the next tag.
+
+    Also the *idle* tags of task threads: what a thread runs between tasks is tagged
+    with its idle tag, and the idle tag changes every :data:`EPOCH_TASKS` tasks. yappi
+    keeps a frame's callees in a linked list walked on every call: a frame entered
+    between tasks (``_run_task``) calls the first functions of each task, a new callee
+    per task and tag, so with one idle tag its list, and every call it makes, grows
+    with the number of tasks run (quadratic: 12x on a 33k-task pipeline). A new idle
+    tag every few dozen tasks starts a new, short list. Idle tags are written as tag 0.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,16 +115,49 @@ class _Tags(dict):  # type: ignore[type-arg]
         #: (tag, key, thread, time) of tags created since the profiler last took them;
         #: a deque: appended by task threads, drained by the snapshot, both atomic
         self.new: collections.deque[tuple[int, Any, int, float]] = collections.deque()
+        #: every idle tag; the current one of each task thread; tasks done per thread
+        self.idle: set[int] = set()
+        self.idle_of: dict[int, int] = {}
+        self.done: dict[int, int] = {}
+        #: idle tags no thread uses any more (appended by task threads, drained by
+        #: the snapshot)
+        self.retired: collections.deque[int] = collections.deque()
 
     def __missing__(self, key: Any) -> int:
         tag = self[key] = self._next()
         self.new.append((tag, key, threading.get_ident(), time.time()))
         return tag
 
+    def task_done(self, ident: int) -> int:
+        """Count a task done by thread ``ident``; return the thread's idle tag."""
+        n = self.done[ident] = self.done.get(ident, 0) + 1
+        idle = self.idle_of.get(ident, 0)
+        if n % EPOCH_TASKS == 0:
+            if idle:
+                self.retired.append(idle)
+            idle = self._next()
+            self.idle.add(idle)
+            self.idle_of[ident] = idle
+        return idle
 
-#: the yappi tag of the task running in this thread (0: none). yappi calls the tag
-#: callback on every profiled call: ``_TAG.get`` is a C call, no Python frame.
-_TAG: contextvars.ContextVar[int] = contextvars.ContextVar("metacollect_tag", default=0)
+
+#: tasks a thread runs under one idle tag (see :class:`_Tags`): a frame's callee list
+#: stays under ~6 per task times this
+EPOCH_TASKS = 64
+
+
+class _ThreadTag(threading.local):
+    """The yappi tag of what this thread runs (class attribute: never set here, 0)."""
+
+    tag = 0
+
+
+_THREAD_TAG = _ThreadTag()
+#: yappi's tag callback, called on every profiled call: C calls only (a partial, an
+#: attrgetter, a thread-local's getattr; ~50 ns), no Python frame. Per thread, not a
+#: context variable: the idle tag must outlive the task's copied context, as the
+#: frames that start the next task (``_run_task``) are entered outside it.
+_tag_now = functools.partial(operator.attrgetter("tag"), _THREAD_TAG)
 
 
 class _TaggingThreads(dict):  # type: ignore[type-arg]
@@ -140,13 +185,14 @@ class _TaggingThreads(dict):  # type: ignore[type-arg]
         tags, label = self.tags, self.label
         if tags is not None:
             try:
-                _TAG.set(tags[key if label is None else label(key)])
+                _THREAD_TAG.tag = tags[key if label is None else label(key)]
             except Exception:  # never break a task: it runs untagged
                 pass
 
     def __delitem__(self, ident: int) -> None:
         super().__delitem__(ident)
-        _TAG.set(0)
+        tags = self.tags
+        _THREAD_TAG.tag = 0 if tags is None else tags.task_done(ident)
 
     def __missing__(self, ident: int) -> Any:
         # a task handed the old dict before the swap registers there (untagged):
@@ -222,6 +268,14 @@ class ProcessProfiler:
         self.funcs: dict[tuple[str, int, str], int] = {}
         self.func_meta: list[tuple[str, str, str, int, bool, bool]] = []
         self.zero_pits: dict[int, tuple[int, int]] = {}
+        #: idle tags no thread uses any more -> snapshots left to enumerate them (the
+        #: frames a thread entered under one return just after it moves on)
+        self.retiring: dict[int, int] = {}
+        #: idle tags whose rows are final, not enumerated again: their sums per
+        #: (context, func) and per (context, caller, callee tag, callee)
+        self.frozen_tags: set[int] = set()
+        self.frozen_stats: dict[tuple[int, int], list[float]] = {}
+        self.frozen_edges: dict[tuple[int, int, int, int], list[float]] = {}
         #: rows per tag in the last enumeration (picks filtered or unfiltered)
         self.rows_per_tag = 20.0
         #: pits seen in their first, unfinished call -> self time yappi clamped away
@@ -242,7 +296,7 @@ class ProcessProfiler:
         yappi.clear_stats()
         yappi.set_clock_type(clock)
         yappi.set_context_name_callback(_thread_name)
-        yappi.set_tag_callback(_TAG.get if tags else None)
+        yappi.set_tag_callback(_tag_now if tags else None)
         yappi.start(builtins=builtins, profile_threads=True)
         self.started_here = True
 
@@ -370,17 +424,27 @@ class ProcessProfiler:
             self.task_threads.update(th for _, _, th, _ in new)
             noted, self.noted = self.noted, set()
             running = self._running_tags()
+            retiring = self.retiring
+            while self.tags.retired:
+                retiring[self.tags.retired.popleft()] = 2
             if full:
                 rows = self._enumerate(None)
             else:
                 tags = {0} | running | self.running | {t for t, *_ in new}
                 tags.update(t for t in map(self.tag_of, noted) if t is not None)
+                tags.update(self.tags.idle_of.values())
+                tags.update(retiring)
                 rows = self._enumerate(tags)
             self.running = running
             self.snapshot_no += 1
             snap = self.snapshot_no
             threads = self._threads
-            cols = self._columns(sink, snap, rows, threads, full)
+            final_now = {t for t, left in retiring.items() if left == 1}
+            cols = self._columns(sink, snap, rows, threads, full, final_now)
+            for t in list(retiring):
+                retiring[t] -= 1
+                if not retiring[t]:
+                    del retiring[t]
         cols["snapshot"] = {
             "snapshot": [snap],
             "time": [time.time()],
@@ -434,12 +498,16 @@ class ProcessProfiler:
         rows: list[tuple[Any, ...]],
         threads: list[tuple[Any, ...]],
         full: bool,
+        final_now: set[int],
     ) -> dict[str, Any]:
+        """Rows per (context, tag, func) and edges; idle tags count as tag 0, those of
+        ``final_now`` for the last time (then summed in ``frozen_*``)."""
         ctx_tid = {r[1]: r[2] for r in threads}
         loops = {s.loop for s in self.sinks}
         pit: dict[int, tuple[int, int]] = {}
         kept = []
         unfinished, unfinished_edges = self.unfinished, self.unfinished_edges
+        idle, frozen_tags = self.tags.idle, self.frozen_tags
         stacks = _Stacks(ctx_tid)
         for r in rows:
             (
@@ -460,6 +528,10 @@ class ProcessProfiler:
             ) = r[:14]
             if module in _HIDDEN_FILES:
                 continue  # yappi's (get_func_stats hides them too) and ours
+            # frozen: enumerated by full snapshots only, their sums are in frozen_*
+            frozen, final = tag in frozen_tags, tag in final_now
+            if tag in idle:
+                tag = 0
             fid = self._func(name, module, line, bool(builtin), desc)
             pit[index] = (fid, tag)
             if tag == 0:
@@ -468,20 +540,22 @@ class ProcessProfiler:
             if index in unfinished or (ncall == 1 and nactual == 0):
                 ncall, tsub = self._unfinished_pit(row, stacks)
                 row = (ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc)
-            kept.append(row)
+            kept.append((row, final, frozen))
         # aggregate per (context, tag, func): code objects may share file, line and name
         stats: dict[tuple[int, int, int], list[float]] = {}
         edges: dict[tuple[int, int, int, int, int], list[float]] = {}
+        fin_stats: dict[tuple[int, int], list[float]] = {}
+        fin_edges: dict[tuple[int, int, int, int], list[float]] = {}
+        # a task's tag lives under one idle tag; a prefix's (or tag 0) under many
+        sum_callees = not (self.per_task and self.label is None)
         zero = self.zero_pits
-        for ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc in kept:
-            s = stats.get((ctx, tag, fid))
-            if s is None:
-                stats[(ctx, tag, fid)] = [ncall, nactual, ttot, tsub]
-            else:
-                s[0] += ncall
-                s[1] += nactual
-                s[2] += ttot
-                s[3] += tsub
+        for row, final, frozen in kept:
+            ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc = row
+            values = (ncall, nactual, ttot, tsub)
+            if not frozen:
+                _accumulate(stats, (ctx, tag, fid), values)
+            if final:
+                _accumulate(fin_stats, (ctx, fid), values)
             callees = unfinished_edges.get(index)
             for cindex, cn, cna, cttot, ctsub in children:
                 # an edge in its first, unfinished call: as for pits (_unfinished_pit)
@@ -499,15 +573,23 @@ class ProcessProfiler:
                 target = pit.get(cindex) or zero.get(cindex)
                 if target is None:
                     continue  # callee in a tag not enumerated now: written when it was
-                k = (ctx, tag, fid, target[1], target[0])
-                e = edges.get(k)
-                if e is None:
-                    edges[k] = [cn, cna, cttot, ctsub]
-                else:
-                    e[0] += cn
-                    e[1] += cna
-                    e[2] += cttot
-                    e[3] += ctsub
+                summed = tag == 0 and (target[1] == 0 or sum_callees)
+                if frozen and summed:
+                    continue
+                values = (cn, cna, cttot, ctsub)
+                _accumulate(edges, (ctx, tag, fid, target[1], target[0]), values)
+                if final and summed:
+                    _accumulate(fin_edges, (ctx, fid, target[1], target[0]), values)
+        # idle tags no longer enumerated: what they had when last enumerated
+        for (ctx, fid), values in self.frozen_stats.items():
+            _accumulate(stats, (ctx, 0, fid), values)
+        for (ctx, fid, ctag, cfid), values in self.frozen_edges.items():
+            _accumulate(edges, (ctx, 0, fid, ctag, cfid), values)
+        for key, values in fin_stats.items():
+            _accumulate(self.frozen_stats, key, values)
+        for key, values in fin_edges.items():
+            _accumulate(self.frozen_edges, key, values)
+        frozen_tags.update(final_now)
         out: dict[str, Any] = {}
         n_rows = 0
         for group_name, in_group in (
@@ -673,6 +755,16 @@ class ProcessProfiler:
                     if getattr(t, "ident", None) is not None:
                         idents.add(t.ident)
         return idents
+
+
+def _accumulate(acc: dict[Any, list[float]], key: Any, values: Iterable[float]) -> None:
+    """Add ``values`` to ``acc[key]`` element-wise (a new key starts at ``values``)."""
+    a = acc.get(key)
+    if a is None:
+        acc[key] = list(values)
+    else:
+        for i, v in enumerate(values):
+            a[i] += v
 
 
 def _yappi_version() -> str:
