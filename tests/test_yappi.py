@@ -418,6 +418,19 @@ def _last_snapshots(sink: ystep.ProfileSink) -> None:
     sink.write()
 
 
+def _assert_snapshots_rebuild_the_last(run: Any, group: str, exact: bool) -> None:
+    """The rows of every snapshot but the last, newest per key, are the last one's."""
+    last = int(run.table(group, "snapshots")["snapshot"].iloc[-1])
+    for table, key in (("stats", ystep._STAT_KEY), ("edges", ystep._EDGE_KEY)):
+        df = run.table(group, table)
+        cols = [*key, "ncall", "nactualcall", "ttot", "tsub"]
+        final = df[df["snapshot"] == last][cols].sort_values(key, ignore_index=True)
+        rebuilt = ystep._latest(df[df["snapshot"] < last], key)[cols]
+        rebuilt = rebuilt.sort_values(key, ignore_index=True)
+        assert len(final), table
+        pd.testing.assert_frame_equal(final, rebuilt, check_exact=exact, rtol=1e-9)
+
+
 def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
     from metacollect.collect import init_root
 
@@ -444,26 +457,7 @@ def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
     g = "clusters/c/workers/w/threads"
     snaps = run.table(g, "snapshots")
     assert list(snaps["full"]) == [True, False, False, False, False, True]
-    last = int(snaps["snapshot"].iloc[-1])
-    for table, key in (("stats", ystep._STAT_KEY), ("edges", ystep._EDGE_KEY)):
-        df = run.table(g, table)
-        cols = [*key, "ncall", "nactualcall", "ttot", "tsub"]
-        final = df[df["snapshot"] == last][cols].sort_values(key, ignore_index=True)
-        rebuilt = ystep._latest(df[df["snapshot"] < last], key)[cols]
-        rebuilt = rebuilt.sort_values(key, ignore_index=True)
-        if not final.equals(rebuilt):
-            m = final.merge(
-                rebuilt, on=key, how="outer", suffixes=("", "_r"), indicator=True
-            )
-            print(
-                m[
-                    (m["_merge"] != "both")
-                    | (m["ncall"] != m["ncall_r"])
-                    | ((m["ttot"] - m["ttot_r"]).abs() > 0)
-                    | ((m["tsub"] - m["tsub_r"]).abs() > 0)
-                ].to_string()
-            )
-        assert len(final) and final.equals(rebuilt), table
+    _assert_snapshots_rebuild_the_last(run, g, exact=True)
     prof = run.profile()
     assert set(prof[prof["name"] == PROBE]["key"]) == {
         f"probe-{i}" for i in range(24) if i % 3 == 0
@@ -540,18 +534,8 @@ def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path):
     ]
     assert (edges["tag"] == 0).all() and sorted(edges["callee_key"]) == sorted(keys)
     assert (edges["ncall"] == 1).all()
-    # the snapshots along the way rebuild the final one (times summed in another
-    # order: equal to rounding)
-    g = "clusters/c/workers/w/threads"
-    last = int(run.table(g, "snapshots")["snapshot"].iloc[-1])
-    for table, key in (("stats", ystep._STAT_KEY), ("edges", ystep._EDGE_KEY)):
-        df = run.table(g, table)
-        cols = [*key, "ncall", "nactualcall", "ttot", "tsub"]
-        final = df[df["snapshot"] == last][cols].sort_values(key, ignore_index=True)
-        rebuilt = ystep._latest(df[df["snapshot"] < last], key)[cols]
-        rebuilt = rebuilt.sort_values(key, ignore_index=True)
-        assert len(final), table
-        pd.testing.assert_frame_equal(final, rebuilt, check_exact=False, rtol=1e-9)
+    # times summed in another order by the last snapshot: equal to rounding
+    _assert_snapshots_rebuild_the_last(run, "clusters/c/workers/w/threads", exact=False)
 
 
 def _mc_child_7f3a(entered, go) -> None:
