@@ -44,6 +44,7 @@ enumeration does not pause yappi (see :meth:`ProcessProfiler._enumerate`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import gc
 import inspect
@@ -55,7 +56,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -362,18 +363,13 @@ class ProcessProfiler:
         # one filtered enumeration per tag costs len(tags) x len(self.tags) visits; an
         # unfiltered one, every row of every tag: filter unless nearly all tags change
         unfiltered = tags is None or len(tags) > _ROW_PER_TAG_VISIT * self.rows_per_tag
-        gc_was_on = gc.isenabled()
-        gc.disable()
-        try:
+        with _gc_paused():
             if unfiltered:
                 _yappi.enum_func_stats(rows.append, {})
             else:
                 for tag in sorted(tags):  # type: ignore[arg-type]
                     _yappi.enum_func_stats(rows.append, {"tag": tag})
             _yappi.enum_thread_stats(threads.append)
-        finally:
-            if gc_was_on:
-                gc.enable()
         self.rows_per_tag = max(len(rows) / max(len(tags or self.tags), 1), 1.0)
         if unfiltered and tags is not None:
             rows = [r for r in rows if r[12] in tags]
@@ -415,7 +411,7 @@ class ProcessProfiler:
     def snapshot(self, sink: ProfileSink, final: bool) -> dict[str, Any]:
         """Take a snapshot for the owner ``sink``: columns of its two groups' tables."""
         t0 = time.perf_counter()
-        with _lock:
+        with _lock, _gc_paused():
             full = final or sink.needs_full
             new = []
             while self.tags.new:
@@ -441,6 +437,7 @@ class ProcessProfiler:
             threads = self._threads
             final_now = {t for t, left in retiring.items() if left == 1}
             cols = self._columns(sink, snap, rows, threads, full, final_now)
+            del rows  # freed with the GC still off (see _gc_paused)
             for t in list(retiring):
                 retiring[t] -= 1
                 if not retiring[t]:
@@ -508,6 +505,7 @@ class ProcessProfiler:
         kept = []
         unfinished, unfinished_edges = self.unfinished, self.unfinished_edges
         idle, frozen_tags = self.tags.idle, self.frozen_tags
+        funcs = self.funcs  # (file, line, name) -> func id; new ones via _func
         stacks = _Stacks(ctx_tid)
         for r in rows:
             (
@@ -532,7 +530,9 @@ class ProcessProfiler:
             frozen, final = tag in frozen_tags, tag in final_now
             if tag in idle:
                 tag = 0
-            fid = self._func(name, module, line, bool(builtin), desc)
+            fid = funcs.get((module, line, name))
+            if fid is None:
+                fid = self._func(name, module, line, bool(builtin), desc)
             pit[index] = (fid, tag)
             if tag == 0:
                 self.zero_pits[index] = (fid, 0)
@@ -590,117 +590,55 @@ class ProcessProfiler:
         for key, values in fin_edges.items():
             _accumulate(self.frozen_edges, key, values)
         frozen_tags.update(final_now)
+        # rows per group: the event loop's go to coroutines (or nowhere when it is not
+        # profiled: the calls made before its thread was unprofiled go too)
+        s_rows: dict[str, list[tuple[Any, ...]]] = {"threads": [], "coroutines": []}
+        e_rows: dict[str, list[tuple[Any, ...]]] = {"threads": [], "coroutines": []}
+        group_of: dict[int, str | None] = {}
+        for ctx in {k[0] for k in stats} | {k[0] for k in edges}:
+            in_loop = ctx_tid.get(ctx) in loops
+            group_of[ctx] = (
+                ("coroutines" if self.event_loop else None) if in_loop else "threads"
+            )
+        last_stats, last_edges = self.last_stats, self.last_edges
+        for (ctx, tag, fid), (ncall, nactual, ttot, tsub) in stats.items():
+            group = group_of[ctx]
+            if group is None:
+                continue
+            if tag == 0:
+                sig = (ncall, ttot, tsub)
+                if not full and last_stats.get((ctx, fid)) == sig:
+                    continue
+                last_stats[(ctx, fid)] = sig
+            s_rows[group].append(
+                (snap, ctx, ctx_tid.get(ctx, -1), tag, fid, ncall, nactual, ttot, tsub)
+            )
+        for (ctx, tag, fid, ctag, cfid), (ncall, nactual, ttot, tsub) in edges.items():
+            group = group_of[ctx]
+            if group is None:
+                continue
+            if tag == 0 and ctag == 0:
+                sig = (ncall, ttot, tsub)
+                if not full and last_edges.get((ctx, fid, ctag, cfid)) == sig:
+                    continue
+                last_edges[(ctx, fid, ctag, cfid)] = sig
+            tid = ctx_tid.get(ctx, -1)
+            e_rows[group].append(
+                (snap, ctx, tid, tag, fid, ctag, cfid, ncall, nactual, ttot, tsub)
+            )
         out: dict[str, Any] = {}
         n_rows = 0
-        for group_name, in_group in (
-            ("threads", lambda c: ctx_tid.get(c) not in loops),
-            # event-loop off: the calls made before its thread was unprofiled go too
-            ("coroutines", lambda c: self.event_loop and ctx_tid.get(c) in loops),
-        ):
+        for group_name in ("threads", "coroutines"):
             written = sink.written_funcs[group_name]
-            s_cols: dict[str, list[Any]] = {
-                c: []
-                for c in (
-                    "snapshot",
-                    "context",
-                    "thread",
-                    "tag",
-                    "func",
-                    "ncall",
-                    "nactualcall",
-                    "ttot",
-                    "tsub",
-                )
-            }
-            for (ctx, tag, fid), (ncall, nactual, ttot, tsub) in stats.items():
-                if not in_group(ctx):
-                    continue
-                if tag == 0:
-                    sig = (ncall, ttot, tsub)
-                    if not full and self.last_stats.get((ctx, fid)) == sig:
-                        continue
-                    self.last_stats[(ctx, fid)] = sig
-                for c, v in zip(
-                    s_cols,
-                    (
-                        snap,
-                        ctx,
-                        ctx_tid.get(ctx, -1),
-                        tag,
-                        fid,
-                        ncall,
-                        nactual,
-                        ttot,
-                        tsub,
-                    ),
-                    strict=True,
-                ):
-                    s_cols[c].append(v)
-            e_cols: dict[str, list[Any]] = {
-                c: []
-                for c in (
-                    "snapshot",
-                    "context",
-                    "thread",
-                    "tag",
-                    "caller",
-                    "callee_tag",
-                    "callee",
-                    "ncall",
-                    "nactualcall",
-                    "ttot",
-                    "tsub",
-                )
-            }
-            for (ctx, tag, fid, ctag, cfid), (
-                ncall,
-                nactual,
-                ttot,
-                tsub,
-            ) in edges.items():
-                if not in_group(ctx):
-                    continue
-                if tag == 0 and ctag == 0:
-                    sig = (ncall, ttot, tsub)
-                    if not full and self.last_edges.get((ctx, fid, ctag, cfid)) == sig:
-                        continue
-                    self.last_edges[(ctx, fid, ctag, cfid)] = sig
-                for c, v in zip(
-                    e_cols,
-                    (
-                        snap,
-                        ctx,
-                        ctx_tid.get(ctx, -1),
-                        tag,
-                        fid,
-                        ctag,
-                        cfid,
-                        ncall,
-                        nactual,
-                        ttot,
-                        tsub,
-                    ),
-                    strict=True,
-                ):
-                    e_cols[c].append(v)
+            s_cols = _transpose(s_rows[group_name], _STAT_COLUMNS)
+            e_cols = _transpose(e_rows[group_name], _EDGE_COLUMNS)
             needed = (
                 set(s_cols["func"]) | set(e_cols["caller"]) | set(e_cols["callee"])
             ) - written
-            f_cols: dict[str, list[Any]] = {
-                c: []
-                for c in (
-                    "func",
-                    "name",
-                    "module",
-                    "file",
-                    "line",
-                    "builtin",
-                    "coroutine",
-                )
-            }
-            for fid in sorted(needed):
-                for c, v in zip(f_cols, (fid, *self.func_meta[fid]), strict=True):
-                    f_cols[c].append(v)
+            f_cols = _transpose(
+                [(fid, *self.func_meta[fid]) for fid in sorted(needed)],
+                _FUNCTION_COLUMNS,
+            )
             written.update(needed)
             n_rows += len(s_cols["func"])
             out[group_name] = {"functions": f_cols, "stats": s_cols, "edges": e_cols}
@@ -755,6 +693,55 @@ class ProcessProfiler:
                     if getattr(t, "ident", None) is not None:
                         idents.add(t.ident)
         return idents
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic GC off meanwhile. A snapshot makes many short-lived tuples: in a
+    worker, the collections they set off walked every object of the process and took
+    most of each snapshot's time (py-spy: ~1 s of every 10 s snapshot). They are freed
+    before the GC is back on, so they do not count towards the next collection."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+_STAT_COLUMNS = (
+    "snapshot",
+    "context",
+    "thread",
+    "tag",
+    "func",
+    "ncall",
+    "nactualcall",
+    "ttot",
+    "tsub",
+)
+_EDGE_COLUMNS = (
+    "snapshot",
+    "context",
+    "thread",
+    "tag",
+    "caller",
+    "callee_tag",
+    "callee",
+    "ncall",
+    "nactualcall",
+    "ttot",
+    "tsub",
+)
+_FUNCTION_COLUMNS = ("func", "name", "module", "file", "line", "builtin", "coroutine")
+
+
+def _transpose(rows: list[tuple[Any, ...]], names: tuple[str, ...]) -> dict[str, list]:
+    """Columns ``names`` of ``rows`` (tuples in that order)."""
+    if not rows:
+        return {n: [] for n in names}
+    return dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
 
 
 def _accumulate(acc: dict[Any, list[float]], key: Any, values: Iterable[float]) -> None:
