@@ -1198,52 +1198,17 @@ def read_profile(
 
 
 def _empty(edges: bool) -> pd.DataFrame:
-    cols = [
-        "cluster",
-        "worker",
-        "level",
-        "process",
-        "host",
-        "pid",
-        "snapshot",
-        "context",
-        "thread",
-        "tag",
-    ]
+    """A profile (or edges) frame without rows, with :func:`read_profile`'s columns."""
+    process = ["cluster", "worker", "level", "process", "host", "pid"]
     if edges:
-        cols += [
-            "caller",
-            "callee_tag",
-            "callee",
-            "ncall",
-            "nactualcall",
-            "ttot",
-            "tsub",
-            "thread_name",
-            "key",
-            "callee_key",
-        ]
-        cols += [
+        sides = [
             f"{s}_{c}"
             for s in ("caller", "callee")
             for c in ("name", "module", "file", "line")
         ]
+        cols = [*process, *_EDGE_COLUMNS, "thread_name", "key", "callee_key", *sides]
     else:
-        cols += [
-            "func",
-            "ncall",
-            "nactualcall",
-            "ttot",
-            "tsub",
-            "thread_name",
-            "key",
-            "name",
-            "module",
-            "file",
-            "line",
-            "builtin",
-            "coroutine",
-        ]
+        cols = [*process, *_STAT_COLUMNS, "thread_name", "key", *_FUNCTION_COLUMNS[1:]]
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
 
 
