@@ -231,6 +231,13 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             ip.get("ratio_yappi", 9) <= 1.5,
         )
         add(
+            "5 yappi, tag per task, no event loop, image pipeline",
+            "<= 1.5",
+            ip.get("ratio_yappi_no_loop"),
+            ".3f",
+            ip.get("ratio_yappi_no_loop", 9) <= 1.5,
+        )
+        add(
             "5 yappi light (prefix tags, no event loop), image pipeline",
             "<= 1.5",
             ip.get("ratio_yappi_light"),

@@ -1,6 +1,7 @@
 """Figure 5: Yappi on. Wall-time ratio yappi-collected / bare on the demo image pipeline, and
 on call-dense pure-Python tasks (ns added per Python call), LocalCluster with 2 workers; with
-the default settings (a tag per task, event loops profiled) and the light ones (a tag per
+the default settings (a tag per task, event loops profiled), with event loops left out
+(``metacollect.yappi.event-loop: false``, a tag per task still) and the light ones (a tag per
 task prefix, event loops left out: ``metacollect.yappi.tasks: prefix``, ``event-loop: false``).
 
     python benchmarks/yappi_overhead.py [--repeats 3]
@@ -22,6 +23,8 @@ from distributed import Client
 
 from metacollect import collect
 
+#: a tag per task, event loops not profiled
+NO_LOOP = {"enabled": True, "event_loop": False}
 #: the light settings: a tag per task prefix, event loops not profiled
 LIGHT = {"enabled": True, "tasks": "prefix", "event_loop": False}
 
@@ -90,6 +93,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     with collect(client, store, overwrite=True, yappi=True):
                         dask.compute(graph)
 
+                def yappi_no_loop(graph: Any = graph) -> None:
+                    with collect(client, store, overwrite=True, yappi=NO_LOOP):
+                        dask.compute(graph)
+
                 def yappi_light(graph: Any = graph) -> None:
                     with collect(client, store, overwrite=True, yappi=LIGHT):
                         dask.compute(graph)
@@ -104,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "bare": bare,
                     "collected": steps14,
                     "yappi": yappi_on,
+                    "yappi_no_loop": yappi_no_loop,
                     "yappi_light": yappi_light,
                 }
                 times = _common.interleaved(
@@ -115,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 res = {
                     "times_s": times,
                     "ratio_yappi": _common.paired_ratio(times, "yappi"),
+                    "ratio_yappi_no_loop": _common.paired_ratio(times, "yappi_no_loop"),
                     "ratio_yappi_light": _common.paired_ratio(times, "yappi_light"),
                     "ratio_collected": _common.paired_ratio(times, "collected"),
                 }
