@@ -464,11 +464,13 @@ def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
     }
 
 
-def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path):
+@pytest.mark.parametrize("tag_by", ["key", "prefix"])
+def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path, tag_by):
     """A thread running many tasks moves to a new idle tag every EPOCH_TASKS tasks, so
     yappi's callee list of the frame that starts each task stays short; the store
     still shows that frame as one tag-0 function, called once per task, with one edge
-    to each task, however the snapshots fell."""
+    to each task (or, with a tag per prefix, one edge summed over the epochs), however
+    the snapshots fell."""
     import queue
 
     from metacollect.collect import init_root
@@ -488,7 +490,11 @@ def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path):
                 worker.run(key, _probe_task, int(key.rsplit("-", 1)[-1]))
             done.put(len(batch))
 
-    with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
+    settings = {
+        "metacollect.yappi.flush-interval": "0s",
+        "metacollect.yappi.tasks": tag_by,
+    }
+    with dask.config.set(settings):
         sink = ystep.attach(
             writer, "worker", dask_worker=worker, cluster="c", worker="w"
         )
@@ -520,20 +526,23 @@ def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path):
     run = open_run(path)
     prof = run.profile()
     prof = prof[prof["thread_name"] == "epoch-tasks"]
-    assert set(prof["tag"]) - {0} == set(prof["tag"].dropna()) - {0}
-    assert set(prof.loc[prof["tag"] != 0, "key"]) == set(keys)
+    assert not set(prof["tag"]) & tags.idle  # idle tags are written as tag 0
+    labels = keys if tag_by == "key" else ["epoch"]  # a task's key, or its prefix
+    calls = 1 if tag_by == "key" else n
+    assert set(prof.loc[prof["tag"] != 0, "key"]) == set(labels)
     outside = prof[prof["tag"] == 0].set_index("name")
     assert outside.loc["_TaskThreads.run", "ncall"] == n
     per_task = prof[prof["name"] == "_probe_task"]
-    assert sorted(per_task["key"]) == sorted(keys) and (per_task["ncall"] == 1).all()
+    assert sorted(per_task["key"]) == sorted(labels)
+    assert (per_task["ncall"] == calls).all()
     edges = run.profile_edges()
     edges = edges[
         (edges["thread_name"] == "epoch-tasks")
         & (edges["caller_name"] == "_TaskThreads.run")
         & (edges["callee_name"] == "_probe_task")
     ]
-    assert (edges["tag"] == 0).all() and sorted(edges["callee_key"]) == sorted(keys)
-    assert (edges["ncall"] == 1).all()
+    assert (edges["tag"] == 0).all() and sorted(edges["callee_key"]) == sorted(labels)
+    assert (edges["ncall"] == calls).all()
     # times summed in another order by the last snapshot: equal to rounding
     _assert_snapshots_rebuild_the_last(run, "clusters/c/workers/w/threads", exact=False)
 

@@ -148,7 +148,7 @@ EPOCH_TASKS = 64
 
 
 class _ThreadTag(threading.local):
-    """The yappi tag of what this thread runs (class attribute: never set here, 0)."""
+    """The yappi tag of what this thread runs; 0 in a thread that never set one."""
 
     tag = 0
 
@@ -268,7 +268,10 @@ class ProcessProfiler:
         self.names: dict[int, str] = {}
         self.funcs: dict[tuple[str, int, str], int] = {}
         self.func_meta: list[tuple[str, str, str, int, bool, bool]] = []
-        self.zero_pits: dict[int, tuple[int, int]] = {}
+        #: pit index -> (func, tag) of the pits an edge may lead to while they are not
+        #: enumerated: tag 0's and, unless tags are per task, every tag's (a prefix's
+        #: pits are few). Edges summed over idle tags need their callees every time.
+        self.known_pits: dict[int, tuple[int, int]] = {}
         #: idle tags no thread uses any more -> snapshots left to enumerate them (the
         #: frames a thread entered under one return just after it moves on)
         self.retiring: dict[int, int] = {}
@@ -505,7 +508,10 @@ class ProcessProfiler:
         kept = []
         unfinished, unfinished_edges = self.unfinished, self.unfinished_edges
         idle, frozen_tags = self.tags.idle, self.frozen_tags
-        funcs = self.funcs  # (file, line, name) -> func id; new ones via _func
+        # a task's tag lives under one idle tag; a prefix's (or tag 0) under many, and
+        # the edges from idle frames to it are summed over them
+        sum_callees = not (self.per_task and self.label is None)
+        known = self.known_pits
         stacks = _Stacks(ctx_tid)
         for r in rows:
             (
@@ -530,12 +536,10 @@ class ProcessProfiler:
             frozen, final = tag in frozen_tags, tag in final_now
             if tag in idle:
                 tag = 0
-            fid = funcs.get((module, line, name))
-            if fid is None:
-                fid = self._func(name, module, line, bool(builtin), desc)
+            fid = self._func(name, module, line, bool(builtin), desc)
             pit[index] = (fid, tag)
-            if tag == 0:
-                self.zero_pits[index] = (fid, 0)
+            if tag == 0 or sum_callees:
+                known[index] = (fid, tag)
             row = (ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc)
             if index in unfinished or (ncall == 1 and nactual == 0):
                 ncall, tsub = self._unfinished_pit(row, stacks)
@@ -546,9 +550,6 @@ class ProcessProfiler:
         edges: dict[tuple[int, int, int, int, int], list[float]] = {}
         fin_stats: dict[tuple[int, int], list[float]] = {}
         fin_edges: dict[tuple[int, int, int, int], list[float]] = {}
-        # a task's tag lives under one idle tag; a prefix's (or tag 0) under many
-        sum_callees = not (self.per_task and self.label is None)
-        zero = self.zero_pits
         for row, final, frozen in kept:
             ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc = row
             values = (ncall, nactual, ttot, tsub)
@@ -570,7 +571,7 @@ class ProcessProfiler:
                 if callees is not None and cindex in callees:
                     cn -= 1
                     ctsub = max(ctsub - unfinished.get(cindex, 0.0), 0.0)
-                target = pit.get(cindex) or zero.get(cindex)
+                target = pit.get(cindex) or known.get(cindex)
                 if target is None:
                     continue  # callee in a tag not enumerated now: written when it was
                 summed = tag == 0 and (target[1] == 0 or sum_callees)
