@@ -16,8 +16,7 @@ import shutil
 import tempfile
 import time
 import uuid
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -118,24 +117,31 @@ def levels_index(
     return {k: sorted(v) for k, v in index.items()}
 
 
-def consolidate(store: str, nodes: Sequence[tuple[str, Any]] | None = None) -> None:
+def consolidate(
+    store: str | zarr.Group,
+    nodes: Sequence[tuple[str, Any]] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+) -> None:
     """Seal a store no process writes any more: cut its arrays back to their committed rows
-    (writers keep room ahead) and refresh its consolidated metadata (after any write that
-    adds groups), so plain Zarr and xarray readers see exactly the rows written. ``nodes``:
-    the store's :func:`~metacollect.store.writer.members` when already read."""
-    from metacollect.store.writer import compact_json, members, trim
+    (writers keep room ahead), then write the root's metadata once - ``attrs`` added to its
+    attributes, and the consolidated metadata of every node (after any write that adds
+    groups), so plain Zarr and xarray readers see exactly the rows written. ``store``: its
+    path or root group; ``nodes``: its :func:`~metacollect.store.writer.members` when already
+    read (one read of the store serves the caller and the seal)."""
+    from metacollect.store.writer import compact_json, members, seal, trim
 
-    with compact_json(), warnings.catch_warnings():
+    root = (
+        store
+        if isinstance(store, zarr.Group)
+        else zarr.open_group(
+            store=store, mode="a", zarr_format=3, use_consolidated=False
+        )
+    )
+    with compact_json():
         if nodes is None:
-            nodes = members(
-                zarr.open_group(
-                    store=store, mode="a", zarr_format=3, use_consolidated=False
-                )
-            )
+            nodes = members(root)
         trim(nodes)
-        # zarr warns that consolidated metadata is not yet part of the v3 spec: known, intended
-        warnings.simplefilter("ignore", category=UserWarning)
-        zarr.consolidate_metadata(store, zarr_format=3)
+        seal(root, nodes, attrs or {})
 
 
 def finalize(store: str, status: str = "complete", **extra: Any) -> None:
@@ -158,17 +164,18 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
         root = zarr.open_group(
             store=store, mode="a", zarr_format=3, use_consolidated=False
         )
-        # one read of the whole store serves the index and the trim
+        # one read of the whole store serves the index, the trim and the seal
         nodes = members(root)
-        root.attrs.update(
+        consolidate(
+            root,
+            nodes,
             {
                 "levels": levels_index(root, nodes),
                 "status": status,
                 "ended": time.time(),
                 **extra,
-            }
+            },
         )
-        consolidate(store, nodes)
     except Exception as e:  # the store was removed or replaced mid-run
         raise StoreError(
             f"cannot finalise store {store} ({type(e).__name__}: {e}); what was flushed before "

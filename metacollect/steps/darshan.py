@@ -1996,9 +1996,8 @@ def _update_levels(store: str) -> None:
             store=store, mode="a", zarr_format=3, use_consolidated=False
         )
         if root.attrs.get("status") == "complete":
-            nodes = members(root)  # one read serves the index and the trim
-            root.update_attributes({"levels": levels_index(root, nodes)})
-            consolidate(store, nodes)
+            nodes = members(root)  # one read serves the index, the trim and the seal
+            consolidate(root, nodes, {"levels": levels_index(root, nodes)})
     except Exception as e:  # the ingested rows are in; only the index may be stale
         logger.warning(
             "metacollect: the levels index of %s was not refreshed after the Darshan "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -22,9 +23,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import zarr
+from zarr.api.asynchronous import create_array as _zarr_create_array
 from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.core.array import AsyncArray
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.group import AsyncGroup, ConsolidatedMetadata, GroupMetadata
 from zarr.core.sync import sync
-from zarr.errors import ContainsArrayError, ContainsGroupError
+from zarr.errors import ContainsGroupError
+from zarr.storage import MemoryStore
 
 from metacollect import config
 from metacollect.errors import StoreError
@@ -488,6 +494,9 @@ class StoreWriter:
             BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")
         ]
         self._text = [ZstdCodec(level=level)]
+        #: Zarr's array for each kind of array this writer makes, as it is being made in
+        #: memory (see create_array)
+        self._templates: dict[tuple[Any, ...], Any] = {}
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
@@ -531,23 +540,26 @@ class StoreWriter:
         return g
 
     def ensure_table(self, gw: GroupWriter, table: str) -> zarr.Group:
+        """A table's group, created with one write of its ``zarr.json`` if it is new (its
+        parent, the writer's own group, exists; no other process writes the table)."""
         key = f"{gw.path}/{table}" if gw.path else table
         try:
             return self.root[key]  # type: ignore[return-value]
         except KeyError:
             t = gw.spec.tables[table]
+            meta = GroupMetadata(
+                attributes={
+                    **self._annotation(gw.spec),
+                    "table": table,
+                    "dim": t.dim,
+                    "description": t.description,
+                    "rows": 0,
+                }
+            )
+            where = self.root.store_path / key
             with compact_json():
-                g = _require_group(self.root, key)
-                g.update_attributes(
-                    {
-                        **self._annotation(gw.spec),
-                        "table": table,
-                        "dim": t.dim,
-                        "description": t.description,
-                        "rows": 0,
-                    }
-                )
-            return g
+                sync(_write_metadata(where, meta))
+            return zarr.Group(AsyncGroup(metadata=meta, store_path=where))
 
     async def create_array(
         self, tgroup: Any, spec: TableSpec, name: str, sample: np.ndarray, rows: int
@@ -568,21 +580,38 @@ class StoreWriter:
         # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
         width = int(np.prod(extra)) if extra else 1
         chunk = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
-        try:
-            return await tgroup.create_array(
-                name,
-                shape=(rows, *extra),
-                chunks=(chunk, *extra),
-                dtype=str if is_str else var.numpy_dtype,
-                dimension_names=dims,
-                compressors=self._text if is_str else self._numeric,
-                fill_value="" if is_str else FILL[var.dtype],
-                attributes=attrs,
+        kind = (is_str, var.numpy_dtype, extra, chunk)
+        made = self._templates.get(kind)
+        if made is None:
+            # Zarr's own metadata for this kind of array, made once in memory (the first
+            # flush creates its arrays all at once: they share one making). Each array of
+            # the kind is then one write of its zarr.json: Zarr's create_array first checks
+            # the path and each parent in the store, a dozen operations (~6 ms) an array.
+            made = self._templates[kind] = asyncio.ensure_future(
+                _zarr_create_array(
+                    MemoryStore(),
+                    shape=(0, *extra),
+                    chunks=(chunk, *extra),
+                    dtype=str if is_str else var.numpy_dtype,
+                    compressors=self._text if is_str else self._numeric,
+                    fill_value="" if is_str else FILL[var.dtype],
+                )
             )
-        except ContainsArrayError:
-            # created by an earlier flush that failed after creating it (an outage that
-            # ends mid-flush): use it, as a flush that opened the table would
-            return await tgroup.getitem(name)
+            made.add_done_callback(
+                lambda f: (f.cancelled() or f.exception()) and self._templates.pop(kind)
+            )
+        template = (await made).metadata
+        meta = dataclasses.replace(
+            template,
+            shape=(rows, *extra),
+            dimension_names=tuple(dims),
+            attributes=attrs,
+        )
+        # written over if there (an earlier flush that failed after creating it): no other
+        # writer makes this table's arrays, and rows past the commit point are free
+        where = tgroup.store_path / name
+        await _write_metadata(where, meta)
+        return AsyncArray(meta, where)
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))
@@ -634,6 +663,32 @@ def trim(nodes: Sequence[tuple[str, zarr.Group | zarr.Array]]) -> int:
     return len(cuts)
 
 
+def seal(
+    root: zarr.Group,
+    nodes: Sequence[tuple[str, zarr.Group | zarr.Array]],
+    attrs: Mapping[str, Any],
+) -> None:
+    """Write the root's ``zarr.json`` once: ``attrs`` added to its attributes, and the
+    consolidated metadata of ``nodes`` (the :func:`members` of a store no process writes any
+    more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
+    reading the whole store a second time."""
+    flat = {}
+    for path, node in nodes:
+        doc = node.metadata.to_dict()
+        if isinstance(node, zarr.Group):
+            # a group's own entry says it has no children of its own beyond those listed
+            doc["consolidated_metadata"] = {"kind": "inline", "metadata": {}}
+        flat[path] = doc
+    meta = dataclasses.replace(
+        root.metadata,
+        attributes={**root.metadata.attributes, **_jsonable(dict(attrs))},
+        consolidated_metadata=ConsolidatedMetadata.from_dict(
+            {"kind": "inline", "metadata": flat}
+        ),
+    )
+    sync(_write_metadata(root.store_path, meta))
+
+
 def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> int:
     """Rows of a table that readers may use: its ``rows`` attribute (written once all of an
     append's data had landed; arrays keep room past it), and no more than the shortest of
@@ -643,6 +698,12 @@ def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> i
     n = min(shapes, default=0)
     rows = tgroup.attrs.get("rows")
     return min(n, int(rows)) if isinstance(rows, int) else n
+
+
+async def _write_metadata(where: Any, meta: Any) -> None:
+    """Store a node's metadata (its ``zarr.json``) at ``where`` in one write."""
+    (doc,) = meta.to_buffer_dict(default_buffer_prototype()).values()
+    await (where / "zarr.json").set(doc)
 
 
 def _raise_first(results: Iterable[Any]) -> None:
