@@ -22,6 +22,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -155,6 +156,8 @@ def jobqueue_cluster(
 
 def batch_system(cluster: Any) -> str | None:
     """``"slurm"`` / ``"pbs"`` for a dask-jobqueue cluster, ``None`` for any other cluster."""
+    if "dask_jobqueue" not in sys.modules:
+        return None  # no jobqueue cluster exists without it; importing it takes ~0.3 s
     try:
         from dask_jobqueue import PBSCluster, SLURMCluster
     except ImportError:
