@@ -307,6 +307,43 @@ def test_arrays_keep_room_ahead_and_are_cut_to_their_rows_when_sealed(store):
     assert any("rows attribute 6 exceeds" in p for p in validate_store(store))
 
 
+def test_sealing_writes_what_zarr_consolidate_metadata_writes(store, tmp_path):
+    """The seal builds the consolidated metadata from the nodes it read once and writes
+    the root with it and the final attributes in one write: the root's ``zarr.json`` is
+    what ``zarr.consolidate_metadata`` makes of the same store, and xarray opens the run
+    through it."""
+    import json
+    import shutil
+    import warnings
+
+    w = StoreWriter(store)
+    init_root(w, "r")
+    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+    g = w.group("scheduler", cluster="c1")
+    for i in range(2):
+        g.append("events", {"time": [float(i)], "topic": ["t"], "msg": [f"m{i}"]})
+        g.flush()
+    w.group("worker", cluster="c1", worker="w-1").flush()
+    finalize(store, status="complete")
+    copy = str(tmp_path / "copy.zarr")
+    shutil.copytree(store, copy)
+    with warnings.catch_warnings():
+        warnings.simplefilter(
+            "ignore"
+        )  # consolidated metadata is not in the v3 spec yet
+        zarr.consolidate_metadata(copy, zarr_format=3)
+    with open(f"{store}/zarr.json") as ours, open(f"{copy}/zarr.json") as zarrs:
+        sealed, expected = json.load(ours), json.load(zarrs)
+    assert sealed == expected
+    assert sealed["attributes"]["status"] == "complete"
+    assert (
+        "clusters/c1/scheduler/events/time"
+        in sealed["consolidated_metadata"]["metadata"]
+    )
+    tree = xr.open_datatree(store, engine="zarr", consolidated=True)
+    assert tree["clusters/c1/scheduler/events"].sizes["event"] == 2
+
+
 def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(
     store, monkeypatch
 ):

@@ -671,20 +671,23 @@ def seal(
     """Write the root's ``zarr.json`` once: ``attrs`` added to its attributes, and the
     consolidated metadata of ``nodes`` (the :func:`members` of a store no process writes any
     more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
-    reading the whole store a second time."""
-    flat = {}
-    for path, node in nodes:
-        doc = node.metadata.to_dict()
-        if isinstance(node, zarr.Group):
-            # a group's own entry says it has no children of its own beyond those listed
-            doc["consolidated_metadata"] = {"kind": "inline", "metadata": {}}
-        flat[path] = doc
+    reading the whole store a second time - where the store supports it."""
+    consolidated = None
+    if root.store_path.store.supports_consolidated_metadata:  # most stores; not all
+        flat = {}
+        for path, node in nodes:
+            doc = node.metadata.to_dict()
+            if isinstance(node, zarr.Group):
+                # a group's own entry says it has no children beyond those listed
+                doc["consolidated_metadata"] = {"kind": "inline", "metadata": {}}
+            flat[path] = doc
+        consolidated = ConsolidatedMetadata.from_dict(
+            {"kind": "inline", "metadata": flat}
+        )
     meta = dataclasses.replace(
         root.metadata,
         attributes={**root.metadata.attributes, **_jsonable(dict(attrs))},
-        consolidated_metadata=ConsolidatedMetadata.from_dict(
-            {"kind": "inline", "metadata": flat}
-        ),
+        consolidated_metadata=consolidated,
     )
     sync(_write_metadata(root.store_path, meta))
 
