@@ -271,17 +271,23 @@ def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
     assert "disk full" in run.table("clusters/c1/scheduler", "errors").what[0]
 
 
-def test_arrays_keep_room_ahead_and_are_cut_to_their_rows_when_sealed(store):
-    """Writers grow arrays in whole chunks, doubling (a metadata write per growth, not per
-    flush); readers stop at a table's ``rows``; sealing the store cuts the room away, so
-    plain Zarr and xarray readers see exactly the rows written."""
+def _events_flushed_one_by_one(store: str, n: int) -> StoreWriter:
+    """A run's store with ``n`` scheduler events, each appended by a flush of its own."""
     w = StoreWriter(store)
     init_root(w, "r")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     g = w.group("scheduler", cluster="c1")
-    for i in range(3):
+    for i in range(n):
         g.append("events", {"time": [float(i)], "topic": ["t"], "msg": [f"m{i}"]})
         g.flush()
+    return w
+
+
+def test_arrays_keep_room_ahead_and_are_cut_to_their_rows_when_sealed(store):
+    """Writers grow arrays in whole chunks, doubling (a metadata write per growth, not per
+    flush); readers stop at a table's ``rows``; sealing the store cuts the room away, so
+    plain Zarr and xarray readers see exactly the rows written."""
+    w = _events_flushed_one_by_one(store, 3)
     events = w.root["clusters/c1/scheduler/events"]
     assert events.attrs["rows"] == 3 and events["time"].shape[0] > 3
     assert open_run(store).table("clusters/c1/scheduler", "events").msg.tolist() == [
@@ -316,13 +322,7 @@ def test_sealing_writes_what_zarr_consolidate_metadata_writes(store, tmp_path):
     import shutil
     import warnings
 
-    w = StoreWriter(store)
-    init_root(w, "r")
-    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
-    g = w.group("scheduler", cluster="c1")
-    for i in range(2):
-        g.append("events", {"time": [float(i)], "topic": ["t"], "msg": [f"m{i}"]})
-        g.flush()
+    w = _events_flushed_one_by_one(store, 2)
     w.group("worker", cluster="c1", worker="w-1").flush()
     finalize(store, status="complete")
     copy = str(tmp_path / "copy.zarr")
