@@ -6,6 +6,7 @@ that join later). Each worker writes only its own group ``clusters/<id>/workers/
 
 from __future__ import annotations
 
+import array
 import json
 import logging
 import math
@@ -75,8 +76,7 @@ class WorkerCollector(WorkerPlugin):
         self._config_before = config.apply(self.options)
         self.worker = worker
         self.id = worker_id(worker)
-        self._transitions: list[tuple[Any, ...]] = []
-        self._executions: list[tuple[Any, ...]] = []
+        self._reset_buffers()
         self._samples: list[tuple[Any, ...]] = []
         self._last_in: Any = None
         self._last_out: Any = None
@@ -144,25 +144,42 @@ class WorkerCollector(WorkerPlugin):
 
     # -- hooks (event loop) -------------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        now = time.time()
-        self._transitions.append((key, start, finish, now))
+        # one list per column: appending creates no GC-tracked object. A row tuple per
+        # transition (and a copy of the startstops per task) kept ~60k new containers alive
+        # until the flush, and the collections they set off made an executed task's hook
+        # 7.7 us instead of 0.9 us (a worker's 1000 tasks, 20 rounds)
+        add_key, add_start, add_finish, add_time = self._tappend
+        add_key(key)
+        add_start(start)
+        add_finish(finish)
+        add_time(time.time())
         if finish == "memory" or finish == "error":
             try:
-                ts = self.worker.state.tasks.get(key)  # type: ignore[union-attr]
+                state = self.worker.state  # type: ignore[union-attr]
+                ts = state.tasks.get(key)
                 if ts is not None:
-                    self._executions.append(
-                        (
-                            key,
-                            finish,
-                            start in _RUNNING,
-                            self.worker.state.threads.get(key),  # type: ignore[union-attr]
-                            list(ts.startstops),
-                            ts.nbytes,
-                            ts.type,
-                        )
+                    # read all first: the columns stay aligned whatever raises
+                    row = (
+                        key,
+                        finish,
+                        start in _RUNNING,
+                        state.threads.get(key),
+                        ts.startstops,  # the task's own list: the worker only appends to it
+                        ts.nbytes,
+                        ts.type,
                     )
+                    for add, value in zip(self._eappend, row):  # noqa: B905 (same length)
+                        add(value)
             except Exception as e:
                 self._on_error("transition", e)
+
+    def _reset_buffers(self) -> None:
+        """New hook buffers: transitions (key, start, finish, time - times in a C array)
+        and executions (key, state, ran, thread, startstops, nbytes, type), by column."""
+        self._transitions: tuple[Any, ...] = ([], [], [], array.array("d"))
+        self._tappend = tuple(c.append for c in self._transitions)
+        self._executions: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+        self._eappend = tuple(c.append for c in self._executions)
 
     def _sample(self) -> None:
         w = self.worker
@@ -216,18 +233,21 @@ class WorkerCollector(WorkerPlugin):
 
     # -- flushing ------------------------------------------------------------------------------
     def _swap(self) -> tuple[Any, ...]:
-        tr, self._transitions = self._transitions, []
-        ex, self._executions = self._executions, []
+        tr, ex = self._transitions, self._executions
+        self._reset_buffers()
         sa, self._samples = self._samples, []
         return tr, ex, sa
 
     def _write(self, batch: tuple[Any, ...]) -> None:
         transitions, executions, samples = batch
         g = self.group
-        if transitions:
-            k, s, f, t = zip(*transitions, strict=False)
-            g.append("transitions", {"key": k, "start": s, "finish": f, "time": t})
-        if executions:
+        t_keys, _, t_finishes, _ = transitions
+        if t_keys:
+            g.append(
+                "transitions",
+                dict(zip(("key", "start", "finish", "time"), transitions, strict=True)),
+            )
+        if executions[0]:
             tasks: dict[str, list[Any]] = {
                 c: []
                 for c in (
@@ -243,7 +263,9 @@ class WorkerCollector(WorkerPlugin):
             ss: dict[str, list[Any]] = {
                 c: [] for c in ("key", "action", "start", "stop", "source")
             }
-            for key, state, ran, thread, startstops, nbytes, typ in executions:
+            for key, state, ran, thread, startstops, nbytes, typ in zip(
+                *executions, strict=True
+            ):
                 for s_ in startstops:
                     ss["key"].append(key)
                     ss["action"].append(s_.get("action"))
@@ -321,7 +343,9 @@ class WorkerCollector(WorkerPlugin):
         if transfers["direction"]:
             g.append("transfers", transfers)
         if self.profile is not None:
-            self.profile.write([k for k, _, f, _ in transitions if f == "executing"])
+            self.profile.write(
+                [k for k, f in zip(t_keys, t_finishes, strict=True) if f == "executing"]
+            )
         self.writer.flush()
 
     def _on_error(self, where: str, exc: BaseException) -> None:
