@@ -168,7 +168,7 @@ class WorkerCollector(WorkerPlugin):
                         ts.nbytes,
                         ts.type,
                     )
-                    for add, value in zip(self._eappend, row):  # noqa: B905 (same length)
+                    for add, value in zip(self._eappend, row, strict=True):
                         add(value)
             except Exception as e:
                 self._on_error("transition", e)

@@ -597,9 +597,12 @@ class StoreWriter:
                     fill_value="" if is_str else FILL[var.dtype],
                 )
             )
-            made.add_done_callback(
-                lambda f: (f.cancelled() or f.exception()) and self._templates.pop(kind)
-            )
+
+            def forget_if_failed(f: asyncio.Future[Any]) -> None:
+                if f.cancelled() or f.exception() is not None:  # the next flush retries
+                    self._templates.pop(kind, None)
+
+            made.add_done_callback(forget_if_failed)
         template = (await made).metadata
         meta = dataclasses.replace(
             template,
