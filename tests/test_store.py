@@ -344,6 +344,54 @@ def test_sealing_writes_what_zarr_consolidate_metadata_writes(store, tmp_path):
     assert tree["clusters/c1/scheduler/events"].sizes["event"] == 2
 
 
+def test_a_failed_array_template_is_made_again_by_the_next_flush(store, monkeypatch):
+    """Zarr's metadata for a kind of array is made once per writer; a making that failed
+    is not kept, so the next flush makes it again and writes the rows it kept."""
+    from metacollect.store import writer as writer_module
+
+    real_make = writer_module._zarr_create_array
+    outage = {"left": 1}
+
+    async def fail_once(*args, **kwargs):
+        if outage["left"]:
+            outage["left"] -= 1
+            raise OSError("out of memory making the template")
+        return await real_make(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "_zarr_create_array", fail_once)
+    w = StoreWriter(store)
+    g = w.group("scheduler", cluster="c1")
+    g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
+    assert g.flush() == 0 and g.tables["events"].pending == 1
+    assert g.flush() > 0
+    run = open_run_unfinalized(store)
+    assert run.table("clusters/c1/scheduler", "events").msg.tolist() == ["m1"]
+    assert "making the template" in run.table("clusters/c1/scheduler", "errors").what[0]
+
+
+def test_sealing_a_store_without_consolidated_metadata_writes_the_attributes(
+    store, monkeypatch
+):
+    """A store kind that does not hold consolidated metadata (zarr's
+    ``consolidate_metadata`` refuses those) is still sealed: status and index land."""
+    import json
+
+    from zarr.storage import LocalStore
+
+    _events_flushed_one_by_one(store, 1)
+    monkeypatch.setattr(
+        LocalStore, "supports_consolidated_metadata", property(lambda self: False)
+    )
+    finalize(store, status="complete")
+    with open(f"{store}/zarr.json") as f:
+        root = json.load(f)
+    assert root["attributes"]["status"] == "complete" and root["attributes"]["levels"]
+    assert root.get("consolidated_metadata") is None
+    assert open_run(store).table("clusters/c1/scheduler", "events").msg.tolist() == [
+        "m0"
+    ]
+
+
 def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(
     store, monkeypatch
 ):

@@ -64,6 +64,7 @@ import yappi
 from dask.utils import key_split
 
 from metacollect import config
+from metacollect.store.writer import columns
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -631,14 +632,14 @@ class ProcessProfiler:
         n_rows = 0
         for group_name in ("threads", "coroutines"):
             written = sink.written_funcs[group_name]
-            s_cols = _transpose(s_rows[group_name], _STAT_COLUMNS)
-            e_cols = _transpose(e_rows[group_name], _EDGE_COLUMNS)
+            s_cols = columns(_STAT_COLUMNS, s_rows[group_name])
+            e_cols = columns(_EDGE_COLUMNS, e_rows[group_name])
             needed = (
                 set(s_cols["func"]) | set(e_cols["caller"]) | set(e_cols["callee"])
             ) - written
-            f_cols = _transpose(
-                [(fid, *self.func_meta[fid]) for fid in sorted(needed)],
+            f_cols = columns(
                 _FUNCTION_COLUMNS,
+                [(fid, *self.func_meta[fid]) for fid in sorted(needed)],
             )
             written.update(needed)
             n_rows += len(s_cols["func"])
@@ -649,29 +650,25 @@ class ProcessProfiler:
             if t.ident is not None:
                 names[t.ident] = t.name
         executor = self._executor_threads()
-        t_cols: dict[str, list[Any]] = {
-            c: []
-            for c in (
-                "snapshot",
-                "context",
-                "thread",
-                "name",
-                "role",
-                "ttot",
-                "sched_count",
-            )
-        }
-        for name, ctx, tid, ttot, sched in threads:
-            role = (
-                "loop" if tid in loops else "executor" if tid in executor else "other"
-            )
-            for c, v in zip(
-                t_cols,
-                (snap, ctx, tid, names.get(tid, name), role, ttot, sched),
-                strict=True,
-            ):
-                t_cols[c].append(v)
-        out["threads"]["threads"] = t_cols
+        out["threads"]["threads"] = columns(
+            _THREAD_COLUMNS,
+            [
+                (
+                    snap,
+                    ctx,
+                    tid,
+                    names.get(tid, name),
+                    "loop"
+                    if tid in loops
+                    else "executor"
+                    if tid in executor
+                    else "other",
+                    ttot,
+                    sched,
+                )
+                for name, ctx, tid, ttot, sched in threads
+            ],
+        )
         log = self.tag_log[sink.tags_written :]
         sink.tags_written = len(self.tag_log)
         out["threads"]["tags"] = {
@@ -736,13 +733,15 @@ _EDGE_COLUMNS = (
     "tsub",
 )
 _FUNCTION_COLUMNS = ("func", "name", "module", "file", "line", "builtin", "coroutine")
-
-
-def _transpose(rows: list[tuple[Any, ...]], names: tuple[str, ...]) -> dict[str, list]:
-    """Columns ``names`` of ``rows`` (tuples in that order)."""
-    if not rows:
-        return {n: [] for n in names}
-    return dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
+_THREAD_COLUMNS = (
+    "snapshot",
+    "context",
+    "thread",
+    "name",
+    "role",
+    "ttot",
+    "sched_count",
+)
 
 
 def _accumulate(acc: dict[Any, list[float]], key: Any, values: Iterable[float]) -> None:

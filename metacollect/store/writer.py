@@ -580,7 +580,7 @@ class StoreWriter:
         # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
         width = int(np.prod(extra)) if extra else 1
         chunk = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
-        kind = (is_str, var.numpy_dtype, extra, chunk)
+        kind = (var.dtype, extra, chunk)  # the dtype decides codec and fill value too
         made = self._templates.get(kind)
         if made is None:
             # Zarr's own metadata for this kind of array, made once in memory (the first
@@ -761,5 +761,7 @@ def rows(
 def columns(
     names: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> dict[str, Sequence[Any]]:
-    """Columns ``{name: values}`` from row tuples in ``names`` order."""
+    """Columns ``{name: values}`` from row tuples in ``names`` order (empty without rows)."""
+    if not rows:
+        return {n: [] for n in names}
     return dict(zip(names, zip(*rows, strict=True), strict=True))
