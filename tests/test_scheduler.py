@@ -106,6 +106,32 @@ def test_events_off_records_no_events(client, store):
     assert len(run.transitions()) > 0  # the rest is still collected
 
 
+def hold_the_loop(dask_scheduler, n, seconds):
+    """Run on the scheduler's event loop and keep it: make ``n`` transitions through the
+    collector's own hook, as one long step does (a big graph submitted), and wait until
+    they are written or ``seconds`` pass. Returns the rows written meanwhile."""
+    plugin = dask_scheduler.plugins["metacollect-scheduler"]
+    before = plugin.n_transitions
+    for i in range(n):
+        plugin.transition(("held", i), "released", "waiting", stimulus_id="held-loop")
+    deadline = time.monotonic() + seconds
+    while plugin.n_transitions < before + n and time.monotonic() < deadline:
+        time.sleep(0.05)  # blocks the event loop: this function runs on it
+    return plugin.n_transitions - before
+
+
+def test_transitions_are_flushed_while_the_event_loop_is_held(client, store):
+    """The scheduler's flushes do not wait for its event loop: the transitions of one long
+    step are written while it runs (memory and durability bounded by the interval)."""
+    with collect(client, store, flush_interval="0.2s"):
+        assert client.submit(inc, 1).result() == 2
+        written = client.run_on_scheduler(hold_the_loop, n=5000, seconds=10)
+        assert written >= 5000  # (and the rows of the task before, if not yet written)
+    tr = open_run(store).transitions()
+    held = tr[tr.stimulus_id == "held-loop"]
+    assert held.key.tolist() == [str(("held", i)) for i in range(5000)]
+
+
 def inc(x):
     return x + 1
 

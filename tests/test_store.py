@@ -684,33 +684,107 @@ def test_flusher_writes_on_its_interval_until_closed():
     when a write ends; closing writes what is left and stops the ticks."""
     import asyncio
 
-    from metacollect.store.flush import PeriodicFlusher
+    from metacollect.store.flush import PeriodicFlusher, take
 
-    buffers = {"rows": []}
+    rows: list[int] = []
     written: list[list[int]] = []
-
-    def swap():
-        rows, buffers["rows"] = buffers["rows"], []
-        return rows
 
     async def main():
         flusher = PeriodicFlusher(
-            swap, written.append, 0.02, lambda where, e: None, "test-flush", budget=0.5
+            lambda: take(rows),
+            written.append,
+            0.02,
+            lambda where, e: None,
+            "test-flush",
+            budget=0.5,
         )
         flusher.start()
         for i in range(6):
-            buffers["rows"].append(i)
+            rows.append(i)
             await asyncio.sleep(0.05)
         await flusher.close()
-        buffers["rows"].append(99)
+        rows.append(99)
         await asyncio.sleep(0.1)  # no tick after close
 
     asyncio.run(main())
-    rows = [r for batch in written for r in batch]
-    assert rows == [0, 1, 2, 3, 4, 5]
-    assert (
-        len([b for b in written if b]) >= 2
-    )  # written along the way, not only at close
+    assert [r for batch in written for r in batch] == [0, 1, 2, 3, 4, 5]
+    # written along the way, not only at close
+    assert len([b for b in written if b]) >= 2
+
+
+def test_flusher_writes_while_the_event_loop_is_held():
+    """One event-loop step can last a minute (a million-task graph submitted): the flush
+    thread ticks by itself, so the rows of that step are written while it runs, not all
+    kept in memory (and lost to a kill) until it ends."""
+    import asyncio
+    import time
+
+    from metacollect.store.flush import PeriodicFlusher, take
+
+    rows: list[int] = []
+    written: list[list[int]] = []
+
+    async def main():
+        flusher = PeriodicFlusher(
+            lambda: take(rows), written.append, 0.05, lambda where, e: None, "test-flush"
+        )
+        flusher.start()
+        end = time.monotonic() + 0.6
+        i = 0
+        while time.monotonic() < end:  # no await: the event loop is held all along
+            rows.append(i)
+            i += 1
+            time.sleep(0.001)
+        during = [r for batch in written for r in batch]
+        await flusher.close()
+        return during, i
+
+    during, n = asyncio.run(main())
+    assert len(during) > n // 2, (len(during), n)
+    assert [r for batch in written for r in batch] == list(range(n))
+
+
+def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
+    """A hook appends a row column by column (the last column last) in one thread while
+    the flush thread takes rows: every row taken is whole, none is lost or repeated."""
+    import array
+    import sys
+    import threading
+
+    from metacollect.store.flush import take_rows
+
+    columns = ([], [], array.array("d"))
+    add_a, add_b, add_t = (c.append for c in columns)
+    n = 200_000
+    done = threading.Event()
+
+    def hook() -> None:
+        for i in range(n):
+            add_a(i)
+            add_b(-i)
+            add_t(float(i))
+        done.set()
+
+    taken: list[tuple] = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows
+    try:
+        t = threading.Thread(target=hook)
+        t.start()
+        while not done.is_set():
+            taken.append(take_rows(columns))
+        t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    taken.append(take_rows(columns))
+    assert sum(1 for a, _, _ in taken if a) > 2  # taken while the hook was appending
+    a = [v for part in taken for v in part[0]]
+    b = [v for part in taken for v in part[1]]
+    times = [v for part in taken for v in part[2]]
+    assert a == list(range(n))
+    assert b == [-i for i in range(n)]
+    assert times == [float(i) for i in range(n)]
+    assert all(len(c) == 0 for c in columns)
 
 
 def test_appends_through_a_store_that_is_not_a_directory():

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from metacollect.store.flush import take
 from metacollect.store.writer import GroupWriter
 
 if TYPE_CHECKING:
@@ -160,9 +161,8 @@ class GraphRecorder:
         self._clients.append((time.time(), client, "remove"))
 
     def swap(self) -> tuple[list[SubmittedGraph], list[tuple[float, str, str]]]:
-        graphs, self._graphs = self._graphs, []
-        clients, self._clients = self._clients, []
-        return graphs, clients
+        """The graphs and client events recorded so far (flush thread)."""
+        return take(self._graphs), take(self._clients)
 
     @staticmethod
     def write(

@@ -5,8 +5,9 @@ subtree's ``client`` (step 2, through :class:`~metacollect.steps.client.GraphRec
 ``scheduler`` (step 3) groups, and ships :class:`~metacollect.steps.worker.WorkerCollector`
 to every worker that is or will be connected (step 4).
 
-The transition hook is the hot path: it appends one tuple to a list and returns. Everything
-else - stringifying keys, dictionary encoding, compression, I/O - happens in the flush thread.
+The transition hook is the hot path: it appends to one list per column and returns. Everything
+else - stringifying keys, dictionary encoding, compression, I/O - happens in the flush thread,
+which takes the rows while the hooks go on appending (:func:`~metacollect.store.flush.take_rows`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from distributed.protocol.pickle import dumps
 
 from metacollect import config
 from metacollect.steps.client import GraphRecorder
-from metacollect.store.flush import PeriodicFlusher
+from metacollect.store.flush import PeriodicFlusher, take, take_rows
 from metacollect.store.writer import GroupWriter, StoreWriter, columns
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class SchedulerCollector(SchedulerPlugin):
         self.scheduler = scheduler
         self.cluster = cluster_id(scheduler.id)
         self._tasks = scheduler.tasks
-        self._reset_transitions()
+        self._new_transition_buffers()
         self._events: list[tuple[float, str, Any]] = []
         self._workers: list[dict[str, Any]] = []
         self._samples: list[Any] = []
@@ -228,7 +229,8 @@ class SchedulerCollector(SchedulerPlugin):
                     kwargs = ts.processing_on.address  # type: ignore[assignment]  # a str: no dict
             now = _now()
             # one list per column: appending creates no new GC-tracked object (a row tuple per
-            # transition would, and the cyclic GC it triggers costs more than the hook itself)
+            # transition would, and the cyclic GC it triggers costs more than the hook itself);
+            # the time last: a row is whole for the flush thread once it has its time
             add_key, add_start, add_finish, add_stimulus, add_extra, add_time = (
                 self._tappend
             )
@@ -351,12 +353,14 @@ class SchedulerCollector(SchedulerPlugin):
 
     # -- flushing ------------------------------------------------------------------------------
     def _swap(self) -> tuple[Any, ...]:
-        transitions = self._transitions
-        self._reset_transitions()
-        events, self._events = self._events, []
-        workers, self._workers = self._workers, []
-        samples, self._samples = self._samples, []
-        return transitions, events, workers, samples, self.graphs.swap()
+        """The rows buffered so far (flush thread; the hooks go on appending meanwhile)."""
+        return (
+            take_rows(self._transitions),
+            take(self._events),
+            take(self._workers),
+            take(self._samples),
+            self.graphs.swap(),
+        )
 
     def _write(self, batch: tuple[Any, ...]) -> None:
         transitions, events, workers, samples, graphs = batch
@@ -379,10 +383,10 @@ class SchedulerCollector(SchedulerPlugin):
             self.profile.write()
         self.writer.flush()
 
-    def _reset_transitions(self) -> None:
-        """New transition buffers: key, start, finish, stimulus_id, extra, time columns."""
-        # times in a C array: 8 B a row, not a 32 B float object (a graph's submission
-        # buffers a million transitions before the next flush)
+    def _new_transition_buffers(self) -> None:
+        """The transition hook's buffers, one per column (key, start, finish, stimulus_id,
+        extra, time), made once: the flush thread takes rows out of them (the hook may hold
+        their ``append`` meanwhile). Times in a C array: 8 B a row, not a 32 B float."""
         self._transitions: tuple[Any, ...] = ([], [], [], [], [], array.array("d"))
         self._tappend = tuple(c.append for c in self._transitions)
 

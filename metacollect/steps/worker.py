@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from metacollect import config
-from metacollect.store.flush import PeriodicFlusher
+from metacollect.store.flush import PeriodicFlusher, take, take_rows
 from metacollect.store.schema import safe_name
 from metacollect.store.writer import GroupWriter, StoreWriter
 
@@ -76,7 +76,13 @@ class WorkerCollector(WorkerPlugin):
         self._config_before = config.apply(self.options)
         self.worker = worker
         self.id = worker_id(worker)
-        self._reset_buffers()
+        #: the hook's buffers, by column, never replaced (the flush thread takes rows out):
+        #: transitions (key, start, finish, time - times in a C array) and executions (key,
+        #: state, ran, thread, startstops, nbytes, type)
+        self._transitions: tuple[Any, ...] = ([], [], [], array.array("d"))
+        self._tappend = tuple(c.append for c in self._transitions)
+        self._executions: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+        self._eappend = tuple(c.append for c in self._executions)
         self._samples: list[tuple[Any, ...]] = []
         self._last_in: Any = None
         self._last_out: Any = None
@@ -173,14 +179,6 @@ class WorkerCollector(WorkerPlugin):
             except Exception as e:
                 self._on_error("transition", e)
 
-    def _reset_buffers(self) -> None:
-        """New hook buffers: transitions (key, start, finish, time - times in a C array)
-        and executions (key, state, ran, thread, startstops, nbytes, type), by column."""
-        self._transitions: tuple[Any, ...] = ([], [], [], array.array("d"))
-        self._tappend = tuple(c.append for c in self._transitions)
-        self._executions: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
-        self._eappend = tuple(c.append for c in self._executions)
-
     def _sample(self) -> None:
         w = self.worker
         if w is None:
@@ -233,10 +231,12 @@ class WorkerCollector(WorkerPlugin):
 
     # -- flushing ------------------------------------------------------------------------------
     def _swap(self) -> tuple[Any, ...]:
-        tr, ex = self._transitions, self._executions
-        self._reset_buffers()
-        sa, self._samples = self._samples, []
-        return tr, ex, sa
+        """The rows buffered so far (flush thread; the hooks go on appending meanwhile)."""
+        return (
+            take_rows(self._transitions),
+            take_rows(self._executions),
+            take(self._samples),
+        )
 
     def _write(self, batch: tuple[Any, ...]) -> None:
         transitions, executions, samples = batch

@@ -1,27 +1,31 @@
 """Periodic flushing off the event loop, shared by every collector.
 
-On each tick the collector's ``swap`` runs on the event loop (it only exchanges its hot-path
-buffers for empty ones) and ``write`` runs in a dedicated thread (conversion, encoding,
-compression and Zarr I/O). At most one write is in flight: the next tick is scheduled when a
-write ends, ``flush-interval`` after the last tick began - or later, so that writing takes at
-most ``flush-budget`` of the time. A flush costs about the same whatever its rows (a file per
-array it appends to), and it is slowest when the process is busiest (its threads wait for the
-GIL) or the filesystem is loaded (a shared filesystem's metadata server): then flushes come
-less often, instead of taking a growing share of the workload's time or the filesystem's.
+A dedicated thread runs ``write(swap())`` every ``flush-interval``: ``swap`` takes the rows the
+hooks have appended so far (:func:`take`, :func:`take_rows`; the hooks keep appending to the
+same buffers meanwhile) and ``write`` converts, encodes, compresses and appends them to Zarr.
+The thread ticks by itself, not from the event loop: one event-loop step can last a minute (a
+million-task graph submitted makes ~1.5M transitions in one ``update_graph``), and a flush
+that waited for the loop would keep every row of it in memory until it ended - and lose them
+all to a kill meanwhile. At most one write is in flight: the next tick is ``flush-interval``
+after the last began - or later, so that writing takes at most ``flush-budget`` of the time. A
+flush costs about the same whatever its rows (a file per array it appends to), and it is
+slowest when the process is busiest (its threads wait for the GIL) or the filesystem is loaded
+(a shared filesystem's metadata server): then flushes come less often, instead of taking a
+growing share of the workload's time or the filesystem's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
-
-from tornado.ioloop import IOLoop
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 #: the budget stretches the interval at most this many times: rows wait in memory until the
@@ -37,9 +41,33 @@ def next_tick(spent: float, interval: float, budget: float) -> float:
     return min(max(interval, spent / budget), MAX_STRETCH * interval)
 
 
+def take(buffer: list[T]) -> list[T]:
+    """The items appended to ``buffer`` so far, removed from it, while another thread may
+    go on appending: the list is never replaced, so an append that had already looked it up
+    lands in it, not in a list taken and dropped (each append is atomic; items past the
+    length read here stay for the next take)."""
+    n = len(buffer)
+    items = buffer[:n]
+    del buffer[:n]
+    return items
+
+
+def take_rows(columns: Sequence[Any]) -> tuple[Any, ...]:
+    """The whole rows of column buffers (lists or ``array.array``) that a hook appends to in
+    order, a row at a time, the last column last: a row is whole once its last column has
+    it, so ``len(columns[-1])`` rows are taken from every column; the columns of a row the
+    hook is still appending stay, aligned, for the next take."""
+    n = len(columns[-1])
+    rows = tuple(c[:n] for c in columns)
+    for c in columns:
+        del c[:n]
+    return rows
+
+
 class PeriodicFlusher:
     """Run ``write(swap())`` every ``interval`` seconds (stretched to keep writing within
-    ``budget`` of the time), the write in a background thread."""
+    ``budget`` of the time) in a thread of its own; ``swap`` must be safe to call while the
+    hooks append (see :func:`take`)."""
 
     def __init__(
         self,
@@ -55,47 +83,31 @@ class PeriodicFlusher:
         self._on_error = on_error
         self.interval = interval
         self.budget = budget
+        self.name = name
         #: the longest time between two flushes so far: what a killed process can lose
         self.longest = interval
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
-        self._pending: Future[None] | None = None
-        self._loop: IOLoop | None = None
-        self._timer: Any = None
-        self._closed = False
+        #: one flush at a time: the thread's ticks, and the last flush at close
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start ticking (call on the event loop)."""
-        self._loop = IOLoop.current()
-        self._timer = self._loop.call_later(self.interval, self.tick)
+        """Start ticking."""
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
 
-    def tick(self) -> None:
-        """Swap the buffers and hand them to the writer thread (called on the event loop)."""
-        self._timer = None
-        if self._closed:
-            return
+    def _run(self) -> None:
         began = time.monotonic()
-        try:
-            batch = self._swap()
-        except Exception as e:  # a failing swap must never break the event loop
-            self._on_error("swap", e)
-            self._schedule(began, 0.0)
-            return
-        self._pending = self._executor.submit(self._timed_write, batch, began)
+        gap = self.interval
+        while not self._stop.wait(max(began + gap - time.monotonic(), 0.0)):
+            began = time.monotonic()
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self._flush()
+            gap = self._next_gap(time.monotonic() - began)
 
-    def _timed_write(self, batch: Any, began: float) -> None:
-        t0 = time.monotonic()
-        self._guarded_write(batch)
-        spent = time.monotonic() - t0
-        assert self._loop is not None
-        try:
-            self._loop.add_callback(self._schedule, began, spent)
-        except RuntimeError:
-            pass  # the event loop has closed (interpreter exit): no next tick
-
-    def _schedule(self, began: float, spent: float) -> None:
-        """Next tick, ``next_tick`` after ``began`` (on the event loop)."""
-        if self._closed:
-            return
+    def _next_gap(self, spent: float) -> float:
         gap = next_tick(spent, self.interval, self.budget)
         if gap > self.longest:
             self.longest = gap
@@ -106,37 +118,32 @@ class PeriodicFlusher:
                 gap,
                 100 * self.budget,
             )
-        assert self._loop is not None
-        self._timer = self._loop.call_later(
-            max(began + gap - time.monotonic(), 0.0), self.tick
-        )
+        return gap
 
-    def _guarded_write(self, batch: Any) -> None:
+    def _flush(self) -> None:
+        """One swap and write; failures go to ``on_error``, never out of the thread."""
+        try:
+            batch = self._swap()
+        except Exception as e:  # a failing swap must never stop the flushes
+            self._on_error("swap", e)
+            return
         try:
             self._write(batch)
         except Exception as e:
             self._on_error("flush", e)
 
-    async def close(self) -> None:
+    def _last(self) -> None:
         """Stop ticking, wait for the write in flight, then write what is left."""
-        self._closed = True
-        if self._timer is not None and self._loop is not None:
-            self._loop.remove_timeout(self._timer)
-            self._timer = None
-        loop = asyncio.get_running_loop()
-        if self._pending is not None:
-            await asyncio.wrap_future(self._pending)
-        try:
-            batch = self._swap()
-        except Exception as e:
-            self._on_error("swap", e)
-            batch = None
-        if batch is not None:
-            await loop.run_in_executor(self._executor, self._guarded_write, batch)
-        self._executor.shutdown(wait=True)
+        self._stop.set()
+        with self._lock:
+            self._flush()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    async def close(self) -> None:
+        """:meth:`_last` off the event loop (the last write may be long)."""
+        await asyncio.to_thread(self._last)
 
     def flush_now(self) -> None:
-        """Synchronous flush (from a non-loop thread or at interpreter exit)."""
-        if self._pending is not None:
-            self._pending.result()
-        self._guarded_write(self._swap())
+        """The last flush, synchronously (from a non-loop thread or at interpreter exit)."""
+        self._last()
