@@ -14,6 +14,7 @@ carry the same counting reference plugin, whose count is compared with the store
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import os
 import resource
@@ -88,7 +89,8 @@ def transition_rows(rows: int) -> dict[str, list[Any]]:
     released -> waiting -> processing -> memory -> forgotten (4 rows), keys are Dask's tuple
     keys (objects, encoded by the writer), stimulus ids are shared the way the scheduler
     shares them (one update-graph and one release per 1000 tasks, one task-finished per
-    finished task), and the worker is set on the transitions to processing."""
+    finished task), the worker is set on the transitions to processing, and times are in
+    a C array, as the hook keeps them."""
     n = max(rows // 4, 1)
     prefix = f"inc-{0x5EED:032x}"
     key, start, finish, stim, worker = [], [], [], [], []
@@ -109,7 +111,7 @@ def transition_rows(rows: int) -> dict[str, list[Any]]:
         "key": key[:rows],
         "start": start[:rows],
         "finish": finish[:rows],
-        "time": list(t0 + np.arange(min(rows, len(key))) * 1e-6),
+        "time": array.array("d", t0 + np.arange(min(rows, len(key))) * 1e-6),
         "stimulus_id": stim[:rows],
         "worker": worker[:rows],
     }
