@@ -680,8 +680,8 @@ def test_slow_flushes_come_less_often_within_the_budget():
 
 
 def test_flusher_writes_on_its_interval_until_closed():
-    """Ticks swap the buffers and write them in the flush thread, the next tick scheduled
-    when a write ends; closing writes what is left and stops the ticks."""
+    """The flush thread takes the rows and writes them on its interval; closing writes
+    what is left and stops the ticks."""
     import asyncio
 
     from metacollect.store.flush import PeriodicFlusher, take
@@ -726,7 +726,11 @@ def test_flusher_writes_while_the_event_loop_is_held():
 
     async def main():
         flusher = PeriodicFlusher(
-            lambda: take(rows), written.append, 0.05, lambda where, e: None, "test-flush"
+            lambda: take(rows),
+            written.append,
+            0.05,
+            lambda where, e: None,
+            "test-flush",
         )
         flusher.start()
         end = time.monotonic() + 0.6
@@ -742,6 +746,40 @@ def test_flusher_writes_while_the_event_loop_is_held():
     during, n = asyncio.run(main())
     assert len(during) > n // 2, (len(during), n)
     assert [r for batch in written for r in batch] == list(range(n))
+
+
+def test_flusher_thread_stretches_its_interval_and_survives_a_failing_swap():
+    """The thread applies the flush budget, capped at MAX_STRETCH intervals, to the flushes
+    it times itself; a swap that fails is reported and the next tick takes the rows."""
+    import time
+
+    from metacollect.store.flush import MAX_STRETCH, PeriodicFlusher, take
+
+    rows = [1, 2]
+    written: list[list[int]] = []
+    errors: list[str] = []
+    swaps = {"n": 0}
+
+    def swap():
+        swaps["n"] += 1
+        if swaps["n"] == 1:
+            raise RuntimeError("swap broke once")
+        return take(rows)
+
+    def slow_write(batch):
+        written.append(batch)
+        time.sleep(0.1)  # / budget 0.5 = 0.2 s, capped at 6 x 0.02 s
+
+    flusher = PeriodicFlusher(
+        swap, slow_write, 0.02, lambda where, e: errors.append(where), "t", budget=0.5
+    )
+    flusher.start()
+    time.sleep(0.5)
+    by_the_thread = [r for batch in written for r in batch]
+    flusher.flush_now()
+    assert errors == ["swap"]
+    assert by_the_thread == [1, 2]  # the ticks went on after the failed swap
+    assert flusher.longest == pytest.approx(MAX_STRETCH * 0.02)
 
 
 def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
