@@ -284,6 +284,9 @@ class SchedulerCollector(SchedulerPlugin):
         ws = scheduler.workers.get(worker)
         if ws is None:
             return
+        # a state sample as each worker joins: a run shorter than the sampling interval
+        # (whose workers are gone by the time the scheduler closes) still has one
+        self._sample()
         self._workers.append(
             {
                 "time": time.time(),
