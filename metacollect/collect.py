@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -101,16 +101,16 @@ def init_root(writer: StoreWriter, run_id: str) -> None:
 
 
 def levels_index(
-    root: zarr.Group, nodes: Sequence[tuple[str, Any]] | None = None
+    root: zarr.Group, nodes: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, list[str]]:
     """``{level: [group paths]}`` of every (non-table) group in the store (``nodes``: its
-    :func:`~metacollect.store.writer.members` when already read)."""
-    from metacollect.store.writer import members
+    :func:`~metacollect.store.writer.read_nodes` when already read)."""
+    from metacollect.store.writer import read_nodes
 
     index: dict[str, list[str]] = {}
-    for path, member in members(root) if nodes is None else nodes:
-        if isinstance(member, zarr.Group):
-            attrs = member.attrs
+    for path, doc in (read_nodes(root) if nodes is None else nodes).items():
+        if doc.get("node_type") == "group":
+            attrs = doc.get("attributes", {})
             if "level" in attrs and "table" not in attrs:
                 index.setdefault(attrs["level"], []).append(path)
     index.setdefault("run", []).insert(0, "")
@@ -119,16 +119,16 @@ def levels_index(
 
 def consolidate(
     store: str | zarr.Group,
-    nodes: Sequence[tuple[str, Any]] | None = None,
+    nodes: dict[str, dict[str, Any]] | None = None,
     attrs: Mapping[str, Any] | None = None,
 ) -> None:
     """Seal a store no process writes any more: cut its arrays back to their committed rows
     (writers keep room ahead), then write the root's metadata once - ``attrs`` added to its
     attributes, and the consolidated metadata of every node (after any write that adds
     groups), so plain Zarr and xarray readers see exactly the rows written. ``store``: its
-    path or root group; ``nodes``: its :func:`~metacollect.store.writer.members` when already
-    read (one read of the store serves the caller and the seal)."""
-    from metacollect.store.writer import compact_json, members, seal, trim
+    path or root group; ``nodes``: its :func:`~metacollect.store.writer.read_nodes` when
+    already read (one read of the store serves the caller and the seal)."""
+    from metacollect.store.writer import compact_json, read_nodes, seal, trim
 
     root = (
         store
@@ -139,8 +139,8 @@ def consolidate(
     )
     with compact_json():
         if nodes is None:
-            nodes = members(root)
-        trim(nodes)
+            nodes = read_nodes(root)
+        trim(root, nodes)
         seal(root, nodes, attrs or {})
 
 
@@ -159,13 +159,13 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
                 for f in files:
                     if f.endswith(".partial"):
                         os.remove(os.path.join(dirpath, f))
-        from metacollect.store.writer import members
+        from metacollect.store.writer import read_nodes
 
         root = zarr.open_group(
             store=store, mode="a", zarr_format=3, use_consolidated=False
         )
         # one read of the whole store serves the index, the trim and the seal
-        nodes = members(root)
+        nodes = read_nodes(root)
         consolidate(
             root,
             nodes,

@@ -1989,14 +1989,14 @@ def _update_levels(store: str) -> None:
     import zarr
 
     from metacollect.collect import consolidate, levels_index
-    from metacollect.store.writer import members
+    from metacollect.store.writer import read_nodes
 
     try:
         root = zarr.open_group(
             store=store, mode="a", zarr_format=3, use_consolidated=False
         )
         if root.attrs.get("status") == "complete":
-            nodes = members(root)  # one read serves the index, the trim and the seal
+            nodes = read_nodes(root)  # one read serves the index, the trim and the seal
             consolidate(root, nodes, {"levels": levels_index(root, nodes)})
     except Exception as e:  # the ingested rows are in; only the index may be stale
         logger.warning(

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +27,8 @@ from zarr.api.asynchronous import create_array as _zarr_create_array
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.core.array import AsyncArray
 from zarr.core.buffer import default_buffer_prototype
-from zarr.core.group import AsyncGroup, ConsolidatedMetadata, GroupMetadata
+from zarr.core.group import AsyncGroup, GroupMetadata
+from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.core.sync import sync
 from zarr.errors import ContainsGroupError
 from zarr.storage import MemoryStore
@@ -628,36 +629,77 @@ def _capacity(needed: int, current: int, chunk: int) -> int:
     return max(chunk, -(-want // chunk) * chunk)
 
 
-def members(root: zarr.Group) -> list[tuple[str, zarr.Group | zarr.Array]]:
-    """``(path, node)`` of every group and array below ``root``, read in one concurrent pass
-    (without Zarr's warning for entries that hold no data, :data:`UNRECOGNIZED`)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=UNRECOGNIZED)
-        return list(root.members(max_depth=None))
+def read_nodes(root: zarr.Group) -> dict[str, dict[str, Any]]:
+    """``{path: metadata}`` of every group and array below ``root``: each node's ``zarr.json``
+    as JSON, group by group, each level's listings and reads concurrent. What sealing needs
+    is these documents; Zarr's own walk (``members``) also builds a metadata object of each
+    node and the seal turned them back into JSON - three quarters of a short run's finalize
+    (188 nodes: 60 of 65 ms). Entries without a ``zarr.json`` (a write cut short) are
+    skipped."""
+    sp = root.store_path
+    store = sp.store
+    proto = default_buffer_prototype()
+
+    def key(*parts: str) -> str:
+        return "/".join(p for p in (sp.path, *parts) if p)
+
+    async def children(group: str) -> list[str]:
+        return [n async for n in store.list_dir(key(group))]
+
+    async def walk() -> dict[str, dict[str, Any]]:
+        docs: dict[str, dict[str, Any]] = {}
+        level = [""]
+        while level:
+            listed = await asyncio.gather(*(children(g) for g in level))
+            paths = [
+                f"{g}/{n}" if g else n
+                for g, names in zip(level, listed, strict=True)
+                for n in names
+                if n != "zarr.json"
+            ]
+            found = await asyncio.gather(
+                *(store.get(key(p, "zarr.json"), prototype=proto) for p in paths)
+            )
+            level = []
+            for path, buf in zip(paths, found, strict=True):
+                if buf is None:  # a chunk key, a temp file, an array never created
+                    continue
+                doc = docs[path] = json.loads(buf.to_bytes())
+                if doc.get("node_type") == "group":
+                    level.append(path)
+        return docs
+
+    return sync(walk())
 
 
-def trim(nodes: Sequence[tuple[str, zarr.Group | zarr.Array]]) -> int:
+def trim(root: zarr.Group, nodes: dict[str, dict[str, Any]]) -> int:
     """Cut every table's arrays back to its committed rows (the room writers keep ahead
-    is fill values), all in one batch of Zarr writes; returns the arrays cut. ``nodes``:
-    the :func:`members` of a store no process writes any more."""
+    is fill values), all in one batch of Zarr writes, and update their documents in
+    ``nodes`` (the :func:`read_nodes` of a store no process writes any more); returns the
+    arrays cut."""
     rows = {
-        path: node.attrs["rows"]
-        for path, node in nodes
-        if isinstance(node, zarr.Group) and isinstance(node.attrs.get("rows"), int)
+        path: doc["attributes"]["rows"]
+        for path, doc in nodes.items()
+        if doc.get("node_type") == "group"
+        and isinstance(doc.get("attributes", {}).get("rows"), int)
     }
     cuts = []
-    for path, node in nodes:
-        table = path.rpartition("/")[0]
-        if isinstance(node, zarr.Array) and node.shape[0] > rows.get(
-            table, node.shape[0]
-        ):
-            cuts.append((node._async_array, (rows[table], *node.shape[1:])))
+    for path, doc in nodes.items():
+        n = rows.get(path.rpartition("/")[0])
+        if doc.get("node_type") == "array" and n is not None and doc["shape"][0] > n:
+            cuts.append((path, (n, *doc["shape"][1:])))
+
+    async def cut(path: str, shape: tuple[int, ...]) -> None:
+        # Zarr's resize: the new metadata, and the chunks past the new end deleted
+        arr = AsyncArray(ArrayV3Metadata.from_dict(nodes[path]), root.store_path / path)
+        await arr.resize(shape)
+        nodes[path] = arr.metadata.to_dict()
 
     async def cut_all() -> None:
         # each resize is a few ms of Zarr's machinery and a store has hundreds: one batch
         _raise_first(
             await asyncio.gather(
-                *(arr.resize(shape) for arr, shape in cuts), return_exceptions=True
+                *(cut(path, shape) for path, shape in cuts), return_exceptions=True
             )
         )
 
@@ -667,32 +709,30 @@ def trim(nodes: Sequence[tuple[str, zarr.Group | zarr.Array]]) -> int:
 
 
 def seal(
-    root: zarr.Group,
-    nodes: Sequence[tuple[str, zarr.Group | zarr.Array]],
-    attrs: Mapping[str, Any],
+    root: zarr.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str, Any]
 ) -> None:
     """Write the root's ``zarr.json`` once: ``attrs`` added to its attributes, and the
-    consolidated metadata of ``nodes`` (the :func:`members` of a store no process writes any
-    more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
+    consolidated metadata of ``nodes`` (the :func:`read_nodes` of a store no process writes
+    any more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
     reading the whole store a second time - where the store supports it."""
-    consolidated = None
-    if root.store_path.store.supports_consolidated_metadata:  # most stores; not all
+    sp = root.store_path
+    found = sync((sp / "zarr.json").get(prototype=default_buffer_prototype()))
+    doc = json.loads(found.to_bytes()) if found is not None else root.metadata.to_dict()
+    doc["attributes"] = {**doc.get("attributes", {}), **_jsonable(dict(attrs))}
+    doc.pop("consolidated_metadata", None)
+    if sp.store.supports_consolidated_metadata:  # most stores; not all
         flat = {}
-        for path, node in nodes:
-            doc = node.metadata.to_dict()
-            if isinstance(node, zarr.Group):
+        for path, node in nodes.items():
+            if node.get("node_type") == "group":
                 # a group's own entry says it has no children beyond those listed
-                doc["consolidated_metadata"] = {"kind": "inline", "metadata": {}}
-            flat[path] = doc
-        consolidated = ConsolidatedMetadata.from_dict(
-            {"kind": "inline", "metadata": flat}
-        )
-    meta = dataclasses.replace(
-        root.metadata,
-        attributes={**root.metadata.attributes, **_jsonable(dict(attrs))},
-        consolidated_metadata=consolidated,
-    )
-    sync(_write_metadata(root.store_path, meta))
+                node = {**node, "consolidated_metadata": _INLINE_EMPTY}
+            flat[path] = node
+        doc["consolidated_metadata"] = {**_INLINE_EMPTY, "metadata": flat}
+    sync(_write_doc(sp, doc))
+
+
+#: consolidated metadata of a group listed in its parent's: no children beyond those listed
+_INLINE_EMPTY = {"kind": "inline", "must_understand": False, "metadata": {}}
 
 
 def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> int:
@@ -710,6 +750,13 @@ async def _write_metadata(where: Any, meta: Any) -> None:
     """Store a node's metadata (its ``zarr.json``) at ``where`` in one write."""
     (doc,) = meta.to_buffer_dict(default_buffer_prototype()).values()
     await (where / "zarr.json").set(doc)
+
+
+async def _write_doc(where: Any, doc: Mapping[str, Any]) -> None:
+    """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
+    ``where`` in one write."""
+    body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    await (where / "zarr.json").set(default_buffer_prototype().buffer.from_bytes(body))
 
 
 def _raise_first(results: Iterable[Any]) -> None:
