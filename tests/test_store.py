@@ -344,6 +344,31 @@ def test_sealing_writes_what_zarr_consolidate_metadata_writes(store, tmp_path):
     assert tree["clusters/c1/scheduler/events"].sizes["event"] == 2
 
 
+def test_an_array_cut_short_while_made_is_left_out_of_the_sealed_store(store):
+    """A worker killed while its first flush makes a table's arrays leaves an array
+    directory without ``zarr.json`` (only Zarr's temp file). Sealing reads the nodes that
+    exist and lists only those; validation and reading take the store as whole."""
+    import json
+    import os
+
+    _events_flushed_one_by_one(store, 2)
+    cut = os.path.join(store, "clusters/c1/scheduler/events/extra")
+    os.makedirs(cut)
+    with open(os.path.join(cut, "zarr.0123abcd.partial"), "wb") as f:
+        f.write(b'{"shape": [')
+    finalize(store, status="complete")
+    with open(f"{store}/zarr.json") as f:
+        listed = json.load(f)["consolidated_metadata"]["metadata"]
+    assert "clusters/c1/scheduler/events/time" in listed
+    assert not any(p.endswith("events/extra") for p in listed)
+    assert not os.listdir(cut)  # the temp file is gone, the empty directory is harmless
+    assert validate_store(store) == []
+    assert open_run(store).table("clusters/c1/scheduler", "events").msg.tolist() == [
+        "m0",
+        "m1",
+    ]
+
+
 def test_a_failed_array_template_is_made_again_by_the_next_flush(store, monkeypatch):
     """Zarr's metadata for a kind of array is made once per writer; a making that failed
     is not kept, so the next flush makes it again and writes the rows it kept."""
