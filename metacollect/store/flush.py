@@ -17,6 +17,9 @@ growing share of the workload's time or the filesystem's.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import functools
 import logging
 import threading
 import time
@@ -62,6 +65,31 @@ def take_rows(columns: Sequence[Any]) -> tuple[Any, ...]:
     for c in columns:
         del c[:n]
     return rows
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or ``None`` where the C library has none (musl, macOS)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``); whether it could.
+
+    A flush's temporaries (columns, encoded strings, compressed chunks) are freed in its
+    thread's own malloc arena, and glibc keeps freed pages there: at 100k tasks the
+    scheduler's extra peak RSS was 106-114 MB without this after each flush, 59-63 MB with
+    it (Python's traced allocations: ~50 MB), for ~1.4 ms a flush. Dask reads a worker's
+    RSS as its memory (unmanaged memory: spilling, pausing), so the collector must not keep
+    pages it no longer uses. The same call distributed's documentation gives for it."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 class PeriodicFlusher:
@@ -121,7 +149,8 @@ class PeriodicFlusher:
         return gap
 
     def _flush(self) -> None:
-        """One swap and write; failures go to ``on_error``, never out of the thread."""
+        """One swap and write, then the memory they freed given back (part of the flush's
+        time, so of its budget); failures go to ``on_error``, never out of the thread."""
         try:
             batch = self._swap()
         except Exception as e:  # a failing swap must never stop the flushes
@@ -131,6 +160,8 @@ class PeriodicFlusher:
             self._write(batch)
         except Exception as e:
             self._on_error("flush", e)
+        del batch  # the rows taken are written (or back in the tables): free them first
+        release_freed_memory()
 
     def _last(self) -> None:
         """Stop ticking, wait for the write in flight, then write what is left."""
