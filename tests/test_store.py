@@ -344,6 +344,40 @@ def test_sealing_writes_what_zarr_consolidate_metadata_writes(store, tmp_path):
     assert tree["clusters/c1/scheduler/events"].sizes["event"] == 2
 
 
+def test_a_store_at_an_fsspec_url_is_sealed_through_the_store_api():
+    """Finalize reads the nodes and writes the seal through Zarr's store API, not the
+    filesystem: a run at an fsspec URL is cut to its rows and consolidated like a directory."""
+    import warnings
+
+    from metacollect.store.writer import read_nodes
+
+    url = "memory://metacollect-test/sealed.zarr"
+    w = StoreWriter(url)
+    init_root(w, "r1")
+    g = w.group("scheduler", cluster="c1")
+    for i in range(3):  # three appends: the arrays grow past their rows
+        g.append("events", {"time": [float(i)], "topic": ["t"], "msg": [f"m{i}"]})
+        g.flush()
+    assert w.root["clusters/c1/scheduler/events/msg"].shape[0] > 3
+    finalize(url, status="complete")
+    root = zarr.open_group(url, mode="r", use_consolidated=False)
+    nodes = read_nodes(root)
+    assert nodes["clusters/c1/scheduler/events/msg"]["shape"] == [3]
+    assert nodes["clusters/c1/scheduler"]["attributes"]["level"] == "scheduler"
+    with warnings.catch_warnings():
+        warnings.simplefilter(
+            "ignore"
+        )  # consolidated metadata is not in the v3 spec yet
+        sealed = zarr.open_consolidated(url)
+    assert sealed.attrs["status"] == "complete"
+    assert sealed["clusters/c1/scheduler/events/msg"].shape == (3,)
+    assert open_run(url).table("clusters/c1/scheduler", "events").msg.tolist() == [
+        "m0",
+        "m1",
+        "m2",
+    ]
+
+
 def test_an_array_cut_short_while_made_is_left_out_of_the_sealed_store(store):
     """A worker killed while its first flush makes a table's arrays leaves an array
     directory without ``zarr.json`` (only Zarr's temp file). Sealing reads the nodes that
