@@ -84,7 +84,7 @@ def release_freed_memory() -> bool:
     scheduler's extra peak RSS was 106-114 MB without this after each flush, 59-63 MB with
     it (Python's traced allocations: ~50 MB), for ~1.4 ms a flush. Dask reads a worker's
     RSS as its memory (unmanaged memory: spilling, pausing), so the collector must not keep
-    pages it no longer uses. The same call distributed's documentation gives for it."""
+    pages it no longer uses."""
     trim = _malloc_trim()
     if trim is None:
         return False

@@ -558,8 +558,7 @@ class StoreWriter:
                 }
             )
             where = self.root.store_path / key
-            with compact_json():
-                sync(_write_metadata(where, meta))
+            sync(_write_doc(where, meta.to_dict()))
             return zarr.Group(AsyncGroup(metadata=meta, store_path=where))
 
     async def create_array(
@@ -614,7 +613,7 @@ class StoreWriter:
         # written over if there (an earlier flush that failed after creating it): no other
         # writer makes this table's arrays, and rows past the commit point are free
         where = tgroup.store_path / name
-        await _write_metadata(where, meta)
+        await _write_doc(where, meta.to_dict())
         return AsyncArray(meta, where)
 
     def flush(self) -> int:
@@ -746,15 +745,10 @@ def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> i
     return min(n, int(rows)) if isinstance(rows, int) else n
 
 
-async def _write_metadata(where: Any, meta: Any) -> None:
-    """Store a node's metadata (its ``zarr.json``) at ``where`` in one write."""
-    (doc,) = meta.to_buffer_dict(default_buffer_prototype()).values()
-    await (where / "zarr.json").set(doc)
-
-
 async def _write_doc(where: Any, doc: Mapping[str, Any]) -> None:
     """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
-    ``where`` in one write."""
+    ``where`` in one write: every ``zarr.json`` this writer makes itself (tables, arrays, the
+    seal) goes through here; Zarr's own writes (attributes, resizes) under :data:`compact_json`."""
     body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
     await (where / "zarr.json").set(default_buffer_prototype().buffer.from_bytes(body))
 
