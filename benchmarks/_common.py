@@ -73,18 +73,13 @@ def interleaved(
             t0 = time.perf_counter()
             modes[n]()
             times[n].append(time.perf_counter() - t0)
-        log(
-            f"  repeat {r + 1}/{repeats}: "
-            + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names)
-        )
+        log(f"  repeat {r + 1}/{repeats}: " + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names))
     return times
 
 
 def paired_ratio(times: dict[str, list[float]], num: str, den: str = "bare") -> float:
     """Median of per-repeat ratios (each repeat runs every mode back to back)."""
-    return statistics.median(
-        a / b for a, b in zip(times[num], times[den], strict=False)
-    )
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=False))
 
 
 def median(xs: list[float]) -> float:

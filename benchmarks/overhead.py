@@ -139,9 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out["tiny"] = run_workload("tiny", tiny_graph(a.tiny), a.repeats, workdir)
             _common.save("overhead_tiny", out["tiny"])
         if a.only in (None, "array"):
-            out["array"] = run_workload(
-                "array", array_graph(a.array_size), a.repeats, workdir
-            )
+            out["array"] = run_workload("array", array_graph(a.array_size), a.repeats, workdir)
             _common.save("overhead_array", out["array"])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -39,9 +39,7 @@ QUICK = {
 }
 
 
-def _newest(
-    a: dict[str, Any], b: dict[str, Any], key: str | None = None
-) -> dict[str, Any]:
+def _newest(a: dict[str, Any], b: dict[str, Any], key: str | None = None) -> dict[str, Any]:
     """Of two results of the same measurement (``key`` present: measured), the later one."""
     have = [r for r in (a, b) if r and (key is None or key in r)]
     return max(have, key=lambda r: r.get("when") or "", default={})
@@ -54,9 +52,7 @@ def _f(x: Any, fmt: str) -> str:
 def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     out = []
 
-    def add(
-        fig: str, target: str, value: Any, fmt: str, ok: bool | None, note: str = ""
-    ) -> None:
+    def add(fig: str, target: str, value: Any, fmt: str, ok: bool | None, note: str = "") -> None:
         out.append(
             (
                 fig,
@@ -80,11 +76,7 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         note = (
             f"({r.get('tasks_in_graph', '?')} tasks, {r.get('repeats', '?')} repeats"
             + (f"; workload alone in the session {inner:.3f}" if inner else "")
-            + (
-                f"; CPU time {cpu:.3f}, performance_report's {cpu_pr:.3f}"
-                if cpu
-                else ""
-            )
+            + (f"; CPU time {cpu:.3f}, performance_report's {cpu_pr:.3f}" if cpu else "")
             + ")"
             if r
             else ""

@@ -59,9 +59,7 @@ def child(mode: str, n_tasks: int, store: str) -> dict[str, Any]:
         def __init__(self) -> None:
             self.n = 0
 
-        def transition(
-            self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any
-        ) -> None:
+        def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
             self.n += 1
 
     graph = stress_graph(n_tasks)
@@ -238,9 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=1_000_000,
         help="rows of the synthetic store for the open_run().tasks() timing",
     )
-    p.add_argument(
-        "--synthetic-only", action="store_true", help="only the synthetic-store timing"
-    )
+    p.add_argument("--synthetic-only", action="store_true", help="only the synthetic-store timing")
     p.add_argument("--writer-only", action="store_true", help="only the writer's rate")
     a = p.parse_args(argv)
     if a.child:
@@ -260,9 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         synthetic_store(synth, a.synthetic)
         out["synthetic_rows"] = a.synthetic
         out["synthetic_tasks_open_s"] = tasks_time(synth, 5)
-        _common.log(
-            f"synthetic {a.synthetic} rows: tasks() {out['synthetic_tasks_open_s']:.2f}s"
-        )
+        _common.log(f"synthetic {a.synthetic} rows: tasks() {out['synthetic_tasks_open_s']:.2f}s")
         if a.synthetic_only:
             _common.save("scale_synthetic", out)
             return out
@@ -293,12 +287,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["tasks_rows"] = len(tasks)
         out["transitions_in_store"] = len(open_run(store).transitions())
         out["transitions_counted"] = out["collected"]["transitions_counted"]
-        out["lost_transitions"] = (
-            out["transitions_counted"] - out["transitions_in_store"]
-        )
-        out["extra_peak_rss_mb"] = (
-            out["collected"]["peak_rss_mb"] - out["bare"]["peak_rss_mb"]
-        )
+        out["lost_transitions"] = out["transitions_counted"] - out["transitions_in_store"]
+        out["extra_peak_rss_mb"] = out["collected"]["peak_rss_mb"] - out["bare"]["peak_rss_mb"]
         out["memory_method"] = (
             "peak RSS (ru_maxrss) delta, collected vs bare run, driver+scheduler process"
         )

@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("| mode | traced peak (MB) |\n|---|---|")
     for mode in ("bare", "collected"):
         print(f"| {mode} | {out[mode]['peak_mb']:.1f} |")
-    print(
-        f"| collector's extra ({out['graph_tasks']} tasks) | {out['extra_peak_traced_mb']:.1f} |"
-    )
+    print(f"| collector's extra ({out['graph_tasks']} tasks) | {out['extra_peak_traced_mb']:.1f} |")
     _common.save("scheduler_memory", out)
     return out
 

@@ -31,9 +31,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=7)
     a = p.parse_args(argv)
-    graph = da.ones(40, chunks=1).sum(
-        split_every=4
-    )  # 40 chunks and their reduction tree
+    graph = da.ones(40, chunks=1).sum(split_every=4)  # 40 chunks and their reduction tree
     workdir = tempfile.mkdtemp(prefix="mc-session-")
     start: list[float] = []
     stop: list[float] = []
@@ -52,9 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if i:  # the first session imports what sessions need
                     start.append(t1 - t0)
                     stop.append(t3 - t2)
-                    _common.log(
-                        f"  session {i}: start {t1 - t0:.3f}s stop {t3 - t2:.3f}s"
-                    )
+                    _common.log(f"  session {i}: start {t1 - t0:.3f}s stop {t3 - t2:.3f}s")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out = {

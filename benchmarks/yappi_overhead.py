@@ -131,9 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     calls = (
                         a.calls * a.tasks
                     )  # two Python calls per loop step: _leaf and the loop body
-                    extra = _common.median(times["yappi"]) - _common.median(
-                        times["bare"]
-                    )
+                    extra = _common.median(times["yappi"]) - _common.median(times["bare"])
                     # two workers run the tasks in parallel: wall extra * 2 workers / calls
                     res["python_calls"] = calls
                     res["ns_per_call"] = extra * 2 / calls * 1e9

@@ -24,9 +24,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="metacollect-media-") as work:
         store = os.path.join(work, "demo.zarr")
         with (
-            LocalCluster(
-                n_workers=2, threads_per_worker=2, dashboard_address=":0"
-            ) as cluster,
+            LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster,
             Client(cluster) as client,
         ):
             with metacollect.collect(client, store):
@@ -39,9 +37,7 @@ def main() -> int:
             "task_graph",
             "critical_path",
         ]:
-            fig = getattr(plot, name)(
-                run, **({"max_prefixes": 8} if name == "progress" else {})
-            )
+            fig = getattr(plot, name)(run, **({"max_prefixes": 8} if name == "progress" else {}))
             fig.savefig(os.path.join(HERE, f"{name.replace('_', '-')}.png"), dpi=70)
             print(f"media/{name.replace('_', '-')}.png", file=sys.stderr)
     return 0

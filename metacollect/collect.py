@@ -133,9 +133,7 @@ def consolidate(
     root = (
         store
         if isinstance(store, zarr.Group)
-        else zarr.open_group(
-            store=store, mode="a", zarr_format=3, use_consolidated=False
-        )
+        else zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
     )
     with compact_json():
         if nodes is None:
@@ -152,18 +150,14 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
     run (``metacollect ingest``) calls :func:`consolidate` again so it never goes stale.
     """
     try:
-        if not _is_url(
-            store
-        ):  # temp files of writes cut short (a failed flush) are not data
+        if not _is_url(store):  # temp files of writes cut short (a failed flush) are not data
             for dirpath, _, files in os.walk(store):
                 for f in files:
                     if f.endswith(".partial"):
                         os.remove(os.path.join(dirpath, f))
         from metacollect.store.writer import read_nodes
 
-        root = zarr.open_group(
-            store=store, mode="a", zarr_format=3, use_consolidated=False
-        )
+        root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
         consolidate(
@@ -191,9 +185,7 @@ def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
         "scheduler": info.get("address"),
         "n_workers": len(workers),
         "threads": {str(w["name"]): w.get("nthreads") for w in workers.values()},
-        "memory_limit": {
-            str(w["name"]): w.get("memory_limit") for w in workers.values()
-        },
+        "memory_limit": {str(w["name"]): w.get("memory_limit") for w in workers.values()},
     }
     return (type(cluster).__name__ if cluster is not None else "external"), spec
 
@@ -237,11 +229,7 @@ def config_overrides(options: dict[str, Any]) -> dict[str, Any]:
     for name, value in options.items():
         key = f"metacollect.{name.replace('_', '-')}"
         current = dask.config.get(key, None)
-        if (
-            isinstance(current, dict)
-            and isinstance(value, bool)
-            and "enabled" in current
-        ):
+        if isinstance(current, dict) and isinstance(value, bool) and "enabled" in current:
             out[f"{key}.enabled"] = value
         elif isinstance(current, dict) and isinstance(value, dict):
             out.update({f"{key}.{k.replace('_', '-')}": v for k, v in value.items()})
@@ -259,17 +247,11 @@ def _client_profile(client: Client, writer: StoreWriter) -> Any:
     from metacollect.steps import yappi
 
     try:  # the client's event loop runs in its own thread: that is the coroutine level
-        loop_thread = (
-            client.sync(threading.get_ident) if not client.asynchronous else None
-        )
+        loop_thread = client.sync(threading.get_ident) if not client.asynchronous else None
     except Exception:
         loop_thread = None
     sink = yappi.attach(writer, "client", loop_thread=loop_thread)
-    if (
-        sink is not None
-        and loop_thread is not None
-        and not config.get("yappi.event-loop")
-    ):
+    if sink is not None and loop_thread is not None and not config.get("yappi.event-loop"):
         import sys
 
         client.sync(sys.setprofile, None)  # leave the client's event loop out
@@ -323,9 +305,7 @@ class Collection:
             self.profile = _client_profile(self.client, writer)
             # Darshan: workers restart under it (if they must) before the collectors attach
             self.darshan = _darshan_start(self.client, self.store, writer)
-        self.client.register_plugin(
-            SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN
-        )
+        self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
 
     def stop(
         self, status: str = "complete", error: BaseException | None = None, **extra: Any
@@ -359,18 +339,14 @@ class Collection:
             # Darshan writes a log when a worker process exits: retire them, wait until gone
             (
                 "stop darshan",
-                lambda: (
-                    darshan and problems.extend(darshan.shutdown(retire=batch is None))
-                ),
+                lambda: darshan and problems.extend(darshan.shutdown(retire=batch is None)),
             ),
             (
                 "flush scheduler",
                 lambda: (
                     early.result()
                     if early is not None
-                    else self.client.run_on_scheduler(
-                        _finish_scheduler, name=SCHEDULER_PLUGIN
-                    )
+                    else self.client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)
                 ),
             ),
             (
@@ -389,20 +365,14 @@ class Collection:
                 problems.append(f"{step}: {type(e).__name__}: {e}")
                 logger.warning("metacollect: %s failed: %s", step, e)
             logger.debug("metacollect: %s took %.3fs", step, time.perf_counter() - t0)
-        if (
-            darshan is not None
-        ):  # step 5: the workers' Darshan logs, now that they have exited
+        if darshan is not None:  # step 5: the workers' Darshan logs, now that they have exited
             try:
                 darshan.ingest()
-            except (
-                Exception
-            ) as e:  # unreadable logs are recorded by ingest; this is worse
+            except Exception as e:  # unreadable logs are recorded by ingest; this is worse
                 problems.append(f"ingest darshan logs: {type(e).__name__}: {e}")
                 logger.warning("metacollect: ingesting the Darshan logs failed: %s", e)
         profile = getattr(self, "profile", None)
-        if (
-            profile is not None
-        ):  # step 5: the client process's profile, written once at the end
+        if profile is not None:  # step 5: the client process's profile, written once at the end
             profile.last_flush = True
             profile.write()
             profile.detach()
@@ -445,12 +415,8 @@ def collect(
     >>> open_run("runs/a.zarr").tasks()                 # doctest: +SKIP
     """
     if not hasattr(client, "register_plugin"):
-        raise UsageError(
-            "collect() needs a connected distributed.Client as its first argument"
-        )
-    session = Collection(
-        client, os.fspath(store), run_id=run_id, overwrite=overwrite, **options
-    )
+        raise UsageError("collect() needs a connected distributed.Client as its first argument")
+    session = Collection(client, os.fspath(store), run_id=run_id, overwrite=overwrite, **options)
     session.start()
     try:
         yield session

@@ -97,9 +97,7 @@ def validate(config: Mapping[str, Any] | None = None) -> None:
     problems = list(_check(dict(config), spec, "metacollect"))
     for key in ("flush-interval", "snapshot-interval"):
         if key not in config and key.replace("-", "_") in config:
-            key = key.replace(
-                "-", "_"
-            )  # set through DASK_METACOLLECT__... (dask accepts both)
+            key = key.replace("-", "_")  # set through DASK_METACOLLECT__... (dask accepts both)
         try:
             if parse_timedelta(config.get(key)) <= 0:
                 problems.append(
@@ -112,8 +110,7 @@ def validate(config: Mapping[str, Any] | None = None) -> None:
             )
     if problems:
         raise ConfigError(
-            problems[0]
-            + " (set it in ~/.config/dask/metacollect.yaml or DASK_METACOLLECT__...)"
+            problems[0] + " (set it in ~/.config/dask/metacollect.yaml or DASK_METACOLLECT__...)"
         )
 
 

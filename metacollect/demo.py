@@ -16,9 +16,7 @@ import dask.array as da
 import numpy as np
 
 
-def make_images(
-    directory: str, n_images: int = 16, size: int = 512, seed: int = 0
-) -> list[str]:
+def make_images(directory: str, n_images: int = 16, size: int = 512, seed: int = 0) -> list[str]:
     """Write ``n_images`` synthetic images (bright blobs on noise) and return their paths."""
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -26,9 +24,7 @@ def make_images(
     paths = []
     for i in range(n_images):
         img = rng.normal(0.1, 0.05, (size, size))
-        for cy, cx, r in rng.uniform(
-            (0, 0, size / 40), (size, size, size / 12), (12, 3)
-        ):
+        for cy, cx, r in rng.uniform((0, 0, size / 40), (size, size, size / 12), (12, 3)):
             img += np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))
         path = os.path.join(directory, f"image-{i:04d}.npy")
         np.save(path, img.astype(np.float32))

@@ -80,14 +80,9 @@ class _Memo:
 
 
 def _table(df: pd.DataFrame, max_rows: int = 50, index: bool = True) -> str:
-    more = (
-        f"<p>{len(df) - max_rows} more rows not shown</p>" if len(df) > max_rows else ""
-    )
+    more = f"<p>{len(df) - max_rows} more rows not shown</p>" if len(df) > max_rows else ""
     return (
-        df.head(max_rows).to_html(
-            index=index, float_format=lambda v: f"{v:.4g}", border=0
-        )
-        + more
+        df.head(max_rows).to_html(index=index, float_format=lambda v: f"{v:.4g}", border=0) + more
     )
 
 

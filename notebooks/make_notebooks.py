@@ -21,9 +21,7 @@ workdir = tempfile.mkdtemp(prefix="metacollect-notebook-")"""
 
 def nb(name: str, cells: list[tuple[str, str]]) -> None:
     book = new_notebook(
-        cells=[
-            new_markdown_cell(t) if k == "md" else new_code_cell(t) for k, t in cells
-        ]
+        cells=[new_markdown_cell(t) if k == "md" else new_code_cell(t) for k, t in cells]
     )
     book.metadata["kernelspec"] = {
         "name": "python3",

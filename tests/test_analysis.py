@@ -25,9 +25,7 @@ def test_task_stream_has_one_row_per_task_run(run):
         + ["total-0", "boom-0"]
     )
     # one row per worker thread: 2 workers x at most 2 threads, rows numbered densely
-    assert (
-        ts["row"].nunique() == ts[["worker", "thread"]].drop_duplicates().shape[0] <= 4
-    )
+    assert ts["row"].nunique() == ts[["worker", "thread"]].drop_duplicates().shape[0] <= 4
     assert set(ts["row"]) == set(range(ts["row"].nunique()))
     assert (ts["t_stop"] >= ts["t_start"]).all() and (ts["t_start"] >= 0).all()
     assert ts.set_index("key").at["boom-0", "state"] == "erred"
@@ -35,11 +33,7 @@ def test_task_stream_has_one_row_per_task_run(run):
 
 def test_prefix_summary_counts_and_times(run):
     ps = analysis.prefix_summary(run)
-    assert (
-        ps.at["inc", "n"] == CHAIN
-        and ps.at["slow", "n"] == WIDE
-        and ps.at["total", "n"] == 1
-    )
+    assert ps.at["inc", "n"] == CHAIN and ps.at["slow", "n"] == WIDE and ps.at["total", "n"] == 1
     assert ps.at["boom", "erred"] == 1 and ps.at["inc", "erred"] == 0
     assert ps.at["inc", "mean"] >= 0.02  # each inc sleeps 20 ms
     assert ps.at["inc", "total"] == pytest.approx(
@@ -56,14 +50,10 @@ def test_progress_totals_equal_task_counts(run):
     states = ["released", "waiting", "processing", "memory", "erred", "forgotten"]
     # the states of a prefix always add up to its keys seen so far, never more than it has
     sums = pr[states].sum(axis=1)
-    assert (
-        sums <= pr["prefix"].map({"inc": CHAIN, "slow": WIDE, "total": 1, "boom": 1})
-    ).all()
+    assert (sums <= pr["prefix"].map({"inc": CHAIN, "slow": WIDE, "total": 1, "boom": 1})).all()
     assert (pr[states] >= 0).all().all()
     assert (
-        last.loc["boom", "erred"]
-        + last.loc["boom", "forgotten"]
-        + last.loc["boom", "released"]
+        last.loc["boom", "erred"] + last.loc["boom", "forgotten"] + last.loc["boom", "released"]
         == 1
     )
 
@@ -81,9 +71,7 @@ def test_critical_path_of_a_chain_is_the_chain(run):
 def test_critical_path_of_a_wide_graph_is_one_branch(run):
     cp = analysis.critical_path(run, graph=1)
     assert (
-        len(cp) == 2
-        and cp["key"].iloc[-1] == "total-0"
-        and cp["key"].iloc[0].startswith("slow-")
+        len(cp) == 2 and cp["key"].iloc[-1] == "total-0" and cp["key"].iloc[0].startswith("slow-")
     )
 
 

@@ -192,9 +192,7 @@ def test_not_a_store(tmp_path, capsys, command):
     assert "not a Zarr v3 store" in one_error_line(capsys, command)
     import zarr
 
-    zarr.open_group(str(tmp_path / "other.zarr"), mode="w", zarr_format=3).attrs[
-        "x"
-    ] = 1
+    zarr.open_group(str(tmp_path / "other.zarr"), mode="w", zarr_format=3).attrs["x"] = 1
     assert main([command, str(tmp_path / "other.zarr")]) == 3
     assert "not a metacollect run" in one_error_line(capsys, command)
     with pytest.raises(NotAStoreError, match="not a metacollect run"):
@@ -210,9 +208,7 @@ def _set_root_attr(store: str, name: str, value) -> None:
 
 def test_newer_schema_version(store_copy, capsys):
     _set_root_attr(store_copy, "schema_version", 999)
-    with pytest.raises(
-        SchemaVersionError, match=r"schema version 999.*upgrade metacollect"
-    ):
+    with pytest.raises(SchemaVersionError, match=r"schema version 999.*upgrade metacollect"):
         open_run(store_copy)
     for command in ("info", "validate"):
         assert main([command, store_copy]) == 3
@@ -223,10 +219,7 @@ def _chunks(store: str, table_suffix: str) -> list[str]:
     out = []
     for dirpath, _, files in os.walk(store):
         rel = os.path.relpath(dirpath, store)
-        if (
-            f"/{table_suffix}/" in f"/{rel}/"
-            and os.path.basename(os.path.dirname(dirpath)) != "c"
-        ):
+        if f"/{table_suffix}/" in f"/{rel}/" and os.path.basename(os.path.dirname(dirpath)) != "c":
             out += [os.path.join(dirpath, f) for f in files if dirpath.endswith("/c")]
     return out
 
@@ -237,9 +230,7 @@ def test_corrupt_chunks_name_the_group(store_copy, capsys):
     for c in chunks:
         _write(c, b"\x00garbage, not zstd\xff" * 3)
     run = open_run(store_copy)
-    with pytest.raises(
-        StoreError, match=r"clusters/\w+/scheduler/transitions.*damaged"
-    ):
+    with pytest.raises(StoreError, match=r"clusters/\w+/scheduler/transitions.*damaged"):
         run.transitions()
     assert main(["validate", store_copy]) == 4
     err = capsys.readouterr().err
@@ -332,9 +323,7 @@ def test_ingest_darshan_bad_files(store_copy, tmp_path, capsys):
     assert "Traceback" not in err
     assert "3 logs could not be read" in err
     assert code == 1  # the rest went in, the exit code still says not all did
-    run = open_run(
-        store_copy
-    )  # the store is intact and says which file failed, and why
+    run = open_run(store_copy)  # the store is intact and says which file failed, and why
     what = " ".join(run.errors().what)
     for name in ("junk_id1", "cut_id2", "empty_id3"):
         assert f"cannot read Darshan log {name}.darshan" in what

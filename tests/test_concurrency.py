@@ -42,8 +42,7 @@ def test_two_runs_at_once(tmp_path):
     script.write_text(textwrap.dedent(RUN_SCRIPT))
     stores = {tag: str(tmp_path / f"{tag}.zarr") for tag in ("alpha", "beta")}
     procs = [
-        subprocess.Popen([sys.executable, str(script), tag, store])
-        for tag, store in stores.items()
+        subprocess.Popen([sys.executable, str(script), tag, store]) for tag, store in stores.items()
     ]
     for p in procs:
         assert p.wait(timeout=180) == 0
@@ -75,9 +74,7 @@ def test_two_clients_one_scheduler(tmp_path):
     run = open_run(store)
     graphs = run.graphs()
     assert ids <= set(graphs.client)
-    gt = run.graph_tasks().merge(
-        graphs[["cluster", "graph", "client"]], on=["cluster", "graph"]
-    )
+    gt = run.graph_tasks().merge(graphs[["cluster", "graph", "client"]], on=["cluster", "graph"])
     by_client = gt.groupby("client").prefix.agg(set).to_dict()
     assert by_client[a.id] == {"froma"}
     assert by_client[b.id] == {"fromb"}
@@ -110,9 +107,7 @@ def test_workers_join_and_leave(tmp_path):
             cluster.scale(1)
             _wait_workers(client, 1)
             remaining = set(client.scheduler_info()["workers"])
-            assert (
-                len(client.gather(client.map(slow, range(100, 110), pure=False))) == 10
-            )
+            assert len(client.gather(client.map(slow, range(100, 110), pure=False))) == 10
     run = open_run(store)
     workers = run.workers()
     assert set(workers.address) == seen and len(seen) == 3

@@ -139,9 +139,7 @@ def example_logs() -> list[str]:
     """Every distinct Darshan log pydarshan ships (examples and test inputs)."""
     root = os.path.dirname(darshan.__file__)
     seen, out = set(), []
-    for path in sorted(
-        glob.glob(os.path.join(root, "**", "*.darshan"), recursive=True)
-    ):
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.darshan"), recursive=True)):
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
         if digest not in seen:
@@ -222,9 +220,7 @@ def pydarshan(path: str) -> dict:
 def stub_runtime(tmp_path_factory):
     """A real shared library standing in for libdarshan.so (see the docstring above)."""
     if shutil.which("gcc") is None:
-        pytest.fail(
-            "gcc is needed to build the stand-in Darshan runtime: apt-get install gcc"
-        )
+        pytest.fail("gcc is needed to build the stand-in Darshan runtime: apt-get install gcc")
     d = tmp_path_factory.mktemp("darshan-runtime")
     (d / "stub.c").write_text(STUB_C)
     lib = d / "lib" / "libdarshan.so"
@@ -270,9 +266,7 @@ def collected(tmp_path_factory):
             client.gather(client.map(lambda x: x + 1, range(10)))
             client.submit(slow, 1, workers=[a], pure=False).result()
     run = open_run(store)
-    groups = {
-        attrs["address"]: (path, attrs) for path, attrs in run.worker_groups().items()
-    }
+    groups = {attrs["address"]: (path, attrs) for path, attrs in run.worker_groups().items()}
     tasks = run.worker_table("tasks")
     slow_task = tasks[tasks["key"].astype(str).str.startswith("slow")].iloc[0]
     return {"store": store, "a": groups[a], "b": groups[b], "slow": slow_task}
@@ -300,9 +294,7 @@ def test_ingest_every_example_log_counters_match_pydarshan(tmp_path):
     run = open_run(store)
     table = run.table("darshan", "logs")
     assert set(table["status"]) == {"ingested"} and set(table["host"]) == {"nodeA"}
-    assert set(table["role"]) == {
-        "unattributed"
-    }  # no worker of this run has those pids
+    assert set(table["role"]) == {"unattributed"}  # no worker of this run has those pids
     checked = {"records": 0, "modules": set(), "segments": 0}
     for _, row in table.iterrows():
         ours = run.groups[row["group"]]
@@ -311,9 +303,7 @@ def test_ingest_every_example_log_counters_match_pydarshan(tmp_path):
         start = job["start_time_sec"] + job["start_time_nsec"] * 1e-9
         assert ours["start_time"] == pytest.approx(start)
         assert ours["jobid"] == job["jobid"] and ours["nprocs"] == job["nprocs"]
-        assert (
-            ours["lib_ver"] == job["metadata"]["lib_ver"] and ours["partial"] is False
-        )
+        assert ours["lib_ver"] == job["metadata"]["lib_ver"] and ours["partial"] is False
         for mod, dfs in theirs["records"].items():
             got = dsh.read_records(run, row["group"], mod)
             c, fc = dfs["counters"], dfs["fcounters"]
@@ -322,9 +312,7 @@ def test_ingest_every_example_log_counters_match_pydarshan(tmp_path):
                 got["id"].to_numpy(), c["id"].to_numpy().astype(np.uint64)
             )
             np.testing.assert_array_equal(got["rank"].to_numpy(), c["rank"].to_numpy())
-            assert list(got["file"]) == [
-                theirs["names"].get(int(i), "") for i in c["id"]
-            ]
+            assert list(got["file"]) == [theirs["names"].get(int(i), "") for i in c["id"]]
             names = [n for n in c.columns if n not in ("rank", "id")]
             np.testing.assert_array_equal(got[names].to_numpy(), c[names].to_numpy())
             fnames = [n for n in fc.columns if n not in ("rank", "id")]
@@ -393,12 +381,8 @@ def test_truncated_logs_are_errors_and_the_rest_go_in(tmp_path):
     for name in good:
         shutil.copy(get_log_path(name), logdir / name)
     src = get_log_path("ior_hdf5_example.darshan")
-    truncate(
-        src, logdir / "header-only.darshan", 0.05
-    )  # libdarshan-util refuses to open it
-    truncate(
-        src, logdir / "crashes-reader.darshan", 0.2
-    )  # libdarshan-util crashes on it
+    truncate(src, logdir / "header-only.darshan", 0.05)  # libdarshan-util refuses to open it
+    truncate(src, logdir / "crashes-reader.darshan", 0.2)  # libdarshan-util crashes on it
     truncate(src, logdir / "half.darshan", 0.5)  # some modules are there, some not
     store = empty_store(str(tmp_path / "s.zarr"))
 
@@ -445,9 +429,7 @@ def test_logs_named_with_real_worker_pids_map_to_their_workers(collected, tmp_pa
     # worker A's log: the DXT segments of ior_hdf5_example (0.03-0.29 s after its start)
     # moved onto the run's clock so that they fall inside A's 1.5 s task
     start = math.ceil(collected["slow"]["start"])
-    shift_log(
-        get_log_path("ior_hdf5_example.darshan"), host_dir / log_name(a["pid"]), start
-    )
+    shift_log(get_log_path("ior_hdf5_example.darshan"), host_dir / log_name(a["pid"]), start)
     b_log = log_name(b["pid"])
     shutil.copy(get_log_path("dxt.darshan"), host_dir / b_log)
     # worker B's mmap log next to its final log: the final one wins, the copy is skipped
@@ -470,9 +452,9 @@ def test_logs_named_with_real_worker_pids_map_to_their_workers(collected, tmp_pa
     logs = run.table("darshan", "logs")
     by_pid = {int(r.pid): r for r in logs.itertuples() if r.kind == "final"}
     assert by_pid[os.getpid()].role == "client"
-    assert by_pid[4_000_000].role == "unattributed" and by_pid[
-        4_000_000
-    ].group.startswith("processes/")
+    assert by_pid[4_000_000].role == "unattributed" and by_pid[4_000_000].group.startswith(
+        "processes/"
+    )
     mm = logs[logs["kind"] == "mmap"].iloc[0]
     assert mm["status"] == "skipped" and mm["group"] == f"{b_path}/process"
 
@@ -485,20 +467,11 @@ def test_logs_named_with_real_worker_pids_map_to_their_workers(collected, tmp_pa
     on_a = segments[segments["worker"] == a["address"]]
     dxt = pydarshan(get_log_path("ior_hdf5_example.darshan"))["dxt"]
     n_segments = sum(
-        len(r[f"{op}_segments"])
-        for recs in dxt.values()
-        for r in recs
-        for op in ("read", "write")
+        len(r[f"{op}_segments"]) for recs in dxt.values() for r in recs for op in ("read", "write")
     )
-    assert (
-        len(on_a) == n_segments and (on_a["start"] >= collected["slow"]["start"]).all()
-    )
-    assert (on_a["key"] == collected["slow"]["key"]).all() and (
-        on_a["n_candidates"] == 1
-    ).all()
-    assert (
-        segments[segments["worker"] == b["address"]]["key"].isna().all()
-    )  # 2020: no task
+    assert len(on_a) == n_segments and (on_a["start"] >= collected["slow"]["start"]).all()
+    assert (on_a["key"] == collected["slow"]["key"]).all() and (on_a["n_candidates"] == 1).all()
+    assert segments[segments["worker"] == b["address"]]["key"].isna().all()  # 2020: no task
     per_task = run.io(by="task")
     row = per_task[per_task["key"] == collected["slow"]["key"]].iloc[0]
     assert row["worker"] == a["address"] and row["segments"] == n_segments
@@ -517,11 +490,7 @@ def test_mmap_log_of_a_killed_worker_is_recovered_as_partial(collected, tmp_path
 
     assert (result.ingested, result.partial) == (1, 1)
     attrs = open_run(store).groups[f"{a_path}/process"]
-    assert (
-        attrs["log_kind"] == "mmap"
-        and attrs["partial"] is True
-        and attrs["pid"] == a["pid"]
-    )
+    assert attrs["log_kind"] == "mmap" and attrs["partial"] is True and attrs["pid"] == a["pid"]
     assert "did not exit normally" in attrs["partial_reason"]
 
 
@@ -533,9 +502,7 @@ def test_logs_without_a_host_directory_need_host(collected, tmp_path):
     shutil.copy(get_log_path("example.darshan"), flat / log_name(a["pid"]))
     assert main(["ingest", "darshan", store, str(flat), "--host", "elsewhere"]) == 0
     run = open_run(store)
-    assert (
-        f"{a_path}/process" not in run.groups
-    )  # same pid, another host: not that worker
+    assert f"{a_path}/process" not in run.groups  # same pid, another host: not that worker
     assert run.table("darshan", "logs")["role"].tolist() == ["unattributed"]
 
 
@@ -565,9 +532,7 @@ def test_find_library_and_the_message_without_one(stub_runtime, tmp_path):
 
 def test_environment_config_file_and_prologue(stub_runtime, tmp_path):
     store = str(tmp_path / "run.zarr")
-    old = os.umask(
-        0
-    )  # even a permissive umask leaves the log directory not world-writable
+    old = os.umask(0)  # even a permissive umask leaves the log directory not world-writable
     try:
         env = dsh.darshan_environment(
             store,
@@ -588,15 +553,10 @@ def test_environment_config_file_and_prologue(stub_runtime, tmp_path):
         == host_dir
     )
     assert env["DARSHAN_MOD_ENABLE"] == "DXT_POSIX,DXT_MPIIO"
-    assert (
-        env["DARSHAN_JOBID"] == dsh.NO_JOBID_VARIABLE
-        and dsh.NO_JOBID_VARIABLE not in os.environ
-    )
+    assert env["DARSHAN_JOBID"] == dsh.NO_JOBID_VARIABLE and dsh.NO_JOBID_VARIABLE not in os.environ
     assert not os.stat(host_dir).st_mode & 0o002
     t = time.localtime()
-    assert os.path.isdir(
-        f"{host_dir}/{t.tm_year}/{t.tm_mon}/{t.tm_mday}"
-    )  # DARSHAN_LOGPATH layout
+    assert os.path.isdir(f"{host_dir}/{t.tm_year}/{t.tm_mon}/{t.tm_mday}")  # DARSHAN_LOGPATH layout
 
     cfg = dsh.parse_config(env["DARSHAN_CONFIG_PATH"])
     assert (
@@ -604,9 +564,7 @@ def test_environment_config_file_and_prologue(stub_runtime, tmp_path):
         ["POSIX", "MPI-IO", "STDIO", "H5F", "H5D", "DXT_POSIX", "DXT_MPIIO"],
     ) in cfg["MAX_RECORDS"]
     assert cfg["MODMEM"] == [64] and cfg["NAMEMEM"] == [16]
-    excludes = [
-        re.compile(rx.replace("[[:space:]]", r"\s")) for rx, _ in cfg["NAME_EXCLUDE"]
-    ]
+    excludes = [re.compile(rx.replace("[[:space:]]", r"\s")) for rx, _ in cfg["NAME_EXCLUDE"]]
     import numpy
 
     for path in (
@@ -661,9 +619,7 @@ def _inside_worker():
     return {
         "pid": os.getpid(),
         "env": {
-            k: v
-            for k, v in os.environ.items()
-            if k.startswith("DARSHAN_") or k == "LD_PRELOAD"
+            k: v for k, v in os.environ.items() if k.startswith("DARSHAN_") or k == "LD_PRELOAD"
         },
         "mapped": sorted(
             {
@@ -675,9 +631,7 @@ def _inside_worker():
     }
 
 
-def test_collect_with_darshan_end_to_end(
-    stub_runtime, tmp_path, clean_environ, monkeypatch
-):
+def test_collect_with_darshan_end_to_end(stub_runtime, tmp_path, clean_environ, monkeypatch):
     monkeypatch.setenv("METACOLLECT_TEST_DARSHAN_TEMPLATE", get_log_path("dxt.darshan"))
     store = str(tmp_path / "run.zarr")
     deaths: list[str] = []
@@ -731,24 +685,16 @@ def test_collect_with_darshan_end_to_end(
     assert not pids & before  # the nanny plugin restarted the workers under Darshan
     for w in [*inside.values(), *inside_after.values()]:
         env = w["env"]
-        assert env["LD_PRELOAD"].split(":")[0] == stub_runtime and w["mapped"] == [
-            stub_runtime
-        ]
+        assert env["LD_PRELOAD"].split(":")[0] == stub_runtime and w["mapped"] == [stub_runtime]
         assert env["DARSHAN_ENABLE_NONMPI"] == "1"
         assert env["DARSHAN_LOG_DIR_PATH"] == f"{store}.darshan/{HOST}"
-        assert (
-            dsh.parse_config(env["DARSHAN_CONFIG_PATH"])["MAX_RECORDS"][0][0] == 25000
-        )
-    assert (
-        "LD_PRELOAD" not in os.environ and "DARSHAN_ENABLE_NONMPI" not in os.environ
-    )  # teardown
+        assert dsh.parse_config(env["DARSHAN_CONFIG_PATH"])["MAX_RECORDS"][0][0] == 25000
+    assert "LD_PRELOAD" not in os.environ and "DARSHAN_ENABLE_NONMPI" not in os.environ  # teardown
     # graceful shutdown: retired and gone, and none of them died by a signal
     assert workers_left == {}
     assert dsh.wait_processes_gone(pids, 0) == []
     survivors = pids - {victim}
-    assert (
-        f"Worker process {victim} was killed by signal 9" in deaths
-    )  # what a death looks like
+    assert f"Worker process {victim} was killed by signal 9" in deaths  # what a death looks like
     assert not [m for m in deaths if any(str(p) in m for p in survivors)]
 
     run = open_run(store)
@@ -766,18 +712,13 @@ def test_collect_with_darshan_end_to_end(
     assert killed["pid"] == victim and killed["group"] == f"{groups[victim]}/process"
     assert run.groups[killed["group"]]["partial"] is True
     darshan_attrs = run.groups["darshan"]
-    assert (
-        darshan_attrs["delivery"] == "nanny-plugin"
-        and darshan_attrs["library"] == stub_runtime
-    )
+    assert darshan_attrs["delivery"] == "nanny-plugin" and darshan_attrs["library"] == stub_runtime
     assert set(run.table("darshan", "nannies")["status"]) == {"applied"}
     assert len(run.io(by="worker").query("role == 'worker'")) == 3
     assert validate_store(store) == []
 
 
-def test_workers_started_under_darshan_are_not_restarted(
-    stub_runtime, tmp_path, clean_environ
-):
+def test_workers_started_under_darshan_are_not_restarted(stub_runtime, tmp_path, clean_environ):
     store = str(tmp_path / "run.zarr")
     env = dsh.darshan_environment(store, library=stub_runtime)
     with (
@@ -798,9 +739,7 @@ def test_workers_started_under_darshan_are_not_restarted(
 
 
 def test_no_library_is_one_clear_error_and_the_run_goes_on(client, store, caplog):
-    with collect(
-        client, store, darshan={"enabled": True, "library": "/no/such/libdarshan.so"}
-    ):
+    with collect(client, store, darshan={"enabled": True, "library": "/no/such/libdarshan.so"}):
         assert client.submit(lambda: 41 + 1).result() == 42
     run = open_run(store)
     assert run.attrs["status"] == "complete" and len(run.tasks()) == 1
@@ -813,9 +752,7 @@ def test_no_library_is_one_clear_error_and_the_run_goes_on(client, store, caplog
     )
     assert "set it to the path of libdarshan.so" in job["what"].iloc[0]
     assert errors["group"].eq("darshan").any()
-    assert client.scheduler_info()[
-        "workers"
-    ]  # nothing was retired: Darshan never started
+    assert client.scheduler_info()["workers"]  # nothing was retired: Darshan never started
 
 
 RUN_UNDER_DARSHAN = """
@@ -839,10 +776,7 @@ def test_metacollect_run_darshan_reaches_the_scripts_workers_and_ingests(
     store = str(tmp_path / "run.zarr")
     seen = tmp_path / "env.json"
     with dask.config.set({"metacollect.darshan.library": stub_runtime}):
-        assert (
-            main(["run", str(script), "--store", store, "--darshan", "--", str(seen)])
-            == 0
-        )
+        assert main(["run", str(script), "--store", store, "--darshan", "--", str(seen)]) == 0
     import json
 
     envs = json.loads(seen.read_text())

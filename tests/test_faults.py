@@ -32,9 +32,7 @@ def slow_inc(x, delay=0.05):
 
 
 def _cluster(n=2):
-    return LocalCluster(
-        n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0"
-    )
+    return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0")
 
 
 # -- a worker killed ----------------------------------------------------------------------------
@@ -64,9 +62,7 @@ def test_worker_sigkilled_mid_run(tmp_path):
     workers = run.workers()
     gone = workers[workers.address == victim]
     assert len(gone) == 1
-    assert (
-        gone.removed.iloc[0] <= killed_at and gone.removed.iloc[0] > gone.added.iloc[0]
-    )
+    assert gone.removed.iloc[0] <= killed_at and gone.removed.iloc[0] > gone.added.iloc[0]
     assert gone.removal_stimulus.iloc[0]
     losses = run.losses()
     assert len(losses) >= 1
@@ -142,9 +138,7 @@ def _check_incomplete(store, capsys):
     run = open_run(store)
     assert run.attrs["status"] == "incomplete"
     tasks = run.tasks()
-    assert (
-        tasks.prefix == "slow"
-    ).sum() >= 20  # everything flushed before the kill is there
+    assert (tasks.prefix == "slow").sum() >= 20  # everything flushed before the kill is there
     assert len(run.graphs()) >= 1
     assert main(["info", store]) == 0
     out = capsys.readouterr().out
@@ -184,11 +178,7 @@ def _flush_state(plugin):
         with g._flush_lock:  # not while a flush holds the rows
             errors = [c for _, c in g.tables["errors"]._chunks]
             flush_errors = sum(1 for c in errors for w in c["where"] if w == "flush")
-            over = [
-                n
-                for n, t in g.tables.items()
-                if t.pending > t.limit and len(t._chunks) > 1
-            ]
+            over = [n for n, t in g.tables.items() if t.pending > t.limit and len(t._chunks) > 1]
             out[path] = (flush_errors, over, g._failed)
     return out
 
@@ -220,9 +210,7 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
     with _cluster(2) as cluster, Client(cluster) as client:
         # flushes on a fixed 0.2 s schedule (budget 1): the first ones create every array
         # and would otherwise stretch the interval past the test's few seconds
-        with collect(
-            client, store, flush_interval="0.2s", flush_budget=1, buffer_limit=1000
-        ):
+        with collect(client, store, flush_interval="0.2s", flush_budget=1, buffer_limit=1000):
             assert sum(client.gather(client.map(slow_inc, range(10), delay=0))) == 55
             time.sleep(0.5)
             _point(link, blocked)
@@ -231,9 +219,7 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
                 assert (
                     len(
                         client.gather(
-                            client.map(
-                                slow_inc, range(i * 1000, i * 1000 + 300), delay=0
-                            )
+                            client.map(slow_inc, range(i * 1000, i * 1000 + 300), delay=0)
                         )
                     )
                     == 300
@@ -256,12 +242,8 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
     flush = errors[errors["where"].str.endswith("flush")]
     assert len(flush) >= 1
     assert flush.groupby("group").size().max() == 1
-    assert "rows dropped while flushes failed" in " ".join(
-        errors.what
-    )  # the bound was hit
-    assert (
-        run.tasks().prefix == "slow_inc"
-    ).sum() >= 300  # kept rows were written after all
+    assert "rows dropped while flushes failed" in " ".join(errors.what)  # the bound was hit
+    assert (run.tasks().prefix == "slow_inc").sum() >= 300  # kept rows were written after all
 
 
 # -- an exception inside a hook ----------------------------------------------------------------
@@ -303,12 +285,8 @@ def test_hook_exception_recorded_and_dask_keeps_running(tmp_path):
             client.unregister_scheduler_plugin(NAME)
             client.register_plugin(FailingCollector(session.store, {}), name=NAME)
             assert client.submit(slow_inc, 1, delay=0).result() == 2
-            assert sum(client.gather(client.map(slow_inc, range(50), delay=0))) == sum(
-                range(1, 51)
-            )
-            with Client(
-                cluster.scheduler_address
-            ) as other:  # add_client / remove_client hooks
+            assert sum(client.gather(client.map(slow_inc, range(50), delay=0))) == sum(range(1, 51))
+            with Client(cluster.scheduler_address) as other:  # add_client / remove_client hooks
                 assert other.submit(slow_inc, 10, delay=0).result() == 11
             time.sleep(0.6)
     errors = open_run(store).errors()

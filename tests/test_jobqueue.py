@@ -50,9 +50,7 @@ def require_slurm() -> None:
 
 
 def squeue_ids() -> set[str]:
-    out = subprocess.run(
-        ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
     return set(out.stdout.split())
 
 
@@ -98,9 +96,7 @@ def test_clusters_registered():
 
 
 # -- real Slurm --------------------------------------------------------------------------------
-def _check_batch(
-    store: str, system: str, seen: dict[str, dict[str, str]], template: str
-) -> None:
+def _check_batch(store: str, system: str, seen: dict[str, dict[str, str]], template: str) -> None:
     assert validate_store(store) == []
     run = open_run(store)
     assert run.attrs["status"] == "complete"
@@ -124,18 +120,14 @@ def _check_batch(
         assert json.loads(row["hostnames"]) and len(json.loads(row["workers"])) == 1
         assert row["script"] == fields["script"], "the script Slurm holds for the job"
         worker_name = row["script"].split("--name ")[1].split()[0]
-        assert row["script"] == template.replace(
-            "--name dummy-name", f"--name {worker_name}"
-        )
+        assert row["script"] == template.replace("--name dummy-name", f"--name {worker_name}")
     env = run.table("job/batch", "environment")
     for job_id in seen:
         mine = env[env.job_id == job_id].set_index("name")["value"]
         assert mine["SLURM_JOB_ID"] == job_id
         assert mine["PBS_JOBID"] == job_id  # spank_pbs: every Slurm job has it
     assert len(run.tasks()) == 20
-    assert not jobs_in_queue(seen), (
-        "graceful shutdown returns only when the jobs left the queue"
-    )
+    assert not jobs_in_queue(seen), "graceful shutdown returns only when the jobs left the queue"
 
 
 def _collect_on(cluster, store: str) -> dict[str, dict[str, str]]:
@@ -155,9 +147,7 @@ def _collect_on(cluster, store: str) -> dict[str, dict[str, str]]:
 def test_slurm_cluster_collected(tmp_path):
     require_slurm()
     store = str(tmp_path / "slurm.zarr")
-    with jobqueue_cluster(
-        "slurm", log_directory=str(tmp_path / "logs"), **KW
-    ) as cluster:
+    with jobqueue_cluster("slurm", log_directory=str(tmp_path / "logs"), **KW) as cluster:
         template = cluster.job_script()
         assert "#SBATCH -t 00:10:00" in template and "#SBATCH --mem=954M" in template
         seen = _collect_on(cluster, store)
@@ -230,9 +220,7 @@ def test_metacollect_run_cluster_slurm(tmp_path):
     run = open_run(store)
     jobs = run.table("job/batch", "jobs")
     assert (
-        len(jobs) == 2
-        and set(jobs.partition) == {"debug"}
-        and set(jobs.time_limit) == {"00:05:00"}
+        len(jobs) == 2 and set(jobs.partition) == {"debug"} and set(jobs.time_limit) == {"00:05:00"}
     )
     assert "#SBATCH -p debug" in run.tree["job/batch"].attrs["job_script"]
     assert not jobs_in_queue(jobs.job_id)

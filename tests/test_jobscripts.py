@@ -94,9 +94,7 @@ def test_slurm_header(tmp_path):
     assert "#SBATCH --account=proj\n" in text
     assert "#SBATCH --exclusive\n" in text
     assert "##SBATCH" not in text
-    assert (
-        f"WORKFLOW=${{WORKFLOW:-{tmp_path.parent}" not in text
-    )  # absolute from cwd, not tmp_path
+    assert f"WORKFLOW=${{WORKFLOW:-{tmp_path.parent}" not in text  # absolute from cwd, not tmp_path
     assert (
         "INTERFACE=${INTERFACE:-ib0}" in text
         and "THREADS_PER_WORKER=${THREADS_PER_WORKER:-2}" in text
@@ -198,17 +196,11 @@ def _check_allocation(store: str, job_id: str, system: str, script: str | None) 
     batch = run.root[
         "job/batch"
     ]  # not run.tree: xarray refuses a killed store's torn worker tables
-    assert (
-        batch.attrs["batch_system"] == system and batch.attrs["source"] == "jobscript"
-    )
+    assert batch.attrs["batch_system"] == system and batch.attrs["source"] == "jobscript"
     jobs = run.table("job/batch", "jobs")
     assert list(jobs.job_id) == [job_id] and list(jobs.role) == ["allocation"]
     row = jobs.iloc[0]
-    assert (
-        row["name"] == f"mc-{system}"
-        and row["time_limit"] == "00:05:00"
-        and row["cpus"] == 2
-    )
+    assert row["name"] == f"mc-{system}" and row["time_limit"] == "00:05:00" and row["cpus"] == 2
     assert row["nodes"] and row["submit_time"] <= row["start_time"]
     if script is not None:
         assert row["script"] == script == batch.attrs["job_script"]
@@ -236,9 +228,7 @@ def test_sbatch_wrapper_complete(tmp_path):
 @pytest.mark.slurm
 def test_scancel_mid_run_leaves_incomplete_store(tmp_path):
     require_slurm()
-    job_id, store = _submit(
-        tmp_path, "slurm", "120"
-    )  # the workflow sleeps 120 s between graphs
+    job_id, store = _submit(tmp_path, "slurm", "120")  # the workflow sleeps 120 s between graphs
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
@@ -271,9 +261,7 @@ def test_qsub_wrapper_complete(tmp_path):
     job_id, store = _submit(tmp_path, "pbs")
     wait_gone(job_id)
     log = (tmp_path / "out.txt").read_text()
-    assert "first 2450" in log and "second 3675" in log, (
-        log + (tmp_path / "err.txt").read_text()
-    )
+    assert "first 2450" in log and "second 3675" in log, log + (tmp_path / "err.txt").read_text()
     assert validate_store(store) == []
     assert open_run(store).attrs["status"] == "complete"
     _check_allocation(store, job_id, "pbs", None)

@@ -9,9 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted(
-    glob.glob(os.path.join(os.path.dirname(__file__), "..", "notebooks", "*.ipynb"))
-)
+NOTEBOOKS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "notebooks", "*.ipynb")))
 
 
 def test_there_are_notebooks():
@@ -44,10 +42,5 @@ def test_notebook_executes(path, tmp_path):
         if o.get("output_type") == "error"
     ]
     assert not errors
-    images = [
-        o
-        for c in nb.cells
-        for o in c.get("outputs", [])
-        if "image/png" in o.get("data", {})
-    ]
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "the notebook draws no figure"

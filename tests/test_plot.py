@@ -78,11 +78,7 @@ def test_task_graph_colour_by_any_attribute(run):
     for column in ["duration", "nbytes", "worker", "typename"]:
         render(plot.task_graph(run, graph=1, color=column, label="key"))
     nodes, _ = analysis.graph_nodes(run, 1)
-    render(
-        plot.task_graph(
-            run, graph=1, color="mine", nodes=nodes.assign(mine=range(len(nodes)))
-        )
-    )
+    render(plot.task_graph(run, graph=1, color="mine", nodes=nodes.assign(mine=range(len(nodes)))))
     with pytest.raises(UsageError, match="no column 'nope'"):
         plot.task_graph(run, color="nope")
 
@@ -95,9 +91,7 @@ def test_task_graph_aggregates_by_prefix(run):
 
 def test_critical_path_title_has_the_fraction(run):
     fig = plot.critical_path(run, graph=0)
-    assert (
-        f"{CHAIN} tasks" in fig.axes[0].get_title() and "%" in fig.axes[0].get_title()
-    )
+    assert f"{CHAIN} tasks" in fig.axes[0].get_title() and "%" in fig.axes[0].get_title()
 
 
 def test_compare_renders(run):

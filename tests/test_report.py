@@ -51,9 +51,7 @@ def test_export_perfetto_one_x_event_per_task(store, tmp_path, capsys):
     doc = json.loads(out.read_text())
     run = metacollect.open_run(store)
     tasks = run.tasks()
-    x = [
-        e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"].startswith("task")
-    ]
+    x = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"].startswith("task")]
     assert len(x) == len(tasks) == 10
     assert sorted(e["args"]["key"] for e in x) == sorted(tasks["key"])
     for e in doc["traceEvents"]:
@@ -66,10 +64,7 @@ def test_export_perfetto_one_x_event_per_task(store, tmp_path, capsys):
         if e["ph"] == "M" and e["name"] == "process_name"
     }
     assert "scheduler" in names and any(n.startswith("worker tcp://") for n in names)
-    assert (
-        doc["metadata"]["truncated"] is False
-        and doc["metadata"]["executed_tasks"] == 10
-    )
+    assert doc["metadata"]["truncated"] is False and doc["metadata"]["executed_tasks"] == 10
 
 
 def test_export_is_bounded_and_says_so(store, tmp_path, capsys):

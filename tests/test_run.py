@@ -99,9 +99,7 @@ def test_run_keeps_several_clusters_apart_and_passes_args(tmp_path):
     clusters = run.clusters()
     assert len(clusters) == 2
     for c in clusters:
-        assert (
-            len(run.worker_groups(c)) == 2
-        )  # scale(2) added a worker that was collected too
+        assert len(run.worker_groups(c)) == 2  # scale(2) added a worker that was collected too
     assert set(run.tasks().cluster) == set(clusters)
     assert run.groups["script"]["argv"] == ["--n", "7"]
     assert validate_store(store) == []
@@ -111,9 +109,7 @@ def test_run_appends_to_the_users_own_preload(tmp_path, monkeypatch):
     (tmp_path / "mypreload.py").write_text(
         "import os\ndef dask_setup(scheduler):\n    open(os.environ['MARK'], 'w').write('ran')\n"
     )
-    monkeypatch.setenv(
-        "PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("MARK", str(tmp_path / "mark"))
     monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__PRELOAD", '["mypreload"]')
     store = str(tmp_path / "s.zarr")

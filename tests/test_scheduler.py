@@ -25,11 +25,7 @@ def test_every_transition_and_task_is_in_the_store(client, store):
         x = da.random.random((400, 400), chunks=(100, 100))
         assert (x + x.T).sum().compute() > 0
         assert (
-            db.from_sequence(range(50), npartitions=5)
-            .map(lambda v: v + 1)
-            .sum()
-            .compute()
-            == 1275
+            db.from_sequence(range(50), npartitions=5).map(lambda v: v + 1).sum().compute() == 1275
         )
         futures = client.map(lambda v: v * 2, range(30))
         assert sum(client.gather(futures)) == 870
@@ -77,9 +73,7 @@ def test_every_transition_and_task_is_in_the_store(client, store):
     assert any('"retries":1' in a and '"priority":5' in a for a in annotated)
 
     workers = run.workers()
-    assert (
-        len(workers) == 2 and workers.pid.gt(0).all() and workers.nthreads.eq(2).all()
-    )
+    assert len(workers) == 2 and workers.pid.gt(0).all() and workers.nthreads.eq(2).all()
     assert workers.group.notna().all()
     states = run.worker_states()
     assert len(states) >= 2 and set(states.worker) == set(workers.address)

@@ -28,9 +28,7 @@ def test_schema_groups_have_map_attrs():
             for var in table.variables.values():
                 assert var.description, (spec.kind, table.name, var.name)
     assert schema.match("clusters/ab12/workers/0-x").kind == "worker"
-    assert (
-        schema.table_owner("clusters/ab12/scheduler/transitions")[1].dim == "transition"
-    )
+    assert schema.table_owner("clusters/ab12/scheduler/transitions")[1].dim == "transition"
 
 
 def test_string_table_codes_survive_cache_restart():
@@ -182,19 +180,14 @@ def test_packages_are_every_installed_distribution_read_off_its_header(tmp_path,
     egg = tmp_path / "legacy.egg-info"
     egg.mkdir()
     (egg / "PKG-INFO").write_text(
-        "Metadata-Version: 1.1\nName: legacy\nVersion: 0.3\n\n"
-        "Name: not-this\nVersion: 9.9\n"
+        "Metadata-Version: 1.1\nName: legacy\nVersion: 0.3\n\nName: not-this\nVersion: 9.9\n"
     )
     assert name_version(im.PathDistribution(egg)) == ("legacy", "0.3")
     empty = tmp_path / "broken.dist-info"
     empty.mkdir()
     assert name_version(im.PathDistribution(empty)) is None
     expected = sorted(
-        {
-            (d.metadata["Name"], d.version)
-            for d in im.distributions()
-            if d.metadata["Name"]
-        }
+        {(d.metadata["Name"], d.version) for d in im.distributions() if d.metadata["Name"]}
     )
     w = StoreWriter(store)
     init_root(w, "r")
@@ -259,9 +252,7 @@ def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
     events = w.root["clusters/c1/scheduler/events"]
     assert events["time"][:3].tolist() == [1.0, 2.0, 3.0]  # landed ...
     assert events.attrs["rows"] == 1  # ... but not committed
-    assert (
-        len(open_run_unfinalized(store).table("clusters/c1/scheduler", "events")) == 1
-    )
+    assert len(open_run_unfinalized(store).table("clusters/c1/scheduler", "events")) == 1
     broken["on"] = False
     assert g.flush() > 0
     run = open_run_unfinalized(store)
@@ -328,18 +319,13 @@ def test_sealing_writes_what_zarr_consolidate_metadata_writes(store, tmp_path):
     copy = str(tmp_path / "copy.zarr")
     shutil.copytree(store, copy)
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore"
-        )  # consolidated metadata is not in the v3 spec yet
+        warnings.simplefilter("ignore")  # consolidated metadata is not in the v3 spec yet
         zarr.consolidate_metadata(copy, zarr_format=3)
     with open(f"{store}/zarr.json") as ours, open(f"{copy}/zarr.json") as zarrs:
         sealed, expected = json.load(ours), json.load(zarrs)
     assert sealed == expected
     assert sealed["attributes"]["status"] == "complete"
-    assert (
-        "clusters/c1/scheduler/events/time"
-        in sealed["consolidated_metadata"]["metadata"]
-    )
+    assert "clusters/c1/scheduler/events/time" in sealed["consolidated_metadata"]["metadata"]
     tree = xr.open_datatree(store, engine="zarr", consolidated=True)
     assert tree["clusters/c1/scheduler/events"].sizes["event"] == 2
 
@@ -427,9 +413,7 @@ def test_a_failed_array_template_is_made_again_by_the_next_flush(store, monkeypa
     assert "making the template" in run.table("clusters/c1/scheduler", "errors").what[0]
 
 
-def test_sealing_a_store_without_consolidated_metadata_writes_the_attributes(
-    store, monkeypatch
-):
+def test_sealing_a_store_without_consolidated_metadata_writes_the_attributes(store, monkeypatch):
     """A store kind that does not hold consolidated metadata (zarr's
     ``consolidate_metadata`` refuses those) is still sealed: status and index land."""
     import json
@@ -437,22 +421,16 @@ def test_sealing_a_store_without_consolidated_metadata_writes_the_attributes(
     from zarr.storage import LocalStore
 
     _events_flushed_one_by_one(store, 1)
-    monkeypatch.setattr(
-        LocalStore, "supports_consolidated_metadata", property(lambda self: False)
-    )
+    monkeypatch.setattr(LocalStore, "supports_consolidated_metadata", property(lambda self: False))
     finalize(store, status="complete")
     with open(f"{store}/zarr.json") as f:
         root = json.load(f)
     assert root["attributes"]["status"] == "complete" and root["attributes"]["levels"]
     assert root.get("consolidated_metadata") is None
-    assert open_run(store).table("clusters/c1/scheduler", "events").msg.tolist() == [
-        "m0"
-    ]
+    assert open_run(store).table("clusters/c1/scheduler", "events").msg.tolist() == ["m0"]
 
 
-def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(
-    store, monkeypatch
-):
+def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(store, monkeypatch):
     """An outage that ends in the middle of a flush can leave a new table's array made in
     the store but not known to its writer: the next flush makes it again over it rather
     than failing forever. And a table that keeps failing does not keep the group's report
@@ -649,9 +627,7 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
         "f8": (lambda n: rng.random(n), dict(dtype="f8", fill_value=np.nan)),
         "i4": (lambda n: rng.integers(-1, 9, n), dict(dtype="i4", fill_value=-1)),
         "str": (
-            lambda n: np.array(
-                [f"k-{v}" * (v % 4) for v in rng.integers(0, 99, n)], object
-            ),
+            lambda n: np.array([f"k-{v}" * (v % 4) for v in rng.integers(0, 99, n)], object),
             dict(dtype=str, fill_value="", compressors=[ZstdCodec(level=5)]),
         ),
         "2d": (
@@ -673,9 +649,7 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
         width = (3,) if name == "2d" else ()
         root = zarr.open_group(tmp_path / f"{name}.zarr", mode="w")
         ours = root.create_array("ours", shape=(0, *width), chunks=(8, *width), **opts)
-        theirs = root.create_array(
-            "theirs", shape=(0, *width), chunks=(8, *width), **opts
-        )
+        theirs = root.create_array("theirs", shape=(0, *width), chunks=(8, *width), **opts)
         appender = ChunkAppender(ours._async_array)
         start = 0
         for i, n in enumerate(sizes):
@@ -792,9 +766,7 @@ def test_a_flush_gives_the_memory_it_freed_back_to_the_os():
         blocks = [bytes(2000) for _ in range(100_000)]  # malloc's, not Python's arenas
         kept.extend(blocks[::50])  # the survivors a flush leaves (its caches, its rows)
 
-    flusher = PeriodicFlusher(
-        lambda: None, write, 60.0, lambda where, e: None, "test-flush"
-    )
+    flusher = PeriodicFlusher(lambda: None, write, 60.0, lambda where, e: None, "test-flush")
     before = rss_mb()
     flusher.flush_now()
     assert len(kept) == 2000

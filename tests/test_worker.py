@@ -38,6 +38,4 @@ def test_worker_groups_hold_their_executions(client, store):
     wtr = run.worker_table("transitions")
     assert {"executing", "memory"} <= set(wtr.finish)
     for _path, attrs in run.worker_groups().items():
-        assert (
-            attrs["pid"] > 0 and attrs["nthreads"] == 2 and attrs["level"] == "worker"
-        )
+        assert attrs["pid"] > 0 and attrs["nthreads"] == 2 and attrs["level"] == "worker"

@@ -56,9 +56,7 @@ def _run_probes(client: Client) -> None:
 @pytest.fixture(scope="module")
 def module_client():
     with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=2, dashboard_address=":0"
-        ) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster,
         Client(cluster) as c,
     ):
         yield c
@@ -85,15 +83,9 @@ def test_every_worker_profiled(profiled):
     assert set(prof["level"]) == {"thread", "coroutine"}
     for w in workers:
         assert set(run.profile(worker=w)["worker"]) == {w}
-    for (
-        path
-    ) in run.worker_groups():  # teardown always ends with the full, final snapshot
+    for path in run.worker_groups():  # teardown always ends with the full, final snapshot
         snaps = run.table(f"{path}/threads", "snapshots")
-        assert (
-            snaps["final"].iloc[-1]
-            and snaps["full"].iloc[-1]
-            and snaps["final"].sum() == 1
-        )
+        assert snaps["final"].iloc[-1] and snaps["full"].iloc[-1] and snaps["final"].sum() == 1
     assert set(run.levels()) >= {"thread", "coroutine"}
     assert validate_store(profiled) == []
 
@@ -116,9 +108,7 @@ def test_task_tags_reproduce_which_tasks_called_a_function(profiled):
     calls = probe.groupby(["worker", "thread", "key"])["ncall"].sum().to_dict()
     tr, wtr = run.transitions(), run.worker_table("transitions")
     assert calls == _executions(run, PROBED), (
-        tr[tr["key"].isin(PROBED)].to_string()
-        + "\n"
-        + wtr[wtr["key"].isin(PROBED)].to_string()
+        tr[tr["key"].isin(PROBED)].to_string() + "\n" + wtr[wtr["key"].isin(PROBED)].to_string()
     )
     assert set(run.profile(task="probe-3")["name"]) >= {PROBE, "_probe_task"}
     assert PROBE not in set(run.profile(task="probe-1")["name"])
@@ -139,9 +129,7 @@ def test_thread_ids_join_step4(profiled):
     tasks = run.worker_table("tasks")
     step4 = {
         (w, k): t
-        for w, k, t in zip(
-            tasks["worker_group"], tasks["key"], tasks["thread"], strict=True
-        )
+        for w, k, t in zip(tasks["worker_group"], tasks["key"], tasks["thread"], strict=True)
     }
     tagged = prof[prof["key"].notna() & (prof["name"] == "_probe_task")]
     assert len(tagged) == 12
@@ -150,9 +138,9 @@ def test_thread_ids_join_step4(profiled):
     for path in run.worker_groups():
         threads = run.table(f"{path}/threads", "threads")
         assert {"loop", "executor"} <= set(threads["role"])
-        assert set(
-            tasks[tasks["worker_group"] == path.rsplit("/", 1)[-1]]["thread"]
-        ) <= set(threads["thread"])
+        assert set(tasks[tasks["worker_group"] == path.rsplit("/", 1)[-1]]["thread"]) <= set(
+            threads["thread"]
+        )
 
 
 def test_call_edges_rebuild_the_call_graph(profiled):
@@ -247,9 +235,7 @@ def test_killed_worker_keeps_profile_of_last_snapshot(client, store, fast_profil
 
 def test_scheduler_and_client_profiles(module_client, store):
     client = module_client
-    with collect(
-        client, store, yappi={"enabled": True, "scheduler": True, "client": True}
-    ):
+    with collect(client, store, yappi={"enabled": True, "scheduler": True, "client": True}):
         client.gather(client.map(_probe_task, range(4)))
     assert not yappi.is_running() and ystep.running_profiler() is None
     run = open_run(store)
@@ -439,9 +425,7 @@ def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
     init_root(writer, "incremental")
     worker = _TaskThreads()
     with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
-        sink = ystep.attach(
-            writer, "worker", dask_worker=worker, cluster="c", worker="w"
-        )
+        sink = ystep.attach(writer, "worker", dask_worker=worker, cluster="c", worker="w")
     assert sink is not None
     try:
         for batch in range(4):
@@ -495,9 +479,7 @@ def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path, tag_by):
         "metacollect.yappi.tasks": tag_by,
     }
     with dask.config.set(settings):
-        sink = ystep.attach(
-            writer, "worker", dask_worker=worker, cluster="c", worker="w"
-        )
+        sink = ystep.attach(writer, "worker", dask_worker=worker, cluster="c", worker="w")
     assert sink is not None
     t = threading.Thread(target=task_thread, name="epoch-tasks")
     try:
@@ -595,9 +577,7 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
 
     worker = _TaskThreads()
     with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
-        sink = ystep.attach(
-            writer, "worker", dask_worker=worker, cluster="c", worker="w"
-        )
+        sink = ystep.attach(writer, "worker", dask_worker=worker, cluster="c", worker="w")
     assert sink is not None
     t = threading.Thread(
         target=worker.run, args=("slow-0", _mc_slow_task_7f3a, steps), name="mc-slow"
@@ -635,9 +615,7 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
     e = edges[edges["caller_name"] == "_mc_slow_task_7f3a"].set_index("callee_name")
     assert e.loc[["_mc_child_7f3a", "_mc_target_7f3a"], "ncall"].tolist() == [1, 1]
     for name in ("_mc_recurse_7f3a", "_mc_recurse_deep_7f3a"):
-        self_edge = edges[
-            (edges["caller_name"] == name) & (edges["callee_name"] == name)
-        ]
+        self_edge = edges[(edges["caller_name"] == name) & (edges["callee_name"] == name)]
         assert self_edge["ncall"].tolist() == [1], name
 
 

@@ -69,9 +69,7 @@ def basic_store() -> str:
             for i in range(1, CHAIN):
                 x = dask.delayed(inc)(x, dask_key_name=f"inc-{i}")
             assert dask.compute(x)[0] == CHAIN
-            parts = [
-                dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(WIDE)
-            ]
+            parts = [dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(WIDE)]
             dask.compute(dask.delayed(total)(*parts, dask_key_name="total-0"))
             fut = client.submit(boom, 1, key="boom-0")
             try:

@@ -68,9 +68,7 @@ def origin(run: Run) -> float:
 
 def _wall(run: Run) -> float:
     a = run.attrs
-    if isinstance(a.get("ended"), (int, float)) and isinstance(
-        a.get("started"), (int, float)
-    ):
+    if isinstance(a.get("ended"), (int, float)) and isinstance(a.get("started"), (int, float)):
         return float(a["ended"]) - float(a["started"])
     tasks = run.tasks()
     return float(tasks["stop"].max() - tasks["start"].min()) if len(tasks) else 0.0
@@ -114,9 +112,7 @@ def task_stream(run: Run) -> pd.DataFrame:
     """
     df = run.tasks()
     t0 = origin(run)
-    threads = (
-        df[["worker", "thread"]].drop_duplicates().sort_values(["worker", "thread"])
-    )
+    threads = df[["worker", "thread"]].drop_duplicates().sort_values(["worker", "thread"])
     labels = []
     for w, g in threads.groupby("worker", sort=True):
         for i, th in enumerate(g["thread"]):
@@ -143,14 +139,9 @@ def activity(run: Run) -> pd.DataFrame:
     ss.insert(
         0,
         "worker",
-        [
-            addr.get((c, g), g)
-            for c, g in zip(ss["cluster"], ss["worker_group"], strict=False)
-        ],
+        [addr.get((c, g), g) for c, g in zip(ss["cluster"], ss["worker_group"], strict=False)],
     )
-    ss["prefix"] = (
-        _prefix_of(ss["key"], _prefix_map(run)) if len(ss) else pd.Series(dtype=object)
-    )
+    ss["prefix"] = _prefix_of(ss["key"], _prefix_map(run)) if len(ss) else pd.Series(dtype=object)
     t0 = origin(run)
     ss["t_start"] = ss["start"] - t0
     ss["t_stop"] = ss["stop"] - t0
@@ -296,9 +287,7 @@ def utilisation(run: Run) -> pd.DataFrame:
     workers = run.workers()
     wall = _wall(run)
     nthreads = (
-        workers.groupby("address")["nthreads"].max()
-        if len(workers)
-        else pd.Series(dtype=int)
+        workers.groupby("address")["nthreads"].max() if len(workers) else pd.Series(dtype=int)
     )
     busy = tasks.groupby("worker")["duration"].sum()
     n = tasks.groupby("worker").size()
@@ -314,8 +303,7 @@ def utilisation(run: Run) -> pd.DataFrame:
     if len(tr):
         tr = tr[tr["direction"] == "in"]
         tr_w = [
-            addr.get((c, g), g)
-            for c, g in zip(tr["cluster"], tr["worker_group"], strict=False)
+            addr.get((c, g), g) for c, g in zip(tr["cluster"], tr["worker_group"], strict=False)
         ]
         out["transfer_bytes_in"] = (
             tr["total"].groupby(tr_w).sum().reindex(index).fillna(0).astype(int)
@@ -325,16 +313,12 @@ def utilisation(run: Run) -> pd.DataFrame:
     return out
 
 
-def _pick_graph(
-    run: Run, graph: int | None, cluster: str | None = None
-) -> tuple[str, int]:
+def _pick_graph(run: Run, graph: int | None, cluster: str | None = None) -> tuple[str, int]:
     graphs = run.graphs()
     if not len(graphs):
         from metacollect.errors import StoreError
 
-        raise StoreError(
-            f"{run.path} holds no submitted graph (step 2 was not collected)"
-        )
+        raise StoreError(f"{run.path} holds no submitted graph (step 2 was not collected)")
     if cluster is not None:
         graphs = graphs[graphs["cluster"] == cluster]
     if graph is None:
@@ -390,9 +374,7 @@ def graph_nodes(
     return nodes.reset_index(drop=True), deps
 
 
-def _order(
-    keys: list[Any], deps: pd.DataFrame
-) -> tuple[list[Any], dict[Any, list[Any]]]:
+def _order(keys: list[Any], deps: pd.DataFrame) -> tuple[list[Any], dict[Any, list[Any]]]:
     """Topological order (dependencies first) and ``{key: [dependencies]}``."""
     parents: dict[Any, list[Any]] = {k: [] for k in keys}
     children: dict[Any, list[Any]] = {k: [] for k in keys}
@@ -420,9 +402,7 @@ def _depths(keys: list[Any], deps: pd.DataFrame) -> dict[Any, int]:
     return depth
 
 
-def critical_path(
-    run: Run, graph: int | None = None, cluster: str | None = None
-) -> pd.DataFrame:
+def critical_path(run: Run, graph: int | None = None, cluster: str | None = None) -> pd.DataFrame:
     """The longest chain of dependent tasks of a graph, weighted by compute time.
 
     Parameters
@@ -463,9 +443,7 @@ def critical_path(
     path.reverse()
     cols = ["key", "prefix", "worker", "start", "stop", "duration"]
     out = (
-        nodes.set_index("key").loc[path].reset_index()[cols]
-        if path
-        else pd.DataFrame(columns=cols)
+        nodes.set_index("key").loc[path].reset_index()[cols] if path else pd.DataFrame(columns=cols)
     )
     length = float(out["duration"].fillna(0).sum())
     wall = (
@@ -492,9 +470,7 @@ def summary(run: Run) -> dict[str, Any]:
     row: dict[str, Any] = {
         "run_id": a.get("run_id"),
         "status": a.get("status"),
-        "started": pd.to_datetime(a.get("started"), unit="s")
-        if a.get("started")
-        else pd.NaT,
+        "started": pd.to_datetime(a.get("started"), unit="s") if a.get("started") else pd.NaT,
         "wall_time": _wall(run),
         "clusters": len(run.clusters()),
         "workers": len(workers),
@@ -529,11 +505,7 @@ def _labels(runs: Sequence[Run], labels: Sequence[str] | None) -> list[str]:
             )
         return list(labels)
     names = [os.path.basename(os.path.normpath(r.path)) for r in runs]
-    return (
-        names
-        if len(set(names)) == len(names)
-        else [f"{i}:{n}" for i, n in enumerate(names)]
-    )
+    return names if len(set(names)) == len(names) else [f"{i}:{n}" for i, n in enumerate(names)]
 
 
 def compare(runs: Sequence[Run], labels: Sequence[str] | None = None) -> pd.DataFrame:
@@ -550,17 +522,14 @@ def compare_prefixes(
     ``stat`` is a column of :func:`prefix_summary` (total, mean, median, max, n).
     """
     cols = {
-        lab: prefix_summary(r)[stat]
-        for lab, r in zip(_labels(runs, labels), runs, strict=False)
+        lab: prefix_summary(r)[stat] for lab, r in zip(_labels(runs, labels), runs, strict=False)
     }
     out = pd.DataFrame(cols)
     out.index.name = "prefix"
     return out.fillna(0).sort_values(next(iter(cols)), ascending=False)
 
 
-def compare_io(
-    runs: Sequence[Run], labels: Sequence[str] | None = None
-) -> pd.DataFrame:
+def compare_io(runs: Sequence[Run], labels: Sequence[str] | None = None) -> pd.DataFrame:
     """Darshan I/O totals of several runs (POSIX + STDIO): one row per run.
 
     Columns bytes_read, bytes_written, reads, writes, opens, read_time, write_time,
@@ -608,9 +577,7 @@ def compare_profiles(
     return out.loc[order if top is None else order[:top]]
 
 
-def catalog(
-    directory: str | os.PathLike[str], pattern: str = "**/*.zarr"
-) -> pd.DataFrame:
+def catalog(directory: str | os.PathLike[str], pattern: str = "**/*.zarr") -> pd.DataFrame:
     """One row per run stored under ``directory`` with its main figures.
 
     Stores that cannot be opened are listed too, with the reason in the ``problem`` column.
@@ -623,9 +590,7 @@ def catalog(
     from metacollect.store.reader import open_run
 
     rows = []
-    for path in sorted(
-        glob.glob(os.path.join(os.fspath(directory), pattern), recursive=True)
-    ):
+    for path in sorted(glob.glob(os.path.join(os.fspath(directory), pattern), recursive=True)):
         if not os.path.isdir(path):
             continue
         try:

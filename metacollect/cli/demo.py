@@ -16,9 +16,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="collect the demo image pipeline on a LocalCluster",
         description=__doc__,
     )
-    p.add_argument(
-        "--store", "-s", default="demo.zarr", help="store to write (default demo.zarr)"
-    )
+    p.add_argument("--store", "-s", default="demo.zarr", help="store to write (default demo.zarr)")
     p.add_argument(
         "--report",
         "-o",
@@ -27,21 +25,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-report", action="store_true", help="skip the report")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    p.add_argument(
-        "--workers", type=int, default=2, help="worker processes (default 2)"
-    )
-    p.add_argument(
-        "--threads", type=int, default=2, help="threads per worker (default 2)"
-    )
-    p.add_argument(
-        "--images", type=int, default=16, help="images to process (default 16)"
-    )
-    p.add_argument(
-        "--size", type=int, default=512, help="image side in pixels (default 512)"
-    )
-    p.add_argument(
-        "--yappi", action="store_true", help="also profile the workers with Yappi"
-    )
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--threads", type=int, default=2, help="threads per worker (default 2)")
+    p.add_argument("--images", type=int, default=16, help="images to process (default 16)")
+    p.add_argument("--size", type=int, default=512, help="image side in pixels (default 512)")
+    p.add_argument("--yappi", action="store_true", help="also profile the workers with Yappi")
     return p
 
 

@@ -11,9 +11,7 @@ from metacollect.errors import UsageError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "export", help="export a store to Perfetto / pstats", description=__doc__
-    )
+    p = sub.add_parser("export", help="export a store to Perfetto / pstats", description=__doc__)
     p.add_argument("store", help="path of the store")
     p.add_argument(
         "--perfetto",
@@ -40,18 +38,12 @@ def run(args: argparse.Namespace) -> int:
     from metacollect.store.reader import open_run
 
     if args.perfetto is None and args.pstat is None:
-        raise UsageError(
-            "nothing to export; pass --perfetto out.json and/or --pstat DIR"
-        )
+        raise UsageError("nothing to export; pass --perfetto out.json and/or --pstat DIR")
     run_ = open_run(args.store)
     if args.perfetto is not None:
         from metacollect.export import perfetto
 
-        limit = (
-            perfetto.MAX_EVENTS
-            if args.max_events is None
-            else (args.max_events or None)
-        )
+        limit = perfetto.MAX_EVENTS if args.max_events is None else (args.max_events or None)
         meta = perfetto.write(run_, args.perfetto, max_events=limit)
         print(
             f"metacollect export: {meta['events']} trace events "

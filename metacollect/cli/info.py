@@ -11,9 +11,7 @@ from metacollect.store.writer import committed_rows
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "info", help="show a store's tree by level and step", description=__doc__
-    )
+    p = sub.add_parser("info", help="show a store's tree by level and step", description=__doc__)
     p.add_argument("store", help="path of the store")
     return p
 
@@ -58,8 +56,7 @@ def describe(store: str) -> list[str]:
         ),
         f"started {_when(a.get('started'))}  ended {_when(a.get('ended'))}  "
         f"metacollect {a.get('metacollect_version')}  schema {a.get('schema_version')}",
-        "versions: "
-        + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
+        "versions: " + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
         f"clusters: {len(run.clusters())}  workers: {len(run.worker_groups())}  size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
         "",
     ]
@@ -67,9 +64,9 @@ def describe(store: str) -> list[str]:
     by_step: dict[int, list[tuple[str, str]]] = {}
     for level, paths in levels.items():
         for p in paths:
-            by_step.setdefault(
-                run.groups.get(p, {}).get("step", 0) if p else 0, []
-            ).append((level, p))
+            by_step.setdefault(run.groups.get(p, {}).get("step", 0) if p else 0, []).append(
+                (level, p)
+            )
     for step in sorted(by_step):
         lines.append(f"step {step}: {run.schema.steps.get(step, '')}")
         for level, path in sorted(by_step[step], key=lambda t: t[1]):
@@ -86,9 +83,7 @@ def describe(store: str) -> list[str]:
                     continue
                 if t not in ("strings",) and (n or t != "errors"):
                     tables.append(f"{t}={n}")
-            lines.append(
-                f"  [{level}] /{path}" + (f"  {' '.join(tables)}" if tables else "")
-            )
+            lines.append(f"  [{level}] /{path}" + (f"  {' '.join(tables)}" if tables else ""))
     errors = run.errors()
     if len(errors):
         lines += [

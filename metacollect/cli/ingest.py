@@ -77,9 +77,7 @@ def run(args: argparse.Namespace) -> int:
     for group in result.groups:
         print(group)
     if result.found == 0:
-        echo(
-            f"no Darshan logs (*.darshan) below {logdir}; check the directory (and --host)"
-        )
+        echo(f"no Darshan logs (*.darshan) below {logdir}; check the directory (and --host)")
         return 1
     if result.errors:  # the readable logs went in; the exit code still says not all did
         echo(

@@ -85,9 +85,7 @@ def render(system: str, args: argparse.Namespace) -> str:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     head, body = text.split(MARKER, 1)
-    kept = [
-        line for line in head.splitlines() if not re.match(r"##?(SBATCH|PBS)\b", line)
-    ]
+    kept = [line for line in head.splitlines() if not re.match(r"##?(SBATCH|PBS)\b", line)]
     first_var = next(i for i, line in enumerate(kept) if line.startswith("WORKFLOW="))
     insert = first_var
     while insert > 0 and kept[insert - 1] == "":
@@ -123,14 +121,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="The steps the jobscripts/ wrappers run inside the allocation.",
     )
     bsub = b.add_subparsers(dest="action", metavar="ACTION", required=True)
-    s = bsub.add_parser(
-        "start", help="create the store: run, step 1 and the allocation's job"
-    )
+    s = bsub.add_parser("start", help="create the store: run, step 1 and the allocation's job")
     s.add_argument("store")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    s.add_argument(
-        "--system", choices=["slurm", "pbs"], help="batch system (default: detected)"
-    )
+    s.add_argument("--system", choices=["slurm", "pbs"], help="batch system (default: detected)")
     t = bsub.add_parser(
         "stop", help="record worker environments, retire workers, close the scheduler"
     )
@@ -140,9 +134,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         required=True,
         help="the scheduler file of the wrapper's scheduler",
     )
-    t.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds to wait for each phase"
-    )
+    t.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each phase")
     t.add_argument(
         "--wait-pid",
         type=int,
@@ -155,9 +147,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         help="then finalise the store with the workflow's exit code",
     )
-    f = bsub.add_parser(
-        "finalize", help="mark the store complete (or incomplete) after the run"
-    )
+    f = bsub.add_parser("finalize", help="mark the store complete (or incomplete) after the run")
     f.add_argument("store")
     f.add_argument("--exit-code", type=int, default=0, help="exit code of the workflow")
     b.set_defaults(func=run_batch)
@@ -192,27 +182,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--walltime", default="00:30:00", help="walltime, HH:MM:SS")
     p.add_argument("--queue", help="partition / queue")
     p.add_argument("--account", help="account / project")
-    p.add_argument(
-        "--output", help="the job's output file (batch system patterns allowed)"
-    )
+    p.add_argument("--output", help="the job's output file (batch system patterns allowed)")
     p.add_argument(
         "--job-extra",
         action="append",
         help="extra directive, e.g. '--exclusive' (repeatable)",
     )
-    p.add_argument(
-        "--workers-per-node", type=int, help="dask worker processes per node"
-    )
+    p.add_argument("--workers-per-node", type=int, help="dask worker processes per node")
     p.add_argument("--threads", type=int, help="threads per worker process")
     p.add_argument("--memory-limit", help="memory limit per worker process")
     p.add_argument("--interface", help="network interface, e.g. ib0")
-    p.add_argument(
-        "--python", help="Python with metacollect installed (default: this one)"
-    )
+    p.add_argument("--python", help="Python with metacollect installed (default: this one)")
     p.add_argument("--flush-interval", help="how often collectors flush, e.g. 5s")
-    p.add_argument(
-        "-o", "--output-file", help="write the script here (default: stdout)"
-    )
+    p.add_argument("-o", "--output-file", help="write the script here (default: stdout)")
     return p
 
 
@@ -236,14 +218,10 @@ def run_batch(args: argparse.Namespace) -> int:
     from metacollect.launch import jobqueue
 
     if args.action == "start":
-        store = jobqueue.batch_start(
-            args.store, overwrite=args.overwrite, system=args.system
-        )
+        store = jobqueue.batch_start(args.store, overwrite=args.overwrite, system=args.system)
         print(f"metacollect: collecting into {store}", file=sys.stderr)
     elif args.action == "stop":
-        for problem in jobqueue.batch_stop(
-            args.store, args.scheduler_file, timeout=args.timeout
-        ):
+        for problem in jobqueue.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):
             print(f"metacollect batch stop: {problem}", file=sys.stderr)
         left = jobqueue.wait_pids(args.wait_pid, timeout=args.timeout)
         if left:

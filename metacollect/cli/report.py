@@ -9,9 +9,7 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "report", help="write a static HTML report of a store", description=__doc__
-    )
+    p = sub.add_parser("report", help="write a static HTML report of a store", description=__doc__)
     p.add_argument("store", help="path of the store")
     p.add_argument(
         "-o",
@@ -19,9 +17,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="directory to write (default <store>-report)",
     )
-    p.add_argument(
-        "--dpi", type=int, default=90, help="resolution of the figures (default 90)"
-    )
+    p.add_argument("--dpi", type=int, default=90, help="resolution of the figures (default 90)")
     return p
 
 
@@ -32,8 +28,6 @@ def run(args: argparse.Namespace) -> int:
     run_ = open_run(args.store)  # NotAStoreError says how to fix the path
     out = args.output or os.path.splitext(os.path.normpath(args.store))[0] + "-report"
     print(f"metacollect report: drawing the views of {args.store}", file=sys.stderr)
-    index = write_report(
-        run_, out, dpi=args.dpi, echo=lambda m: print(f"  {m}", file=sys.stderr)
-    )
+    index = write_report(run_, out, dpi=args.dpi, echo=lambda m: print(f"  {m}", file=sys.stderr))
     print(index)
     return 0

@@ -45,21 +45,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="threads per worker (local)")
     p.add_argument("--memory", help="memory per worker/job, e.g. 1GB")
     p.add_argument("--cores", type=int, help="cores per batch job (slurm, pbs)")
-    p.add_argument(
-        "--processes", type=int, help="worker processes per batch job (slurm, pbs)"
-    )
+    p.add_argument("--processes", type=int, help="worker processes per batch job (slurm, pbs)")
     p.add_argument("--queue", help="queue / partition of the batch jobs")
     p.add_argument("--walltime", help="walltime of each batch job, e.g. 00:30:00")
     p.add_argument("--account", help="account / project charged for the batch jobs")
-    p.add_argument(
-        "--interface", help="network interface of scheduler and workers, e.g. ib0 or lo"
-    )
-    p.add_argument(
-        "--job-extra", action="append", help="extra #SBATCH/#PBS directive (repeatable)"
-    )
-    p.add_argument(
-        "--local-directory", help="worker scratch directory on the compute nodes"
-    )
+    p.add_argument("--interface", help="network interface of scheduler and workers, e.g. ib0 or lo")
+    p.add_argument("--job-extra", action="append", help="extra #SBATCH/#PBS directive (repeatable)")
+    p.add_argument("--local-directory", help="worker scratch directory on the compute nodes")
     p.add_argument("--flush-interval", help="how often collectors flush (e.g. 2s)")
     p.add_argument(
         "--yappi",
@@ -67,9 +59,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="profile the worker processes with Yappi",
     )
-    p.add_argument(
-        "--darshan", action="store_true", default=None, help="capture I/O with Darshan"
-    )
+    p.add_argument("--darshan", action="store_true", default=None, help="capture I/O with Darshan")
     return p
 
 

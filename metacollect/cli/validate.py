@@ -11,9 +11,7 @@ from metacollect.errors import NotAStoreError, ValidationError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "validate", help="check a store against the schema", description=__doc__
-    )
+    p = sub.add_parser("validate", help="check a store against the schema", description=__doc__)
     p.add_argument("store", help="path of the store")
     p.add_argument(
         "--quiet",
@@ -29,9 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from metacollect.store.validate import validate_store
 
     if not os.path.exists(args.store) and "://" not in args.store:
-        raise NotAStoreError(
-            f"{args.store} does not exist; give the path of a metacollect store"
-        )
+        raise NotAStoreError(f"{args.store} does not exist; give the path of a metacollect store")
     open_run(args.store)  # clear errors for non-stores and newer schema versions
     problems = validate_store(args.store)
     if problems:

@@ -223,9 +223,7 @@ def trace(run: Run, max_events: int | None = MAX_EVENTS) -> dict[str, Any]:
     }
 
 
-def _add_io(
-    run: Run, add: Any, pid: dict[str, int], t0: float, meta: list[dict[str, Any]]
-) -> None:
+def _add_io(run: Run, add: Any, pid: dict[str, int], t0: float, meta: list[dict[str, Any]]) -> None:
     """DXT segments from ``Run.io()`` when the store has them (step 5, Darshan)."""
     io_method = getattr(run, "io", None)
     if io_method is None:

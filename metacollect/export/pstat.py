@@ -34,9 +34,7 @@ def _key(file: Any, module: Any, line: Any, name: Any, builtin: Any = False) -> 
 
 def pstats_dict(
     stats: pd.DataFrame, edges: pd.DataFrame
-) -> dict[
-    _Key, tuple[int, int, float, float, dict[_Key, tuple[int, int, float, float]]]
-]:
+) -> dict[_Key, tuple[int, int, float, float, dict[_Key, tuple[int, int, float, float]]]]:
     """``Stats.stats`` mapping of one process: ``{func: (cc, nc, tt, ct, callers)}``.
 
     ``cc`` primitive (non-recursive) calls, ``nc`` all calls, ``tt`` own time, ``ct``
@@ -85,9 +83,7 @@ def pstats_dict(
                 strict=True,
             )
         ]
-        sums: dict[tuple[_Key, _Key], list[float]] = defaultdict(
-            lambda: [0, 0, 0.0, 0.0]
-        )
+        sums: dict[tuple[_Key, _Key], list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])
         for caller, callee, nc, cc, tt, ct in zip(
             callers,
             callees,

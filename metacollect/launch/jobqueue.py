@@ -68,9 +68,7 @@ def _torque_wrappers() -> bool:
         return False
 
 
-def jobqueue_cluster(
-    system: str, *, darshan_store: str | None = None, **kwargs: Any
-) -> Any:
+def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs: Any) -> Any:
     """A dask-jobqueue cluster for ``system`` ("slurm" or "pbs"), ready to collect.
 
     Parameters
@@ -102,9 +100,7 @@ def jobqueue_cluster(
     ...     client.submit(sum, [1, 2]).result()
     """
     if system not in SYSTEMS:
-        raise UsageError(
-            f"unknown batch system {system!r}; choose one of {', '.join(SYSTEMS)}"
-        )
+        raise UsageError(f"unknown batch system {system!r}; choose one of {', '.join(SYSTEMS)}")
     import dask_jobqueue
 
     cls = getattr(dask_jobqueue, SYSTEMS[system])
@@ -138,10 +134,7 @@ def jobqueue_cluster(
 
         own = kwargs.get("job_script_prologue")
         if own is None:
-            own = (
-                dask.config.get(f"jobqueue.{system}.job-script-prologue", default=None)
-                or []
-            )
+            own = dask.config.get(f"jobqueue.{system}.job-script-prologue", default=None) or []
         kwargs["job_script_prologue"] = [
             *own,
             *darshan.job_script_prologue(darshan_store),
@@ -230,9 +223,7 @@ def _job_row(
     hostnames: list[str] | None = None,
 ) -> dict[str, Any]:
     memory = fields.get("MinMemoryNode") or fields.get("MinMemoryCPU") or ""
-    tres = dict(
-        kv.split("=", 1) for kv in fields.get("TRES", "").split(",") if "=" in kv
-    )
+    tres = dict(kv.split("=", 1) for kv in fields.get("TRES", "").split(",") if "=" in kv)
     return {
         "job_id": str(job_id),
         "role": role,
@@ -276,8 +267,7 @@ def _write_rows(group: Any, table: str, rows: list[dict[str, Any]]) -> None:
 
 def _env_rows(job_id: str, worker: str, env: Mapping[str, str]) -> list[dict[str, Any]]:
     return [
-        {"job_id": job_id, "worker": worker, "name": k, "value": v}
-        for k, v in sorted(env.items())
+        {"job_id": job_id, "worker": worker, "name": k, "value": v} for k, v in sorted(env.items())
     ]
 
 
@@ -288,9 +278,7 @@ class BatchRecorder:
     worker's environment is written once, when first seen running.
     """
 
-    def __init__(
-        self, client: Client, cluster: Any, system: str, writer: StoreWriter
-    ) -> None:
+    def __init__(self, client: Client, cluster: Any, system: str, writer: StoreWriter) -> None:
         self.client = client
         self.cluster = cluster
         self.system = system
@@ -306,8 +294,7 @@ class BatchRecorder:
                 "source": "jobqueue",
                 "job_script": cluster.job_script(),
                 "queue": _requested(cluster, "queue"),
-                "account": _requested(cluster, "account")
-                or _requested(cluster, "project"),
+                "account": _requested(cluster, "account") or _requested(cluster, "project"),
                 "walltime": _requested(cluster, "walltime"),
                 "cores": getattr(job, "worker_cores", None),
                 "memory": _memory(getattr(job, "worker_memory", None)),
@@ -450,9 +437,7 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
         },
     )
     if job_id:
-        row = _job_row(
-            job_id, "allocation", fields, script, hostnames=[socket.gethostname()]
-        )
+        row = _job_row(job_id, "allocation", fields, script, hostnames=[socket.gethostname()])
         _write_rows(group, "jobs", [row])
     env = {k: v for k, v in os.environ.items() if k.startswith(BATCH_PREFIXES)}
     _write_rows(group, "environment", _env_rows(job_id or "", "", env))
@@ -496,9 +481,7 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
         except Exception as e:
             problems.append(f"shutdown scheduler: {type(e).__name__}: {e}")
     if problems:
-        zarr.open_group(store=store, mode="a", zarr_format=3).attrs[
-            "shutdown_problems"
-        ] = problems
+        zarr.open_group(store=store, mode="a", zarr_format=3).attrs["shutdown_problems"] = problems
     return problems
 
 

@@ -36,10 +36,7 @@ def attach_environment(
     if preloads is None:
         # read the user's config afresh (YAML files and DASK_* variables as they are now)
         fresh = dask.config.collect(env=os.environ)
-        preloads = (
-            dask.config.get("distributed.scheduler.preload", default=[], config=fresh)
-            or []
-        )
+        preloads = dask.config.get("distributed.scheduler.preload", default=[], config=fresh) or []
     existing = list(preloads)
     if isinstance(existing, str):
         existing = [existing]
@@ -86,8 +83,6 @@ def dask_setup(server: Any, metacollect_store: str | None = None) -> None:
             ENV,
         )
         return
-    plugin = SchedulerCollector(
-        store, attach.get("options") or {}, attached_by="preload"
-    )
+    plugin = SchedulerCollector(store, attach.get("options") or {}, attached_by="preload")
     server.add_plugin(plugin)
     atexit.register(_flush_at_exit, plugin)

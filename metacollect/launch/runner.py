@@ -143,9 +143,7 @@ def run_script(
             init_root(writer, run_id)
             write_job(writer, JobInfo.capture("run", cluster_type="script"))
             env.update(attach_environment(store, opts))
-            if opts["darshan"][
-                "enabled"
-            ]:  # every process the script starts runs under Darshan
+            if opts["darshan"]["enabled"]:  # every process the script starts runs under Darshan
                 env.update(_darshan_environment(store, writer, echo))
         else:
             from distributed import Client
@@ -153,14 +151,10 @@ def run_script(
             echo(f"metacollect: starting a {cluster} cluster")
             cluster_options = dict(cluster_options or {})
             if opts["darshan"]["enabled"] and cluster != "local":
-                cluster_options["darshan_store"] = (
-                    store  # the job script prologue exports it
-                )
+                cluster_options["darshan_store"] = store  # the job script prologue exports it
             cluster_obj = CLUSTERS[cluster](**cluster_options)
             client = Client(cluster_obj)
-            session = Collection(
-                client, store, run_id=run_id, launcher="run", overwrite=True
-            )
+            session = Collection(client, store, run_id=run_id, launcher="run", overwrite=True)
             session.start()
             writer = StoreWriter(store)
             env["DASK_SCHEDULER_ADDRESS"] = cluster_obj.scheduler_address
@@ -185,19 +179,13 @@ def run_script(
     else:
         if status == "complete" and not _all_clusters_ended(store):
             status = "incomplete"
-        if opts["darshan"][
-            "enabled"
-        ]:  # the processes have exited: their logs are written
+        if opts["darshan"]["enabled"]:  # the processes have exited: their logs are written
             from metacollect.steps import darshan
 
-            darshan.ingest(
-                store, darshan.default_log_dir(store), writer=writer, echo=echo
-            )
+            darshan.ingest(store, darshan.default_log_dir(store), writer=writer, echo=echo)
             writer.flush()
         finalize(store, status, **extra)
-    echo(
-        f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`"
-    )
+    echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
     return code
 
 
@@ -224,7 +212,5 @@ def _all_clusters_ended(store: str) -> bool:
     except KeyError:
         return True
     return all(
-        m.attrs.get("ended") is not None
-        for _, m in clusters.members()
-        if isinstance(m, zarr.Group)
+        m.attrs.get("ended") is not None for _, m in clusters.members() if isinstance(m, zarr.Group)
     )

@@ -42,14 +42,8 @@ def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
     if shutil.which("qstat"):
         left = set()
         for j in ids:
-            out = subprocess.run(
-                ["qstat", j], capture_output=True, text=True, check=False
-            )
-            if (
-                out.returncode == 0
-                and j.split(".")[0] in out.stdout
-                and " C " not in out.stdout
-            ):
+            out = subprocess.run(["qstat", j], capture_output=True, text=True, check=False)
+            if out.returncode == 0 and j.split(".")[0] in out.stdout and " C " not in out.stdout:
                 left.add(j)
         return left
     return set()
@@ -100,9 +94,7 @@ def retire_and_wait(
     job_ids = [str(j) for j in job_ids if j]
 
     def n_tasks() -> int:
-        return int(
-            client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
-        )
+        return int(client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)))
 
     if not _wait(lambda: n_tasks() == 0, timeout, poll):
         problems.append(
@@ -110,13 +102,9 @@ def retire_and_wait(
         )
     try:
         client.retire_workers(close_workers=True)
-    except (
-        Exception
-    ) as e:  # a worker that dies while retiring: keep waiting for the rest
+    except Exception as e:  # a worker that dies while retiring: keep waiting for the rest
         problems.append(f"retire_workers: {type(e).__name__}: {e}")
-    if not _wait(
-        lambda: not client.scheduler_info(n_workers=-1).get("workers"), timeout, poll
-    ):
+    if not _wait(lambda: not client.scheduler_info(n_workers=-1).get("workers"), timeout, poll):
         problems.append(f"workers still connected {timeout:g} s after retire_workers")
     if job_ids and not _wait(lambda: not jobs_in_queue(job_ids), timeout, poll):
         problems.append(
@@ -169,8 +157,4 @@ def graceful_close(
 def cluster_job_ids(cluster: Any) -> list[str]:
     """Batch job ids of a dask-jobqueue cluster's jobs (empty for other clusters)."""
     workers = getattr(cluster, "workers", None) or {}
-    return [
-        str(job.job_id)
-        for job in list(workers.values())
-        if getattr(job, "job_id", None)
-    ]
+    return [str(job.job_id) for job in list(workers.values()) if getattr(job, "job_id", None)]

@@ -154,14 +154,10 @@ def task_stream(run: Run) -> Figure:
     ax.set_title(f"Task stream ({len(ts)} tasks)")
     items = {
         p: color_of(p)
-        for p in ts.groupby("prefix")["duration"]
-        .sum()
-        .sort_values(ascending=False)
-        .index
+        for p in ts.groupby("prefix")["duration"].sum().sort_values(ascending=False).index
     }
     extra = {
-        a: ACTIVITY_COLOURS.get(a, "grey")
-        for a in (act["action"].unique() if len(act) else [])
+        a: ACTIVITY_COLOURS.get(a, "grey") for a in (act["action"].unique() if len(act) else [])
     }
     if (ts["state"] == "erred").any():
         extra["erred"] = ERRED
@@ -185,13 +181,9 @@ def _bars(
         [(a, r - h), (b, r - h), (b, r + h), (a, r + h)]
         for a, b, r in zip(start, stop, rows, strict=False)
     ]
-    ax.add_collection(
-        PolyCollection(verts, facecolors=colours, edgecolors=colours, linewidths=0.3)
-    )
+    ax.add_collection(PolyCollection(verts, facecolors=colours, edgecolors=colours, linewidths=0.3))
     if len(start):
-        ax.set_xlim(
-            min(0.0, float(np.nanmin(start))), float(np.nanmax(stop)) * 1.02 + 1e-6
-        )
+        ax.set_xlim(min(0.0, float(np.nanmin(start))), float(np.nanmax(stop)) * 1.02 + 1e-6)
 
 
 def progress(run: Run, max_prefixes: int = 12) -> Figure:
@@ -199,12 +191,7 @@ def progress(run: Run, max_prefixes: int = 12) -> Figure:
     pr = analysis.progress(run)
     if not len(pr):
         return _empty("Progress", "no scheduler transition was recorded")
-    order = (
-        pr.groupby("prefix")["done"]
-        .max()
-        .sort_values(ascending=False)
-        .index[:max_prefixes]
-    )
+    order = pr.groupby("prefix")["done"].max().sort_values(ascending=False).index[:max_prefixes]
     n = len(order)
     fig = _figure(10, 1.3 * n + 1)
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
@@ -277,9 +264,7 @@ def _layout(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     y = nodes["depth"].to_numpy(dtype=float)
     for _, idx in nodes.groupby("depth").groups.items():
         pos = np.asarray(
-            sorted(
-                idx, key=lambda i: (str(nodes.at[i, "prefix"]), str(nodes.at[i, "key"]))
-            )
+            sorted(idx, key=lambda i: (str(nodes.at[i, "prefix"]), str(nodes.at[i, "key"])))
         )
         n = len(pos)
         x[pos] = (np.arange(n) - (n - 1) / 2) / max(n, 1)
@@ -337,9 +322,7 @@ def task_graph(
                 color: (
                     g[color].mean()
                     if numeric
-                    else g[color].agg(
-                        lambda s: s.mode().iloc[0] if s.notna().any() else None
-                    )
+                    else g[color].agg(lambda s: s.mode().iloc[0] if s.notna().any() else None)
                 ).to_numpy(),
             }
         )
@@ -350,10 +333,7 @@ def task_graph(
         pe = pe[pe["key"] != pe["dependency"]].drop_duplicates()
         # depth of a prefix node: longest prefix chain (min task depth can tie dependent prefixes)
         nd["depth"] = (
-            nd["key"]
-            .map(analysis._depths(list(nd["key"]), pe))
-            .fillna(nd["depth"])
-            .astype(int)
+            nd["key"].map(analysis._depths(list(nd["key"]), pe)).fillna(nd["depth"]).astype(int)
         )
         nodes_df, edges_df = nd.reset_index(drop=True), pe
         sizes = 30 + 300 * np.sqrt(nodes_df["size"] / nodes_df["size"].max())
@@ -409,11 +389,7 @@ def task_graph(
     ax.set_xlim(-0.6, 0.6)
     ax.set_xticks([])
     ax.set_ylabel("depth (dependencies first)")
-    what = (
-        f"{len(nodes_df)} prefixes of {len(base)} tasks"
-        if aggregated
-        else f"{len(base)} tasks"
-    )
+    what = f"{len(nodes_df)} prefixes of {len(base)} tasks" if aggregated else f"{len(base)} tasks"
     ax.set_title(f"Task graph ({what}), colour: {color}")
     return fig
 
@@ -432,9 +408,7 @@ def critical_path(run: Run, graph: int | None = None) -> Figure:
         ts["key"].isin(set(cp["key"]))
         & ts["execution"].eq(ts.groupby("key")["execution"].transform("max"))
     ]
-    _bars(
-        ax1, on["t_start"], on["t_stop"], on["row"], [color_of(p) for p in on["prefix"]]
-    )
+    _bars(ax1, on["t_start"], on["t_stop"], on["row"], [color_of(p) for p in on["prefix"]])
     rows = on.set_index("key").loc[[k for k in cp["key"] if k in set(on["key"])]]
     ax1.plot((rows["t_start"] + rows["t_stop"]) / 2, rows["row"], "k-", lw=0.8)
     nrows = int(ts["row"].max()) + 1
@@ -597,11 +571,7 @@ def io(run: Run) -> Figure:
         first_row = ts.groupby("worker")["row"].min()
         rows = seg["worker"].map(first_row)
         ok = rows.notna().to_numpy()
-        ops = (
-            seg["op"].astype(str)
-            if "op" in seg.columns
-            else pd.Series(["io"] * len(seg))
-        )
+        ops = seg["op"].astype(str) if "op" in seg.columns else pd.Series(["io"] * len(seg))
         colours = ["#1f77b4" if "read" in o else "#ff7f0e" for o in ops[ok]]
         _bars(
             ax,
@@ -699,11 +669,7 @@ def profile(run: Run, top: int = 15) -> Figure:
     if len(intask):
         intask = intask.assign(prefix=_prefix_col(intask))
         best = (
-            intask.groupby(["prefix", "name"])["tsub"]
-            .sum()
-            .sort_values()
-            .groupby(level=0)
-            .tail(1)
+            intask.groupby(["prefix", "name"])["tsub"].sum().sort_values().groupby(level=0).tail(1)
         )
         best = best.sort_values().tail(top)
         ax2.barh(
@@ -743,12 +709,8 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
         return
     if "key" in edges.columns:
         edges = edges[edges["key"].notna()]
-    if not len(edges) or not {"caller_name", "callee_name", "ttot"} <= set(
-        edges.columns
-    ):
-        ax.text(
-            0.5, 0.5, "no call edges inside tasks", ha="center", transform=ax.transAxes
-        )
+    if not len(edges) or not {"caller_name", "callee_name", "ttot"} <= set(edges.columns):
+        ax.text(0.5, 0.5, "no call edges inside tasks", ha="center", transform=ax.transAxes)
         return
     edges = _latest(edges, [*_PROFILE_ID, "caller", "callee_tag", "callee"])
     agg = edges.groupby(["caller_name", "callee_name"])["ttot"].sum()
@@ -757,9 +719,7 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
         if a != b:
             children.setdefault(a, []).append((b, float(t)))
     callees = {b for _, b in agg.index}
-    roots = [
-        (a, sum(t for _, t in ch)) for a, ch in children.items() if a not in callees
-    ]
+    roots = [(a, sum(t for _, t in ch)) for a, ch in children.items() if a not in callees]
     if not roots:
         roots = sorted(
             ((a, sum(t for _, t in ch)) for a, ch in children.items()),
@@ -768,9 +728,7 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
     total = sum(t for _, t in roots) or 1.0
     boxes: list[tuple[float, int, float, str]] = []
 
-    def walk(
-        name: str, x: float, width: float, depth: int, path: frozenset[str]
-    ) -> None:
+    def walk(name: str, x: float, width: float, depth: int, path: frozenset[str]) -> None:
         boxes.append((x, depth, width, name))
         if depth >= max_depth:
             return
@@ -790,9 +748,7 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
             walk(name, x, t, 0, frozenset({name}))
         x += t
     for x0, depth, width, name in boxes:
-        ax.add_patch(
-            Rectangle((x0, depth), width, 0.9, fc=color_of(name), ec="white", lw=0.3)
-        )
+        ax.add_patch(Rectangle((x0, depth), width, 0.9, fc=color_of(name), ec="white", lw=0.3))
         if width / total > 0.06:
             ax.text(
                 x0 + width / 2,
@@ -854,9 +810,7 @@ def metadata_map(schema: Any = None) -> Figure:
                         "lw": 0.5,
                     },
                 )
-    ax.set_xticks(
-        range(len(steps)), [f"step {s}\n{schema.steps[s]}" for s in steps], fontsize=8
-    )
+    ax.set_xticks(range(len(steps)), [f"step {s}\n{schema.steps[s]}" for s in steps], fontsize=8)
     ax.set_yticks(range(len(levels)), levels)
     ax.set_xlim(-0.5, len(steps) - 0.5)
     ax.set_ylim(len(levels) - 0.5, -0.5)

@@ -186,9 +186,7 @@ class GraphRecorder:
             if per_key and len(per_key) == len(tasks):
                 first = next(iter(per_key.values()))
                 shared = {
-                    n: v
-                    for n, v in first.items()
-                    if all(a.get(n) == v for a in per_key.values())
+                    n: v for n, v in first.items() if all(a.get(n) == v for a in per_key.values())
                 }
             group.append(
                 "graphs",

@@ -190,9 +190,7 @@ def _darshan_config_bin(environ: Mapping[str, str]) -> str | None:
     return shutil.which("darshan-config", path=environ.get("PATH"))
 
 
-def find_library(
-    library: str | None = None, environ: Mapping[str, str] | None = None
-) -> Library:
+def find_library(library: str | None = None, environ: Mapping[str, str] | None = None) -> Library:
     """Find ``libdarshan.so`` for the workers.
 
     Parameters
@@ -241,9 +239,7 @@ def find_library(
                 found = _library_in(os.path.join(root, sub))
                 if found:
                     return Library(found, f"${var}")
-    looked.append(
-        "$" + "/$".join(v.removeprefix("DARSHAN_") for v in ROOT_VARIABLES[:2]) + "..."
-    )
+    looked.append("$" + "/$".join(v.removeprefix("DARSHAN_") for v in ROOT_VARIABLES[:2]) + "...")
     darshan_config = _darshan_config_bin(env)
     if darshan_config:
         prefix = os.path.dirname(os.path.dirname(os.path.realpath(darshan_config)))
@@ -300,9 +296,7 @@ def site_log_variables(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 # -- log directories and the config file -----------------------------------------------
-def default_log_dir(
-    store: str | os.PathLike[str] | None = None, log_dir: str | None = None
-) -> str:
+def default_log_dir(store: str | os.PathLike[str] | None = None, log_dir: str | None = None) -> str:
     """Base directory of a run's logs: ``metacollect.darshan.log-dir`` or
     ``<store>.darshan``.
 
@@ -314,8 +308,7 @@ def default_log_dir(
         return os.path.abspath(os.path.expanduser(str(chosen)))
     if store is None:
         raise ConfigError(
-            "give the store or metacollect.darshan.log-dir: the Darshan logs need a "
-            "directory"
+            "give the store or metacollect.darshan.log-dir: the Darshan logs need a directory"
         )
     store = os.fspath(store)
     if "://" in store:
@@ -381,9 +374,7 @@ def interpreter_paths() -> list[str]:
         paths.update(site.getsitepackages())
     with contextlib.suppress(Exception):
         paths.add(site.getusersitepackages())
-    paths.update(
-        p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)
-    )
+    paths.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
     for name in ("stdlib", "platstdlib", "purelib", "platlib"):
         with contextlib.suppress(Exception):
             paths.add(sysconfig.get_path(name))
@@ -485,15 +476,12 @@ def parse_config(text_or_path: str) -> dict[str, list[Any]]:
             raise ValueError(f"line {n}: {key!r} is not a Darshan config setting")
         if key in ("MODMEM", "NAMEMEM", "MEM_ALIGNMENT"):
             if len(args) != 1 or not args[0].isdigit() or int(args[0]) < 1:
-                raise ValueError(
-                    f"line {n}: {key} needs one positive number, got {args}"
-                )
+                raise ValueError(f"line {n}: {key} needs one positive number, got {args}")
             out.setdefault(key, []).append(int(args[0]))
         elif key == "MAX_RECORDS":
             if len(args) != 2 or not args[0].isdigit():
                 raise ValueError(
-                    f"line {n}: MAX_RECORDS needs a number and a module list, "
-                    f"got {args}"
+                    f"line {n}: MAX_RECORDS needs a number and a module list, got {args}"
                 )
             out.setdefault(key, []).append((int(args[0]), check_modules(args[1], n)))
         elif key in ("NAME_EXCLUDE", "NAME_INCLUDE"):
@@ -599,9 +587,7 @@ def darshan_environment(
     conf = os.path.join(directory, "darshan.conf")
     if create:
         make_log_dir(directory)
-        write_config(
-            conf, darshan_config_text(None if store is None else os.fspath(store), base)
-        )
+        write_config(conf, darshan_config_text(None if store is None else os.fspath(store), base))
     preload = [lib] + [
         p
         for p in re.split(r"[:\s]+", env_in.get("LD_PRELOAD", ""))
@@ -765,14 +751,8 @@ class DarshanEnviron(NannyPlugin):
             return
         current = {**os.environ, **nanny.pre_spawn_env}
         try:
-            with dask.config.set(
-                {f"metacollect.darshan.{k}": v for k, v in self.options.items()}
-            ):
-                library = (
-                    self.library
-                    if self.library and os.path.isfile(self.library)
-                    else None
-                )
+            with dask.config.set({f"metacollect.darshan.{k}": v for k, v in self.options.items()}):
+                library = self.library if self.library and os.path.isfile(self.library) else None
                 env = darshan_environment(
                     self.store,
                     log_dir=self.log_dir,
@@ -826,11 +806,7 @@ def nanny_status(dask_worker: Any) -> dict[str, Any]:
 
 def worker_identity() -> dict[str, Any]:
     """Host, pid and Darshan variables of a worker process (``client.run``)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k.startswith("DARSHAN_") or k == "LD_PRELOAD"
-    }
+    env = {k: v for k, v in os.environ.items() if k.startswith("DARSHAN_") or k == "LD_PRELOAD"}
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -840,9 +816,7 @@ def worker_identity() -> dict[str, Any]:
     }
 
 
-def wait_processes_gone(
-    pids: Iterable[int], timeout: float, poll: float = 0.1
-) -> list[int]:
+def wait_processes_gone(pids: Iterable[int], timeout: float, poll: float = 0.1) -> list[int]:
     """Wait until the local processes ``pids`` have exited; return those alive."""
     import psutil
 
@@ -907,9 +881,7 @@ class DarshanCapture:
         )
         workers = self._workers()
         already = {a for a, w in workers.items() if w["darshan"]}
-        for a in (
-            already
-        ):  # started under Darshan (pre-spawn environ, jobqueue prologue, export)
+        for a in already:  # started under Darshan (pre-spawn environ, jobqueue prologue, export)
             base = os.path.dirname(str(workers[a]["log_dir"] or "").rstrip("/"))
             if base and base not in self.log_dirs:
                 self.log_dirs.append(base)
@@ -927,9 +899,7 @@ class DarshanCapture:
             return
         self.group.set_attrs(library=lib.path, library_source=lib.source)
         try:
-            plugin = DarshanEnviron(
-                self.log_dir, lib.path, self.options, self.store, skip=already
-            )
+            plugin = DarshanEnviron(self.log_dir, lib.path, self.options, self.store, skip=already)
             self.client.register_plugin(plugin, name=PLUGIN_NAME)
             self.registered = self.active = True
             statuses = self.client.run(nanny_status, nanny=True)
@@ -956,9 +926,7 @@ class DarshanCapture:
                 "(distributed.nanny.pre-spawn-environ, a jobqueue "
                 "job_script_prologue, or export lines in the batch script)",
             )
-        missing = [
-            a for a, w in workers.items() if not w["darshan"] and a not in without_nanny
-        ]
+        missing = [a for a, w in workers.items() if not w["darshan"] and a not in without_nanny]
         if missing:
             self.group.record_error(
                 "environment",
@@ -1015,9 +983,7 @@ class DarshanCapture:
         delivery = (
             "nanny-plugin"
             if applied
-            else (
-                "already" if any(r.get("status") == "already" for r in rows) else "none"
-            )
+            else ("already" if any(r.get("status") == "already" for r in rows) else "none")
         )
         attrs: dict[str, Any] = {"delivery": delivery}
         if applied:
@@ -1058,9 +1024,7 @@ class DarshanCapture:
             problems.extend(retire_and_wait(self.client, timeout=timeout))
         here = socket.gethostname()
         local = [
-            w["pid"]
-            for w in identities.values()
-            if w["host"] == here and w["pid"] != os.getpid()
+            w["pid"] for w in identities.values() if w["host"] == here and w["pid"] != os.getpid()
         ]
         alive = wait_processes_gone(local, timeout)
         if alive:
@@ -1220,9 +1184,7 @@ def _reader_env() -> dict[str, str]:
     """The reader's environment: never under Darshan (it would log its own reads)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DARSHAN_")}
     preload = [
-        p
-        for p in re.split(r"[:\s]+", env.get("LD_PRELOAD", ""))
-        if p and "libdarshan" not in p
+        p for p in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")) if p and "libdarshan" not in p
     ]
     if preload:
         env["LD_PRELOAD"] = ":".join(preload)
@@ -1299,9 +1261,7 @@ def _read_chunk_guarded(
 
 def _text(data: bytes | str | None) -> str:
     if isinstance(data, bytes):
-        return data.decode(
-            "utf-8", errors="replace"
-        )  # the C library prints what it read
+        return data.decode("utf-8", errors="replace")  # the C library prints what it read
     return data or ""
 
 
@@ -1345,9 +1305,7 @@ def _read_chunk(
                 i = int(parts[1])
                 done.add(i)
                 if parts[0] == "err":
-                    results[i].error = (
-                        json.loads(parts[2]) if len(parts) > 2 else "unknown error"
-                    )
+                    results[i].error = json.loads(parts[2]) if len(parts) > 2 else "unknown error"
                 else:
                     results[i].error = None
                     _load(results[i], os.path.join(out_dir, f"{i}.npz"))
@@ -1365,9 +1323,7 @@ def _read_chunk(
             # the first log not reported is the one the reader died (or hung) on
             culprit = rest[0]
             if timed_out:
-                why = (
-                    f"reading it took longer than {timeout:g} s; the reader was stopped"
-                )
+                why = f"reading it took longer than {timeout:g} s; the reader was stopped"
             elif code < 0:
                 why = (
                     f"the reader crashed ({_signal_name(code)}) on this log: it is "
@@ -1464,11 +1420,7 @@ def known_processes(store: str) -> tuple[list[Known], set[str]]:
         n = committed_rows(nannies, (len(hosts), len(pids)))  # no half-landed append
         for h, p in zip(hosts[:n], pids[:n], strict=True):
             if int(p) > 0:
-                out.append(
-                    Known(
-                        "nanny", str(codes[h]) if 0 <= h < len(codes) else None, int(p)
-                    )
-                )
+                out.append(Known("nanny", str(codes[h]) if 0 <= h < len(codes) else None, int(p)))
     return out, existing
 
 
@@ -1486,25 +1438,17 @@ def _match(
     # worker first; in a LocalCluster the client, scheduler and nannies share one
     # process
     for role in ("worker", "client", "scheduler", "nanny"):
-        cands = [
-            k for k in known if k.role == role and k.pid == log.pid and same_host(k)
-        ]
+        cands = [k for k in known if k.role == role and k.pid == log.pid and same_host(k)]
         if host is None and len({k.host for k in cands}) > 1:
             return None, "unattributed"  # the same pid on several hosts: cannot tell
         if cands:
-            if (
-                len(cands) > 1 and start is not None
-            ):  # pid reuse: the latest started before the log
-                before = [
-                    k for k in cands if k.started is not None and k.started <= start + 5
-                ]
+            if len(cands) > 1 and start is not None:  # pid reuse: the latest started before the log
+                before = [k for k in cands if k.started is not None and k.started <= start + 5]
                 cands = sorted(before or cands, key=lambda k: k.started or 0.0)
             return cands[-1], role
     parent = _fork_parent(meta.get("job", {}))
     if parent is not None:
-        cands = [
-            k for k in known if k.role == "worker" and k.pid == parent and same_host(k)
-        ]
+        cands = [k for k in known if k.role == "worker" and k.pid == parent and same_host(k)]
         if len(cands) == 1:
             return cands[0], "child"
     return None, "unattributed"
@@ -1556,13 +1500,9 @@ class IngestResult:
 def _partial_reasons(log: LogFile, result: ReadResult) -> list[str]:
     reasons = []
     if log.kind == "mmap":
-        reasons.append(
-            "mmap log of a process that did not exit normally (counters up to its end)"
-        )
+        reasons.append("mmap log of a process that did not exit normally (counters up to its end)")
     elif log.kind == "partial":
-        reasons.append(
-            "the log was still being written when its process ended (*.darshan_partial)"
-        )
+        reasons.append("the log was still being written when its process ended (*.darshan_partial)")
     for mod, info in result.meta.get("modules", {}).items():
         if info.get("partial_flag"):
             reasons.append(
@@ -1575,9 +1515,7 @@ def _partial_reasons(log: LogFile, result: ReadResult) -> list[str]:
             and info.get("len", 0) > 0
             and result.meta.get("read", {}).get(mod, info.get("num_records", 0)) == 0
         ):
-            reasons.append(
-                f"{mod}: its data could not be read (the log is truncated or damaged)"
-            )
+            reasons.append(f"{mod}: its data could not be read (the log is truncated or damaged)")
     if any(m.startswith("Error") for m in result.messages):
         reasons.append(
             "libdarshan-util: "
@@ -1704,9 +1642,7 @@ def _ingested(store: str) -> set[str]:
 
     ingested: set[str] = set()
     with contextlib.suppress(Exception):
-        root = zarr.open_group(
-            store=store, mode="r", zarr_format=3, use_consolidated=False
-        )
+        root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
         logs = root["darshan/logs"]
         codes = root["darshan/strings/value"][:]
         paths, status = logs["path"][:], logs["status"][:]
@@ -1823,15 +1759,10 @@ def ingest(
             result.skipped += 1
             row(lg, lg.host, "", "", "skipped", "already ingested", 0, 0.0)
     if echo and todo:
-        echo(
-            f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} "
-            f"below {log_dir}"
-        )
+        echo(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
     read = read_logs([lg.path for lg in todo], timeout=timeout)
     # final logs first: a worker's own group takes its complete log over an mmap copy
-    order = sorted(
-        range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path)
-    )
+    order = sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path))
     taken: dict[tuple[str | None, int], str] = {}
     for i in order:
         lg, res = todo[i], read[i]
@@ -1846,11 +1777,7 @@ def ingest(
             result.errors += 1
             continue
         host_ = lg.host
-        if (
-            host_ is None
-            and "dxt.hostname" in res.arrays
-            and len(res.arrays["dxt.hostname"])
-        ):
+        if host_ is None and "dxt.hostname" in res.arrays and len(res.arrays["dxt.hostname"]):
             host_ = str(res.arrays["dxt.hostname"][0]) or None
         match, role = _match(lg, res.meta, known, host_)
         if match is not None and host_ is None:
@@ -1878,26 +1805,16 @@ def ingest(
             and f"{match.group}/process" not in groups
         ):
             parts = match.group.split("/")
-            gw = writer.group(
-                "worker_process", attrs=attrs, cluster=parts[1], worker=parts[3]
-            )
+            gw = writer.group("worker_process", attrs=attrs, cluster=parts[1], worker=parts[3])
         else:
-            if (
-                role == "worker"
-            ):  # a second log for one worker (pid reuse, copies): keep it apart
+            if role == "worker":  # a second log for one worker (pid reuse, copies): keep it apart
                 attrs["role"] = role = "unattributed"
-                reasons.append(
-                    "another log of this worker's pid is in its process group"
-                )
+                reasons.append("another log of this worker's pid is in its process group")
                 attrs.update(partial=True, partial_reason="; ".join(reasons))
             ident = (
                 lg.pid
                 if lg.pid is not None
-                else (
-                    lg.jobid
-                    if lg.jobid >= 0
-                    else os.path.basename(lg.path).split(".darshan")[0]
-                )
+                else (lg.jobid if lg.jobid >= 0 else os.path.basename(lg.path).split(".darshan")[0])
             )
             base = safe_name(f"{host_ or 'unknown'}-{ident}")
             name, n = base, 1
@@ -1964,9 +1881,7 @@ def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:
     import zarr
 
     try:
-        root = zarr.open_group(
-            store=store, mode="r", zarr_format=3, use_consolidated=False
-        )
+        root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
         if "darshan" in root:
             return {}
     except Exception:
@@ -1992,9 +1907,7 @@ def _update_levels(store: str) -> None:
     from metacollect.store.writer import read_nodes
 
     try:
-        root = zarr.open_group(
-            store=store, mode="a", zarr_format=3, use_consolidated=False
-        )
+        root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
         if root.attrs.get("status") == "complete":
             nodes = read_nodes(root)  # one read serves the index, the trim and the seal
             consolidate(root, nodes, {"levels": levels_index(root, nodes)})
@@ -2028,11 +1941,7 @@ _SUMS = (
 
 def process_groups(run: Run) -> dict[str, dict[str, Any]]:
     """``{path: attrs}`` of every Darshan process group of a run."""
-    return {
-        p: a
-        for p, a in run.groups.items()
-        if a.get("kind") in ("worker_process", "process")
-    }
+    return {p: a for p, a in run.groups.items() if a.get("kind") in ("worker_process", "process")}
 
 
 def read_records(run: Run, path: str, module: str) -> pd.DataFrame | None:
@@ -2094,20 +2003,14 @@ def _col(df: pd.DataFrame, name: str) -> np.ndarray:
 def _file_rows(run: Run, path: str, attrs: Mapping[str, Any]) -> pd.DataFrame:
     frames = []
     start = attrs.get("start_time")
-    origin = (
-        float(start)
-        if isinstance(start, (int, float)) and math.isfinite(start)
-        else math.nan
-    )
+    origin = float(start) if isinstance(start, (int, float)) and math.isfinite(start) else math.nan
     for module in ("POSIX", "STDIO"):
         df = read_records(run, path, module)
         if df is None or not len(df):
             continue
         p = module + "_"
         f = module + "_F_"
-        opens = _col(df, p + "OPENS") + (
-            _col(df, p + "FDOPENS") if module == "STDIO" else 0
-        )
+        opens = _col(df, p + "OPENS") + (_col(df, p + "FDOPENS") if module == "STDIO" else 0)
         first = df.get(f + "OPEN_START_TIMESTAMP")
         last = df.get(f + "CLOSE_END_TIMESTAMP")
         frames.append(
@@ -2123,14 +2026,10 @@ def _file_rows(run: Run, path: str, attrs: Mapping[str, Any]) -> pd.DataFrame:
                     "read_time": _col(df, f + "READ_TIME"),
                     "write_time": _col(df, f + "WRITE_TIME"),
                     "meta_time": _col(df, f + "META_TIME"),
-                    "start": np.where(
-                        first.to_numpy() > 0, origin + first.to_numpy(), np.nan
-                    )
+                    "start": np.where(first.to_numpy() > 0, origin + first.to_numpy(), np.nan)
                     if first is not None
                     else np.nan,
-                    "stop": np.where(
-                        last.to_numpy() > 0, origin + last.to_numpy(), np.nan
-                    )
+                    "stop": np.where(last.to_numpy() > 0, origin + last.to_numpy(), np.nan)
                     if last is not None
                     else np.nan,
                 }
@@ -2154,9 +2053,7 @@ def _file_rows(run: Run, path: str, attrs: Mapping[str, Any]) -> pd.DataFrame:
     ].sum()
     posix = (df["interface"] == "POSIX").groupby(df["file"], sort=False).any()
     stdio = (df["interface"] == "STDIO").groupby(df["file"], sort=False).any()
-    out["interfaces"] = np.where(
-        posix & stdio, "POSIX+STDIO", np.where(posix, "POSIX", "STDIO")
-    )
+    out["interfaces"] = np.where(posix & stdio, "POSIX+STDIO", np.where(posix, "POSIX", "STDIO"))
     out["start"] = g["start"].min()
     out["stop"] = g["stop"].max()
     out = out.reset_index()
@@ -2310,9 +2207,7 @@ def read_io(run: Run, by: str = "file") -> pd.DataFrame:
     )
 
 
-def _segments(
-    run: Run, procs: Mapping[str, Mapping[str, Any]], by: str
-) -> pd.DataFrame:
+def _segments(run: Run, procs: Mapping[str, Mapping[str, Any]], by: str) -> pd.DataFrame:
     frames = []
     for path, attrs in procs.items():
         seg = run.table(path, "dxt")
@@ -2361,9 +2256,7 @@ def _segments(
     seg["bytes_written"] = np.where(seg["op"] == "write", seg["length"], 0)
     seg["reads"] = (seg["op"] == "read").astype(np.int64)
     seg["writes"] = (seg["op"] == "write").astype(np.int64)
-    g = seg.groupby(
-        ["cluster", "worker", "worker_group", "key"], dropna=False, sort=False
-    )
+    g = seg.groupby(["cluster", "worker", "worker_group", "key"], dropna=False, sort=False)
     out = g.agg(
         segments=("op", "size"),
         bytes_read=("bytes_read", "sum"),

@@ -16,9 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-if (
-    __name__ == "__main__"
-):  # a script's directory comes first on sys.path: ours holds darshan.py
+if __name__ == "__main__":  # a script's directory comes first on sys.path: ours holds darshan.py
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
@@ -64,11 +62,7 @@ def _convert(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                 if mod in report.records and len(report.records[mod])
                 else None
             )
-            if (
-                not isinstance(dfs, dict)
-                or "counters" not in dfs
-                or not len(dfs["counters"])
-            ):
+            if not isinstance(dfs, dict) or "counters" not in dfs or not len(dfs["counters"]):
                 read[mod] = 0
                 continue
             c, fc = (
@@ -122,9 +116,7 @@ def _convert(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                     n = len(seg)
                     dxt["module"].append(np.full(n, mod))
                     dxt["id"].append(np.full(n, int(rec["id"]), dtype=np.uint64))
-                    dxt["rank"].append(
-                        np.full(n, int(rec.get("rank", 0)), dtype=np.int64)
-                    )
+                    dxt["rank"].append(np.full(n, int(rec.get("rank", 0)), dtype=np.int64))
                     dxt["hostname"].append(np.full(n, str(rec.get("hostname", ""))))
                     dxt["op"].append(np.full(n, op))
                     dxt["offset"].append(seg["offset"].to_numpy(dtype=np.int64))

@@ -96,14 +96,8 @@ def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
     rx, allow = config.redact_patterns()
     out = {}
     for name in sorted(environ):
-        if (
-            name in names
-            or name.startswith(prefixes)
-            or config.is_secret(name, rx, allow)
-        ):
-            out[name] = (
-                config.REDACTED if config.is_secret(name, rx, allow) else environ[name]
-            )
+        if name in names or name.startswith(prefixes) or config.is_secret(name, rx, allow):
+            out[name] = config.REDACTED if config.is_secret(name, rx, allow) else environ[name]
     return out
 
 
@@ -154,12 +148,8 @@ def write_job(writer: StoreWriter, info: JobInfo) -> None:
     env = attrs.pop("environment")
     job = writer.group("job", attrs=attrs)
     job.append("environment", {"name": list(env), "value": list(env.values())})
-    dists = sorted(
-        {nv for d in importlib.metadata.distributions() if (nv := name_version(d))}
-    )
-    job.append(
-        "packages", {"name": [n for n, _ in dists], "version": [v for _, v in dists]}
-    )
+    dists = sorted({nv for d in importlib.metadata.distributions() if (nv := name_version(d))})
+    job.append("packages", {"name": [n for n, _ in dists], "version": [v for _, v in dists]})
     cfg = writer.group("config")
     entries = flatten(config.redact_mapping(dask.config.config))
     cfg.append(

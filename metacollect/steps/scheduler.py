@@ -48,11 +48,7 @@ _CLIENT_STATE = ("time", "client", "wants_what", "last_seen")
 
 def cluster_id(scheduler_id: str) -> str:
     """Short, unique name of a cluster's subtree, from the scheduler's id."""
-    return (
-        scheduler_id.rsplit("-", 1)[-1][:12]
-        if "-" in scheduler_id
-        else scheduler_id[:12]
-    )
+    return scheduler_id.rsplit("-", 1)[-1][:12] if "-" in scheduler_id else scheduler_id[:12]
 
 
 def _group_of(key: Any) -> str:
@@ -135,9 +131,7 @@ class SchedulerCollector(SchedulerPlugin):
             },
             cluster=self.cluster,
         )
-        self.client_group: GroupWriter = self.writer.group(
-            "client", cluster=self.cluster
-        )
+        self.client_group: GroupWriter = self.writer.group("client", cluster=self.cluster)
         self.group: GroupWriter = self.writer.group("scheduler", cluster=self.cluster)
         self.flusher = PeriodicFlusher(
             self._swap,
@@ -147,7 +141,9 @@ class SchedulerCollector(SchedulerPlugin):
             "metacollect-flush",
             budget=float(config.get("flush-budget")),
         )
-        self.profile = None  # step 5, Yappi: the scheduler process's profile (metacollect.yappi.scheduler)
+        self.profile = (
+            None  # step 5, Yappi: the scheduler process's profile (metacollect.yappi.scheduler)
+        )
         if config.get("yappi.enabled") and config.get("yappi.scheduler"):
             from metacollect.steps import yappi
 
@@ -155,9 +151,7 @@ class SchedulerCollector(SchedulerPlugin):
         self.flusher.start()
         from tornado.ioloop import PeriodicCallback
 
-        self._sampler = PeriodicCallback(
-            self._sample, config.interval("snapshot-interval") * 1000
-        )
+        self._sampler = PeriodicCallback(self._sample, config.interval("snapshot-interval") * 1000)
         if config.get("capture.worker-states"):
             self._sampler.start()
         self._capture_events = bool(config.get("capture.events"))
@@ -172,9 +166,7 @@ class SchedulerCollector(SchedulerPlugin):
         # a worker whose collector could not start writes nothing: say so in the store
         for address, reply in (replies or {}).items():
             if isinstance(reply, dict) and reply.get("status") == "error":
-                self._on_error(
-                    f"worker-setup {address}", RuntimeError(str(reply.get("exception")))
-                )
+                self._on_error(f"worker-setup {address}", RuntimeError(str(reply.get("exception"))))
 
     async def before_close(self) -> None:
         await self.finish()
@@ -190,9 +182,7 @@ class SchedulerCollector(SchedulerPlugin):
         self._sampler.stop()
         self._sample()
         if self.profile is not None:
-            self.profile.last_flush = (
-                True  # the final flush takes the full profile snapshot
-            )
+            self.profile.last_flush = True  # the final flush takes the full profile snapshot
         await self.flusher.close()
         if self.profile is not None:
             self.profile.detach()
@@ -231,9 +221,7 @@ class SchedulerCollector(SchedulerPlugin):
             # one list per column: appending creates no new GC-tracked object (a row tuple per
             # transition would, and the cyclic GC it triggers costs more than the hook itself);
             # the time last: a row is whole for the flush thread once it has its time
-            add_key, add_start, add_finish, add_stimulus, add_extra, add_time = (
-                self._tappend
-            )
+            add_key, add_start, add_finish, add_stimulus, add_extra, add_time = self._tappend
             add_key(key)
             add_start(start)
             add_finish(finish)
@@ -346,8 +334,7 @@ class SchedulerCollector(SchedulerPlugin):
                 for ws in s.workers.values()
             ]
             clients = [
-                (cs.client_key, len(cs.wants_what), cs.last_seen)
-                for cs in s.clients.values()
+                (cs.client_key, len(cs.wants_what), cs.last_seen) for cs in s.clients.values()
             ]
         except Exception as e:
             self._on_error("sample", e)
@@ -371,15 +358,11 @@ class SchedulerCollector(SchedulerPlugin):
         if transitions[0]:
             self._write_transitions(transitions)
         if workers:
-            cols: dict[str, list[Any]] = {
-                k: [w[k] for w in workers] for k in workers[0]
-            }
+            cols: dict[str, list[Any]] = {k: [w[k] for w in workers] for k in workers[0]}
             self.group.append("workers", cols)
         if events:
             t, topic, msg = zip(*events, strict=False)
-            self.group.append(
-                "events", {"time": t, "topic": topic, "msg": [_json(m) for m in msg]}
-            )
+            self.group.append("events", {"time": t, "topic": topic, "msg": [_json(m) for m in msg]})
         if samples:
             self._write_samples(samples)
         if self.profile is not None:
@@ -397,9 +380,7 @@ class SchedulerCollector(SchedulerPlugin):
         keys, starts, finishes, stims, extra, times = columns
         self.n_transitions += len(keys)
         # extra: None, the worker address (-> processing) or the transition's kwargs (a dict)
-        workers = [
-            e if type(e) is str else (e.get("worker") if e else None) for e in extra
-        ]
+        workers = [e if type(e) is str else (e.get("worker") if e else None) for e in extra]
         self.group.append(
             "transitions",
             {
@@ -440,9 +421,7 @@ class SchedulerCollector(SchedulerPlugin):
         for i in done:
             kw = extra[i]
             key = keys[i]
-            compute = [
-                ss for ss in kw.get("startstops") or () if ss.get("action") == "compute"
-            ]
+            compute = [ss for ss in kw.get("startstops") or () if ss.get("action") == "compute"]
             ts = tasks.get(key)
             cols["key"].append(key)
             cols["prefix"].append(key_split(key))

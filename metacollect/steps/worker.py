@@ -52,9 +52,7 @@ class WorkerCollector(WorkerPlugin):
     name = "metacollect-worker"
     idempotent = True
 
-    def __init__(
-        self, store: str, cluster: str, options: dict[str, Any] | None = None
-    ) -> None:
+    def __init__(self, store: str, cluster: str, options: dict[str, Any] | None = None) -> None:
         self.store_path = store
         self.cluster = cluster
         self.options = options or {}
@@ -109,9 +107,7 @@ class WorkerCollector(WorkerPlugin):
             "metacollect-flush",
             budget=float(config.get("flush-budget")),
         )
-        self.profile = (
-            None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
-        )
+        self.profile = None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
         if config.get("yappi.enabled"):
             from metacollect.steps import yappi
 
@@ -125,9 +121,7 @@ class WorkerCollector(WorkerPlugin):
         self.flusher.start()
         from tornado.ioloop import PeriodicCallback
 
-        self._sampler = PeriodicCallback(
-            self._sample, config.interval("snapshot-interval") * 1000
-        )
+        self._sampler = PeriodicCallback(self._sample, config.interval("snapshot-interval") * 1000)
         if config.get("capture.worker-metrics"):
             self._sampler.start()
         self._started = True
@@ -140,9 +134,7 @@ class WorkerCollector(WorkerPlugin):
         self._sampler.stop()
         self._sample()
         if self.profile is not None:
-            self.profile.last_flush = (
-                True  # the final flush takes the full profile snapshot
-            )
+            self.profile.last_flush = True  # the final flush takes the full profile snapshot
         await self.flusher.close()
         if self.profile is not None:
             self.profile.detach()
@@ -260,12 +252,8 @@ class WorkerCollector(WorkerPlugin):
                     "typename",
                 )
             }
-            ss: dict[str, list[Any]] = {
-                c: [] for c in ("key", "action", "start", "stop", "source")
-            }
-            for key, state, ran, thread, startstops, nbytes, typ in zip(
-                *executions, strict=True
-            ):
+            ss: dict[str, list[Any]] = {c: [] for c in ("key", "action", "start", "stop", "source")}
+            for key, state, ran, thread, startstops, nbytes, typ in zip(*executions, strict=True):
                 for s_ in startstops:
                     ss["key"].append(key)
                     ss["action"].append(s_.get("action"))
@@ -332,9 +320,7 @@ class WorkerCollector(WorkerPlugin):
                     transfers["keys"].append(json.dumps([str(k) for k in keys]))
                     transfers["total"].append(int(e.get("total") or 0))
                     c = e.get("compressed")
-                    transfers["compressed"].append(
-                        int(c) if isinstance(c, (int, float)) else -1
-                    )
+                    transfers["compressed"].append(int(c) if isinstance(c, (int, float)) else -1)
             else:
                 for name, v in zip(metrics, row, strict=False):
                     metrics[name].append(v)

@@ -80,9 +80,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "scheduler": ("scheduler_threads", "scheduler_coroutines"),
     "client": ("client_threads", "client_coroutines"),
 }
-_ASYNC_FLAGS = (
-    inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
-)
+_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
 #: files whose frames are left out of the profile: yappi's own, and this module's
 #: (the task-tagging dict runs in the task's thread, around every task)
 _HIDDEN_FILES = frozenset(
@@ -457,9 +455,7 @@ class ProcessProfiler:
         sink.needs_full = False
         return cols
 
-    def _unfinished_pit(
-        self, row: tuple[Any, ...], stacks: _Stacks
-    ) -> tuple[int, float]:
+    def _unfinished_pit(self, row: tuple[Any, ...], stacks: _Stacks) -> tuple[int, float]:
         """``(ncall, tsub)`` of a pit as if no snapshot had been taken mid-call.
 
         Enumerating stats (``_yappi.enum_func_stats``, also under
@@ -599,9 +595,7 @@ class ProcessProfiler:
         group_of: dict[int, str | None] = {}
         for ctx in {k[0] for k in stats} | {k[0] for k in edges}:
             in_loop = ctx_tid.get(ctx) in loops
-            group_of[ctx] = (
-                ("coroutines" if self.event_loop else None) if in_loop else "threads"
-            )
+            group_of[ctx] = ("coroutines" if self.event_loop else None) if in_loop else "threads"
         last_stats, last_edges = self.last_stats, self.last_edges
         for (ctx, tag, fid), (ncall, nactual, ttot, tsub) in stats.items():
             group = group_of[ctx]
@@ -625,18 +619,14 @@ class ProcessProfiler:
                     continue
                 last_edges[(ctx, fid, ctag, cfid)] = sig
             tid = ctx_tid.get(ctx, -1)
-            e_rows[group].append(
-                (snap, ctx, tid, tag, fid, ctag, cfid, ncall, nactual, ttot, tsub)
-            )
+            e_rows[group].append((snap, ctx, tid, tag, fid, ctag, cfid, ncall, nactual, ttot, tsub))
         out: dict[str, Any] = {}
         n_rows = 0
         for group_name in ("threads", "coroutines"):
             written = sink.written_funcs[group_name]
             s_cols = columns(_STAT_COLUMNS, s_rows[group_name])
             e_cols = columns(_EDGE_COLUMNS, e_rows[group_name])
-            needed = (
-                set(s_cols["func"]) | set(e_cols["caller"]) | set(e_cols["callee"])
-            ) - written
+            needed = (set(s_cols["func"]) | set(e_cols["caller"]) | set(e_cols["callee"])) - written
             f_cols = columns(
                 _FUNCTION_COLUMNS,
                 [(fid, *self.func_meta[fid]) for fid in sorted(needed)],
@@ -658,11 +648,7 @@ class ProcessProfiler:
                     ctx,
                     tid,
                     names.get(tid, name),
-                    "loop"
-                    if tid in loops
-                    else "executor"
-                    if tid in executor
-                    else "other",
+                    "loop" if tid in loops else "executor" if tid in executor else "other",
                     ttot,
                     sched,
                 )
@@ -957,9 +943,7 @@ def attach(
         except Exception as e:
             tkind = KINDS[kind][0]
             try:
-                writer.group(tkind, attrs=_failed_attrs(), **parts).record_error(
-                    "yappi.start", e
-                )
+                writer.group(tkind, attrs=_failed_attrs(), **parts).record_error("yappi.start", e)
             except Exception:
                 logger.exception("metacollect: yappi profile could not start")
             if _profiler is not None and not _profiler.sinks:
@@ -967,12 +951,7 @@ def attach(
                 _profiler = None
             return None
         owner = _profiler.owner
-        if (
-            owner is not None
-            and not owner.periodic
-            and sink.periodic
-            and owner.needs_full
-        ):
+        if owner is not None and not owner.periodic and sink.periodic and owner.needs_full:
             _profiler.sinks.insert(
                 0, sink
             )  # a client sink writes only at the end: let this one own
@@ -1053,9 +1032,7 @@ _STAT_KEY = ["context", "tag", "func"]
 _EDGE_KEY = ["context", "tag", "caller", "callee_tag", "callee"]
 
 
-def profile_groups(
-    run: Run, worker: str | None = None
-) -> list[tuple[str, str, dict[str, Any]]]:
+def profile_groups(run: Run, worker: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
     """``(threads group, coroutines group, attrs)`` of the process profiles.
 
     ``worker`` is a worker group name, address or name, or ``"scheduler"`` /
@@ -1068,9 +1045,7 @@ def profile_groups(
     want: set[tuple[Any, Any]] | None = None
     if worker in ("scheduler", "client"):
         want = {
-            (a.get("host"), a.get("pid"))
-            for a in profiles.values()
-            if kinds[a["kind"]] == worker
+            (a.get("host"), a.get("pid")) for a in profiles.values() if kinds[a["kind"]] == worker
         }
     elif worker is not None:
         want = {
@@ -1083,14 +1058,11 @@ def profile_groups(
 
             known = sorted(p.rsplit("/", 1)[-1] for p in run.worker_groups())
             raise StoreError(
-                f"no worker {worker!r} in {run.path}; "
-                f"workers are {', '.join(known) or 'none'}"
+                f"no worker {worker!r} in {run.path}; workers are {', '.join(known) or 'none'}"
             )
     out = []
     for path, a in profiles.items():
-        if not a.get("owner") or (
-            want is not None and (a.get("host"), a.get("pid")) not in want
-        ):
+        if not a.get("owner") or (want is not None and (a.get("host"), a.get("pid")) not in want):
             continue
         cpath = f"{path.rsplit('/', 1)[0]}/coroutines"
         out.append(
@@ -1155,11 +1127,7 @@ def read_profile(
             df = _read(run, path, "edges" if edges else "stats", key)
             if not len(df):
                 continue
-            f = (
-                funcs
-                if level == "thread"
-                else _table(run, path, "functions").set_index("func")
-            )
+            f = funcs if level == "thread" else _table(run, path, "functions").set_index("func")
             df = df.copy()
             df.insert(0, "cluster", cluster)
             df.insert(1, "worker", wname)
@@ -1179,18 +1147,12 @@ def read_profile(
                     df[col] = df["func"].map(f[col])
             proc = (cluster, attrs.get("host"), attrs.get("pid"), level)
             by_process.setdefault(proc, []).append(df)
-    frames = [
-        _merge_process(fs, key) if len(fs) > 1 else fs[0] for fs in by_process.values()
-    ]
+    frames = [_merge_process(fs, key) if len(fs) > 1 else fs[0] for fs in by_process.values()]
     if not frames:
         return _empty(edges)
     out = pd.concat(frames, ignore_index=True)
     if task is not None:
-        wanted = (
-            {str(t) for t in task}
-            if isinstance(task, (list, set, frozenset))
-            else {str(task)}
-        )
+        wanted = {str(t) for t in task} if isinstance(task, (list, set, frozenset)) else {str(task)}
         out = out[out["key"].isin(wanted)]
     if thread is not None:
         out = out[out["thread"] == int(thread)]
@@ -1202,9 +1164,7 @@ def _empty(edges: bool) -> pd.DataFrame:
     process = ["cluster", "worker", "level", "process", "host", "pid"]
     if edges:
         sides = [
-            f"{s}_{c}"
-            for s in ("caller", "callee")
-            for c in ("name", "module", "file", "line")
+            f"{s}_{c}" for s in ("caller", "callee") for c in ("name", "module", "file", "line")
         ]
         cols = [*process, *_EDGE_COLUMNS, "thread_name", "key", "callee_key", *sides]
     else:

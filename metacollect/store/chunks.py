@@ -32,9 +32,7 @@ def _encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
         if isinstance(c, BytesCodec):
             order = "<" if c.endian is None or c.endian.value == "little" else ">"
             steps.append(
-                lambda a, o=order: np.ascontiguousarray(
-                    a, a.dtype.newbyteorder(o)
-                ).tobytes()
+                lambda a, o=order: np.ascontiguousarray(a, a.dtype.newbyteorder(o)).tobytes()
             )
         elif isinstance(c, VLenUTF8Codec):
             steps.append(numcodecs.VLenUTF8().encode)
@@ -98,9 +96,7 @@ class ChunkAppender:
             part = rows[lo : lo + self.chunk]
             index = (first + lo) // self.chunk
             key = self.arr.metadata.encode_chunk_key((index,) + (0,) * (rows.ndim - 1))
-            buf = default_buffer_prototype().buffer.from_bytes(
-                self.encode(self._padded(part))
-            )
+            buf = default_buffer_prototype().buffer.from_bytes(self.encode(self._padded(part)))
             await (self.arr.store_path / key).set(buf)
         last = first + (len(rows) - 1) // self.chunk * self.chunk
         self._tail = (last, rows[last - first :].copy())  # not a view of all the rows

@@ -88,9 +88,7 @@ class Run:
     @functools.cached_property
     def tree(self) -> xr.DataTree:
         """The whole run as an :class:`xarray.DataTree` (lazily loaded)."""
-        return xr.open_datatree(
-            self.path, engine="zarr", consolidated=False, chunks=None
-        )
+        return xr.open_datatree(self.path, engine="zarr", consolidated=False, chunks=None)
 
     @functools.cached_property
     def groups(self) -> dict[str, dict[str, Any]]:
@@ -117,22 +115,14 @@ class Run:
     def level(self, name: str) -> dict[str, xr.DataTree]:
         """Every group at that level of the metadata map, as DataTree nodes by path."""
         if name not in self.schema.levels:
-            raise StoreError(
-                f"unknown level {name!r}; levels are {', '.join(self.schema.levels)}"
-            )
-        return {
-            p: self.tree[p] if p else self.tree for p in self.levels().get(name, [])
-        }
+            raise StoreError(f"unknown level {name!r}; levels are {', '.join(self.schema.levels)}")
+        return {p: self.tree[p] if p else self.tree for p in self.levels().get(name, [])}
 
     def step(self, n: int) -> dict[str, xr.DataTree]:
         """Every group of step ``n`` (1-5) of the metadata map."""
         if n not in self.schema.steps:
-            raise StoreError(
-                f"unknown step {n!r}; steps are {sorted(self.schema.steps)}"
-            )
-        return {
-            p: self.tree[p] for p, a in self.groups.items() if a.get("step") == n and p
-        }
+            raise StoreError(f"unknown step {n!r}; steps are {sorted(self.schema.steps)}")
+        return {p: self.tree[p] for p, a in self.groups.items() if a.get("step") == n and p}
 
     def clusters(self) -> list[str]:
         """Cluster ids (one per scheduler), in start order."""
@@ -183,10 +173,7 @@ class Run:
             tg = self.root[f"{group}/{name}" if group else name]
         except KeyError:
             return pd.DataFrame(
-                {
-                    v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype))
-                    for v in wanted
-                }
+                {v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype)) for v in wanted}
             )
         arrays = {}
         strings: _GroupStrings | None = None  # the group's strings, read once per table
@@ -203,9 +190,7 @@ class Run:
             )
             if distinct and data_of:
                 keep = (
-                    ~pd.DataFrame(
-                        {v: d if d.ndim == 1 else list(d) for v, d in data_of.items()}
-                    )
+                    ~pd.DataFrame({v: d if d.ndim == 1 else list(d) for v, d in data_of.items()})
                     .duplicated()
                     .to_numpy()
                 )
@@ -217,9 +202,7 @@ class Run:
                     arrays[v] = pd.Series(
                         np.full(
                             n,
-                            None
-                            if vspec.dtype in ("str", "code")
-                            else FILL[vspec.dtype],
+                            None if vspec.dtype in ("str", "code") else FILL[vspec.dtype],
                             dtype=_pandas_dtype(vspec.dtype),
                         )
                     )
@@ -386,12 +369,8 @@ class Run:
                     df.insert(0, "group", path)
                     frames.append(df)
         if not frames:
-            return pd.DataFrame(
-                {"group": [], "time": [], "where": [], "what": [], "why": []}
-            )
-        return pd.concat(frames, ignore_index=True).sort_values(
-            "time", ignore_index=True
-        )
+            return pd.DataFrame({"group": [], "time": [], "where": [], "what": [], "why": []})
+        return pd.concat(frames, ignore_index=True).sort_values("time", ignore_index=True)
 
     def losses(self) -> pd.DataFrame:
         """Tasks lost with a worker: one row per task the scheduler took back from a removed
@@ -422,12 +401,7 @@ class Run:
         )
         m = m.rename(columns={"address": "worker", "start": "lost"})
         tasks = self.tasks()
-        last = (
-            tasks.groupby(["cluster", "key"])["time"]
-            .max()
-            .rename("last_done")
-            .reset_index()
-        )
+        last = tasks.groupby(["cluster", "key"])["time"].max().rename("last_done").reset_index()
         m = m.merge(last, on=["cluster", "key"], how="left")
         m["recomputed"] = m["last_done"] > m["removed"]
         return m[cols].sort_values(["removed", "key"], ignore_index=True)
@@ -501,18 +475,14 @@ class Run:
         if not len(pairs):
             return np.full(len(df), -1, dtype=np.int64)
         if not pairs.duplicated(["cluster", "group"]).any():
-            m = df[["cluster", "group"]].merge(
-                pairs, on=["cluster", "group"], how="left"
-            )
+            m = df[["cluster", "group"]].merge(pairs, on=["cluster", "group"], how="left")
             return m["graph"].fillna(-1).to_numpy(dtype=np.int64)
         gt = self._concat("client", "tasks", columns=["graph", "key"])
         g = self.graphs()[["cluster", "graph", "time"]]
         gt = gt.merge(g, on=["cluster", "graph"], how="left")
         left = df[["cluster", "key", "time"]].reset_index().sort_values("time")
         right = gt.rename(columns={"time": "gtime"}).sort_values("gtime")
-        m = pd.merge_asof(
-            left, right, left_on="time", right_on="gtime", by=["cluster", "key"]
-        )
+        m = pd.merge_asof(left, right, left_on="time", right_on="gtime", by=["cluster", "key"])
         return m.sort_values("index")["graph"].fillna(-1).to_numpy(dtype=np.int64)
 
     def config(self) -> dict[str, Any]:

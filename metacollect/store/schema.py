@@ -137,18 +137,14 @@ def load_schema(directory: str = SCHEMA_DIR) -> Schema:
         with open(path) as f:
             # libyaml's loader where PyYAML has it: every collecting process reads the
             # schema once, at setup, and the pure-Python loader takes ~0.1 s for it
-            docs.append(
-                yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-            )
+            docs.append(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     base = next(d for d in docs if "schema_version" in d)
     common = {n: _table(n, t) for n, t in base.get("common_tables", {}).items()}
     groups: dict[str, GroupSpec] = {}
     for doc in docs:
         for kind, g in doc.get("groups", {}).items():
             tables = {n: _table(n, t) for n, t in (g.get("tables") or {}).items()}
-            if (
-                tables or kind == "root"
-            ):  # every group that holds data gets strings + errors
+            if tables or kind == "root":  # every group that holds data gets strings + errors
                 tables = {**common, **tables}
             regex = re.sub(r"\\\{[a-z_]+\\\}", r"[^/]+", re.escape(g["path"]))
             groups[kind] = GroupSpec(

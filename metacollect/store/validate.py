@@ -24,9 +24,7 @@ _ATTR_TYPES: dict[str, tuple[type, ...]] = {
 _COMMON = ("kind", "step", "level", "category", "schema_version")
 
 
-def validate_store(
-    path: str | os.PathLike[str], schema: Schema | None = None
-) -> list[str]:
+def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -> list[str]:
     """Problems of a store, one line each (empty: the store holds against the schema)."""
     schema = schema or load_schema()
     try:
@@ -64,9 +62,7 @@ def _check_group(
         if name not in attrs:
             problems.append(f"{where}: missing attr {name!r}")
     if attrs.get("kind") not in (None, spec.kind):
-        problems.append(
-            f"{where}: kind {attrs.get('kind')!r} but its path is a {spec.kind!r}"
-        )
+        problems.append(f"{where}: kind {attrs.get('kind')!r} but its path is a {spec.kind!r}")
     for name, key in (
         ("step", spec.step),
         ("level", spec.level),
@@ -80,9 +76,7 @@ def _check_group(
         )
     for name, aspec in spec.attrs.items():
         if name not in attrs:
-            problems.append(
-                f"{where}: missing attr {name!r} ({aspec.get('description', '')})"
-            )
+            problems.append(f"{where}: missing attr {name!r} ({aspec.get('description', '')})")
             continue
         types = aspec.get("type", [])
         types = [types] if isinstance(types, str) else types
@@ -92,13 +86,9 @@ def _check_group(
             and not (t in ("int", "float") and isinstance(value, bool))
             for t in types
         ):
-            problems.append(
-                f"{where}: attr {name}={value!r} is not of type {' or '.join(types)}"
-            )
+            problems.append(f"{where}: attr {name}={value!r} is not of type {' or '.join(types)}")
         if "values" in aspec and value not in aspec["values"]:
-            problems.append(
-                f"{where}: attr {name}={value!r} not one of {aspec['values']}"
-            )
+            problems.append(f"{where}: attr {name}={value!r} not one of {aspec['values']}")
     if path == "" and isinstance(attrs.get("levels"), dict):
         for level in attrs["levels"]:
             if level not in schema.levels:
@@ -130,15 +120,11 @@ def _check_table(
             continue
         var = tspec.variables.get(name)
         if var is None:
-            problems.append(
-                f"{path}/{name}: variable not in the schema of table {tspec.name!r}"
-            )
+            problems.append(f"{path}/{name}: variable not in the schema of table {tspec.name!r}")
             continue
         dims = list(arr.metadata.dimension_names or [])
         if not dims or dims[0] != tspec.dim:
-            problems.append(
-                f"{path}/{name}: first dimension {dims[:1]} should be {tspec.dim!r}"
-            )
+            problems.append(f"{path}/{name}: first dimension {dims[:1]} should be {tspec.dim!r}")
         expected = DTYPES[var.dtype]
         if var.dtype == "str":
             if arr.dtype.kind not in ("T", "O", "U"):
@@ -150,21 +136,15 @@ def _check_table(
                     f"{path}/{name}: fixed-width unicode; the schema needs variable-length strings"
                 )
         elif np.dtype(arr.dtype) != np.dtype(expected):
-            problems.append(
-                f"{path}/{name}: dtype {arr.dtype} should be {np.dtype(expected)}"
-            )
+            problems.append(f"{path}/{name}: dtype {arr.dtype} should be {np.dtype(expected)}")
         lengths[name] = arr.shape[0]
         if var.dtype == "code":
             code_arrays[name] = arr
     rows = group.attrs.get("rows")
     n = committed_rows(group, lengths.values())
     if isinstance(rows, int) and rows > min(lengths.values(), default=0):
-        problems.append(
-            f"{path}: rows attribute {rows} exceeds its variables {lengths}"
-        )
-    elif (
-        len(set(lengths.values())) > 1 and not incomplete and not isinstance(rows, int)
-    ):
+        problems.append(f"{path}: rows attribute {rows} exceeds its variables {lengths}")
+    elif len(set(lengths.values())) > 1 and not incomplete and not isinstance(rows, int):
         # with a ``rows`` commit point, a longer tail is an append a kill cut short
         problems.append(f"{path}: variables have different lengths {lengths}")
     parent = path.rsplit("/", 1)[0] if "/" in path else ""

@@ -119,9 +119,7 @@ class StringTable:
         """
         if len(values) == 0:
             return np.empty(0, np.int32)
-        local, uniques = pd.factorize(
-            pd.Series(values, dtype=object), use_na_sentinel=True
-        )
+        local, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=True)
         uniq = uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
         uniq = [u if type(u) is str else str(u) for u in uniq]
         with self._lock:
@@ -173,9 +171,7 @@ class Table:
             return
         unknown = set(columns) - set(self.spec.variables)
         if unknown:
-            raise KeyError(
-                f"table {self.spec.name!r} has no variables {sorted(unknown)}"
-            )
+            raise KeyError(f"table {self.spec.name!r} has no variables {sorted(unknown)}")
         with self._lock:
             self._chunks.append((n, dict(columns)))
             self._rows += n
@@ -315,9 +311,7 @@ class GroupWriter:
             if dropped:
                 for t in self.tables.values():
                     t.dropped = 0
-                self.record_error(
-                    "buffer", f"rows dropped while flushes failed: {dropped}"
-                )
+                self.record_error("buffer", f"rows dropped while flushes failed: {dropped}")
             return written
 
     def _write(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
@@ -354,9 +348,7 @@ class GroupWriter:
         try:
             self._write({"errors": self.tables["errors"].take()})
         except Exception as e:  # the same outage: already reported, the rows are kept
-            logger.debug(
-                "metacollect: errors of %s not written either: %r", self.path, e
-            )
+            logger.debug("metacollect: errors of %s not written either: %r", self.path, e)
 
     def _columns(
         self, spec: TableSpec, chunks: list[tuple[int, dict[str, Any]]]
@@ -379,8 +371,7 @@ class GroupWriter:
                 elif var.dtype == "str":
                     arr = np.empty(len(values), dtype=object)
                     arr[:] = [
-                        v if type(v) is str else ("" if v is None else str(v))
-                        for v in values
+                        v if type(v) is str else ("" if v is None else str(v)) for v in values
                     ]
                     parts.append(arr)
                 else:
@@ -408,9 +399,7 @@ class GroupWriter:
         for table in tables:
             if table not in self._committed:
                 self._committed[table] = self._rows_in_store(table)
-            if (
-                table not in self._arrays
-            ):  # its group, and the arrays an earlier writer made
+            if table not in self._arrays:  # its group, and the arrays an earlier writer made
                 tgroup = self.store.ensure_table(self, table)
                 self._tgroups[table] = tgroup._async_group
                 self._arrays[table] = {n: a._async_array for n, a in tgroup.arrays()}
@@ -426,15 +415,11 @@ class GroupWriter:
             start = self._committed[table]
             end = start + len(data)
             if arr.shape[0] < end:
-                await arr.resize(
-                    (_capacity(end, arr.shape[0], arr.chunks[0]), *arr.shape[1:])
-                )
+                await arr.resize((_capacity(end, arr.shape[0], arr.chunks[0]), *arr.shape[1:]))
             await self._appender(table, name, arr).write(start, data)
 
         async def commit(table: str, n: int) -> None:
-            await self._tgroups[table].update_attributes(
-                {"rows": self._committed[table] + n}
-            )
+            await self._tgroups[table].update_attributes({"rows": self._committed[table] + n})
 
         _raise_first(
             await asyncio.gather(
@@ -452,9 +437,7 @@ class GroupWriter:
         if "strings" in rows:
             await commit("strings", rows.pop("strings"))
         _raise_first(
-            await asyncio.gather(
-                *(commit(t, n) for t, n in rows.items()), return_exceptions=True
-            )
+            await asyncio.gather(*(commit(t, n) for t, n in rows.items()), return_exceptions=True)
         )
 
     def _appender(self, table: str, name: str, arr: Any) -> ChunkAppender:
@@ -483,17 +466,13 @@ class GroupWriter:
 class StoreWriter:
     """One process's writer of a store: it creates and appends only the groups it owns."""
 
-    def __init__(
-        self, path: str | os.PathLike[str], schema: Schema | None = None
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], schema: Schema | None = None) -> None:
         self.path = os.fspath(path)
         self.schema = schema or load_schema()
         self.root = open_root(self.path)
         self.chunk_rows = int(config.get("store.chunk-rows"))
         level = int(config.get("store.compression-level"))
-        self._numeric = [
-            BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")
-        ]
+        self._numeric = [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")]
         self._text = [ZstdCodec(level=level)]
         #: Zarr's array for each kind of array this writer makes, as it is being made in
         #: memory (see create_array)
@@ -501,9 +480,7 @@ class StoreWriter:
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
-    def group(
-        self, kind: str, attrs: Mapping[str, Any] | None = None, **parts: Any
-    ) -> GroupWriter:
+    def group(self, kind: str, attrs: Mapping[str, Any] | None = None, **parts: Any) -> GroupWriter:
         """The writer of group ``kind`` at its concrete path (``parts`` fill the template)."""
         spec = self.schema.groups[kind]
         path = spec.format(**parts)
@@ -524,9 +501,7 @@ class StoreWriter:
             "description": spec.description,
         }
 
-    def ensure_group(
-        self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]
-    ) -> zarr.Group:
+    def ensure_group(self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]) -> zarr.Group:
         """Create ``path`` and its parents, each annotated with step/level/category."""
         parts = [p for p in path.split("/") if p]
         with compact_json():
@@ -707,9 +682,7 @@ def trim(root: zarr.Group, nodes: dict[str, dict[str, Any]]) -> int:
     return len(cuts)
 
 
-def seal(
-    root: zarr.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str, Any]
-) -> None:
+def seal(root: zarr.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str, Any]) -> None:
     """Write the root's ``zarr.json`` once: ``attrs`` added to its attributes, and the
     consolidated metadata of ``nodes`` (the :func:`read_nodes` of a store no process writes
     any more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
@@ -787,9 +760,7 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def rows(
-    records: Iterable[Mapping[str, Any]], names: Iterable[str]
-) -> dict[str, list[Any]]:
+def rows(records: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str, list[Any]]:
     """Columns from an iterable of dict rows (for small, non-hot tables)."""
     names = list(names)
     cols: dict[str, list[Any]] = {n: [] for n in names}
@@ -799,9 +770,7 @@ def rows(
     return cols
 
 
-def columns(
-    names: Sequence[str], rows: Sequence[Sequence[Any]]
-) -> dict[str, Sequence[Any]]:
+def columns(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Sequence[Any]]:
     """Columns ``{name: values}`` from row tuples in ``names`` order (empty without rows)."""
     if not rows:
         return {n: [] for n in names}
