@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from metacollect import analysis, plot
-from metacollect.store.reader import Run, open_run
+from metacollect.analysis.run import Run, open_run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

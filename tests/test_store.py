@@ -9,9 +9,11 @@ import pytest
 import xarray as xr
 import zarr
 
-from metacollect.collect import finalize, init_root
+from metacollect import open_run
+from metacollect.collect import init_root
 from metacollect.steps.job import JobInfo, write_job
-from metacollect.store.reader import open_run, walk
+from metacollect.store.lifecycle import finalize
+from metacollect.store.reader import walk
 from metacollect.store.schema import load_schema
 from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter, StringTable

@@ -1,6 +1,6 @@
 """Offline analysis of a run: every view of :mod:`metacollect.plot` is first a DataFrame here.
 
-All functions take a :class:`~metacollect.store.reader.Run` and return pandas DataFrames
+All functions take a :class:`~metacollect.analysis.run.Run` and return pandas DataFrames
 with times in seconds since the epoch (``start``/``stop``/``time``) plus, where useful,
 ``t`` columns relative to the run's start (:func:`origin`).
 
@@ -25,7 +25,7 @@ import pandas as pd
 from dask.utils import key_split
 
 if TYPE_CHECKING:
-    from metacollect.store.reader import Run
+    from metacollect.analysis.run import Run
 
 __all__ = [
     "activity",
@@ -587,7 +587,7 @@ def catalog(directory: str | os.PathLike[str], pattern: str = "**/*.zarr") -> pd
     >>> import metacollect
     >>> metacollect.catalog("runs/").sort_values("wall_time")   # doctest: +SKIP
     """
-    from metacollect.store.reader import open_run
+    from metacollect.analysis.run import open_run
 
     rows = []
     for path in sorted(glob.glob(os.path.join(os.fspath(directory), pattern), recursive=True)):

@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from distributed import Client, LocalCluster
 
     from metacollect import collect
-    from metacollect.collect import prepare_store
     from metacollect.demo import run_demo
+    from metacollect.store.lifecycle import prepare_store
 
     store = prepare_store(
         args.store, args.overwrite or None

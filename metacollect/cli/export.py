@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from metacollect.store.reader import open_run
+    from metacollect.analysis.run import open_run
 
     if args.perfetto is None and args.pstat is None:
         raise UsageError("nothing to export; pass --perfetto out.json and/or --pstat DIR")

@@ -43,7 +43,7 @@ def _when(t: Any) -> str:
 
 def describe(store: str) -> list[str]:
     """Lines of the ``info`` output."""
-    from metacollect.store.reader import open_run
+    from metacollect.analysis.run import open_run
 
     run = open_run(store)
     a = run.attrs

@@ -55,8 +55,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from metacollect.analysis.run import open_run
     from metacollect.steps.darshan import ingest
-    from metacollect.store.reader import open_run
 
     run_ = open_run(args.store)  # a NotAStoreError says what is wrong with the path
     logdir = args.logdir

@@ -22,8 +22,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from metacollect.analysis.run import open_run
     from metacollect.report import write_report
-    from metacollect.store.reader import open_run
 
     run_ = open_run(args.store)  # NotAStoreError says how to fix the path
     out = args.output or os.path.splitext(os.path.normpath(args.store))[0] + "-report"

@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from metacollect.store.reader import open_run
+    from metacollect.analysis.run import open_run
     from metacollect.store.validate import validate_store
 
     if not os.path.exists(args.store) and "://" not in args.store:

@@ -21,7 +21,7 @@ import numpy as np
 from metacollect import analysis
 
 if TYPE_CHECKING:
-    from metacollect.store.reader import Run
+    from metacollect.analysis.run import Run
 
 #: default bound on the number of trace events
 MAX_EVENTS = 1_000_000

@@ -19,7 +19,7 @@ import pandas as pd
 from metacollect.errors import StoreError
 
 if TYPE_CHECKING:
-    from metacollect.store.reader import Run
+    from metacollect.analysis.run import Run
 
 __all__ = ["pstats_dict", "write"]
 

@@ -410,8 +410,9 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
     """
     import uuid
 
-    from metacollect.collect import init_root, prepare_store
+    from metacollect.collect import init_root
     from metacollect.steps.job import JobInfo, write_job
+    from metacollect.store.lifecycle import prepare_store
     from metacollect.store.writer import StoreWriter
 
     store = prepare_store(store, overwrite)
@@ -512,11 +513,10 @@ def batch_finalize(store: str, exit_code: int = 0) -> str:
 
     ``complete`` when every scheduler flushed its last interval, else ``incomplete``.
     """
-    from metacollect.collect import finalize
-    from metacollect.launch.runner import _all_clusters_ended
-    from metacollect.store.reader import open_run
+    from metacollect.analysis.run import open_run
+    from metacollect.store.lifecycle import clusters_ended, finalize
 
     open_run(store)  # a clear error when STORE is not a metacollect store
-    status = "complete" if _all_clusters_ended(store) else "incomplete"
+    status = "complete" if clusters_ended(store) else "incomplete"
     finalize(store, status, script_exit_code=exit_code)
     return status

@@ -23,10 +23,11 @@ from typing import Any
 import dask.config
 
 from metacollect import config
-from metacollect.collect import Collection, finalize, init_root, prepare_store
+from metacollect.collect import Collection, init_root
 from metacollect.errors import UsageError
 from metacollect.launch.preload import attach_environment
 from metacollect.steps.job import JobInfo, write_job
+from metacollect.store.lifecycle import clusters_ended, finalize, prepare_store
 from metacollect.store.writer import StoreWriter
 
 
@@ -177,7 +178,7 @@ def run_script(
         session.client.close()
         cluster_obj.close()
     else:
-        if status == "complete" and not _all_clusters_ended(store):
+        if status == "complete" and not clusters_ended(store):
             status = "incomplete"
         if opts["darshan"]["enabled"]:  # the processes have exited: their logs are written
             from metacollect.steps import darshan
@@ -201,16 +202,3 @@ def _darshan_environment(
         echo(f"metacollect: {e}; collecting without Darshan")
         writer.group("job").record_error("darshan", str(e))
         return {}
-
-
-def _all_clusters_ended(store: str) -> bool:
-    import zarr
-
-    root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
-    try:
-        clusters = root["clusters"]
-    except KeyError:
-        return True
-    return all(
-        m.attrs.get("ended") is not None for _, m in clusters.members() if isinstance(m, zarr.Group)
-    )

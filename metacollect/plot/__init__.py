@@ -1,6 +1,6 @@
 """Views of a run: the Dask dashboard after the fact, and views no live dashboard gives.
 
-Every function takes a :class:`~metacollect.store.reader.Run` and returns a matplotlib
+Every function takes a :class:`~metacollect.analysis.run.Run` and returns a matplotlib
 :class:`~matplotlib.figure.Figure` (drawn with the Agg canvas, no display needed). The data
 behind each view comes from :mod:`metacollect.analysis`.
 
@@ -27,7 +27,7 @@ from matplotlib.patches import Patch, Rectangle
 from metacollect import analysis
 
 if TYPE_CHECKING:
-    from metacollect.store.reader import Run
+    from metacollect.analysis.run import Run
 
 __all__ = [
     "VIEWS",

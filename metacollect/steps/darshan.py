@@ -72,7 +72,7 @@ from metacollect.store.writer import committed_rows
 if TYPE_CHECKING:
     from distributed import Client, Nanny
 
-    from metacollect.store.reader import Run
+    from metacollect.store.reader import StoreReader as Run
     from metacollect.store.writer import GroupWriter, StoreWriter
 
 logger = logging.getLogger(__name__)
@@ -1903,7 +1903,7 @@ def _update_levels(store: str) -> None:
     where the store keeps it, its consolidated metadata."""
     import zarr
 
-    from metacollect.collect import consolidate, levels_index
+    from metacollect.store.lifecycle import consolidate, levels_index
     from metacollect.store.writer import read_nodes
 
     try:

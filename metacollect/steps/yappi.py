@@ -69,7 +69,7 @@ from metacollect.store.writer import columns
 if TYPE_CHECKING:
     from distributed import Worker
 
-    from metacollect.store.reader import Run
+    from metacollect.store.reader import StoreReader as Run
     from metacollect.store.writer import GroupWriter, StoreWriter
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,109 @@
+"""A collected run as users read it: :func:`open_run` and :class:`Run`.
+
+:class:`Run` is the store's generic reader (:class:`~metacollect.store.reader.StoreReader`:
+tables, groups, levels, tasks, workers) plus the readers of step-5 data, which live in the
+analysis layer because they interpret what the steps wrote (Yappi profiles, Darshan I/O).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pandas as pd
+
+from metacollect.store.reader import StoreReader
+
+__all__ = ["Run", "open_run"]
+
+
+def open_run(path: str | os.PathLike[str]) -> Run:
+    """Open a metacollect store for reading.
+
+    Parameters
+    ----------
+    path
+        The store directory (or fsspec URL).
+
+    Returns
+    -------
+    Run
+
+    Examples
+    --------
+    >>> run = open_run("runs/a.zarr")   # doctest: +SKIP
+    >>> run.tasks().groupby("prefix").duration.sum()   # doctest: +SKIP
+    """
+    return Run(path)
+
+
+class Run(StoreReader):
+    """One collected run. Every table method returns a pandas DataFrame."""
+
+    def io(self, by: str = "file") -> pd.DataFrame:
+        """Darshan I/O (step 5): bytes, ops and time, POSIX and STDIO together.
+
+        Parameters
+        ----------
+        by
+            ``"file"`` (one row per process and file), ``"worker"`` (one row per process),
+            ``"task"`` (DXT segments summed per task whose compute interval contains them) or
+            ``"segment"`` (the DXT segments, on Dask's clock, with their task).
+
+        Examples
+        --------
+        >>> run.io(by="worker")[["worker", "bytes_read", "bytes_written"]]   # doctest: +SKIP
+        """
+        from metacollect.steps.darshan import read_io
+
+        return read_io(self, by=by)
+
+    def profile(
+        self, worker: str | None = None, task: Any = None, thread: int | None = None
+    ) -> pd.DataFrame:
+        """Yappi function stats (step 5), one row per (process, thread, task tag, function).
+
+        Parameters
+        ----------
+        worker
+            Worker group name, address or name; ``"scheduler"`` or ``"client"`` for those
+            processes' profiles. Default: every profiled process.
+        task
+            A task key (or list of keys): only time spent inside that task (a task
+            prefix, for a run profiled with ``metacollect.yappi.tasks: prefix``).
+        thread
+            A thread id (``threading.get_ident``, as in ``worker_table("tasks").thread``).
+
+        Returns
+        -------
+        pandas.DataFrame
+            cluster, worker, level (``thread`` or ``coroutine`` - the event loop), thread,
+            thread_name, tag, key (``None`` outside tasks; the task prefix when the run
+            had ``metacollect.yappi.tasks: prefix``), name, module, file, line, builtin,
+            coroutine, ncall (returned calls), nactualcall, ttot, tsub (seconds), snapshot;
+            heaviest first.
+
+        Examples
+        --------
+        >>> run.profile(task="('sum-abc', 0)").groupby("name").tsub.sum()   # doctest: +SKIP
+        """
+        from metacollect.steps.yappi import read_profile
+
+        return read_profile(self, worker=worker, task=task, thread=thread)
+
+    def profile_edges(
+        self, worker: str | None = None, task: Any = None, thread: int | None = None
+    ) -> pd.DataFrame:
+        """Yappi call edges caller -> callee (counts, ttot, tsub of the callee under the caller),
+        filtered like :meth:`profile` (``task`` selects the caller's task); enough to rebuild a
+        call graph or flame view."""
+        from metacollect.steps.yappi import read_profile
+
+        return read_profile(self, worker=worker, task=task, thread=thread, edges=True)
+
+    def export_pstats(self, directory: str | os.PathLike[str]) -> list[str]:
+        """Write each process's Yappi profile as a pstats file and a callgrind file into
+        ``directory`` (for snakeviz, kcachegrind); returns the paths written."""
+        from metacollect.export.pstat import write
+
+        return write(self, directory)

@@ -1,0 +1,152 @@
+"""The store's lifecycle: prepared before a run, sealed once after it.
+
+``prepare_store`` checks a target path before anything is written; ``finalize`` writes the
+levels index and the final status on the root and seals the store (``consolidate``: arrays cut
+back to their committed rows, consolidated metadata for plain Zarr/xarray readers);
+``clusters_ended`` tells whether every scheduler that collected into it finished its record.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import zarr
+
+from metacollect import config
+from metacollect.errors import StoreError, StoreExistsError
+from metacollect.store.writer import compact_json, read_nodes, seal, trim
+
+__all__ = ["clusters_ended", "consolidate", "finalize", "levels_index", "prepare_store"]
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) -> str:
+    """Check a target store path and return it absolute (workers may run elsewhere).
+
+    Raises
+    ------
+    StoreExistsError
+        The path exists and ``overwrite`` is false.
+    StoreError
+        The path is a file or its directory is not writable.
+    """
+    path = os.fspath(store)
+    if _is_url(path):
+        return path
+    path = os.path.abspath(path)
+    overwrite = config.get("store.overwrite", overwrite)
+    if os.path.isfile(path):
+        raise StoreError(
+            f"store path {path} is a file; choose a directory path such as {path}.zarr"
+        )
+    if os.path.exists(path):
+        if not overwrite:
+            raise StoreExistsError(
+                f"store {path} exists; pass --overwrite (overwrite=True) or choose another path"
+            )
+        if not os.path.exists(os.path.join(path, "zarr.json")) and os.listdir(path):
+            raise StoreError(
+                f"{path} is a non-empty directory that is not a metacollect store; refusing to overwrite it"
+            )
+        shutil.rmtree(path)
+    parent = os.path.dirname(path) or "."
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise StoreError(
+            f"cannot create store {path}: {parent} is not writable ({e.strerror}); choose a writable location"
+        ) from e
+    return path
+
+
+def levels_index(
+    root: zarr.Group, nodes: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, list[str]]:
+    """``{level: [group paths]}`` of every (non-table) group in the store (``nodes``: its
+    :func:`~metacollect.store.writer.read_nodes` when already read)."""
+    index: dict[str, list[str]] = {}
+    for path, doc in (read_nodes(root) if nodes is None else nodes).items():
+        if doc.get("node_type") == "group":
+            attrs = doc.get("attributes", {})
+            if "level" in attrs and "table" not in attrs:
+                index.setdefault(attrs["level"], []).append(path)
+    index.setdefault("run", []).insert(0, "")
+    return {k: sorted(v) for k, v in index.items()}
+
+
+def consolidate(
+    store: str | zarr.Group,
+    nodes: dict[str, dict[str, Any]] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+) -> None:
+    """Seal a store no process writes any more: cut its arrays back to their committed rows
+    (writers keep room ahead), then write the root's metadata once - ``attrs`` added to its
+    attributes, and the consolidated metadata of every node (after any write that adds
+    groups), so plain Zarr and xarray readers see exactly the rows written. ``store``: its
+    path or root group; ``nodes``: its :func:`~metacollect.store.writer.read_nodes` when
+    already read (one read of the store serves the caller and the seal)."""
+    root = (
+        store
+        if isinstance(store, zarr.Group)
+        else zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
+    )
+    with compact_json():
+        if nodes is None:
+            nodes = read_nodes(root)
+        trim(root, nodes)
+        seal(root, nodes, attrs or {})
+
+
+def finalize(store: str, status: str = "complete", **extra: Any) -> None:
+    """Write the levels index and final status on the root, then consolidate the metadata.
+
+    Consolidated metadata lets ``xarray.open_datatree(path, engine="zarr")`` open the run in one
+    read; metacollect's own readers ignore it (they read the truth), and any writer after the
+    run (``metacollect ingest``) calls :func:`consolidate` again so it never goes stale.
+    """
+    try:
+        if not _is_url(store):  # temp files of writes cut short (a failed flush) are not data
+            for dirpath, _, files in os.walk(store):
+                for f in files:
+                    if f.endswith(".partial"):
+                        os.remove(os.path.join(dirpath, f))
+        root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
+        # one read of the whole store serves the index, the trim and the seal
+        nodes = read_nodes(root)
+        consolidate(
+            root,
+            nodes,
+            {
+                "levels": levels_index(root, nodes),
+                "status": status,
+                "ended": time.time(),
+                **extra,
+            },
+        )
+    except Exception as e:  # the store was removed or replaced mid-run
+        raise StoreError(
+            f"cannot finalise store {store} ({type(e).__name__}: {e}); what was flushed before "
+            "is kept and the store's status stays incomplete"
+        ) from e
+
+
+def clusters_ended(store: str) -> bool:
+    """Whether every cluster (scheduler) that collected into ``store`` recorded its end."""
+    root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
+    try:
+        clusters = root["clusters"]
+    except KeyError:
+        return True
+    return all(
+        m.attrs.get("ended") is not None for _, m in clusters.members() if isinstance(m, zarr.Group)
+    )
