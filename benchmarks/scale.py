@@ -153,7 +153,7 @@ def synthetic_store(path: str, n: int) -> None:
     """A store with ``n`` executed tasks in one graph, written through the collector's own
     StoreWriter/GroupWriter and schema (as the scheduler collector would write them), for
     timing ``open_run(...).tasks()`` at a size this box cannot run end to end in time."""
-    from metacollect.collect import init_root
+    from metacollect.session import init_root
     from metacollect.store.lifecycle import finalize
     from metacollect.store.writer import StoreWriter
 

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from metacollect import config as _config  # noqa: F401  (registers defaults)
 
 __version__ = "0.1.0"
 
-from metacollect.analysis import catalog
-from metacollect.analysis.run import Run, open_run
-from metacollect.collect import collect
-
 __all__ = ["Run", "catalog", "collect", "open_run"]
+
+if TYPE_CHECKING:
+    from metacollect.analysis import catalog
+    from metacollect.analysis.run import Run, open_run
+    from metacollect.session import collect
+
+#: where each public name lives; imported on first use, so that ``import metacollect`` (as the
+#: preload and ``metacollect run``'s child process do before the user's script) stays light
+_LAZY = {
+    "Run": "metacollect.analysis.run",
+    "open_run": "metacollect.analysis.run",
+    "catalog": "metacollect.analysis",
+    "collect": "metacollect.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -186,6 +186,27 @@ def redact_mapping(data: Any, path: str = "") -> Any:
     return walk(data, path)
 
 
+#: credentials inside a value: URL userinfo (``scheme://user:secret@host``), bearer tokens
+_URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+(?=@)")
+_BEARER = re.compile(r"(?P<head>\b(?:Bearer|Token|Basic)\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
+_KEY_VALUE = re.compile(
+    r"(?P<key>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*[=:]\s*)(?P<value>[^\s,;&'\"]+)"
+)
+
+
+def redact_text(text: str) -> str:
+    """Free text (an exception message, a traceback) with the credentials inside it replaced:
+    URL userinfo passwords, bearer tokens, and ``key=value`` / ``key: value`` pairs whose key
+    looks secret (``metacollect.redact.patterns``)."""
+    rx, allow = redact_patterns()
+    text = _URL_USERINFO.sub(lambda m: m["head"] + REDACTED, text)
+    text = _BEARER.sub(lambda m: m["head"] + REDACTED, text)
+    return _KEY_VALUE.sub(
+        lambda m: m["key"] + m["sep"] + REDACTED if is_secret(m["key"], rx, allow) else m[0],
+        text,
+    )
+
+
 def redact_argv(argv: list[str]) -> list[str]:
     """Command line with the values of secret-looking options replaced.
 

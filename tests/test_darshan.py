@@ -44,7 +44,7 @@ from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.cli import main
-from metacollect.collect import init_root
+from metacollect.session import init_root
 from metacollect.steps import darshan as dsh
 from metacollect.store.lifecycle import finalize
 from metacollect.store.validate import validate_store

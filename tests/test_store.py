@@ -10,7 +10,7 @@ import xarray as xr
 import zarr
 
 from metacollect import open_run
-from metacollect.collect import init_root
+from metacollect.session import init_root
 from metacollect.steps.job import JobInfo, write_job
 from metacollect.store.lifecycle import finalize
 from metacollect.store.reader import walk

@@ -17,7 +17,7 @@ import zarr
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
-from metacollect.collect import config_overrides
+from metacollect.session import config_overrides
 from metacollect.errors import StoreError
 from metacollect.steps import yappi as ystep
 from metacollect.store.validate import validate_store
@@ -418,7 +418,7 @@ def _assert_snapshots_rebuild_the_last(run: Any, group: str, exact: bool) -> Non
 
 
 def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
-    from metacollect.collect import init_root
+    from metacollect.session import init_root
 
     path = str(tmp_path / "s.zarr")
     writer = StoreWriter(path)
@@ -457,7 +457,7 @@ def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path, tag_by):
     the snapshots fell."""
     import queue
 
-    from metacollect.collect import init_root
+    from metacollect.session import init_root
 
     n = 3 * ystep.EPOCH_TASKS + 5
     keys = [f"epoch-{i}" for i in range(n)]
@@ -563,7 +563,7 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
     """yappi's enumeration turns an unfinished first call's count 0 into 1 and clamps a
     negative self time to 0, in place; the call's return then counts it again. Snapshots
     taken in the middle of calls must leave the final profile as if never taken."""
-    from metacollect.collect import init_root
+    from metacollect.session import init_root
 
     path = str(tmp_path / "s.zarr")
     writer = StoreWriter(path)

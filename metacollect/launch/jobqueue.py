@@ -94,9 +94,9 @@ def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs:
     --------
     >>> from distributed import Client
     >>> from metacollect import collect
-    >>> cluster = jobqueue_cluster("slurm", cores=1, memory="1GB", walltime="00:10:00")  # doctest: +SKIP
-    >>> cluster.scale(jobs=2)                                                            # doctest: +SKIP
-    >>> with Client(cluster) as client, collect(client, "runs/a.zarr"):               # doctest: +SKIP
+    >>> cluster = jobqueue_cluster("slurm", cores=1, memory="1GB")         # doctest: +SKIP
+    >>> cluster.scale(jobs=2)                                                 # doctest: +SKIP
+    >>> with Client(cluster) as client, collect(client, "runs/a.zarr"):    # doctest: +SKIP
     ...     client.submit(sum, [1, 2]).result()
     """
     if system not in SYSTEMS:
@@ -110,7 +110,8 @@ def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs:
         logdir = kwargs.pop("log_directory", None)
         if logdir:
             os.makedirs(logdir, exist_ok=True)
-            submit = f"qsub -e {os.path.abspath(logdir)}/%x-%j.err -o {os.path.abspath(logdir)}/%x-%j.out"
+            logs = os.path.abspath(logdir)
+            submit = f"qsub -e {logs}/%x-%j.err -o {logs}/%x-%j.out"
 
             class TorqueJob(
                 PBSJob
@@ -410,7 +411,7 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
     """
     import uuid
 
-    from metacollect.collect import init_root
+    from metacollect.session import init_root
     from metacollect.steps.job import JobInfo, write_job
     from metacollect.store.lifecycle import prepare_store
     from metacollect.store.writer import StoreWriter
@@ -450,8 +451,8 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
     """End a batch wrapper's cluster: record the workers' environment, retire them, wait until
     they left, flush and shut down the scheduler. Returns the problems met (also kept for
     :func:`batch_finalize` in the root attrs)."""
-    from metacollect.collect import _finish_scheduler
     from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
+    from metacollect.steps.scheduler import end_collection
     from metacollect.store.writer import StoreWriter
 
     if not os.path.exists(scheduler_file):
@@ -474,9 +475,9 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
         group.flush()
         problems += retire_and_wait(client, (), timeout=timeout)
         try:
-            client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)
+            problems += client.run_on_scheduler(end_collection, name=SCHEDULER_PLUGIN) or []
         except Exception as e:
-            problems.append(f"flush scheduler: {type(e).__name__}: {e}")
+            problems.append(f"end collection: {type(e).__name__}: {e}")
         try:
             client.shutdown()
         except Exception as e:
@@ -514,9 +515,10 @@ def batch_finalize(store: str, exit_code: int = 0) -> str:
     ``complete`` when every scheduler flushed its last interval, else ``incomplete``.
     """
     from metacollect.analysis.run import open_run
-    from metacollect.store.lifecycle import clusters_ended, finalize
+    from metacollect.store.lifecycle import finalize, unended_clusters
 
-    open_run(store)  # a clear error when STORE is not a metacollect store
-    status = "complete" if clusters_ended(store) else "incomplete"
-    finalize(store, status, script_exit_code=exit_code)
+    run = open_run(store)  # a clear error when STORE is not a metacollect store
+    missing = [*(run.attrs.get("shutdown_problems") or []), *unended_clusters(store)]
+    status = "incomplete" if missing else ("complete" if exit_code == 0 else "failed")
+    finalize(store, status, missing=missing, script_exit_code=exit_code)
     return status

@@ -13,11 +13,13 @@ which takes the rows while the hooks go on appending (:func:`~metacollect.store.
 from __future__ import annotations
 
 import array
+import asyncio
 import json
 import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dask.utils import key_split
@@ -26,6 +28,8 @@ from distributed.protocol.pickle import dumps
 
 from metacollect import config
 from metacollect.steps.client import GraphRecorder
+from metacollect.steps.worker import NAME as WORKER_NAME
+from metacollect.steps.worker import WorkerCollector
 from metacollect.store.flush import PeriodicFlusher, take, take_rows
 from metacollect.store.writer import GroupWriter, StoreWriter, columns
 
@@ -157,8 +161,6 @@ class SchedulerCollector(SchedulerPlugin):
         self._capture_events = bool(config.get("capture.events"))
         for address in list(scheduler.workers):
             self.add_worker(scheduler, address)
-        from metacollect.steps.worker import WorkerCollector
-
         plugin = WorkerCollector(self.store_path, self.cluster, self.options)
         replies = await scheduler.register_worker_plugin(
             None, dumps(plugin), name=plugin.name, idempotent=True
@@ -189,8 +191,41 @@ class SchedulerCollector(SchedulerPlugin):
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
         config.restore(self._config_before)
 
+    async def end(self) -> list[str]:
+        """End this collection while the cluster may live on: the one way every launcher ends
+        a collection (:func:`end_collection`).
+
+        The workers' collectors are detached, which makes each take its final flush (their
+        ``teardown``), while the scheduler takes its own; then this plugin leaves the
+        scheduler, so nothing writes into the store once it is sealed. Returns the problems
+        met (also recorded in the store's errors table).
+        """
+        if self.scheduler is None or getattr(self, "_finished", False):
+            return []
+        scheduler = self.scheduler
+        problems: list[str] = []
+
+        async def detach_workers() -> None:
+            if WORKER_NAME not in scheduler.worker_plugins:
+                return
+            replies = await scheduler.unregister_worker_plugin(None, WORKER_NAME)
+            for address, reply in (replies or {}).items():
+                if isinstance(reply, dict) and reply.get("status") == "error":
+                    problems.append(f"final flush of worker {address}: {reply.get('exception')}")
+
+        # the workers' flushes and the scheduler's write different groups: run them together
+        results = await asyncio.gather(detach_workers(), self.finish(), return_exceptions=True)
+        for what, result in zip(("detach workers", "final flush"), results, strict=True):
+            if isinstance(result, BaseException):
+                problems.append(f"{what}: {type(result).__name__}: {result}")
+        for problem in problems:
+            self._on_error("end", RuntimeError(problem))
+        if scheduler.plugins.get(self.name) is self:
+            scheduler.remove_plugin(self.name)
+        return problems
+
     def finish_now(self) -> None:
-        """Synchronous final flush, for interpreter exit when the scheduler was never closed."""
+        """Synchronous final flush, for a scheduler whose event loop is gone."""
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
@@ -374,7 +409,9 @@ class SchedulerCollector(SchedulerPlugin):
         extra, time), made once: the flush thread takes rows out of them (the hook may hold
         their ``append`` meanwhile). Times in a C array: 8 B a row, not a 32 B float."""
         self._transitions: tuple[Any, ...] = ([], [], [], [], [], array.array("d"))
-        self._tappend = tuple(c.append for c in self._transitions)
+        self._tappend: tuple[Callable[[Any], None], ...] = tuple(
+            c.append for c in self._transitions
+        )
 
     def _write_transitions(self, columns: tuple[list[Any], ...]) -> None:
         keys, starts, finishes, stims, extra, times = columns
@@ -440,7 +477,8 @@ class SchedulerCollector(SchedulerPlugin):
         self.group.append("tasks", cols)
 
     def _write_samples(self, samples: list[Any]) -> None:
-        wrows, crows = [], []
+        wrows: list[tuple[Any, ...]] = []
+        crows: list[tuple[Any, ...]] = []
         for now, workers, clients in samples:
             for (
                 *state,
@@ -475,3 +513,21 @@ class SchedulerCollector(SchedulerPlugin):
             )
         except Exception:  # the errors table itself must never take the scheduler down
             logger.exception("metacollect: could not record a collector error")
+
+
+async def end_collection(
+    dask_scheduler: Scheduler, name: str = NAME, store: str | None = None
+) -> list[str] | None:
+    """End the collection of the scheduler's collector ``name`` (see
+    :meth:`SchedulerCollector.end`); run it on the scheduler with
+    ``client.run_on_scheduler(end_collection, name=..., store=...)``.
+
+    ``store``: end it only if it collects into that store (a scheduler someone else collects
+    is left alone). Returns the problems met, or ``None`` when there was nothing to end.
+    """
+    plugin = dask_scheduler.plugins.get(name)
+    if not isinstance(plugin, SchedulerCollector):
+        return None
+    if store is not None and plugin.store_path != store:
+        return None
+    return await plugin.end()

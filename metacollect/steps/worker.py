@@ -31,6 +31,10 @@ _DONE = frozenset({"memory", "error"})
 _RUNNING = frozenset({"executing", "long-running"})
 
 
+#: the worker collector's plugin name on every worker
+NAME = "metacollect-worker"
+
+
 def worker_id(worker: Worker) -> str:
     """Store name of a worker: its name plus a short id, unique across restarts."""
     return f"{safe_name(worker.name)}-{worker.id.rsplit('-', 1)[-1][:8]}"
@@ -49,7 +53,7 @@ class WorkerCollector(WorkerPlugin):
         The ``metacollect`` config section to apply in the worker process.
     """
 
-    name = "metacollect-worker"
+    name = NAME
     idempotent = True
 
     def __init__(self, store: str, cluster: str, options: dict[str, Any] | None = None) -> None:

@@ -21,7 +21,14 @@ from metacollect import config
 from metacollect.errors import StoreError, StoreExistsError
 from metacollect.store.writer import compact_json, read_nodes, seal, trim
 
-__all__ = ["clusters_ended", "consolidate", "finalize", "levels_index", "prepare_store"]
+__all__ = [
+    "cluster_ends",
+    "clusters_ended",
+    "consolidate",
+    "finalize",
+    "levels_index",
+    "prepare_store",
+]
 
 
 def _is_url(path: str) -> bool:
@@ -54,7 +61,8 @@ def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) 
             )
         if not os.path.exists(os.path.join(path, "zarr.json")) and os.listdir(path):
             raise StoreError(
-                f"{path} is a non-empty directory that is not a metacollect store; refusing to overwrite it"
+                f"{path} is a non-empty directory that is not a metacollect store; refusing "
+                "to overwrite it: choose another path"
             )
         shutil.rmtree(path)
     parent = os.path.dirname(path) or "."
@@ -64,7 +72,8 @@ def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) 
             pass
     except OSError as e:
         raise StoreError(
-            f"cannot create store {path}: {parent} is not writable ({e.strerror}); choose a writable location"
+            f"cannot create store {path}: {parent} is not writable ({e.strerror}); choose a "
+            "writable location"
         ) from e
     return path
 
@@ -140,13 +149,28 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
         ) from e
 
 
-def clusters_ended(store: str) -> bool:
-    """Whether every cluster (scheduler) that collected into ``store`` recorded its end."""
+def cluster_ends(store: str) -> dict[str, float | None]:
+    """When each cluster (scheduler) that collected into ``store`` recorded its end, by
+    cluster id (``None``: it never did, so its data after its last flush is missing)."""
     root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
     try:
         clusters = root["clusters"]
     except KeyError:
-        return True
-    return all(
-        m.attrs.get("ended") is not None for _, m in clusters.members() if isinstance(m, zarr.Group)
-    )
+        return {}
+    return {
+        name: m.attrs.get("ended") for name, m in clusters.members() if isinstance(m, zarr.Group)
+    }
+
+
+def unended_clusters(store: str) -> list[str]:
+    """What the store misses because a cluster never recorded its end, one reason each."""
+    return [
+        f"scheduler of cluster {c} did not record its end: its data after its last flush is missing"
+        for c, ended in cluster_ends(store).items()
+        if ended is None
+    ]
+
+
+def clusters_ended(store: str) -> bool:
+    """Whether every cluster (scheduler) that collected into ``store`` recorded its end."""
+    return all(ended is not None for ended in cluster_ends(store).values())

@@ -1,13 +1,15 @@
-"""The client-side orchestrator: ``with collect(client, store): ...``.
+"""The one place that starts and ends a collection.
 
-It writes step 1 (``job``, ``config``) and the root attrs, registers the scheduler collector
-(which ships the worker collector), and on exit flushes every collector, detaches them and
-finalises the store (levels index, ``status="complete"``).
+``with collect(client, store): ...`` writes step 1 (``job``, ``config``) and the root attrs,
+registers the scheduler collector (which ships the worker collector), and on exit ends the
+collection through the scheduler collector's own end (:func:`~metacollect.steps.scheduler.
+end_collection`: the workers' and the scheduler's final flushes, then both detach) and
+finalises the store. :func:`end_process_collections` ends every collection of a process whose
+script has returned (``metacollect run``), through the same end.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import copy
 import logging
@@ -20,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 import dask.config
 
 from metacollect import config
+from metacollect.config import redact_text
 from metacollect.errors import UsageError
 from metacollect.steps.job import JobInfo, versions, write_job
 from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
-from metacollect.steps.scheduler import SchedulerCollector
+from metacollect.steps.scheduler import SchedulerCollector, end_collection
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.writer import StoreWriter
 
@@ -64,18 +67,6 @@ def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
         "memory_limit": {str(w["name"]): w.get("memory_limit") for w in workers.values()},
     }
     return (type(cluster).__name__ if cluster is not None else "external"), spec
-
-
-async def _finish_scheduler(dask_scheduler: Any, name: str) -> None:
-    plugin = dask_scheduler.plugins.get(name)
-    if plugin is not None:
-        await plugin.finish()
-
-
-async def _finish_worker(dask_worker: Any) -> None:
-    plugin = dask_worker.plugins.get("metacollect-worker")
-    if plugin is not None:
-        await plugin.teardown(dask_worker)
 
 
 def _batch_recorder(client: Client, writer: StoreWriter) -> Any:
@@ -160,6 +151,10 @@ class Collection:
         self.store = prepare_store(store, overwrite)
         self.run_id = run_id or uuid.uuid4().hex
         self.launcher = launcher
+        # set by start(); None until then (a start that failed half way still stops cleanly)
+        self.batch: Any = None
+        self.darshan: Any = None
+        self.profile: Any = None
 
     def start(self) -> None:
         # this process's own config, given back in stop(): collectors that live here
@@ -194,70 +189,63 @@ class Collection:
         finally:
             config.restore(self._original)
 
+    def _record_batch(self) -> list[str]:
+        if self.batch is not None:
+            self.batch.record()
+        return []
+
+    def _retire_batch(self) -> list[str]:
+        return list(self.batch.retire()) if self.batch is not None else []
+
+    def _stop_darshan(self) -> list[str]:
+        if self.darshan is None:
+            return []
+        return list(self.darshan.shutdown(retire=self.batch is None))
+
+    def _end_collection(self) -> list[str]:
+        ended = self.client.run_on_scheduler(
+            end_collection, name=SCHEDULER_PLUGIN, store=self.store
+        )
+        return list(ended or [])
+
     def _stop(self, status: str, error: BaseException | None, **extra: Any) -> None:
-        problems = []
-        batch = getattr(self, "batch", None)
-        darshan = getattr(self, "darshan", None)
-        # without batch jobs or Darshan to wait for, the scheduler's final flush need not
-        # wait for the workers': both run at once (each writes only its own groups)
-        early = None
-        if batch is None and darshan is None:
-            pool = concurrent.futures.ThreadPoolExecutor(1, "metacollect-finish")
-            early = pool.submit(
-                self.client.run_on_scheduler, _finish_scheduler, name=SCHEDULER_PLUGIN
-            )
-            pool.shutdown(wait=False)  # the submitted call still runs
+        problems: list[str] = []
         for step, fn in (
-            ("record batch jobs", lambda: batch and batch.record()),
-            ("flush workers", lambda: self.client.run(_finish_worker)),
+            ("record batch jobs", self._record_batch),
             # jobqueue clusters: retire the workers and wait until their jobs left the queue
-            ("retire workers", lambda: batch and problems.extend(batch.retire())),
+            ("retire workers", self._retire_batch),
             # Darshan writes a log when a worker process exits: retire them, wait until gone
-            (
-                "stop darshan",
-                lambda: darshan and problems.extend(darshan.shutdown(retire=batch is None)),
-            ),
-            (
-                "flush scheduler",
-                lambda: (
-                    early.result()
-                    if early is not None
-                    else self.client.run_on_scheduler(_finish_scheduler, name=SCHEDULER_PLUGIN)
-                ),
-            ),
-            (
-                "detach workers",
-                lambda: self.client.unregister_worker_plugin("metacollect-worker"),
-            ),
-            (
-                "detach scheduler",
-                lambda: self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN),
-            ),
+            ("stop darshan", self._stop_darshan),
+            # the workers' and the scheduler's final flushes, then the collectors detach
+            ("end collection", self._end_collection),
         ):
             t0 = time.perf_counter()
             try:
-                fn()
+                problems += fn()
             except Exception as e:  # record, keep finalising what we can
                 problems.append(f"{step}: {type(e).__name__}: {e}")
                 logger.warning("metacollect: %s failed: %s", step, e)
             logger.debug("metacollect: %s took %.3fs", step, time.perf_counter() - t0)
+        darshan = self.darshan
         if darshan is not None:  # step 5: the workers' Darshan logs, now that they have exited
             try:
                 darshan.ingest()
             except Exception as e:  # unreadable logs are recorded by ingest; this is worse
                 problems.append(f"ingest darshan logs: {type(e).__name__}: {e}")
                 logger.warning("metacollect: ingesting the Darshan logs failed: %s", e)
-        profile = getattr(self, "profile", None)
+        profile = self.profile
         if profile is not None:  # step 5: the client process's profile, written once at the end
             profile.last_flush = True
             profile.write()
             profile.detach()
             profile.writer.flush()
         if error is not None:
-            extra["workflow_error"] = f"{type(error).__name__}: {error}"
-        if problems:
-            extra["shutdown_problems"] = problems
-        finalize(self.store, status, **extra)
+            extra["workflow_error"] = redact_text(f"{type(error).__name__}: {error}")
+        # a problem ending the collection is a gap in the record: the status must say so
+        missing = [*extra.pop("missing", []), *problems]
+        if missing and status in ("complete", "failed"):
+            status = "incomplete"
+        finalize(self.store, status, missing=missing, **extra)
 
 
 @contextlib.contextmanager
@@ -296,7 +284,95 @@ def collect(
     session.start()
     try:
         yield session
-    except BaseException as e:
-        session.stop("complete", error=e)
+    except BaseException as e:  # the record is whole; the status says how the block ended
+        session.stop("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", error=e)
         raise
     session.stop("complete")
+
+
+def end_process_collections(
+    store: str | None, timeout: float = 60.0
+) -> tuple[list[str], list[str]]:
+    """End every collection of this process while the interpreter is still whole.
+
+    Called by ``metacollect run``'s child process once the script's main code has returned
+    (:mod:`metacollect.launch.child`). What the script left open is closed in the order the
+    interpreter's own exit would close it - its clients (releasing their keys), then its
+    clusters (workers, then scheduler) - so every collector takes its final flush through its
+    normal close, and the shutdown's transitions are recorded too. A scheduler the script only
+    connected to (``Client("tcp://...")``) outlives the script: its collection into ``store``
+    is ended through the client first (:func:`~metacollect.steps.scheduler.end_collection`).
+
+    Returns
+    -------
+    (ended, problems)
+        What was ended, in order, and the problems met (each a gap the run's status shows).
+    """
+    from distributed import Client, Scheduler
+    from distributed.core import Status
+    from distributed.deploy.spec import SpecCluster
+
+    ended: list[str] = []
+    problems: list[str] = []
+    local = {s.id for s in list(Scheduler._instances)}
+    clients = [c for c in list(Client._instances) if c.status not in ("closing", "closed")]
+    for client in clients:
+        _end_remote(client, store, local, timeout, ended, problems)
+    for client in clients:
+        _attempt(f"close client {client.id}", ended, problems, client.close, timeout=timeout)
+    for cluster in list(SpecCluster._instances):
+        if getattr(cluster, "status", Status.closed) != Status.closed:
+            what = f"close {type(cluster).__name__} {getattr(cluster, 'name', '')}".rstrip()
+            _attempt(what, ended, problems, cluster.close, timeout=timeout)
+    for scheduler in list(Scheduler._instances):  # started by hand, with no cluster object
+        plugin = scheduler.plugins.get(SCHEDULER_PLUGIN)
+        if isinstance(plugin, SchedulerCollector) and not getattr(plugin, "_finished", True):
+            _attempt(f"final flush of scheduler {scheduler.id}", ended, problems, plugin.finish_now)
+    return ended, problems
+
+
+def _end_remote(
+    client: Client,
+    store: str | None,
+    local: set[str],
+    timeout: float,
+    ended: list[str],
+    problems: list[str],
+) -> None:
+    """End the collection into ``store`` on a client's scheduler in another process."""
+    if store is None:
+        return
+    if client.asynchronous:  # its event loop belongs to the script, and may be gone
+        problems.append(
+            f"asynchronous client {client.id} was left open: the collection of its scheduler "
+            "could not be ended from outside its event loop"
+        )
+        return
+    info: dict[str, Any] = dict(client.scheduler_info())
+    sid = info.get("id")
+    if sid in local:
+        return
+    result = _attempt(
+        f"end collection on scheduler {sid}",
+        ended,
+        problems,
+        client.run_on_scheduler,
+        end_collection,
+        name=SCHEDULER_PLUGIN,
+        store=store,
+    )
+    problems.extend(result or [])
+
+
+def _attempt(
+    what: str, ended: list[str], problems: list[str], fn: Any, *args: Any, **kw: Any
+) -> Any:
+    """``fn(*args, **kw)``, noted in ``ended``; a failure noted in ``problems``, not raised."""
+    try:
+        result = fn(*args, **kw)
+    except Exception as e:
+        problems.append(f"{what}: {type(e).__name__}: {e}")
+        logger.warning("metacollect: %s failed: %s", what, e)
+        return None
+    ended.append(what)
+    return result
