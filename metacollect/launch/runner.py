@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -23,11 +25,12 @@ from typing import Any
 import dask.config
 
 from metacollect import config
-from metacollect.collect import Collection, init_root
 from metacollect.errors import UsageError
+from metacollect.launch.child import Outcome
 from metacollect.launch.preload import attach_environment
+from metacollect.session import Collection, init_root
 from metacollect.steps.job import JobInfo, write_job
-from metacollect.store.lifecycle import clusters_ended, finalize, prepare_store
+from metacollect.store.lifecycle import cluster_ends, finalize, prepare_store, unended_clusters
 from metacollect.store.writer import StoreWriter
 
 
@@ -50,7 +53,8 @@ def start_local(
 
 
 def start_jobqueue(system: str) -> Callable[..., Any]:
-    """Factory of a dask-jobqueue cluster scaled to ``workers`` jobs (see ``metacollect.launch.jobqueue``)."""
+    """Factory of a dask-jobqueue cluster scaled to ``workers`` jobs
+    (see :mod:`metacollect.launch.jobqueue`)."""
 
     def start(
         workers: int | None = None,
@@ -69,6 +73,9 @@ def start_jobqueue(system: str) -> Callable[..., Any]:
 
     return start
 
+
+#: the module that runs the script (``python -m CHILD``)
+CHILD = "metacollect.launch.child"
 
 #: clusters ``metacollect run --cluster NAME`` can start: name -> factory(**options)
 CLUSTERS: dict[str, Callable[..., Any]] = {
@@ -120,8 +127,10 @@ def run_script(
 ) -> int:
     """Run ``script`` as ``__main__`` with ``args`` and collect it into ``store``.
 
-    Returns the script's exit code. The store is finalised either way; its status is
-    ``incomplete`` when the script was killed or a scheduler never flushed its last interval.
+    The script runs in a child process (:mod:`metacollect.launch.child`) that ends every
+    collection once the script's main code is done, however it ends; this process then seals
+    the store. Returns the script's exit code (``128 + n`` when a signal n ended it). The
+    store's status says how the run ended (:func:`run_status`).
     """
     path, source = read_script(script)
     if cluster is not None and cluster not in CLUSTERS:
@@ -163,31 +172,102 @@ def run_script(
         writer.flush()
     echo(f"metacollect: running {script} (store {store})")
     started = time.time()
-    try:
-        proc = subprocess.run([sys.executable, path, *args], env=env, check=False)
-        code = proc.returncode
-    except KeyboardInterrupt:
-        code = -signal.SIGINT
-    status = "complete" if code >= 0 else "incomplete"
-    extra: dict[str, Any] = {
-        "script_exit_code": code,
-        "script_seconds": time.time() - started,
-    }
-    if session is not None:
-        session.stop(status, **extra)
+    code, outcome = run_child("path", script, args, env)
+    extra = outcome_attrs(outcome, code, time.time() - started)
+    if session is not None and cluster_obj is not None:
+        status, missing = run_status(outcome, code, None)
+        session.stop(status, missing=missing, **extra)
         session.client.close()
         cluster_obj.close()
     else:
-        if status == "complete" and not clusters_ended(store):
-            status = "incomplete"
         if opts["darshan"]["enabled"]:  # the processes have exited: their logs are written
             from metacollect.steps import darshan
 
             darshan.ingest(store, darshan.default_log_dir(store), writer=writer, echo=echo)
             writer.flush()
-        finalize(store, status, **extra)
+        status, missing = run_status(outcome, code, store)
+        finalize(store, status, missing=missing, **extra)
     echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
+    for reason in missing:
+        echo(f"metacollect: missing from the record: {reason}")
     return code
+
+
+def run_child(
+    kind: str, target: str, args: list[str], env: dict[str, str]
+) -> tuple[int, Outcome | None]:
+    """Run the script in its own process (``kind``: ``path`` or ``module``); return its exit
+    code (``128 + n`` for a death by signal n) and how it ended (``None``: the process died
+    before it could say, e.g. SIGKILL).
+
+    Ctrl-C reaches the script's process directly (the terminal signals the whole foreground
+    process group), so this process ignores SIGINT while it waits; a SIGTERM sent to this
+    process only (``kill PID``; a batch system signals every process of the job) is passed on.
+    """
+    with tempfile.TemporaryDirectory(prefix="metacollect-run-") as tmp:
+        outcome_path = os.path.join(tmp, "outcome.json")
+        cmd = [sys.executable, "-m", CHILD, outcome_path, kind, target, *args]
+        proc = subprocess.Popen(cmd, env=env)
+        forward = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+        ignore = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = proc.wait()
+        finally:
+            signal.signal(signal.SIGTERM, forward)
+            signal.signal(signal.SIGINT, ignore)
+        outcome = None
+        if os.path.exists(outcome_path):
+            with open(outcome_path, encoding="utf-8") as f:
+                outcome = Outcome.from_dict(json.load(f))
+    return (128 - code if code < 0 else code), outcome
+
+
+def run_status(outcome: Outcome | None, code: int, store: str | None) -> tuple[str, list[str]]:
+    """The run's status and what its record is missing, and why.
+
+    ``complete``: everything up to the script's end is recorded and the script exited 0;
+    ``failed``: the same, but the script raised or exited non-zero; ``interrupted``: a signal
+    (Ctrl-C, SIGTERM) ended the script, and the record holds everything up to then;
+    ``incomplete``: something is missing, and ``missing`` says what.
+    """
+    missing: list[str] = []
+    if outcome is None:
+        missing.append(
+            f"the script's process died (exit code {code}) before it could end its "
+            "collections: what its collectors had not flushed is lost"
+        )
+    else:
+        missing += outcome.problems
+        if not outcome.distributed:
+            missing.append(NO_DISTRIBUTED)
+    if store is not None:
+        if outcome is not None and outcome.distributed and not cluster_ends(store):
+            missing.append(NO_DISTRIBUTED)
+        missing += unended_clusters(store)
+    if outcome is not None and outcome.how == "signal":
+        return "interrupted", missing
+    if missing:
+        return "incomplete", missing
+    return ("complete" if code == 0 else "failed"), missing
+
+
+#: why a run of a script that used no dask.distributed scheduler holds only steps 1-2
+NO_DISTRIBUTED = (
+    "the script started no dask.distributed scheduler (dask's local threaded or process "
+    "scheduler, or no Dask at all): only steps 1-2 (job, config, script) are recorded"
+)
+
+
+def outcome_attrs(outcome: Outcome | None, code: int, seconds: float) -> dict[str, Any]:
+    """The root attrs that say how the script ended."""
+    attrs: dict[str, Any] = {"script_exit_code": code, "script_seconds": seconds}
+    if outcome is not None:
+        attrs["script_ended"] = outcome.how
+        attrs["script_signal"] = outcome.signal
+        attrs["script_exception"] = outcome.exception
+        attrs["script_traceback"] = outcome.traceback
+        attrs["ended_by"] = outcome.ended
+    return attrs
 
 
 def _darshan_environment(

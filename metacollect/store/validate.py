@@ -76,7 +76,8 @@ def _check_group(
         )
     for name, aspec in spec.attrs.items():
         if name not in attrs:
-            problems.append(f"{where}: missing attr {name!r} ({aspec.get('description', '')})")
+            if aspec.get("required", True):
+                problems.append(f"{where}: missing attr {name!r} ({aspec.get('description', '')})")
             continue
         types = aspec.get("type", [])
         types = [types] if isinstance(types, str) else types

@@ -1,0 +1,354 @@
+"""``metacollect run`` on scripts in the shapes people write, compared with a ground truth.
+
+Each script runs unmodified, through the real command line, as a user runs it. The ground
+truth is taken independently: a scheduler preload of the test's own (:mod:`groundtruth`)
+records every transition and executed task of every scheduler the script starts. The store
+must hold exactly those - nothing missing, nothing extra - and its status must say how the
+script ended. Real scripts rarely close their client, so most shapes below never do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import groundtruth
+import pytest
+
+from metacollect import open_run
+from metacollect.launch.runner import NO_DISTRIBUTED
+from metacollect.store.validate import validate_store
+
+#: name -> (source, exit code, status)
+CORPUS: dict[str, tuple[str, int, str]] = {
+    # the guard that process-based clusters need, client never closed
+    "main_guard_never_closed": (
+        """
+        from dask.distributed import Client
+        import dask.array as da
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            x = da.ones((400, 400), chunks=(20, 20))
+            print((x + 1).sum().compute())
+        """,
+        0,
+        "complete",
+    ),
+    # an in-process cluster at module level, never closed
+    "module_level_in_process": (
+        """
+        from dask.distributed import Client
+        import dask.array as da
+        client = Client(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=":0")
+        print((da.ones((400, 400), chunks=(20, 20)) + 1).sum().compute())
+        """,
+        0,
+        "complete",
+    ),
+    "cluster_in_a_function": (
+        """
+        from dask.distributed import Client, LocalCluster
+        import dask.bag as db
+
+        def main():
+            cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            client = Client(cluster)
+            bag = db.from_sequence(range(1000), npartitions=20)
+            print(bag.map(lambda x: x * 2).filter(lambda x: x % 3).sum().compute())
+            return client
+
+        if __name__ == "__main__":
+            client = main()
+        """,
+        0,
+        "complete",
+    ),
+    "close_then_a_new_client": (
+        """
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=1, threads_per_worker=1, dashboard_address=":0")
+            print(client.submit(sum, [1, 2]).result())
+            client.close()
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            print(sum(client.gather(client.map(lambda x: x + 1, range(50)))))
+        """,
+        0,
+        "complete",
+    ),
+    "client_shutdown": (
+        """
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            print(sum(client.gather(client.map(lambda x: x * x, range(100)))))
+            client.shutdown()
+        """,
+        0,
+        "complete",
+    ),
+    "sys_exit": (
+        """
+        import sys
+        import dask
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            parts = [dask.delayed(lambda x: x + 1)(i) for i in range(30)]
+            print(dask.delayed(sum)(parts).compute())
+            sys.exit(3)
+        """,
+        3,
+        "failed",
+    ),
+    "uncaught_exception": (
+        """
+        from dask.distributed import Client
+
+        def inverse(x):
+            return 1 / (x - 7)
+
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            print(client.gather(client.map(inverse, range(10))))
+        """,
+        1,
+        "failed",
+    ),
+    "restart_mid_run": (
+        """
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            a = client.gather(client.map(lambda x: x + 1, range(40)))
+            client.restart()
+            b = client.gather(client.map(lambda x: x * 2, range(40)))
+            print(sum(a) + sum(b))
+        """,
+        0,
+        "complete",
+    ),
+    # as distributed's resilience examples do: a worker process is killed mid-run
+    "worker_killed_by_the_script": (
+        """
+        import os, signal
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            futures = client.map(lambda x: x + 1, range(40))
+            client.gather(futures)
+            pids = client.run(os.getpid)
+            os.kill(pids[sorted(pids)[0]], signal.SIGTERM)
+            print(sum(client.gather(client.map(lambda x: x * 3, range(60)))))
+            print(sum(client.gather(futures)))
+        """,
+        0,
+        "complete",
+    ),
+    # every collection type, futures, as_completed and tasks that submit tasks
+    "collections_and_tasks_in_tasks": (
+        """
+        import dask, dask.bag as db, dask.array as da, dask.dataframe as dd, pandas as pd
+        from dask.distributed import Client, as_completed, get_client, secede, rejoin
+
+        def fib(n):
+            if n < 2:
+                return n
+            client = get_client()
+            a, b = client.submit(fib, n - 1), client.submit(fib, n - 2)
+            secede()
+            x, y = client.gather([a, b])
+            rejoin()
+            return x + y
+
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=2, dashboard_address=":0")
+            print(db.from_sequence(range(100), npartitions=8).map(lambda x: x % 7)
+                  .frequencies().compute())
+            x = da.random.random((200, 200), chunks=50)
+            print(float((x.T @ x).mean().compute()) > 0)
+            pdf = pd.DataFrame({"x": range(1000), "y": [i % 10 for i in range(1000)]})
+            print(dd.from_pandas(pdf, npartitions=8).groupby("y").x.sum().compute().sum())
+            print(dask.delayed(sum)([dask.delayed(abs)(-i) for i in range(10)]).compute())
+            futures = client.map(lambda v: v ** 2, range(20))
+            print(sum(f.result() for f in as_completed(futures)))
+            print(client.submit(fib, 6).result())
+        """,
+        0,
+        "complete",
+    ),
+}
+
+
+def _run(tmp_path, source, *args, env=None, **popen):
+    """``metacollect run SCRIPT --store ... ARGS`` as a user runs it; the ground truth's
+    preload in the script's environment."""
+    script = tmp_path / "flow.py"
+    script.write_text(textwrap.dedent(source))
+    store = tmp_path / "run.zarr"
+    truth = str(tmp_path / "truth")
+    full_env = {**os.environ, **groundtruth.environment(truth), **(env or {})}
+    cmd = [sys.executable, "-m", "metacollect", "run", str(script), "--store", str(store)]
+    cmd += ["--flush-interval", "0.5s", *args]
+    return cmd, full_env, str(store), truth, str(script)
+
+
+def run_cli(tmp_path, source, *args, env=None, timeout=240):
+    cmd, full_env, store, truth, script = _run(tmp_path, source, *args, env=env)
+    proc = subprocess.run(
+        cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    return proc, store, truth, script
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_script_is_recorded_completely(tmp_path, name):
+    source, exit_code, status = CORPUS[name]
+    proc, store, truth, _ = run_cli(tmp_path, source)
+    assert proc.returncode == exit_code, proc.stderr[-4000:]
+    run = open_run(store)
+    assert run.attrs["status"] == status, run.attrs.get("missing")
+    assert run.attrs["missing"] == []
+    counts = groundtruth.compare(run, truth)
+    assert counts["executed"] > 0 and counts["transitions"] > counts["executed"]
+    assert validate_store(store) == []
+    if name != "uncaught_exception":
+        assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    print(name, counts)
+
+
+def _frames(stderr: str) -> list[str]:
+    """The ``File ...`` lines of the last traceback in ``stderr``, and its last line."""
+    block = stderr[stderr.rindex("Traceback (most recent call last):") :]
+    lines = block.splitlines()
+    return [ln.strip() for ln in lines if ln.strip().startswith("File ")] + [
+        next(ln for ln in reversed(lines) if re.match(r"^\w+(Error|Exception)", ln))
+    ]
+
+
+def test_a_failing_script_ends_as_under_plain_python(tmp_path):
+    """Exit code and traceback as ``python flow.py`` gives them; the store holds the
+    exception and says the script failed."""
+    source = CORPUS["uncaught_exception"][0]
+    proc, store, _, script = run_cli(tmp_path, source)
+    plain = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == plain.returncode == 1
+    assert _frames(proc.stderr) == _frames(plain.stderr)
+    assert "metacollect" not in "".join(_frames(proc.stderr))
+    run = open_run(store)
+    assert run.attrs["status"] == "failed"
+    assert run.attrs["script_ended"] == "exception"
+    assert run.attrs["script_exception"] == "ZeroDivisionError: division by zero"
+    assert "inverse" in run.attrs["script_traceback"]
+
+
+def test_a_script_without_distributed_records_steps_1_and_2_and_says_so(tmp_path):
+    source = """
+        import dask.array as da
+        print(da.ones((100, 100), chunks=10).sum().compute())
+    """
+    proc, store, truth, _ = run_cli(tmp_path, source)
+    assert proc.returncode == 0, proc.stderr
+    assert "10000" in proc.stdout
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete"
+    assert run.attrs["missing"] == [NO_DISTRIBUTED]
+    assert run.clusters() == []
+    assert "da.ones" in run.groups["script"]["source"]
+    assert run.groups["job"]["launcher"] == "run"
+    assert groundtruth.load(truth) == {}
+    assert f"missing from the record: {NO_DISTRIBUTED}" in proc.stderr
+
+
+def test_a_module_level_client_to_an_external_scheduler(tmp_path):
+    """The script connects to a scheduler it did not start and never closes its client: the
+    collection is attached through the client and ended when the script ends; the
+    scheduler lives on."""
+    truth = str(tmp_path / "truth")
+    env = {**os.environ, **groundtruth.environment(truth)}
+    sched_file = str(tmp_path / "scheduler.json")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file",
+             sched_file, "--host", "127.0.0.1", "--dashboard-address", ":0"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    ]  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while not os.path.exists(sched_file) and time.time() < deadline:
+            time.sleep(0.1)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                 sched_file, "--nthreads", "1", "--nworkers", "2"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        source = f"""
+            from dask.distributed import Client
+            import dask.array as da
+            client = Client(scheduler_file={sched_file!r})
+            client.wait_for_workers(2)
+            print((da.ones((300, 300), chunks=(30, 30)) + 1).sum().compute())
+            print(sum(client.gather(client.map(lambda x: x + 1, range(30)))))
+        """
+        proc, store, _, _ = run_cli(tmp_path, source)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        run = open_run(store)
+        assert run.attrs["status"] == "complete", run.attrs.get("missing")
+        (cluster,) = run.clusters()
+        attrs = run.groups[f"clusters/{cluster}"]
+        assert attrs["attached_by"] == "client-preload" and attrs["ended"] is not None
+        assert len(run.worker_groups()) == 2
+        from distributed import Client
+
+        with Client(scheduler_file=sched_file) as c:  # the scheduler lives on, collector gone
+            assert "metacollect-scheduler" not in c.run_on_scheduler(
+                lambda dask_scheduler: list(dask_scheduler.plugins)
+            )
+            c.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["ground-truth"].dump())
+        counts = groundtruth.compare(run, truth, until={attrs["scheduler_id"]: attrs["ended"]})
+        assert counts["executed"] > 100
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGINT)
+        for p in reversed(procs):
+            p.wait(timeout=60)
+
+
+def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
+    """A batch system's walltime sends SIGTERM: what was collected is kept, the run is
+    marked ``interrupted`` with the signal, and the exit code is 143."""
+    marker = tmp_path / "computed"
+    source = f"""
+        import pathlib, time
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            print(sum(client.gather(client.map(lambda x: x + 1, range(100)))))
+            pathlib.Path({str(marker)!r}).touch()
+            time.sleep(600)
+    """
+    cmd, env, store, truth, _ = _run(tmp_path, source)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert marker.exists()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-4000:]
+    run = open_run(store)
+    assert run.attrs["status"] == "interrupted"
+    assert run.attrs["script_signal"] == "SIGTERM"
+    assert run.attrs["missing"] == []
+    counts = groundtruth.compare(run, truth)
+    assert counts["executed"] == 100
