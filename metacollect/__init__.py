@@ -13,7 +13,7 @@ __all__ = ["Run", "catalog", "collect", "open_run"]
 if TYPE_CHECKING:
     from metacollect.analysis import catalog
     from metacollect.analysis.run import Run, open_run
-    from metacollect.session import collect
+    from metacollect.session.collection import collect
 
 #: where each public name lives; imported on first use, so that ``import metacollect`` (as the
 #: preload and ``metacollect run``'s child process do before the user's script) stays light
@@ -21,7 +21,7 @@ _LAZY = {
     "Run": "metacollect.analysis.run",
     "open_run": "metacollect.analysis.run",
     "catalog": "metacollect.analysis",
-    "collect": "metacollect.session",
+    "collect": "metacollect.session.collection",
 }
 
 

@@ -65,12 +65,12 @@ def test_two_clients_one_scheduler(tmp_path):
         ) as cluster,
         Client(cluster) as a,
         Client(cluster.scheduler_address) as b,
+        collect(a, store, flush_interval="0.5s"),
     ):
-        with collect(a, store, flush_interval="0.5s"):
-            fa = [a.submit(slow, i, key=f"froma-{i}") for i in range(20)]
-            fb = [b.submit(slow, i, key=f"fromb-{i}") for i in range(20)]
-            assert a.gather(fa) == b.gather(fb) == list(range(20))
-            ids = {a.id, b.id}
+        fa = [a.submit(slow, i, key=f"froma-{i}") for i in range(20)]
+        fb = [b.submit(slow, i, key=f"fromb-{i}") for i in range(20)]
+        assert a.gather(fa) == b.gather(fb) == list(range(20))
+        ids = {a.id, b.id}
     run = open_run(store)
     graphs = run.graphs()
     assert ids <= set(graphs.client)
@@ -96,18 +96,18 @@ def test_workers_join_and_leave(tmp_path):
             n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as client,
+        collect(client, store, flush_interval="0.3s"),
     ):
-        with collect(client, store, flush_interval="0.3s"):
-            seen = set(client.scheduler_info()["workers"])
-            cluster.scale(3)
-            _wait_workers(client, 3)
-            seen |= set(client.scheduler_info()["workers"])
-            assert len(client.gather(client.map(slow, range(60), pure=False))) == 60
-            time.sleep(0.5)
-            cluster.scale(1)
-            _wait_workers(client, 1)
-            remaining = set(client.scheduler_info()["workers"])
-            assert len(client.gather(client.map(slow, range(100, 110), pure=False))) == 10
+        seen = set(client.scheduler_info()["workers"])
+        cluster.scale(3)
+        _wait_workers(client, 3)
+        seen |= set(client.scheduler_info()["workers"])
+        assert len(client.gather(client.map(slow, range(60), pure=False))) == 60
+        time.sleep(0.5)
+        cluster.scale(1)
+        _wait_workers(client, 1)
+        remaining = set(client.scheduler_info()["workers"])
+        assert len(client.gather(client.map(slow, range(100, 110), pure=False))) == 10
     run = open_run(store)
     workers = run.workers()
     assert set(workers.address) == seen and len(seen) == 3

@@ -261,11 +261,11 @@ def collected(tmp_path_factory):
             n_workers=2, threads_per_worker=1, dashboard_address=":0", processes=True
         ) as cluster,
         Client(cluster) as client,
+        collect(client, store, flush_interval="200ms"),
     ):
-        with collect(client, store, flush_interval="200ms"):
-            a, b = sorted(client.scheduler_info()["workers"])
-            client.gather(client.map(lambda x: x + 1, range(10)))
-            client.submit(slow, 1, workers=[a], pure=False).result()
+        a, b = sorted(client.scheduler_info()["workers"])
+        client.gather(client.map(lambda x: x + 1, range(10)))
+        client.submit(slow, 1, workers=[a], pure=False).result()
     run = open_run(store)
     groups = {attrs["address"]: (path, attrs) for path, attrs in run.worker_groups().items()}
     tasks = run.worker_table("tasks")
@@ -797,7 +797,7 @@ def test_metacollect_run_darshan_reaches_the_scripts_workers_and_ingests(
 
 
 def test_jobqueue_prologue_starts_workers_under_darshan(stub_runtime, tmp_path):
-    from metacollect.launch.jobqueue import jobqueue_cluster
+    from metacollect.launch.batch import jobqueue_cluster
 
     store = str(tmp_path / "run.zarr")
     with dask.config.set(

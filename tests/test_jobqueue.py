@@ -17,16 +17,16 @@ from distributed import Client
 
 from metacollect import collect, open_run
 from metacollect.launch import runner
-from metacollect.launch.jobqueue import (
+from metacollect.launch.batch import jobqueue_cluster
+from metacollect.session.shutdown import jobs_in_queue
+from metacollect.steps.batch import (
     _FIELD,
     _epoch,
-    _job_row,
     batch_system,
-    jobqueue_cluster,
+    job_row,
     scontrol_job,
     scontrol_script,
 )
-from metacollect.launch.shutdown import jobs_in_queue
 from metacollect.store.validate import validate_store
 
 KW = {
@@ -64,7 +64,7 @@ def test_scontrol_fields_parse():
     fields = dict(_FIELD.findall(line))
     assert fields["TRES"] == "cpu=1,mem=954M,node=1"
     assert fields["Command"] == "/tmp/a b.sh"
-    row = _job_row(
+    row = job_row(
         "12",
         "worker",
         fields,

@@ -17,8 +17,8 @@ import zarr
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
-from metacollect.session import config_overrides
 from metacollect.errors import StoreError
+from metacollect.session import config_overrides
 from metacollect.steps import yappi as ystep
 from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter, committed_rows
@@ -294,11 +294,11 @@ def test_workers_sharing_a_process_have_one_profile(store, fast_profile):
             n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as client,
+        collect(client, store, yappi=True),
     ):
-        with collect(client, store, yappi=True):
-            _run_probes(client)
-            assert client.submit(_async_noop).result() == 1
-            assert yappi.is_running()
+        _run_probes(client)
+        assert client.submit(_async_noop).result() == 1
+        assert yappi.is_running()
     assert not yappi.is_running() and ystep.running_profiler() is None
     run = open_run(store)
     owners = [run.groups[f"{p}/threads"]["owner"] for p in run.worker_groups()]

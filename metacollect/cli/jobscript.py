@@ -215,28 +215,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_batch(args: argparse.Namespace) -> int:
-    from metacollect.launch import jobqueue
+    from metacollect.launch import batch
 
     if args.action == "start":
-        store = jobqueue.batch_start(args.store, overwrite=args.overwrite, system=args.system)
+        store = batch.batch_start(args.store, overwrite=args.overwrite, system=args.system)
         print(f"metacollect: collecting into {store}", file=sys.stderr)
     elif args.action == "stop":
-        for problem in jobqueue.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):
+        for problem in batch.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):
             print(f"metacollect batch stop: {problem}", file=sys.stderr)
-        left = jobqueue.wait_pids(args.wait_pid, timeout=args.timeout)
+        left = batch.wait_pids(args.wait_pid, timeout=args.timeout)
         if left:
             print(
                 f"metacollect batch stop: processes {left} still running; finalising anyway",
                 file=sys.stderr,
             )
         if args.exit_code is not None:
-            status = jobqueue.batch_finalize(args.store, args.exit_code)
+            status = batch.batch_finalize(args.store, args.exit_code)
             print(
                 f"metacollect: store {args.store} finalised (status {status})",
                 file=sys.stderr,
             )
     else:
-        status = jobqueue.batch_finalize(args.store, args.exit_code)
+        status = batch.batch_finalize(args.store, args.exit_code)
         print(
             f"metacollect: store {args.store} finalised (status {status})",
             file=sys.stderr,

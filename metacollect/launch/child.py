@@ -6,7 +6,7 @@ down by finalizers and ``atexit`` handlers, after Python has already shut down t
 pools (and possibly the event loop) that a final flush needs: whatever the collectors had not
 flushed was lost. Here the script's main code runs inside :func:`run`, and when it returns -
 normally, through ``sys.exit``, an uncaught exception, Ctrl-C or SIGTERM - the collections end
-first (:func:`metacollect.session.end_process_collections`: what the script left open is
+first (:func:`metacollect.session.process.end_process_collections`: what the script left open is
 closed in the order the interpreter would close it, so the shutdown's transitions are recorded
 too), then the process exits as the script would have: same exit code, same traceback, same
 death by signal.
@@ -179,7 +179,7 @@ def end(outcome: Outcome) -> None:
     if not outcome.distributed:
         return
     from metacollect.launch.preload import attach_failures, attach_settings
-    from metacollect.session import end_process_collections
+    from metacollect.session.process import end_process_collections
 
     try:
         ended, problems = end_process_collections(attach_settings().get("store"))

@@ -28,7 +28,7 @@ from metacollect import config
 from metacollect.errors import UsageError
 from metacollect.launch.child import Outcome
 from metacollect.launch.preload import attach_environment
-from metacollect.session import Collection, init_root
+from metacollect.session.collection import Collection, init_root
 from metacollect.steps.job import JobInfo, write_job
 from metacollect.store.lifecycle import cluster_ends, finalize, prepare_store, unended_clusters
 from metacollect.store.writer import StoreWriter
@@ -54,7 +54,7 @@ def start_local(
 
 def start_jobqueue(system: str) -> Callable[..., Any]:
     """Factory of a dask-jobqueue cluster scaled to ``workers`` jobs
-    (see :mod:`metacollect.launch.jobqueue`)."""
+    (see :mod:`metacollect.launch.batch`)."""
 
     def start(
         workers: int | None = None,
@@ -62,7 +62,7 @@ def start_jobqueue(system: str) -> Callable[..., Any]:
         job_extra: list[str] | None = None,
         **options: Any,
     ) -> Any:
-        from metacollect.launch.jobqueue import jobqueue_cluster
+        from metacollect.launch.batch import jobqueue_cluster
 
         if job_extra:
             options["job_extra_directives"] = list(job_extra)

@@ -1009,7 +1009,7 @@ class DarshanCapture:
         retire
             Retire the workers here (``False`` when a jobqueue recorder did already).
         """
-        from metacollect.launch.shutdown import retire_and_wait
+        from metacollect.session.shutdown import retire_and_wait
 
         if not self.active:  # Darshan never ran in the workers: leave them be
             return []

@@ -13,6 +13,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -30,6 +31,13 @@ logger = logging.getLogger(__name__)
 _DONE = frozenset({"memory", "error"})
 _RUNNING = frozenset({"executing", "long-running"})
 
+
+_TASKS = ("key", "state", "thread", "start", "stop", "nbytes", "typename")
+_METRICS = (
+    "time", "cpu", "memory", "managed", "spilled", "unmanaged", "read_bytes", "write_bytes",
+    "disk_read", "disk_write", "executing", "ready", "in_memory",
+)  # fmt: skip
+_TRANSFERS = ("direction", "peer", "start", "stop", "n_keys", "keys", "total", "compressed")
 
 #: the worker collector's plugin name on every worker
 NAME = "metacollect-worker"
@@ -82,7 +90,9 @@ class WorkerCollector(WorkerPlugin):
         #: transitions (key, start, finish, time - times in a C array) and executions (key,
         #: state, ran, thread, startstops, nbytes, type)
         self._transitions: tuple[Any, ...] = ([], [], [], array.array("d"))
-        self._tappend = tuple(c.append for c in self._transitions)
+        self._tappend: tuple[Callable[[Any], None], ...] = tuple(
+            c.append for c in self._transitions
+        )
         self._executions: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
         self._eappend = tuple(c.append for c in self._executions)
         self._samples: list[tuple[Any, ...]] = []
@@ -211,6 +221,8 @@ class WorkerCollector(WorkerPlugin):
     def _transfers(self) -> None:
         """Take the transfer-log entries added since the last sample (logs are bounded deques)."""
         w = self.worker
+        if w is None:
+            return
         for direction, log, last_attr in (
             ("in", w.transfer_incoming_log, "_last_in"),
             ("out", w.transfer_outgoing_log, "_last_out"),
@@ -236,107 +248,76 @@ class WorkerCollector(WorkerPlugin):
 
     def _write(self, batch: tuple[Any, ...]) -> None:
         transitions, executions, samples = batch
-        g = self.group
         t_keys, _, t_finishes, _ = transitions
         if t_keys:
-            g.append(
+            self.group.append(
                 "transitions",
                 dict(zip(("key", "start", "finish", "time"), transitions, strict=True)),
             )
         if executions[0]:
-            tasks: dict[str, list[Any]] = {
-                c: []
-                for c in (
-                    "key",
-                    "state",
-                    "thread",
-                    "start",
-                    "stop",
-                    "nbytes",
-                    "typename",
-                )
-            }
-            ss: dict[str, list[Any]] = {c: [] for c in ("key", "action", "start", "stop", "source")}
-            for key, state, ran, thread, startstops, nbytes, typ in zip(*executions, strict=True):
-                for s_ in startstops:
-                    ss["key"].append(key)
-                    ss["action"].append(s_.get("action"))
-                    ss["start"].append(s_.get("start", math.nan))
-                    ss["stop"].append(s_.get("stop", math.nan))
-                    ss["source"].append(s_.get("source") or "")
-                if not ran:
-                    continue
-                compute = [s_ for s_ in startstops if s_.get("action") == "compute"]
-                tasks["key"].append(key)
-                tasks["state"].append(state)
-                tasks["thread"].append(thread if thread is not None else -1)
-                tasks["start"].append(compute[0]["start"] if compute else math.nan)
-                tasks["stop"].append(compute[-1]["stop"] if compute else math.nan)
-                tasks["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
-                tasks["typename"].append(
-                    getattr(typ, "__name__", None) if typ is not None else None
-                )
-            if tasks["key"]:
-                g.append("tasks", tasks)
-            if ss["key"]:
-                g.append("startstops", ss)
-        metrics: dict[str, list[Any]] = {
-            c: []
-            for c in (
-                "time",
-                "cpu",
-                "memory",
-                "managed",
-                "spilled",
-                "unmanaged",
-                "read_bytes",
-                "write_bytes",
-                "disk_read",
-                "disk_write",
-                "executing",
-                "ready",
-                "in_memory",
-            )
-        }
-        transfers: dict[str, list[Any]] = {
-            c: []
-            for c in (
-                "direction",
-                "peer",
-                "start",
-                "stop",
-                "n_keys",
-                "keys",
-                "total",
-                "compressed",
-            )
-        }
-        for row in samples:
-            if row[0] == "transfer":
-                _, direction, entries = row
-                for e in entries:
-                    keys = list(e.get("keys") or ())
-                    transfers["direction"].append(direction)
-                    transfers["peer"].append(e.get("who"))
-                    transfers["start"].append(e.get("start", math.nan))
-                    transfers["stop"].append(e.get("stop", math.nan))
-                    transfers["n_keys"].append(len(keys))
-                    transfers["keys"].append(json.dumps([str(k) for k in keys]))
-                    transfers["total"].append(int(e.get("total") or 0))
-                    c = e.get("compressed")
-                    transfers["compressed"].append(int(c) if isinstance(c, (int, float)) else -1)
-            else:
-                for name, v in zip(metrics, row, strict=False):
-                    metrics[name].append(v)
-        if metrics["time"]:
-            g.append("metrics", metrics)
-        if transfers["direction"]:
-            g.append("transfers", transfers)
+            self._write_executions(executions)
+        self._write_samples(samples)
         if self.profile is not None:
             self.profile.write(
                 [k for k, f in zip(t_keys, t_finishes, strict=True) if f == "executing"]
             )
         self.writer.flush()
+
+    def _write_executions(self, executions: tuple[list[Any], ...]) -> None:
+        """The ``tasks`` (one row per task run here) and ``startstops`` tables."""
+        tasks: dict[str, list[Any]] = {c: [] for c in _TASKS}
+        ss: dict[str, list[Any]] = {c: [] for c in ("key", "action", "start", "stop", "source")}
+        for key, state, ran, thread, startstops, nbytes, typ in zip(*executions, strict=True):
+            for s_ in startstops:
+                ss["key"].append(key)
+                ss["action"].append(s_.get("action"))
+                ss["start"].append(s_.get("start", math.nan))
+                ss["stop"].append(s_.get("stop", math.nan))
+                ss["source"].append(s_.get("source") or "")
+            if not ran:
+                continue
+            compute = [s_ for s_ in startstops if s_.get("action") == "compute"]
+            tasks["key"].append(key)
+            tasks["state"].append(state)
+            tasks["thread"].append(thread if thread is not None else -1)
+            tasks["start"].append(compute[0]["start"] if compute else math.nan)
+            tasks["stop"].append(compute[-1]["stop"] if compute else math.nan)
+            tasks["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
+            tasks["typename"].append(getattr(typ, "__name__", None) if typ is not None else None)
+        if tasks["key"]:
+            self.group.append("tasks", tasks)
+        if ss["key"]:
+            self.group.append("startstops", ss)
+
+    def _write_samples(self, samples: list[tuple[Any, ...]]) -> None:
+        """The ``metrics`` timeline and the ``transfers`` taken from the transfer logs."""
+        metrics: dict[str, list[Any]] = {c: [] for c in _METRICS}
+        transfers: dict[str, list[Any]] = {c: [] for c in _TRANSFERS}
+        for row in samples:
+            if row[0] == "transfer":
+                _, direction, entries = row
+                for e in entries:
+                    keys = list(e.get("keys") or ())
+                    c = e.get("compressed")
+                    values = (
+                        direction,
+                        e.get("who"),
+                        e.get("start", math.nan),
+                        e.get("stop", math.nan),
+                        len(keys),
+                        json.dumps([str(k) for k in keys]),
+                        int(e.get("total") or 0),
+                        int(c) if isinstance(c, int | float) else -1,
+                    )
+                    for name, v in zip(_TRANSFERS, values, strict=True):
+                        transfers[name].append(v)
+            else:
+                for name, v in zip(metrics, row, strict=False):
+                    metrics[name].append(v)
+        if metrics["time"]:
+            self.group.append("metrics", metrics)
+        if transfers["direction"]:
+            self.group.append("transfers", transfers)
 
     def _on_error(self, where: str, exc: BaseException) -> None:
         try:

@@ -157,9 +157,14 @@ def cluster_ends(store: str) -> dict[str, float | None]:
         clusters = root["clusters"]
     except KeyError:
         return {}
-    return {
-        name: m.attrs.get("ended") for name, m in clusters.members() if isinstance(m, zarr.Group)
-    }
+    if not isinstance(clusters, zarr.Group):
+        return {}
+    ends: dict[str, float | None] = {}
+    for name, member in clusters.members():
+        if isinstance(member, zarr.Group):
+            ended = member.attrs.get("ended")
+            ends[name] = float(ended) if isinstance(ended, int | float) else None
+    return ends
 
 
 def unended_clusters(store: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 ``cluster.close()`` on a batch cluster cancels the jobs: the worker processes get SIGTERM and
 their exit handlers (a preloaded library's destructor, e.g. Darshan's) do not run. The order
-that works every time (see ``shared/notes/slurm.md``) is: wait until the scheduler holds no
+that works every time (see ``docs/slurm.md``) is: wait until the scheduler holds no
 tasks, ``client.retire_workers(close_workers=True)``, wait until the workers have left the
 scheduler *and* their batch jobs have left the queue, then close.
 """
@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from distributed import Client
 
+    from metacollect.steps.batch import BatchRecorder
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["graceful_close", "jobs_in_queue", "retire_and_wait"]
+__all__ = ["cluster_job_ids", "graceful_close", "jobs_in_queue", "retire_and_wait", "retire_batch"]
 
 
 def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
@@ -158,3 +160,20 @@ def cluster_job_ids(cluster: Any) -> list[str]:
     """Batch job ids of a dask-jobqueue cluster's jobs (empty for other clusters)."""
     workers = getattr(cluster, "workers", None) or {}
     return [str(job.job_id) for job in list(workers.values()) if getattr(job, "job_id", None)]
+
+
+def retire_batch(recorder: BatchRecorder, timeout: float = 60.0) -> list[str]:
+    """Retire a dask-jobqueue cluster's workers and wait until their jobs have left the
+    queue (``recorder``: the cluster's :class:`~metacollect.steps.batch.BatchRecorder`, which
+    knows every job id seen, also of jobs the cluster has already forgotten)."""
+    cluster = recorder.cluster
+    ids = list(dict.fromkeys([*recorder.job_ids, *cluster_job_ids(cluster)]))
+    problems = retire_and_wait(recorder.client, ids, timeout=timeout)
+    # Let the cluster close its (finished) jobs now: left alone, SpecCluster closes a lost
+    # worker's job only after distributed.deploy.lost-worker-timeout, and a cluster.close()
+    # before that trips its "every worker closed" check.
+    cluster.scale(0)
+    deadline = time.monotonic() + 30
+    while cluster.workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return problems

@@ -1,0 +1,235 @@
+"""dask-jobqueue clusters ready to collect, and the batch wrappers of ``jobscripts/``.
+
+:func:`jobqueue_cluster` builds a ``SLURMCluster`` / ``PBSCluster`` from jobqueue's own keyword
+arguments (and ``jobqueue.yaml`` config), with what each batch system needs (one module per
+system, as dask-jobqueue keeps them: :mod:`~metacollect.launch.batch.slurm`,
+:mod:`~metacollect.launch.batch.pbs`); :func:`metacollect.collect` recognises such a cluster and
+records its jobs (:mod:`metacollect.steps.batch`). On exit the workers are retired and their
+jobs waited for (:mod:`metacollect.session.shutdown`) so their exit handlers run.
+
+:func:`batch_start` / :func:`batch_stop` / :func:`batch_finalize` do the same for the batch
+wrappers (``metacollect batch start|stop|finalize``), where the allocation itself is the job.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import time
+from typing import Any
+
+import dask.config
+
+from metacollect import config
+from metacollect.errors import UsageError
+from metacollect.session.shutdown import retire_and_wait
+from metacollect.steps.batch import (
+    BATCH_PREFIXES,
+    allocation_id,
+    as_int,
+    batch_environment,
+    env_rows,
+    job_row,
+    scontrol_job,
+    scontrol_script,
+    write_rows,
+)
+
+__all__ = [
+    "SYSTEMS",
+    "batch_finalize",
+    "batch_start",
+    "batch_stop",
+    "jobqueue_cluster",
+    "wait_pids",
+]
+
+#: batch systems, each with its module here (its dask-jobqueue cluster class and the job
+#: options that system needs)
+SYSTEMS = ("slurm", "pbs")
+
+
+def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs: Any) -> Any:
+    """A dask-jobqueue cluster for ``system`` ("slurm" or "pbs"), ready to collect.
+
+    Parameters
+    ----------
+    system
+        ``"slurm"`` (``SLURMCluster``) or ``"pbs"`` (``PBSCluster``).
+    **kwargs
+        dask-jobqueue's own keyword arguments (``cores``, ``memory``, ``processes``, ``queue``,
+        ``account``, ``walltime``, ``interface``, ``job_extra_directives``, ...); what is not
+        given comes from the ``jobqueue.<system>`` config (``jobqueue.yaml``), as with
+        dask-jobqueue itself. With ``system="pbs"`` on Slurm's torque wrappers, a
+        ``log_directory`` is passed to ``qsub -e/-o`` (the wrappers ignore ``#PBS -e DIR/``).
+    darshan_store
+        With ``metacollect.darshan.enabled``, the store whose Darshan environment the job
+        script prologue exports, so the workers start under Darshan (added after the user's
+        own ``job_script_prologue``).
+
+    Returns
+    -------
+    SLURMCluster or PBSCluster
+
+    Examples
+    --------
+    >>> from distributed import Client
+    >>> from metacollect import collect
+    >>> cluster = jobqueue_cluster("slurm", cores=1, memory="1GB")         # doctest: +SKIP
+    >>> cluster.scale(jobs=2)                                                 # doctest: +SKIP
+    >>> with Client(cluster) as client, collect(client, "runs/a.zarr"):    # doctest: +SKIP
+    ...     client.submit(sum, [1, 2]).result()
+    """
+    if system not in SYSTEMS:
+        raise UsageError(f"unknown batch system {system!r}; choose one of {', '.join(SYSTEMS)}")
+    module = importlib.import_module(f"metacollect.launch.batch.{system}")
+    cls = module.cluster_class()
+    module.prepare(kwargs)
+    base = kwargs.get("job_cls") or cls.job_cls
+
+    class ClosingJob(base):  # type: ignore[valid-type,misc]
+        # dask-jobqueue's Job.close cancels the job but leaves status "running"; SpecCluster.close
+        # then fails its "every worker closed" check when a retired job object is still alive.
+        async def close(self) -> None:
+            await super().close()
+            from distributed.core import Status
+
+            self.status = Status.closed
+
+    if darshan_store is not None and config.get("darshan.enabled"):
+        from metacollect.steps import darshan
+
+        own = kwargs.get("job_script_prologue")
+        if own is None:
+            own = dask.config.get(f"jobqueue.{system}.job-script-prologue", default=None) or []
+        kwargs["job_script_prologue"] = [
+            *own,
+            *darshan.job_script_prologue(darshan_store),
+        ]
+    ClosingJob.__name__ = ClosingJob.__qualname__ = base.__name__
+    kwargs["job_cls"] = ClosingJob
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise UsageError(f"cannot start a {system} cluster: {e}") from e
+
+
+def batch_start(store: str, overwrite: bool = False, system: str | None = None) -> str:
+    """Create the store of a batch wrapper: root, step 1 and the allocation's job row.
+
+    Returns the store's absolute path. Runs inside the allocation, before the scheduler starts.
+    """
+    import uuid
+
+    from metacollect.session import init_root
+    from metacollect.steps.job import JobInfo, write_job
+    from metacollect.store.lifecycle import prepare_store
+    from metacollect.store.writer import StoreWriter
+
+    store = prepare_store(store, overwrite)
+    job_id, detected = allocation_id()
+    system = system or detected
+    writer = StoreWriter(store)
+    init_root(writer, uuid.uuid4().hex)
+    write_job(writer, JobInfo.capture("jobscript", cluster_type=f"{system}-allocation"))
+    fields = scontrol_job(job_id) if job_id else {}
+    script = scontrol_script(job_id) if job_id else ""
+    group = writer.group(
+        "batch",
+        attrs={
+            "batch_system": system,
+            "source": "jobscript",
+            "job_script": script,
+            "queue": fields.get("Partition") or os.environ.get("PBS_QUEUE"),
+            "account": fields.get("Account") or None,
+            "walltime": fields.get("TimeLimit") or None,
+            "cores": as_int(fields.get("NumCPUs")) if fields else None,
+            "memory": (fields.get("MinMemoryNode") or None) if fields else None,
+            "processes": None,
+        },
+    )
+    if job_id:
+        row = job_row(job_id, "allocation", fields, script, hostnames=[socket.gethostname()])
+        write_rows(group, "jobs", [row])
+    env = {k: v for k, v in os.environ.items() if k.startswith(BATCH_PREFIXES)}
+    write_rows(group, "environment", env_rows(job_id or "", "", env))
+    writer.flush()
+    return store
+
+
+def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[str]:
+    """End a batch wrapper's cluster: record the workers' environment, retire them, wait until
+    they left, flush and shut down the scheduler. Returns the problems met (also kept for
+    :func:`batch_finalize` in the root attrs)."""
+    from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
+    from metacollect.steps.scheduler import end_collection
+    from metacollect.store.writer import StoreWriter
+
+    if not os.path.exists(scheduler_file):
+        raise UsageError(
+            f"scheduler file {scheduler_file} not found; give the --scheduler-file the "
+            "wrapper's scheduler wrote"
+        )
+    from distributed import Client
+
+    problems: list[str] = []
+    with Client(scheduler_file=scheduler_file, timeout="30s") as client:
+        group = StoreWriter(store).group("batch")
+        rows = []
+        try:
+            for addr, info in client.run(batch_environment).items():
+                rows.extend(env_rows(info["job_id"], addr, info["env"]))
+        except Exception as e:
+            group.record_error("batch environment", e)
+        write_rows(group, "environment", rows)
+        group.flush()
+        problems += retire_and_wait(client, (), timeout=timeout)
+        try:
+            problems += client.run_on_scheduler(end_collection, name=SCHEDULER_PLUGIN) or []
+        except Exception as e:
+            problems.append(f"end collection: {type(e).__name__}: {e}")
+        try:
+            client.shutdown()
+        except Exception as e:
+            problems.append(f"shutdown scheduler: {type(e).__name__}: {e}")
+    if problems:  # batch_finalize turns them into the record's 'missing'
+        StoreWriter(store).group("root", attrs={"shutdown_problems": problems})
+    return problems
+
+
+def wait_pids(pids: list[int], timeout: float = 60.0) -> list[int]:
+    """Wait until the processes ``pids`` exited (zombies count as exited); returns those left."""
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                return False
+            return not os.path.exists("/proc")
+
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def batch_finalize(store: str, exit_code: int = 0) -> str:
+    """Finalise a batch wrapper's store; returns its status.
+
+    ``complete`` when every scheduler flushed its last interval, else ``incomplete``.
+    """
+    from metacollect.analysis.run import open_run
+    from metacollect.store.lifecycle import finalize, unended_clusters
+
+    run = open_run(store)  # a clear error when STORE is not a metacollect store
+    missing = [*(run.attrs.get("shutdown_problems") or []), *unended_clusters(store)]
+    status = "incomplete" if missing else ("complete" if exit_code == 0 else "failed")
+    finalize(store, status, missing=missing, script_exit_code=exit_code)
+    return status
