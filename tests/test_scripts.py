@@ -307,6 +307,9 @@ def test_a_module_level_client_to_an_external_scheduler(tmp_path):
         (cluster,) = run.clusters()
         attrs = run.groups[f"clusters/{cluster}"]
         assert attrs["attached_by"] == "client-preload" and attrs["ended"] is not None
+        assert attrs["detached"] is True  # the store says nothing after `ended` is recorded
+        assert any("is not recorded" in step for step in run.attrs["ended_by"])
+        assert validate_store(store) == []
         assert len(run.worker_groups()) == 2
         from distributed import Client
 

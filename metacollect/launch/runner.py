@@ -143,54 +143,86 @@ def run_script(
         # a copy: dask.config.set restores the live dicts in place when the block ends
         opts = copy.deepcopy(dask.config.get("metacollect"))
     store = prepare_store(store, overwrite)
-    run_id = uuid.uuid4().hex
-    env = dict(os.environ)
-    session = None
-    cluster_obj = None
     with dask.config.set(overrides):
-        if cluster is None:
-            writer = StoreWriter(store)
-            init_root(writer, run_id)
-            write_job(writer, JobInfo.capture("run", cluster_type="script"))
-            env.update(attach_environment(store, opts))
-            if opts["darshan"]["enabled"]:  # every process the script starts runs under Darshan
-                env.update(_darshan_environment(store, writer, echo))
-        else:
-            from distributed import Client
-
-            echo(f"metacollect: starting a {cluster} cluster")
-            cluster_options = dict(cluster_options or {})
-            if opts["darshan"]["enabled"] and cluster != "local":
-                cluster_options["darshan_store"] = store  # the job script prologue exports it
-            cluster_obj = CLUSTERS[cluster](**cluster_options)
-            client = Client(cluster_obj)
-            session = Collection(client, store, run_id=run_id, launcher="run", overwrite=True)
-            session.start()
-            writer = StoreWriter(store)
-            env["DASK_SCHEDULER_ADDRESS"] = cluster_obj.scheduler_address
-        write_script(writer, path, source, args)
-        writer.flush()
+        launch = (
+            AttachedLaunch(store, opts, echo)
+            if cluster is None
+            else ClusterLaunch(store, opts, echo, cluster, dict(cluster_options or {}))
+        )
+        write_script(launch.writer, path, source, args)
+        launch.writer.flush()
     echo(f"metacollect: running {script} (store {store})")
     started = time.time()
-    code, outcome = run_child("path", script, args, env)
-    extra = outcome_attrs(outcome, code, time.time() - started)
-    if session is not None and cluster_obj is not None:
-        status, missing = run_status(outcome, code, None)
-        session.stop(status, missing=missing, **extra)
-        session.client.close()
-        cluster_obj.close()
-    else:
-        if opts["darshan"]["enabled"]:  # the processes have exited: their logs are written
-            from metacollect.steps import darshan
-
-            darshan.ingest(store, darshan.default_log_dir(store), writer=writer, echo=echo)
-            writer.flush()
-        status, missing = run_status(outcome, code, store)
-        finalize(store, status, missing=missing, **extra)
+    code, outcome = run_child("path", script, args, launch.env)
+    status, missing = launch.finish(
+        outcome, code, outcome_attrs(outcome, code, time.time() - started)
+    )
     echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
     for reason in missing:
         echo(f"metacollect: missing from the record: {reason}")
     return code
+
+
+class AttachedLaunch:
+    """The script starts its own clusters; every scheduler it starts (or connects to) is
+    collected through the preload in its environment, and this process seals the store."""
+
+    def __init__(self, store: str, opts: dict[str, Any], echo: Callable[[str], None]) -> None:
+        self.store, self.opts, self.echo = store, opts, echo
+        self.writer = StoreWriter(store)
+        init_root(self.writer, uuid.uuid4().hex)
+        write_job(self.writer, JobInfo.capture("run", cluster_type="script"))
+        self.env = {**os.environ, **attach_environment(store, opts)}
+        if opts["darshan"]["enabled"]:  # every process the script starts runs under Darshan
+            self.env.update(_darshan_environment(store, self.writer, echo))
+
+    def finish(
+        self, outcome: Outcome | None, code: int, attrs: dict[str, Any]
+    ) -> tuple[str, list[str]]:
+        """Ingest Darshan's logs (the processes have exited), then seal the store."""
+        if self.opts["darshan"]["enabled"]:
+            from metacollect.steps import darshan
+
+            log_dir = darshan.default_log_dir(self.store)
+            darshan.ingest(self.store, log_dir, writer=self.writer, echo=self.echo)
+            self.writer.flush()
+        status, missing = run_status(outcome, code, self.store)
+        finalize(self.store, status, missing=missing, **attrs)
+        return status, missing
+
+
+class ClusterLaunch:
+    """``--cluster NAME``: the cluster starts here and is collected like :func:`collect` does;
+    the script's bare ``Client()`` connects to it through ``DASK_SCHEDULER_ADDRESS``."""
+
+    def __init__(
+        self,
+        store: str,
+        opts: dict[str, Any],
+        echo: Callable[[str], None],
+        cluster: str,
+        cluster_options: dict[str, Any],
+    ) -> None:
+        from distributed import Client
+
+        echo(f"metacollect: starting a {cluster} cluster")
+        if opts["darshan"]["enabled"] and cluster != "local":
+            cluster_options["darshan_store"] = store  # the job script prologue exports it
+        self.cluster = CLUSTERS[cluster](**cluster_options)
+        self.session = Collection(Client(self.cluster), store, launcher="run", overwrite=True)
+        self.session.start()
+        self.writer = StoreWriter(store)
+        self.env = {**os.environ, "DASK_SCHEDULER_ADDRESS": self.cluster.scheduler_address}
+
+    def finish(
+        self, outcome: Outcome | None, code: int, attrs: dict[str, Any]
+    ) -> tuple[str, list[str]]:
+        """End the collection as :func:`collect` does, then close the cluster."""
+        status, missing = run_status(outcome, code, None)
+        status, missing = self.session.stop(status, missing=missing, **attrs)
+        self.session.client.close()
+        self.cluster.close()
+        return status, missing
 
 
 def run_child(

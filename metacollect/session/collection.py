@@ -180,12 +180,12 @@ class Collection:
 
     def stop(
         self, status: str = "complete", error: BaseException | None = None, **extra: Any
-    ) -> None:
+    ) -> tuple[str, list[str]]:
         """Flush every collector, detach them, finalise the store (under the run's options;
         collectors in this process give the process its own config back as they finish)."""
         config.apply(self._opts)
         try:
-            self._stop(status, error, **extra)
+            return self._stop(status, error, **extra)
         finally:
             config.restore(self._original)
 
@@ -208,7 +208,9 @@ class Collection:
         )
         return list(ended or [])
 
-    def _stop(self, status: str, error: BaseException | None, **extra: Any) -> None:
+    def _stop(
+        self, status: str, error: BaseException | None, **extra: Any
+    ) -> tuple[str, list[str]]:
         problems: list[str] = []
         for step, fn in (
             ("record batch jobs", self._record_batch),
@@ -246,6 +248,7 @@ class Collection:
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         finalize(self.store, status, missing=missing, **extra)
+        return status, missing
 
 
 @contextlib.contextmanager

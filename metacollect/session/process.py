@@ -83,7 +83,8 @@ def _end_remote(
     if sid in local:
         return
     result = _attempt(
-        f"end collection on scheduler {sid}",
+        f"end collection on scheduler {sid} (it runs on: what it does after this, such as "
+        "the script's client releasing its keys, is not recorded)",
         ended,
         problems,
         client.run_on_scheduler,

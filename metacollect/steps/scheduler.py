@@ -222,6 +222,8 @@ class SchedulerCollector(SchedulerPlugin):
             self._on_error("end", RuntimeError(problem))
         if scheduler.plugins.get(self.name) is self:
             scheduler.remove_plugin(self.name)
+        # the scheduler runs on: say that nothing after `ended` is in the record
+        self.writer.group("cluster", attrs={"detached": True}, cluster=self.cluster)
         return problems
 
     def finish_now(self) -> None:
