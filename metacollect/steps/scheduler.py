@@ -176,8 +176,9 @@ class SchedulerCollector(SchedulerPlugin):
     async def close(self) -> None:
         await self.finish()
 
-    async def finish(self) -> None:
-        """Final flush; safe to call more than once."""
+    async def finish(self, detached: bool = False) -> None:
+        """Final flush; safe to call more than once. ``detached``: the scheduler runs on after
+        it (see :meth:`end`), which the cluster group records with its end."""
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
@@ -188,7 +189,8 @@ class SchedulerCollector(SchedulerPlugin):
         await self.flusher.close()
         if self.profile is not None:
             self.profile.detach()
-        self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
+        ended: dict[str, Any] = {"ended": time.time(), **({"detached": True} if detached else {})}
+        self.writer.group("cluster", attrs=ended, cluster=self.cluster)
         config.restore(self._config_before)
 
     async def end(self) -> list[str]:
@@ -214,7 +216,9 @@ class SchedulerCollector(SchedulerPlugin):
                     problems.append(f"final flush of worker {address}: {reply.get('exception')}")
 
         # the workers' flushes and the scheduler's write different groups: run them together
-        results = await asyncio.gather(detach_workers(), self.finish(), return_exceptions=True)
+        results = await asyncio.gather(
+            detach_workers(), self.finish(detached=True), return_exceptions=True
+        )
         for what, result in zip(("detach workers", "final flush"), results, strict=True):
             if isinstance(result, BaseException):
                 problems.append(f"{what}: {type(result).__name__}: {result}")
@@ -222,8 +226,6 @@ class SchedulerCollector(SchedulerPlugin):
             self._on_error("end", RuntimeError(problem))
         if scheduler.plugins.get(self.name) is self:
             scheduler.remove_plugin(self.name)
-        # the scheduler runs on: say that nothing after `ended` is in the record
-        self.writer.group("cluster", attrs={"detached": True}, cluster=self.cluster)
         return problems
 
     def finish_now(self) -> None:
