@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 from metacollect import config as _config  # noqa: F401  (registers defaults)
 
-__version__ = "0.1.0"
+__version__ = version("metacollect")  # one source: pyproject.toml
 
 __all__ = ["Run", "catalog", "collect", "open_run"]
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from metacollect import analysis, plot
+import metacollect.analysis as analysis
+import metacollect.plot as plot
 from metacollect.analysis.run import Run, open_run
 
 if TYPE_CHECKING:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from metacollect.errors import StoreError
 from metacollect.store.reader import StoreReader
 
 __all__ = ["Run", "open_run"]
@@ -103,7 +104,19 @@ class Run(StoreReader):
 
     def export_pstats(self, directory: str | os.PathLike[str]) -> list[str]:
         """Write each process's Yappi profile as a pstats file and a callgrind file into
-        ``directory`` (for snakeviz, kcachegrind); returns the paths written."""
-        from metacollect.export.pstat import write
+        ``directory`` (for snakeviz, kcachegrind); returns the paths written.
 
-        return write(self, directory)
+        Raises
+        ------
+        StoreError
+            The run has no Yappi profile (it was not collected with ``yappi=True``).
+        """
+        from metacollect.analysis.pstats import write
+
+        stats = self.profile()
+        if not len(stats):
+            raise StoreError(
+                f"{self.path} has no Yappi profile; collect with "
+                "collect(client, store, yappi=True) or metacollect run --yappi"
+            )
+        return write(stats, self.profile_edges(), directory)

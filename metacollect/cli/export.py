@@ -1,9 +1,9 @@
-"""``metacollect export STORE --perfetto out.json [--pstat DIR]``: traces and profiles for other tools."""
+"""``metacollect export STORE --perfetto out.json [--pstat DIR]``: traces and profiles for
+other tools."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from typing import Any
 
@@ -59,13 +59,7 @@ def run(args: argparse.Namespace) -> int:
             )
         print(args.perfetto)
     if args.pstat is not None:
-        try:
-            pstat = importlib.import_module("metacollect.export.pstat")
-        except ImportError as e:
-            raise UsageError(
-                f"--pstat needs metacollect.export.pstat, which this installation lacks ({e})"
-            ) from e
-        result = pstat.write(run_, args.pstat)
+        result = run_.export_pstats(args.pstat)
         print(f"metacollect export: profiles written to {args.pstat}", file=sys.stderr)
         if result is not None:
             print(result)

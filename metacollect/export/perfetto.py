@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from metacollect import analysis
+import metacollect.analysis as analysis
 
 if TYPE_CHECKING:
     from metacollect.analysis.run import Run

@@ -24,7 +24,7 @@ from typing import Any
 
 import dask.config
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.errors import UsageError
 from metacollect.launch.child import Outcome
 from metacollect.launch.preload import attach_environment

@@ -24,7 +24,7 @@ from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from metacollect import analysis
+import metacollect.analysis as analysis
 
 if TYPE_CHECKING:
     from metacollect.analysis.run import Run

@@ -16,14 +16,15 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 import dask.config
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.config import redact_text
 from metacollect.errors import UsageError
-from metacollect.session.shutdown import retire_batch
+from metacollect.session.shutdown import retire_and_wait, retire_batch
 from metacollect.steps.job import JobInfo, versions, write_job
 from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
 from metacollect.steps.scheduler import SchedulerCollector, end_collection
@@ -40,8 +41,6 @@ __all__ = ["Collection", "collect"]
 
 def init_root(writer: StoreWriter, run_id: str) -> None:
     """Root attrs of a new run, status incomplete until :func:`finalize`."""
-    from metacollect import __version__
-
     writer.group(
         "root",
         attrs={
@@ -49,7 +48,7 @@ def init_root(writer: StoreWriter, run_id: str) -> None:
             "status": "incomplete",
             "started": time.time(),
             "ended": None,
-            "metacollect_version": __version__,
+            "metacollect_version": version("metacollect"),
             "versions": versions(),
             "levels": {},
         },
@@ -200,7 +199,12 @@ class Collection:
     def _stop_darshan(self) -> list[str]:
         if self.darshan is None:
             return []
-        return list(self.darshan.shutdown(retire=self.batch is None))
+        # a jobqueue cluster's workers were retired with their jobs (_retire_batch)
+        retire = None if self.batch is not None else self._retire_workers
+        return list(self.darshan.shutdown(retire))
+
+    def _retire_workers(self, timeout: float) -> list[str]:
+        return retire_and_wait(self.client, timeout=timeout)
 
     def _end_collection(self) -> list[str]:
         ended = self.client.run_on_scheduler(

@@ -55,7 +55,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 from distributed.diagnostics.plugin import NannyPlugin
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.errors import ConfigError, MetacollectError, StoreError
 from metacollect.steps.darshan_reader import _MARK, DXT_MODULES, RECORD_TABLES
 from metacollect.store.schema import safe_name
@@ -361,14 +361,12 @@ def _ere_escape(path: str) -> str:
 def interpreter_paths() -> list[str]:
     """Directories of the interpreter and its packages: their files are imports, not
     workload I/O."""
-    import metacollect
-
     paths = {
         sys.prefix,
         sys.base_prefix,
         sys.exec_prefix,
         sys.base_exec_prefix,
-        os.path.dirname(os.path.abspath(metacollect.__file__)),
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # metacollect's own
     }
     with contextlib.suppress(Exception):
         paths.update(site.getsitepackages())
@@ -1000,28 +998,27 @@ class DarshanCapture:
                     f"nanny {r.get('address')}", f"{r.get('host')}: {r.get('detail')}"
                 )
 
-    def shutdown(self, retire: bool = True) -> list[str]:
+    def shutdown(self, retire: Callable[[float], list[str]] | None) -> list[str]:
         """Retire the workers and wait until their processes are gone (Darshan writes
         its log at exit). Returns the problems met.
 
         Parameters
         ----------
         retire
-            Retire the workers here (``False`` when a jobqueue recorder did already).
+            Retires the cluster's workers gracefully within a timeout and returns the
+            problems met (the session's; ``None`` when a jobqueue recorder did already).
         """
-        from metacollect.session.shutdown import retire_and_wait
-
         if not self.active:  # Darshan never ran in the workers: leave them be
             return []
         timeout = config.interval("darshan.shutdown-timeout")
         problems: list[str] = []
         try:
-            identities = self.client.run(worker_identity) if retire else {}
+            identities = self.client.run(worker_identity) if retire is not None else {}
         except Exception as e:
             identities = {}
             problems.append(f"darshan: worker pids: {type(e).__name__}: {e}")
-        if retire:
-            problems.extend(retire_and_wait(self.client, timeout=timeout))
+        if retire is not None:
+            problems.extend(retire(timeout))
         here = socket.gethostname()
         local = [
             w["pid"] for w in identities.values() if w["host"] == here and w["pid"] != os.getpid()

@@ -20,7 +20,7 @@ from typing import Any
 
 import dask.config
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.store.writer import StoreWriter
 
 VERSIONED = (

@@ -26,7 +26,7 @@ from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.worker import NAME as WORKER_NAME
 from metacollect.steps.worker import WorkerCollector

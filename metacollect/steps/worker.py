@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.store.flush import PeriodicFlusher, take, take_rows
 from metacollect.store.schema import safe_name
 from metacollect.store.writer import GroupWriter, StoreWriter

@@ -63,7 +63,7 @@ import pandas as pd
 import yappi
 from dask.utils import key_split
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.store.writer import columns
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from typing import Any
 
 import zarr
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.errors import StoreError, StoreExistsError
 from metacollect.store.writer import compact_json, read_nodes, seal, trim
 

@@ -33,7 +33,7 @@ from zarr.core.sync import sync
 from zarr.errors import ContainsGroupError
 from zarr.storage import MemoryStore
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.errors import StoreError
 from metacollect.store.chunks import ChunkAppender
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema

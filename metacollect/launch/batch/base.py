@@ -21,7 +21,7 @@ from typing import Any
 
 import dask.config
 
-from metacollect import config
+import metacollect.config as config
 from metacollect.errors import UsageError
 from metacollect.session.shutdown import retire_and_wait
 from metacollect.steps.batch import (

@@ -12,14 +12,9 @@ import marshal
 import os
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
-
-from metacollect.errors import StoreError
-
-if TYPE_CHECKING:
-    from metacollect.analysis.run import Run
 
 __all__ = ["pstats_dict", "write"]
 
@@ -139,15 +134,16 @@ def _callgrind(stats: dict[_Key, tuple[Any, ...]], label: str, pid: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(run: Run, directory: str | os.PathLike[str]) -> list[str]:
+def write(stats: pd.DataFrame, edges: pd.DataFrame, directory: str | os.PathLike[str]) -> list[str]:
     """Write ``<cluster>-<worker>.pstat`` and ``callgrind.out.<cluster>-<worker>``.
 
-    One pair per profiled process.
+    One pair per profiled process; ``Run.export_pstats`` is the usual way in.
 
     Parameters
     ----------
-    run
-        An open run (:func:`metacollect.open_run`).
+    stats, edges
+        A run's Yappi function stats and call edges (``Run.profile()``,
+        ``Run.profile_edges()``).
     directory
         Output directory (created if missing).
 
@@ -156,24 +152,11 @@ def write(run: Run, directory: str | os.PathLike[str]) -> list[str]:
     list of str
         The files written.
 
-    Raises
-    ------
-    StoreError
-        The run has no Yappi profile (it was not collected with ``yappi=True``).
-
     Examples
     --------
-    >>> paths = write(open_run("runs/a.zarr"), "profiles/")          # doctest: +SKIP
+    >>> paths = open_run("runs/a.zarr").export_pstats("profiles/")   # doctest: +SKIP
     >>> pstats.Stats(paths[0]).sort_stats("cumtime").print_stats(10)  # doctest: +SKIP
     """
-    stats = run.profile()
-    if not len(stats):
-        raise StoreError(
-            f"{run.path} has no Yappi profile; collect with "
-            "collect(client, store, yappi=True) "
-            "or metacollect run --yappi"
-        )
-    edges = run.profile_edges()
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     written = []
