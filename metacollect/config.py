@@ -99,7 +99,10 @@ def validate(config: Mapping[str, Any] | None = None) -> None:
         if key not in config and key.replace("-", "_") in config:
             key = key.replace("-", "_")  # set through DASK_METACOLLECT__... (dask accepts both)
         try:
-            if parse_timedelta(config.get(key)) <= 0:
+            seconds = parse_timedelta(config.get(key))
+            if seconds is None:
+                raise TypeError(key)
+            if seconds <= 0:
                 problems.append(
                     f"metacollect.{key.replace('_', '-')} must be a positive duration such as 2s"
                 )

@@ -393,9 +393,9 @@ def test_an_array_cut_short_while_made_is_left_out_of_the_sealed_store(store):
 def test_a_failed_array_template_is_made_again_by_the_next_flush(store, monkeypatch):
     """Zarr's metadata for a kind of array is made once per writer; a making that failed
     is not kept, so the next flush makes it again and writes the rows it kept."""
-    from metacollect.store import writer as writer_module
+    from metacollect.store import zarrio
 
-    real_make = writer_module._zarr_create_array
+    real_make = zarrio.array_template
     outage = {"left": 1}
 
     async def fail_once(*args, **kwargs):
@@ -404,7 +404,7 @@ def test_a_failed_array_template_is_made_again_by_the_next_flush(store, monkeypa
             raise OSError("out of memory making the template")
         return await real_make(*args, **kwargs)
 
-    monkeypatch.setattr(writer_module, "_zarr_create_array", fail_once)
+    monkeypatch.setattr(zarrio, "array_template", fail_once)
     w = StoreWriter(store)
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
@@ -439,11 +439,11 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(s
     of it out of the store: the errors table is written by itself."""
     from zarr.storage import LocalStore
 
-    from metacollect.store import writer as writer_module
+    from metacollect.store import zarrio
 
     w = StoreWriter(store)
     g = w.group("scheduler", cluster="c1")
-    real_write = writer_module._write_doc
+    real_write = zarrio.write_doc
     outage = {"creates": 1}
 
     async def write_then_fail(where, doc):
@@ -452,7 +452,7 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(s
             outage["creates"] -= 1
             raise OSError("storage went away after writing the array's metadata")
 
-    monkeypatch.setattr(writer_module, "_write_doc", write_then_fail)
+    monkeypatch.setattr(zarrio, "write_doc", write_then_fail)
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     assert g.flush() == 0
     assert g.flush() > 0
@@ -588,7 +588,7 @@ def test_compact_metadata_writers_never_wait_for_each_other():
     event loop); the setting is put back only when the last one leaves."""
     import threading
 
-    from metacollect.store.writer import compact_json
+    from metacollect.store.zarrio import compact_json
 
     inside, leave = threading.Event(), threading.Event()
 
@@ -911,3 +911,35 @@ def test_appends_through_a_store_that_is_not_a_directory():
         sync(appender.write(start, data))
         start += n
     assert ours[:].tolist() == theirs[:].tolist() == [f"v{i}" for i in range(10)]
+
+
+def test_a_collector_failing_on_every_call_writes_its_first_failures_and_counts_the_rest(store):
+    """A hook that fails on every transition records the first ``limit`` failures of its
+    place in full and then, at each flush, how many more there were: never a million rows,
+    never silence."""
+    from metacollect.steps.base import ErrorRecorder
+
+    w = StoreWriter(store)
+    g = w.group("scheduler", cluster="c1")
+    errors = ErrorRecorder(lambda: g, "scheduler", limit=3)
+    for i in range(10):
+        errors("transition", KeyError(f"k{i}"))
+    errors("sample", RuntimeError("once"))
+    errors.report_counts()
+    g.flush()
+    for _ in range(5):
+        errors("transition", KeyError("later"))
+    errors.report_counts()
+    errors.report_counts()  # nothing new: nothing written
+    g.flush()
+    rows = open_run_unfinalized(store).table("clusters/c1/scheduler", "errors")
+    whats = rows.what.tolist()
+    assert rows["where"].tolist().count("scheduler.transition") == 5
+    assert whats[:3] == ["KeyError: 'k0'", "KeyError: 'k1'", "KeyError: 'k2'"]
+    assert "RuntimeError: once" in whats
+    assert [w for w in whats if "more times" in w] == [
+        "failed 7 more times, not recorded one by one (only the first 3 failures of a place "
+        "are written in full)",
+        "failed 5 more times, not recorded one by one (only the first 3 failures of a place "
+        "are written in full)",
+    ]

@@ -116,7 +116,9 @@ class GraphRecorder:
         graph = self.n_graphs
         self.n_graphs += 1
         get = scheduler.tasks.get
-        prefixes, groups, deps = [], [], []
+        prefixes: list[str | None] = []
+        groups: list[str | None] = []
+        deps = []
         n_deps = array.array("q")
         for k in tasks:
             ts = get(k)

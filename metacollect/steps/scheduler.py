@@ -27,6 +27,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 import metacollect.config as config
+from metacollect.steps.base import ErrorRecorder
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.worker import NAME as WORKER_NAME
 from metacollect.steps.worker import WorkerCollector
@@ -95,6 +96,7 @@ class SchedulerCollector(SchedulerPlugin):
         self.cluster: str | None = None
         self.scheduler: Scheduler | None = None
         self._capture_events = True  # metacollect.capture.events, read at start
+        self.errors = ErrorRecorder(lambda: self.group, "scheduler")
 
     # -- pickling: only the parameters travel ---------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -406,6 +408,7 @@ class SchedulerCollector(SchedulerPlugin):
             self._write_samples(samples)
         if self.profile is not None:
             self.profile.write()
+        self.errors.report_counts()
         self.writer.flush()
 
     def _new_transition_buffers(self) -> None:
@@ -498,25 +501,8 @@ class SchedulerCollector(SchedulerPlugin):
         if crows:
             self.group.append("client_states", columns(_CLIENT_STATE, crows))
 
-    def _on_error(self, where: str, exc: BaseException) -> None:
-        # a hook failing on every transition must not flood the log or the errors table:
-        # record the first few of each place, count the rest (recorded at the next flush)
-        counts = self.__dict__.setdefault("_error_counts", {})
-        n = counts[where] = counts.get(where, 0) + 1
-        if n > 10:
-            if n % 10000 == 0:
-                logger.warning("metacollect: scheduler.%s failed %d times", where, n)
-            return
-        try:
-            self.group.record_error(
-                f"scheduler.{where}",
-                exc
-                if n < 10
-                else f"{type(exc).__name__}: {exc} (and possibly more; "
-                "only the first 10 failures of a place are recorded)",
-            )
-        except Exception:  # the errors table itself must never take the scheduler down
-            logger.exception("metacollect: could not record a collector error")
+    def _on_error(self, where: str, exc: BaseException | str) -> None:
+        self.errors(where, exc)
 
 
 async def end_collection(

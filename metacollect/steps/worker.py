@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import metacollect.config as config
+from metacollect.steps.base import ErrorRecorder
 from metacollect.store.flush import PeriodicFlusher, take, take_rows
 from metacollect.store.schema import safe_name
 from metacollect.store.writer import GroupWriter, StoreWriter
@@ -70,6 +71,7 @@ class WorkerCollector(WorkerPlugin):
         self.options = options or {}
         self.worker: Worker | None = None
         self._started = False  # set once setup has finished; teardown undoes only that
+        self.errors = ErrorRecorder(lambda: self.group, "worker")
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -261,6 +263,7 @@ class WorkerCollector(WorkerPlugin):
             self.profile.write(
                 [k for k, f in zip(t_keys, t_finishes, strict=True) if f == "executing"]
             )
+        self.errors.report_counts()
         self.writer.flush()
 
     def _write_executions(self, executions: tuple[list[Any], ...]) -> None:
@@ -319,8 +322,5 @@ class WorkerCollector(WorkerPlugin):
         if transfers["direction"]:
             self.group.append("transfers", transfers)
 
-    def _on_error(self, where: str, exc: BaseException) -> None:
-        try:
-            self.group.record_error(f"worker.{where}", exc)
-        except Exception:
-            logger.exception("metacollect: could not record a collector error")
+    def _on_error(self, where: str, exc: BaseException | str) -> None:
+        self.errors(where, exc)

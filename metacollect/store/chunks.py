@@ -12,55 +12,12 @@ Readers see the values Zarr would have written (Zarr would skip a chunk of fill 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import numcodecs
 import numpy as np
-from zarr.codecs import BloscCodec, BytesCodec, VLenUTF8Codec, ZstdCodec
-from zarr.core.buffer import default_buffer_prototype
 
+import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-
-_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-
-
-def _encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
-    """The array's codec chain as one function of a whole chunk's values."""
-    steps: list[Callable[[Any], Any]] = []
-    for c in arr.metadata.codecs:
-        if isinstance(c, BytesCodec):
-            order = "<" if c.endian is None or c.endian.value == "little" else ">"
-            steps.append(
-                lambda a, o=order: np.ascontiguousarray(a, a.dtype.newbyteorder(o)).tobytes()
-            )
-        elif isinstance(c, VLenUTF8Codec):
-            steps.append(numcodecs.VLenUTF8().encode)
-        elif isinstance(c, BloscCodec):
-            steps.append(
-                numcodecs.Blosc(
-                    cname=c.cname.value,
-                    clevel=c.clevel,
-                    shuffle=_SHUFFLE[c.shuffle.value],
-                    blocksize=c.blocksize,
-                    typesize=c.typesize,
-                ).encode
-            )
-        elif isinstance(c, ZstdCodec):
-            steps.append(numcodecs.Zstd(level=c.level, checksum=c.checksum).encode)
-        else:
-            raise StoreError(
-                f"array {arr.path!r} uses the codec {type(c).__name__}, which metacollect "
-                "does not append to; write this run to a new store"
-            )
-
-    def encode(values: np.ndarray) -> bytes:
-        out: Any = values
-        for step in steps:
-            out = step(out)
-        return bytes(out)
-
-    return encode
 
 
 class ChunkAppender:
@@ -80,8 +37,8 @@ class ChunkAppender:
                 "appends only to arrays with whole rows in a chunk"
             )
         self.chunk = int(chunks[0])
-        self.encode = _encoder(arr)
-        self.is_str = isinstance(arr.metadata.codecs[0], VLenUTF8Codec)
+        self.encode = zarrio.chunk_encoder(arr)
+        self.is_str = zarrio.holds_text(arr)
         self.fill = "" if self.is_str else arr.metadata.fill_value
         #: (first row of the chunk, its rows written so far)
         self._tail: tuple[int, np.ndarray] | None = None
@@ -95,9 +52,8 @@ class ChunkAppender:
         for lo in range(0, len(rows), self.chunk):
             part = rows[lo : lo + self.chunk]
             index = (first + lo) // self.chunk
-            key = self.arr.metadata.encode_chunk_key((index,) + (0,) * (rows.ndim - 1))
-            buf = default_buffer_prototype().buffer.from_bytes(self.encode(self._padded(part)))
-            await (self.arr.store_path / key).set(buf)
+            chunk = (index,) + (0,) * (rows.ndim - 1)
+            await zarrio.store_chunk(self.arr, chunk, self.encode(self._padded(part)))
         last = first + (len(rows) - 1) // self.chunk * self.chunk
         self._tail = (last, rows[last - first :].copy())  # not a view of all the rows
 

@@ -15,11 +15,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import zarr
-
 import metacollect.config as config
+import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError
-from metacollect.store.writer import compact_json, read_nodes, seal, trim
+from metacollect.store.writer import read_nodes, seal, trim
 
 __all__ = [
     "cluster_ends",
@@ -79,7 +78,7 @@ def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) 
 
 
 def levels_index(
-    root: zarr.Group, nodes: Mapping[str, Mapping[str, Any]] | None = None
+    root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, list[str]]:
     """``{level: [group paths]}`` of every (non-table) group in the store (``nodes``: its
     :func:`~metacollect.store.writer.read_nodes` when already read)."""
@@ -94,7 +93,7 @@ def levels_index(
 
 
 def consolidate(
-    store: str | zarr.Group,
+    store: str | zarrio.Group,
     nodes: dict[str, dict[str, Any]] | None = None,
     attrs: Mapping[str, Any] | None = None,
 ) -> None:
@@ -104,12 +103,8 @@ def consolidate(
     groups), so plain Zarr and xarray readers see exactly the rows written. ``store``: its
     path or root group; ``nodes``: its :func:`~metacollect.store.writer.read_nodes` when
     already read (one read of the store serves the caller and the seal)."""
-    root = (
-        store
-        if isinstance(store, zarr.Group)
-        else zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
-    )
-    with compact_json():
+    root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
+    with zarrio.compact_json():
         if nodes is None:
             nodes = read_nodes(root)
         trim(root, nodes)
@@ -129,7 +124,7 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
                 for f in files:
                     if f.endswith(".partial"):
                         os.remove(os.path.join(dirpath, f))
-        root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
+        root = zarrio.open_group(store, mode="a")
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
         consolidate(
@@ -152,16 +147,16 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
 def cluster_ends(store: str) -> dict[str, float | None]:
     """When each cluster (scheduler) that collected into ``store`` recorded its end, by
     cluster id (``None``: it never did, so its data after its last flush is missing)."""
-    root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
+    root = zarrio.open_group(store, mode="r")
     try:
         clusters = root["clusters"]
     except KeyError:
         return {}
-    if not isinstance(clusters, zarr.Group):
+    if not zarrio.is_group(clusters):
         return {}
     ends: dict[str, float | None] = {}
     for name, member in clusters.members():
-        if isinstance(member, zarr.Group):
+        if zarrio.is_group(member):
             ended = member.attrs.get("ended")
             ends[name] = float(ended) if isinstance(ended, int | float) else None
     return ends

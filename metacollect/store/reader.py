@@ -7,22 +7,19 @@ Opening a store never executes code from it: it holds no pickles, only arrays an
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import xarray as xr
-import zarr
-from zarr.core.sync import sync
 
+import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
 from metacollect.store.schema import FILL, Schema, load_schema
-from metacollect.store.writer import UNRECOGNIZED, committed_rows
+from metacollect.store.writer import committed_rows
 
 
 class StoreReader:
@@ -36,20 +33,21 @@ class StoreReader:
         self.path = os.fspath(path)
         if "://" not in self.path and not os.path.isdir(self.path):
             raise NotAStoreError(
-                f"{self.path} does not exist or is not a directory; give the path of a metacollect store"
+                f"{self.path} does not exist or is not a directory; "
+                "give the path of a metacollect store"
             )
         try:
-            self.root = zarr.open_group(
-                store=self.path, mode="r", zarr_format=3, use_consolidated=False
-            )
+            self.root = zarrio.open_group(self.path, mode="r")
         except Exception as e:
             raise NotAStoreError(
-                f"{self.path} is not a Zarr v3 store ({type(e).__name__}: {e}); give the path of a metacollect store"
+                f"{self.path} is not a Zarr v3 store ({type(e).__name__}: {e}); "
+                "give the path of a metacollect store"
             ) from e
         attrs = dict(self.root.attrs)
         if "run_id" not in attrs or "schema_version" not in attrs:
             raise NotAStoreError(
-                f"{self.path} is a Zarr store but not a metacollect run (no run_id/schema_version on its root)"
+                f"{self.path} is a Zarr store but not a metacollect run "
+                "(no run_id/schema_version on its root)"
             )
         self.schema: Schema = load_schema()
         version = attrs["schema_version"]
@@ -61,7 +59,10 @@ class StoreReader:
 
     def __repr__(self) -> str:
         a = self.attrs
-        return f"<Run {a.get('run_id')} status={a.get('status')} clusters={len(self.clusters())} path={self.path}>"
+        return (
+            f"<Run {a.get('run_id')} status={a.get('status')} "
+            f"clusters={len(self.clusters())} path={self.path}>"
+        )
 
     # -- structure -------------------------------------------------------------------------------
     @property
@@ -79,9 +80,9 @@ class StoreReader:
         """``{path: attrs}`` of every group that is not a table."""
         out = {}
         for path, member in walk(self.root):
-            if isinstance(member, zarr.Group) and "table" not in member.attrs:
-                if self.schema.table_owner(path) is None:
-                    out[path] = dict(member.attrs)
+            is_table = not zarrio.is_group(member) or "table" in member.attrs
+            if not is_table and self.schema.table_owner(path) is None:
+                out[path] = dict(member.attrs)
         return out
 
     def levels(self) -> dict[str, list[str]]:
@@ -100,24 +101,31 @@ class StoreReader:
         """Every group at that level of the metadata map, as DataTree nodes by path."""
         if name not in self.schema.levels:
             raise StoreError(f"unknown level {name!r}; levels are {', '.join(self.schema.levels)}")
-        return {p: self.tree[p] if p else self.tree for p in self.levels().get(name, [])}
+        return {p: self._node(p) for p in self.levels().get(name, [])}
 
     def step(self, n: int) -> dict[str, xr.DataTree]:
         """Every group of step ``n`` (1-5) of the metadata map."""
         if n not in self.schema.steps:
             raise StoreError(f"unknown step {n!r}; steps are {sorted(self.schema.steps)}")
-        return {p: self.tree[p] for p, a in self.groups.items() if a.get("step") == n and p}
+        return {p: self._node(p) for p, a in self.groups.items() if a.get("step") == n and p}
+
+    def _node(self, path: str) -> xr.DataTree:
+        """The DataTree node of a group (the whole tree for the root)."""
+        node = self.tree[path] if path else self.tree
+        if not isinstance(node, xr.DataTree):
+            raise StoreError(f"{path} is a variable of the store, not a group")
+        return node
 
     def clusters(self) -> list[str]:
         """Cluster ids (one per scheduler), in start order."""
         try:
-            g = self.root["clusters"]
+            g = zarrio.group_at(self.root, "clusters")
         except KeyError:
             return []
         items = [
             (dict(m.attrs).get("started", 0.0), name)
             for name, m in walk(g, "clusters", depth=1)
-            if isinstance(m, zarr.Group)
+            if zarrio.is_group(m)
         ]
         return [name for _, name in sorted(items)]
 
@@ -154,60 +162,57 @@ class StoreReader:
         tspec = spec.tables[name]
         wanted = [v for v in tspec.variables if columns is None or v in set(columns)]
         try:
-            tg = self.root[f"{group}/{name}" if group else name]
+            tg = zarrio.group_at(self.root, f"{group}/{name}" if group else name)
         except KeyError:
             return pd.DataFrame(
                 {v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype)) for v in wanted}
             )
-        arrays = {}
-        strings: _GroupStrings | None = None  # the group's strings, read once per table
         try:
-            present = {v: tg[v] for v in tspec.variables if v in tg}
-            n = committed_rows(tg, (a.shape[0] for a in present.values()))
-            # every column in one batch of Zarr reads: they decode side by side
-            data_of = dict(
-                zip(
-                    [v for v in wanted if v in present],
-                    sync(_read_all([present[v] for v in wanted if v in present], n)),
-                    strict=True,
-                )
-            )
-            if distinct and data_of:
-                keep = (
-                    ~pd.DataFrame({v: d if d.ndim == 1 else list(d) for v, d in data_of.items()})
-                    .duplicated()
-                    .to_numpy()
-                )
-                data_of = {v: d[keep] for v, d in data_of.items()}
-                n = int(keep.sum())
-            for v in wanted:
-                vspec = tspec.variables[v]
-                if v not in present:
-                    arrays[v] = pd.Series(
-                        np.full(
-                            n,
-                            None if vspec.dtype in ("str", "code") else FILL[vspec.dtype],
-                            dtype=_pandas_dtype(vspec.dtype),
-                        )
-                    )
-                    continue
-                data = data_of[v]
-                if vspec.dtype == "code":
-                    if strings is None:
-                        strings = _GroupStrings(self.root, group)
-                    data = _decode(strings, data)
-                elif vspec.dtype == "str":
-                    data = np.asarray(data, dtype=object)
-                arrays[v] = (
-                    pd.Series(data, dtype=object, copy=False)
-                    if data.dtype == object
-                    else (data if data.ndim == 1 else list(data))
-                )
+            data_of, n = self._read_columns(tg, tspec, wanted, distinct)
+            strings = _GroupStrings(self.root, group)  # read only if a code column needs it
+            arrays = {
+                v: self._column(tspec.variables[v], data_of.get(v), n, strings) for v in wanted
+            }
         except Exception as e:
             raise StoreError(
-                f"cannot read table {group}/{name}: {type(e).__name__}: {e} (the store may be damaged)"
+                f"cannot read table {group}/{name}: {type(e).__name__}: {e} "
+                "(the store may be damaged)"
             ) from e
         return pd.DataFrame(arrays)
+
+    @staticmethod
+    def _read_columns(
+        tg: zarrio.Group, tspec: Any, wanted: list[str], distinct: bool
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """The committed rows of the wanted variables the table holds, all in one batch of
+        Zarr reads (they decode side by side); with ``distinct``, repeated rows dropped."""
+        present = {v: zarrio.array_at(tg, v) for v in tspec.variables if v in tg}
+        n = committed_rows(tg, (a.shape[0] for a in present.values()))
+        names = [v for v in wanted if v in present]
+        data_of = dict(
+            zip(names, zarrio.run(zarrio.read_rows([present[v] for v in names], n)), strict=True)
+        )
+        if distinct and data_of:
+            frame = pd.DataFrame({v: d if d.ndim == 1 else list(d) for v, d in data_of.items()})
+            keep = ~frame.duplicated().to_numpy()
+            data_of = {v: d[keep] for v, d in data_of.items()}
+            n = int(keep.sum())
+        return data_of, n
+
+    @staticmethod
+    def _column(vspec: Any, data: np.ndarray | None, n: int, strings: _GroupStrings) -> Any:
+        """One variable as a DataFrame column: codes decoded, strings as objects, a variable
+        the table lacks (added by a newer schema) as ``n`` fill values."""
+        if data is None:
+            fill = None if vspec.dtype in ("str", "code") else FILL[vspec.dtype]
+            return pd.Series(np.full(n, fill, dtype=_pandas_dtype(vspec.dtype)))
+        if vspec.dtype == "code":
+            data = _decode(strings, data)
+        elif vspec.dtype == "str":
+            data = np.asarray(data, dtype=object)
+        if data.dtype == object:
+            return pd.Series(data, dtype=object, copy=False)
+        return data if data.ndim == 1 else list(data)
 
     def _concat(
         self,
@@ -421,23 +426,36 @@ class _GroupStrings:
     handful of codes uses (a column of task prefixes must not read a million task keys), or
     all of it at most once (task keys), then shared by the table's other columns."""
 
-    def __init__(self, root: zarr.Group, group: str) -> None:
-        try:
-            strings = root[f"{group}/strings" if group else "strings"]
-            self.value: zarr.Array | None = strings["value"]
-            self.n = committed_rows(strings, (self.value.shape[0],))
-        except KeyError:
-            self.value, self.n = None, 0
+    def __init__(self, root: zarrio.Group, group: str) -> None:
+        self.root, self.group = root, group
+        self.value: zarrio.Array | None = None
         self.all: np.ndarray | None = None
+        self._n: int | None = None
+
+    @property
+    def n(self) -> int:
+        """Committed strings (read on first use: a table without codes never opens them)."""
+        if self._n is None:
+            path = f"{self.group}/strings" if self.group else "strings"
+            try:
+                strings = zarrio.group_at(self.root, path)
+                self.value = zarrio.array_at(strings, "value")
+            except KeyError:
+                self._n = 0
+            else:
+                self._n = committed_rows(strings, (self.value.shape[0],))
+        return self._n
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """Strings at ``idx`` (valid, sorted codes); all of them are read once more than a
         quarter is wanted."""
+        if self.value is None:  # codes are in range only when strings exist
+            raise StoreError("codes refer to a strings table the store does not hold")
         if self.all is None and len(idx) > self.n // 4:
-            self.all = np.asarray(self.value[: self.n], dtype=object)  # type: ignore[index]
+            self.all = np.asarray(self.value[: self.n], dtype=object)
         if self.all is not None:
             return self.all[idx]
-        return np.asarray(self.value.oindex[idx], dtype=object)  # type: ignore[union-attr]
+        return np.asarray(self.value.oindex[idx], dtype=object)
 
 
 def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:
@@ -459,37 +477,26 @@ def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:
             out = np.full(len(codes), None, dtype=object)
             out[valid] = found[np.searchsorted(used, codes[valid])]
             return out
-    out = strings.all[np.where(valid, codes, 0)]  # type: ignore[index]
+    every = strings.all if strings.all is not None else strings.take(np.arange(strings.n))
+    out = every[np.where(valid, codes, 0)]
     if not valid.all():
         out[~valid] = None
     return out
 
 
-async def _read_all(arrays: list[zarr.Array], n: int) -> list[np.ndarray]:
-    """The first ``n`` rows of each array, read concurrently on Zarr's event loop."""
-    return await asyncio.gather(
-        *(a._async_array.getitem(slice(0, n)) for a in arrays)  # type: ignore[union-attr]
-    )
-
-
 def walk(
-    group: zarr.Group,
+    group: zarrio.Group,
     path: str = "",
     on_error: Callable[[str], None] | None = None,
     depth: int | None = None,
-) -> Iterator[tuple[str, zarr.Group | zarr.Array]]:
+) -> Iterator[tuple[str, zarrio.Group | zarrio.Array]]:
     """``(path, member)`` of every group and array below ``group``, listing one group at a time.
 
     A group whose listing fails (damaged ``zarr.json``) raises a :class:`StoreError` naming it,
     or, with ``on_error``, is reported there and skipped.
     """
     try:
-        with warnings.catch_warnings():
-            # a write cut short (killed process, failed flush) leaves a <name>.<uuid>.partial
-            # temp file, or an array directory whose zarr.json was never written: neither
-            # holds data, and neither is a reason to warn on every read
-            warnings.filterwarnings("ignore", message=UNRECOGNIZED)
-            members = list(group.members())
+        members = zarrio.members(group)
     except Exception as e:
         msg = f"group /{path} cannot be read ({type(e).__name__}: {e}); the store is damaged there"
         if on_error is None:
@@ -499,7 +506,7 @@ def walk(
     for name, member in members:
         sub = f"{path}/{name}" if path else name
         yield (name if depth == 1 else sub), member
-        if isinstance(member, zarr.Group) and depth != 1:
+        if zarrio.is_group(member) and depth != 1:
             yield from walk(member, sub, on_error, None if depth is None else depth - 1)
 
 

@@ -9,91 +9,32 @@ arrays and appends them to Zarr - from a thread or at the end, never on a hot pa
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import json
 import logging
 import os
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import zarr
-from zarr.api.asynchronous import create_array as _zarr_create_array
-from zarr.codecs import BloscCodec, ZstdCodec
-from zarr.core.array import AsyncArray
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.group import AsyncGroup, GroupMetadata
-from zarr.core.metadata.v3 import ArrayV3Metadata
-from zarr.core.sync import sync
-from zarr.errors import ContainsGroupError
-from zarr.storage import MemoryStore
 
 import metacollect.config as config
-from metacollect.errors import StoreError
+import metacollect.store.zarrio as zarrio
 from metacollect.store.chunks import ChunkAppender
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
 logger = logging.getLogger(__name__)
 
 
-#: Zarr's warning for a store entry that holds no data: the temp file of a write cut short
-#: (``<name>.<uuid>.partial``) or an array directory whose ``zarr.json`` was never written
-UNRECOGNIZED = r"Object at .* is not recognized"
-
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
 
-
-class _CompactJson:
-    """Zarr metadata written meanwhile without indentation: zarr indents ``zarr.json`` by
-    default, and the whitespace was ~40% of a store's metadata (~9% of a 15k-task store).
-
-    Scoped, since zarr's config belongs to the whole process: the first of our writers in
-    sets it, the last out puts back what it was. Writers never wait for each other (a flush
-    on a slow filesystem must not hold up a group created on the event loop)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: Any = None
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                self._saved = zarr.config.get("json_indent")
-                zarr.config.set({"json_indent": None})
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    zarr.config.set({"json_indent": self._saved})
-
-
-compact_json = _CompactJson()
-
-
-def open_root(path: str | os.PathLike[str], mode: str = "a") -> zarr.Group:
-    """Open (or create) the store's root group; local paths or fsspec URLs."""
-    try:
-        # never through consolidated metadata: a writer after finalize (metacollect ingest) would
-        # not see the groups it adds itself, and fail creating their parents a second time
-        return zarr.open_group(
-            store=os.fspath(path), mode=mode, zarr_format=3, use_consolidated=False
-        )
-    except Exception as e:  # zarr raises many types for unwritable / odd paths
-        raise StoreError(
-            f"cannot open store {os.fspath(path)!r} for writing: {e}; "
-            "check the path is a writable directory (or an fsspec URL you can write to)"
-        ) from e
+#: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
+UNRECOGNIZED = zarrio.UNRECOGNIZED
+compact_json = zarrio.compact_json
+open_root = zarrio.open_root
 
 
 class StringTable:
@@ -127,18 +68,18 @@ class StringTable:
                 self._codes.clear()
             codes = self._codes
             get = codes.get
-            found = [get(u) for u in uniq]
-            missing = [i for i, c in enumerate(found) if c is None]
+            known = [get(u) for u in uniq]
+            missing = [i for i, c in enumerate(known) if c is None]
             if missing:  # bulk-assign new codes, in first-seen order as before
                 new = [uniq[i] for i in missing]
                 fresh = range(self._next, self._next + len(new))
                 codes.update(zip(new, fresh, strict=False))
                 for i, c in zip(missing, fresh, strict=False):
-                    found[i] = c
+                    known[i] = c
                 self._next += len(new)
                 self._new.extend(new)
             mapped = np.empty(len(uniq) + 1, np.int32)
-            mapped[:-1] = found
+            mapped[:-1] = np.array(known, dtype=np.int32)  # every code now known
             mapped[-1] = -1  # local code -1 (None) indexes the last slot
         return mapped[local]
 
@@ -401,10 +342,10 @@ class GroupWriter:
                 self._committed[table] = self._rows_in_store(table)
             if table not in self._arrays:  # its group, and the arrays an earlier writer made
                 tgroup = self.store.ensure_table(self, table)
-                self._tgroups[table] = tgroup._async_group
-                self._arrays[table] = {n: a._async_array for n, a in tgroup.arrays()}
+                self._tgroups[table] = zarrio.async_group(tgroup)
+                self._arrays[table] = zarrio.async_arrays(tgroup)
         with compact_json():
-            sync(self._append_all(tables))
+            zarrio.run(self._append_all(tables))
         for table, columns in tables.items():
             self._committed[table] += len(next(iter(columns.values())))
 
@@ -472,8 +413,8 @@ class StoreWriter:
         self.root = open_root(self.path)
         self.chunk_rows = int(config.get("store.chunk-rows"))
         level = int(config.get("store.compression-level"))
-        self._numeric = [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")]
-        self._text = [ZstdCodec(level=level)]
+        self._numeric = zarrio.codecs("numeric", level)
+        self._text = zarrio.codecs("text", level)
         #: Zarr's array for each kind of array this writer makes, as it is being made in
         #: memory (see create_array)
         self._templates: dict[tuple[Any, ...], Any] = {}
@@ -501,21 +442,21 @@ class StoreWriter:
             "description": spec.description,
         }
 
-    def ensure_group(self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]) -> zarr.Group:
+    def ensure_group(self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]) -> zarrio.Group:
         """Create ``path`` and its parents, each annotated with step/level/category."""
         parts = [p for p in path.split("/") if p]
         with compact_json():
             for i in range(1, len(parts)):
                 parent = "/".join(parts[:i])
                 pspec = self.schema.match(parent)
-                g = _require_group(self.root, parent)
+                g = zarrio.require_group(self.root, parent)
                 if pspec is not None and "step" not in g.attrs:
                     g.update_attributes(self._annotation(pspec))
-            g = _require_group(self.root, path) if path else self.root
+            g = zarrio.require_group(self.root, path) if path else self.root
             g.update_attributes({**self._annotation(spec), **_jsonable(dict(attrs))})
         return g
 
-    def ensure_table(self, gw: GroupWriter, table: str) -> zarr.Group:
+    def ensure_table(self, gw: GroupWriter, table: str) -> zarrio.Group:
         """A table's group, created with one write of its ``zarr.json`` if it is new (its
         parent, the writer's own group, exists; no other process writes the table)."""
         key = f"{gw.path}/{table}" if gw.path else table
@@ -523,18 +464,14 @@ class StoreWriter:
             return self.root[key]  # type: ignore[return-value]
         except KeyError:
             t = gw.spec.tables[table]
-            meta = GroupMetadata(
-                attributes={
-                    **self._annotation(gw.spec),
-                    "table": table,
-                    "dim": t.dim,
-                    "description": t.description,
-                    "rows": 0,
-                }
-            )
-            where = self.root.store_path / key
-            sync(_write_doc(where, meta.to_dict()))
-            return zarr.Group(AsyncGroup(metadata=meta, store_path=where))
+            attributes = {
+                **self._annotation(gw.spec),
+                "table": table,
+                "dim": t.dim,
+                "description": t.description,
+                "rows": 0,
+            }
+            return zarrio.make_group(self.root, key, attributes)[0]
 
     async def create_array(
         self, tgroup: Any, spec: TableSpec, name: str, sample: np.ndarray, rows: int
@@ -563,13 +500,12 @@ class StoreWriter:
             # the kind is then one write of its zarr.json: Zarr's create_array first checks
             # the path and each parent in the store, a dozen operations (~6 ms) an array.
             made = self._templates[kind] = asyncio.ensure_future(
-                _zarr_create_array(
-                    MemoryStore(),
-                    shape=(0, *extra),
-                    chunks=(chunk, *extra),
-                    dtype=str if is_str else var.numpy_dtype,
-                    compressors=self._text if is_str else self._numeric,
-                    fill_value="" if is_str else FILL[var.dtype],
+                zarrio.array_template(
+                    (0, *extra),
+                    (chunk, *extra),
+                    str if is_str else var.numpy_dtype,
+                    self._text if is_str else self._numeric,
+                    "" if is_str else FILL[var.dtype],
                 )
             )
 
@@ -578,18 +514,17 @@ class StoreWriter:
                     self._templates.pop(kind, None)
 
             made.add_done_callback(forget_if_failed)
-        template = (await made).metadata
-        meta = dataclasses.replace(
-            template,
-            shape=(rows, *extra),
-            dimension_names=tuple(dims),
-            attributes=attrs,
-        )
+        doc = {
+            **(await made),
+            "shape": [rows, *extra],
+            "dimension_names": list(dims),
+            "attributes": attrs,
+        }
         # written over if there (an earlier flush that failed after creating it): no other
         # writer makes this table's arrays, and rows past the commit point are free
         where = tgroup.store_path / name
-        await _write_doc(where, meta.to_dict())
-        return AsyncArray(meta, where)
+        await zarrio.write_doc(where, doc)
+        return zarrio.async_array(where, doc)
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))
@@ -603,50 +538,17 @@ def _capacity(needed: int, current: int, chunk: int) -> int:
     return max(chunk, -(-want // chunk) * chunk)
 
 
-def read_nodes(root: zarr.Group) -> dict[str, dict[str, Any]]:
+def read_nodes(root: zarrio.Group) -> dict[str, dict[str, Any]]:
     """``{path: metadata}`` of every group and array below ``root``: each node's ``zarr.json``
     as JSON, group by group, each level's listings and reads concurrent. What sealing needs
     is these documents; Zarr's own walk (``members``) also builds a metadata object of each
     node and the seal turned them back into JSON - three quarters of a short run's finalize
     (188 nodes: 60 of 65 ms). Entries without a ``zarr.json`` (a write cut short) are
     skipped."""
-    sp = root.store_path
-    store = sp.store
-    proto = default_buffer_prototype()
-
-    def key(*parts: str) -> str:
-        return "/".join(p for p in (sp.path, *parts) if p)
-
-    async def children(group: str) -> list[str]:
-        return [n async for n in store.list_dir(key(group))]
-
-    async def walk() -> dict[str, dict[str, Any]]:
-        docs: dict[str, dict[str, Any]] = {}
-        level = [""]
-        while level:
-            listed = await asyncio.gather(*(children(g) for g in level))
-            paths = [
-                f"{g}/{n}" if g else n
-                for g, names in zip(level, listed, strict=True)
-                for n in names
-                if n != "zarr.json"
-            ]
-            found = await asyncio.gather(
-                *(store.get(key(p, "zarr.json"), prototype=proto) for p in paths)
-            )
-            level = []
-            for path, buf in zip(paths, found, strict=True):
-                if buf is None:  # a chunk key, a temp file, an array never created
-                    continue
-                doc = docs[path] = json.loads(buf.to_bytes())
-                if doc.get("node_type") == "group":
-                    level.append(path)
-        return docs
-
-    return sync(walk())
+    return zarrio.run(zarrio.list_docs(root))
 
 
-def trim(root: zarr.Group, nodes: dict[str, dict[str, Any]]) -> int:
+def trim(root: zarrio.Group, nodes: dict[str, dict[str, Any]]) -> int:
     """Cut every table's arrays back to its committed rows (the room writers keep ahead
     is fill values), all in one batch of Zarr writes, and update their documents in
     ``nodes`` (the :func:`read_nodes` of a store no process writes any more); returns the
@@ -665,9 +567,9 @@ def trim(root: zarr.Group, nodes: dict[str, dict[str, Any]]) -> int:
 
     async def cut(path: str, shape: tuple[int, ...]) -> None:
         # Zarr's resize: the new metadata, and the chunks past the new end deleted
-        arr = AsyncArray(ArrayV3Metadata.from_dict(nodes[path]), root.store_path / path)
+        arr = zarrio.async_array(root.store_path / path, nodes[path])
         await arr.resize(shape)
-        nodes[path] = arr.metadata.to_dict()
+        nodes[path] = zarrio.array_doc(arr)
 
     async def cut_all() -> None:
         # each resize is a few ms of Zarr's machinery and a store has hundreds: one batch
@@ -678,18 +580,18 @@ def trim(root: zarr.Group, nodes: dict[str, dict[str, Any]]) -> int:
         )
 
     if cuts:
-        sync(cut_all())
+        zarrio.run(cut_all())
     return len(cuts)
 
 
-def seal(root: zarr.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str, Any]) -> None:
+def seal(root: zarrio.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str, Any]) -> None:
     """Write the root's ``zarr.json`` once: ``attrs`` added to its attributes, and the
     consolidated metadata of ``nodes`` (the :func:`read_nodes` of a store no process writes
     any more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
     reading the whole store a second time - where the store supports it."""
     sp = root.store_path
-    found = sync((sp / "zarr.json").get(prototype=default_buffer_prototype()))
-    doc = json.loads(found.to_bytes()) if found is not None else root.metadata.to_dict()
+    found = zarrio.run(zarrio.read_doc(sp))
+    doc = found if found is not None else root.metadata.to_dict()
     doc["attributes"] = {**doc.get("attributes", {}), **_jsonable(dict(attrs))}
     doc.pop("consolidated_metadata", None)
     if sp.store.supports_consolidated_metadata:  # most stores; not all
@@ -700,14 +602,14 @@ def seal(root: zarr.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str,
                 node = {**node, "consolidated_metadata": _INLINE_EMPTY}
             flat[path] = node
         doc["consolidated_metadata"] = {**_INLINE_EMPTY, "metadata": flat}
-    sync(_write_doc(sp, doc))
+    zarrio.run(zarrio.write_doc(sp, doc))
 
 
 #: consolidated metadata of a group listed in its parent's: no children beyond those listed
 _INLINE_EMPTY = {"kind": "inline", "must_understand": False, "metadata": {}}
 
 
-def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> int:
+def committed_rows(tgroup: zarrio.Group, shapes: Iterable[int] | None = None) -> int:
     """Rows of a table that readers may use: its ``rows`` attribute (written once all of an
     append's data had landed; arrays keep room past it), and no more than the shortest of
     its variables. Without the attribute (a store from before it), the shortest variable."""
@@ -718,31 +620,10 @@ def committed_rows(tgroup: zarr.Group, shapes: Iterable[int] | None = None) -> i
     return min(n, int(rows)) if isinstance(rows, int) else n
 
 
-async def _write_doc(where: Any, doc: Mapping[str, Any]) -> None:
-    """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
-    ``where`` in one write: every ``zarr.json`` this writer makes itself (tables, arrays, the
-    seal) goes through here; Zarr's own writes (attributes, resizes) under :data:`compact_json`."""
-    body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-    await (where / "zarr.json").set(default_buffer_prototype().buffer.from_bytes(body))
-
-
 def _raise_first(results: Iterable[Any]) -> None:
     for r in results:
         if isinstance(r, BaseException):
             raise r
-
-
-def _require_group(root: zarr.Group, path: str) -> zarr.Group:
-    """``root.require_group(path)`` that tolerates another process creating it meanwhile.
-
-    Workers of one cluster create their common parents (``clusters/<id>/workers``) at the
-    same moment; zarr checks for an existing node and then writes, so the loser of that
-    race gets ``ContainsGroupError`` for a group that is exactly what it wanted.
-    """
-    try:
-        return root.require_group(path)
-    except ContainsGroupError:
-        return root[path]  # type: ignore[return-value]
 
 
 def _jsonable(obj: Any) -> Any:

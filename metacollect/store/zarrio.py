@@ -11,12 +11,23 @@ executors may be gone).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import json
 import os
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+import warnings
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from typing import Any, Literal, TypeGuard, TypeVar
 
+import numcodecs
+import numpy as np
 import zarr
+from zarr.api.asynchronous import create_array
+from zarr.buffer import default_buffer_prototype
+from zarr.codecs import BloscCodec, BytesCodec, VLenUTF8Codec, ZstdCodec
+from zarr.errors import ContainsGroupError
+from zarr.storage import MemoryStore
 
 from metacollect.errors import StoreError
 
@@ -27,6 +38,10 @@ Array = zarr.Array
 IO_THREAD = "metacollect-io"
 #: threads that do a store's I/O (ours and Zarr's own): profilers leave them out
 IO_THREAD_NAMES = (IO_THREAD, "zarr_io")
+
+#: Zarr's warning for a store entry that holds no data: the temp file of a write cut short
+#: (``<name>.<uuid>.partial``) or an array directory whose ``zarr.json`` was never written
+UNRECOGNIZED = r"Object at .* is not recognized"
 
 T = TypeVar("T")
 
@@ -83,14 +98,284 @@ def open_root(path: str | os.PathLike[str], mode: str = "a") -> Group:
         ) from e
 
 
-def is_group(node: Any) -> bool:
+def is_group(node: object) -> TypeGuard[Group]:
     return isinstance(node, zarr.Group)
 
 
-def is_array(node: Any) -> bool:
+def is_array(node: object) -> TypeGuard[Array]:
     return isinstance(node, zarr.Array)
+
+
+def group_at(group: Group, path: str) -> Group:
+    """The group at ``path`` below ``group``; ``KeyError`` if there is none, a
+    :class:`StoreError` if an array is there instead."""
+    node = group[path]
+    if not isinstance(node, zarr.Group):
+        raise StoreError(f"{path} should be a group of the store, and is an array")
+    return node
+
+
+def array_at(group: Group, path: str) -> Array:
+    """The array at ``path`` below ``group``; ``KeyError`` if there is none, a
+    :class:`StoreError` if a group is there instead."""
+    node = group[path]
+    if not isinstance(node, zarr.Array):
+        raise StoreError(f"{path} should be an array of the store, and is a group")
+    return node
 
 
 def subgroups(group: Group) -> list[tuple[str, Group]]:
     """The groups directly below ``group``, by name."""
-    return [(n, m) for n, m in group.members() if isinstance(m, zarr.Group)]
+    return [(n, m) for n, m in members(group) if isinstance(m, zarr.Group)]
+
+
+def members(group: Group) -> list[tuple[str, Any]]:
+    """``(name, member)`` directly below ``group``, without Zarr's warning for a write cut
+    short (a ``<name>.<uuid>.partial`` temp file, or an array directory whose ``zarr.json`` was
+    never written: neither holds data, and neither is a reason to warn on every read)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=UNRECOGNIZED)
+        return list(group.members())
+
+
+def require_group(root: Group, path: str) -> Group:
+    """``root.require_group(path)`` that tolerates another process creating it meanwhile.
+
+    Workers of one cluster create their common parents (``clusters/<id>/workers``) at the
+    same moment; zarr checks for an existing node and then writes, so the loser of that
+    race gets ``ContainsGroupError`` for a group that is exactly what it wanted.
+    """
+    try:
+        return root.require_group(path)
+    except ContainsGroupError:
+        return group_at(root, path)
+
+
+# -- metadata documents ---------------------------------------------------------------------------
+def buffer(data: bytes) -> Any:
+    """``data`` as the buffer Zarr's stores take."""
+    return default_buffer_prototype().buffer.from_bytes(data)
+
+
+async def read_doc(where: Any) -> dict[str, Any] | None:
+    """The metadata document (``zarr.json``) of the node at store path ``where``, if any."""
+    found = await (where / "zarr.json").get(prototype=default_buffer_prototype())
+    if found is None:
+        return None
+    doc: dict[str, Any] = json.loads(found.to_bytes())
+    return doc
+
+
+async def write_doc(where: Any, doc: Mapping[str, Any]) -> None:
+    """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
+    store path ``where`` in one write: every ``zarr.json`` metacollect makes itself (tables,
+    arrays, the seal) goes through here; Zarr's own writes under :data:`compact_json`."""
+    body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    await (where / "zarr.json").set(buffer(body))
+
+
+async def list_docs(root: Group) -> dict[str, dict[str, Any]]:
+    """``{path: metadata}`` of every group and array below ``root``, level by level, each
+    level's listings and reads concurrent. Entries without a ``zarr.json`` (a chunk key, a
+    temp file, an array never created) are skipped."""
+    sp = root.store_path
+    store = sp.store
+    proto = default_buffer_prototype()
+
+    def key(*parts: str) -> str:
+        return "/".join(p for p in (sp.path, *parts) if p)
+
+    async def children(group: str) -> list[str]:
+        return [n async for n in store.list_dir(key(group))]
+
+    docs: dict[str, dict[str, Any]] = {}
+    level = [""]
+    while level:
+        listed = await asyncio.gather(*(children(g) for g in level))
+        paths = [
+            f"{g}/{n}" if g else n
+            for g, names in zip(level, listed, strict=True)
+            for n in names
+            if n != "zarr.json"
+        ]
+        found = await asyncio.gather(
+            *(store.get(key(p, "zarr.json"), prototype=proto) for p in paths)
+        )
+        level = []
+        for path, buf in zip(paths, found, strict=True):
+            if buf is None:
+                continue
+            doc = docs[path] = json.loads(buf.to_bytes())
+            if doc.get("node_type") == "group":
+                level.append(path)
+    return docs
+
+
+def group_doc(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata document of a Zarr v3 group with these attributes."""
+    return {
+        "attributes": dict(attributes),
+        "zarr_format": 3,
+        "consolidated_metadata": None,
+        "node_type": "group",
+    }
+
+
+def make_group(root: Group, path: str, attributes: Mapping[str, Any]) -> tuple[Group, Any]:
+    """Create group ``path`` (its parent exists) with one write of its ``zarr.json``; returns
+    it and its asynchronous handle."""
+    where = root.store_path / path
+    doc = group_doc(attributes)
+    run(write_doc(where, doc))
+    handle = zarr.AsyncGroup.from_dict(where, doc)
+    return zarr.Group(handle), handle
+
+
+def async_group(group: Group) -> Any:
+    """The asynchronous handle of an open group (for writes batched in one coroutine)."""
+    return zarr.AsyncGroup.from_dict(group.store_path, group.metadata.to_dict())
+
+
+def async_arrays(group: Group) -> dict[str, Any]:
+    """The asynchronous handles of a group's arrays, by name."""
+    return {n: a.async_array for n, a in group.arrays()}
+
+
+def async_array(where: Any, doc: Mapping[str, Any]) -> Any:
+    """The asynchronous handle of the array at store path ``where`` with metadata ``doc``."""
+    return zarr.AsyncArray.from_dict(where, dict(doc))
+
+
+def dimension_names(arr: Any) -> list[str]:
+    """An array's dimension names (empty when it has none)."""
+    names = arr.metadata.to_dict().get("dimension_names")
+    return [str(n) for n in names] if isinstance(names, list | tuple) else []
+
+
+def array_doc(arr: Any) -> dict[str, Any]:
+    """An (asynchronous) array's metadata document."""
+    doc: dict[str, Any] = arr.metadata.to_dict()
+    return doc
+
+
+def codecs(kind: str, level: int) -> list[Any]:
+    """Compressors: ``"numeric"`` Blosc with zstd and byte shuffle, ``"text"`` Zstandard."""
+    if kind == "text":
+        return [ZstdCodec(level=level)]
+    return [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")]
+
+
+async def array_template(
+    shape: tuple[int, ...], chunks: tuple[int, ...], dtype: Any, compressors: list[Any], fill: Any
+) -> dict[str, Any]:
+    """Zarr's own metadata document for an array of this kind, made in memory: each array of
+    the kind is then one write of its ``zarr.json`` (Zarr's ``create_array`` first checks the
+    path and each parent in the store, a dozen operations, ~6 ms, an array)."""
+    arr = await create_array(
+        MemoryStore(),
+        shape=shape,
+        chunks=chunks,
+        dtype=dtype,
+        compressors=compressors,
+        fill_value=fill,
+    )
+    return array_doc(arr)
+
+
+# -- chunks ---------------------------------------------------------------------------------------
+_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
+    """An array's codec chain as one function of a whole chunk's values (numcodecs, as Zarr
+    does), for a writer that stores the chunks it encodes itself."""
+    steps: list[Callable[[Any], Any]] = []
+    for c in arr.metadata.codecs:
+        if isinstance(c, BytesCodec):
+            order: Literal["<", ">"] = (
+                "<" if c.endian is None or c.endian.value == "little" else ">"
+            )
+            steps.append(functools.partial(_raw_bytes, order=order))
+        elif isinstance(c, VLenUTF8Codec):
+            steps.append(numcodecs.VLenUTF8().encode)
+        elif isinstance(c, BloscCodec):
+            steps.append(_blosc(c).encode)
+        elif isinstance(c, ZstdCodec):
+            steps.append(numcodecs.Zstd(level=c.level, checksum=c.checksum).encode)
+        else:
+            raise StoreError(
+                f"array {arr.path!r} uses the codec {type(c).__name__}, which metacollect "
+                "does not append to; write this run to a new store"
+            )
+
+    def encode(values: np.ndarray) -> bytes:
+        out: Any = values
+        for step in steps:
+            out = step(out)
+        return bytes(out)
+
+    return encode
+
+
+def _raw_bytes(values: np.ndarray, order: Literal["<", ">"]) -> bytes:
+    return np.ascontiguousarray(values, values.dtype.newbyteorder(order)).tobytes()
+
+
+def _blosc(c: BloscCodec) -> numcodecs.Blosc:
+    return numcodecs.Blosc(
+        cname=c.cname.value,
+        clevel=c.clevel,
+        shuffle=_SHUFFLE[c.shuffle.value],
+        blocksize=c.blocksize,
+        typesize=c.typesize,
+    )
+
+
+def holds_text(arr: Any) -> bool:
+    """Whether an array holds variable-length strings."""
+    return isinstance(arr.metadata.codecs[0], VLenUTF8Codec)
+
+
+async def store_chunk(arr: Any, index: tuple[int, ...], data: bytes) -> None:
+    """Store one encoded chunk of an (asynchronous) array."""
+    key = arr.metadata.encode_chunk_key(index)
+    await (arr.store_path / key).set(buffer(data))
+
+
+async def read_rows(arrays: list[Array], n: int) -> list[np.ndarray]:
+    """The first ``n`` rows of each array, read concurrently."""
+    found = await asyncio.gather(*(a.async_array.getitem(slice(0, n)) for a in arrays))
+    return [np.asarray(f) for f in found]
+
+
+# -- JSON formatting ------------------------------------------------------------------------------
+class _CompactJson:
+    """Zarr metadata written meanwhile without indentation: zarr indents ``zarr.json`` by
+    default, and the whitespace was ~40% of a store's metadata (~9% of a 15k-task store).
+
+    Scoped, since zarr's config belongs to the whole process: the first of our writers in
+    sets it, the last out puts back what it was. Writers never wait for each other (a flush
+    on a slow filesystem must not hold up a group created on the event loop)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved: Any = None
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._saved = zarr.config.get("json_indent")
+                zarr.config.set({"json_indent": None})
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    zarr.config.set({"json_indent": self._saved})
+
+
+compact_json = _CompactJson()
