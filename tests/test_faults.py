@@ -297,6 +297,65 @@ def test_hook_exception_recorded_and_dask_keeps_running(tmp_path):
         "scheduler.add_client",
     } <= where, where
     tr = errors[errors["where"] == "scheduler.transition"]
-    assert tr.what.str.contains("broken task lookup").all()
-    assert len(tr) <= 10  # recorded, not flooded
-    assert "Traceback" in tr.why.iloc[0]
+    counted = tr.what.str.startswith("failed ")
+    full = tr[~counted]
+    assert full.what.str.contains("broken task lookup").all()
+    assert len(full) == 10  # the first ten in full, not flooded
+    assert "Traceback" in full.why.iloc[0]
+    # the rest counted, and the counts written: nothing silent
+    more = tr[counted].what.str.extract(r"failed (\d+) more times")[0].astype(int)
+    assert len(more) >= 1 and more.sum() > 0
+
+
+class _ReprRaises:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr of this annotation fails")
+
+
+def test_annotations_that_cannot_be_encoded_lose_no_row(tmp_path, client):
+    """Annotations JSON cannot hold as they are (a dict with tuple keys, a value whose repr
+    raises, a circular value) are stored as what JSON can hold (keys and values by their
+    repr) or, when nothing can be encoded, as a placeholder naming their type with the
+    failure recorded; every task of the run is still in the store (before: the whole flush
+    batch failed and a quarter of the tasks went missing with status complete)."""
+    import dask
+    import dask.array as da
+
+    store = str(tmp_path / "odd.zarr")
+    with collect(client, store, flush_interval="50ms"):
+        with dask.annotate(foo={(1, 2): "x"}):
+            a = (da.ones(40, chunks=4) + 1).persist()
+        with dask.annotate(bar=_ReprRaises()):
+            b = (a * 2).sum().persist()
+        assert b.compute() == 160
+        with dask.annotate(odd=float("nan"), more=[{1j: b"x"}]):
+            c = (da.ones(20, chunks=5) - 1).sum().compute()
+        assert c == 0
+    run = open_run(store)
+    tasks, graph_tasks = run.tasks(), run.graph_tasks()
+    assert run.attrs["status"] == "complete", run.attrs.get("missing")
+    # every task the scheduler ran is there, with its transitions
+    assert set(tasks.key) == set(graph_tasks.key) and len(tasks) >= 10 + 10 + 4 + 4
+    # annotations every task of a graph shares are stored once, on the graph's row
+    notes = " ".join([*run.graphs().annotations, *graph_tasks.annotations])
+    assert '"foo":{"(1, 2)":"x"}' in notes
+    assert "<_ReprRaises: repr failed>" in notes
+    assert '"more":[{"1j":"b\'x\'"}]' in notes
+
+
+def test_a_value_nothing_can_encode_becomes_a_placeholder_and_its_failure_is_told():
+    """What even the slow path cannot encode (a circular value) is a placeholder naming
+    its type, and the failure goes to the caller's recorder; JSON-able values are as
+    ``json.dumps`` writes them."""
+    import json
+
+    from metacollect.steps.base import encode_json
+
+    told: list[tuple[str, str]] = []
+    circular: dict[str, object] = {}
+    circular["self"] = circular
+    placeholder = json.loads(encode_json(circular, lambda kind, why: told.append((kind, why))))
+    assert placeholder["unencodable"] == "dict" and told[0][0] == "dict"
+    assert "Recursion" in told[0][1] or "Circular" in told[0][1]
+    assert encode_json({"a": [1, 2.5, None]}) == '{"a":[1,2.5,null]}'
+    assert encode_json({(1, 2): {3: _ReprRaises()}}) == '{"(1, 2)":{"3":"<_ReprRaises: repr failed>"}}'

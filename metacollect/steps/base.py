@@ -1,4 +1,5 @@
-"""What every collector of the map shares: a rate-limited recorder of its own failures.
+"""What every collector of the map shares: a rate-limited recorder of its own failures, and
+an encoder of user values to JSON that never raises.
 
 A collector's hooks run on the scheduler's or a worker's hot path; one that fails on every
 transition must neither take the process down nor flood the log and the store with a
@@ -9,9 +10,11 @@ table, counts the rest, and writes how many there were at every flush.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from metacollect.store.writer import GroupWriter
 
@@ -73,3 +76,42 @@ class ErrorRecorder:
             self._group().record_error(f"{self.prefix}.{where}", exc)
         except Exception:  # the errors table itself must never take the process down
             logger.exception("metacollect: could not record a collector error")
+
+
+def _repr(value: Any) -> str:
+    """``repr(value)``, or a placeholder naming its type when its ``repr`` raises."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__}: repr failed>"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every mapping key a string, so JSON can hold it (dask annotations
+    are anything a user wrote: ``{(1, 2): "x"}`` is valid Python, not valid JSON)."""
+    if isinstance(value, dict):
+        return {
+            k if isinstance(k, str | int | float | bool) or k is None else _repr(k): _plain(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def encode_json(value: Any, on_error: Callable[[str, str], None] | None = None) -> str:
+    """Compact JSON of a user value (an annotation, an event's message), never raising:
+    what JSON cannot hold becomes its ``repr`` (mapping keys included), and a value that
+    cannot be encoded at all becomes ``{"unencodable": <type name>}`` with the failure
+    handed to ``on_error(what, why)`` - one odd value must never cost the rows around it."""
+    try:
+        return json.dumps(value, default=_repr, separators=(",", ":"))
+    except Exception:  # keys JSON cannot hold, a circular value, ...: the slow path
+        pass
+    try:
+        return json.dumps(_plain(value), default=_repr, separators=(",", ":"), allow_nan=True)
+    except Exception as e:
+        why = f"{type(e).__name__}: {e}"
+        if on_error is not None:
+            on_error(type(value).__name__, why)
+        return json.dumps({"unencodable": type(value).__name__, "error": why})

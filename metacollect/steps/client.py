@@ -8,22 +8,19 @@ are serialised in the flush, off the event loop.
 from __future__ import annotations
 
 import array
-import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from metacollect.steps.base import encode_json
 from metacollect.store.flush import take
 from metacollect.store.writer import GroupWriter
 
 if TYPE_CHECKING:
     from distributed import Scheduler
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, default=repr, separators=(",", ":"))
 
 
 @dataclass
@@ -60,6 +57,7 @@ def _write_slice(
     edges: slice,
     per_key: dict[Any, dict[str, Any]],
     shared: dict[str, Any],
+    encode: Callable[[Any], str],
 ) -> None:
     """The ``tasks`` and ``dependencies`` rows of one slice of a submitted graph
     (``edges``: where the slice's dependencies start and stop in ``g.dependencies``)."""
@@ -72,10 +70,10 @@ def _write_slice(
             "prefix": g.prefixes[part],
             "group": g.groups[part],
             "requested": [k in keys for k in tasks],
-            "priority": [_json(p) for p in g.priority[part]],
+            "priority": [encode(p) for p in g.priority[part]],
             "n_dependencies": np.frombuffer(n_deps, dtype=np.int64),
             "annotations": [
-                _json({n: v for n, v in per_key[k].items() if n not in shared})
+                encode({n: v for n, v in per_key[k].items() if n not in shared})
                 if k in per_key and len(per_key[k]) > len(shared)
                 else ""
                 for k in tasks
@@ -170,9 +168,22 @@ class GraphRecorder:
     def write(
         group: GroupWriter,
         batch: tuple[list[SubmittedGraph], list[tuple[float, str, str]]],
+        on_error: Callable[[str, str], None],
     ) -> None:
-        """Convert a swapped batch to the ``client`` group's tables (writer thread)."""
+        """Convert a swapped batch to the ``client`` group's tables (writer thread);
+        ``on_error(where, what)`` records a value that had to be stored as a placeholder."""
         graphs, clients = batch
+
+        def unencodable(kind: str, why: str) -> None:
+            on_error(
+                "annotation",
+                f"an annotation or priority of type {kind} cannot be stored as JSON ({why}); "
+                "stored as a placeholder naming its type",
+            )
+
+        def encode(value: Any) -> str:
+            return encode_json(value, unencodable)
+
         if clients:
             t, c, e = zip(*clients, strict=False)
             group.append("clients", {"time": t, "client": c, "event": e})
@@ -200,7 +211,7 @@ class GraphRecorder:
                     "n_tasks": [len(tasks)],
                     "n_keys": [len(keys)],
                     "n_dependencies": [n_edges],
-                    "annotations": [_json(shared) if shared else ""],
+                    "annotations": [encode(shared) if shared else ""],
                 },
             )
             # a large graph goes in slices, each flushed before the next is converted:
@@ -210,7 +221,7 @@ class GraphRecorder:
                 part = slice(lo, lo + _SLICE)
                 last_edge = first_edge + sum(g.n_dependencies[part])
                 edges = slice(first_edge, last_edge)
-                _write_slice(group, g, graph, part, edges, per_key, shared)
+                _write_slice(group, g, graph, part, edges, per_key, shared, encode)
                 first_edge = last_edge
                 if len(tasks) > _SLICE:
                     group.flush()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -27,7 +26,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 import metacollect.config as config
-from metacollect.steps.base import ErrorRecorder
+from metacollect.steps.base import ErrorRecorder, encode_json
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.worker import NAME as WORKER_NAME
 from metacollect.steps.worker import WorkerCollector
@@ -60,13 +59,6 @@ def _group_of(key: Any) -> str:
     return key[0] if isinstance(key, tuple) and key else str(key)
 
 
-def _json(msg: Any) -> str:
-    try:
-        return json.dumps(msg, default=repr, separators=(",", ":"))
-    except (TypeError, ValueError):
-        return json.dumps(repr(msg))
-
-
 class SchedulerCollector(SchedulerPlugin):
     """Collects steps 2-3 on the scheduler and ships the step-4 collector to its workers.
 
@@ -97,6 +89,8 @@ class SchedulerCollector(SchedulerPlugin):
         self.scheduler: Scheduler | None = None
         self._capture_events = True  # metacollect.capture.events, read at start
         self.errors = ErrorRecorder(lambda: self.group, "scheduler")
+        #: parts of flushes that failed to convert: their rows are missing from the store
+        self.losses = 0
 
     # -- pickling: only the parameters travel ---------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -226,6 +220,11 @@ class SchedulerCollector(SchedulerPlugin):
                 problems.append(f"{what}: {type(result).__name__}: {result}")
         for problem in problems:
             self._on_error("end", RuntimeError(problem))
+        if self.losses:  # recorded one by one as they happened (errors table)
+            problems.append(
+                f"scheduler: {self.losses} parts of its flushes failed to convert and their "
+                "rows are missing (see the errors table)"
+            )
         if scheduler.plugins.get(self.name) is self:
             scheduler.remove_plugin(self.name)
         return problems
@@ -394,22 +393,45 @@ class SchedulerCollector(SchedulerPlugin):
         )
 
     def _write(self, batch: tuple[Any, ...]) -> None:
+        """Append a swapped batch to the tables and flush them. Each part is converted on
+        its own: one that fails is recorded and costs only its own rows."""
         transitions, events, workers, samples, graphs = batch
-        GraphRecorder.write(self.client_group, graphs)
-        if transitions[0]:
-            self._write_transitions(transitions)
+        parts: tuple[tuple[str, Callable[[], None]], ...] = (
+            ("graphs", lambda: GraphRecorder.write(self.client_group, graphs, self._on_error)),
+            ("transitions", lambda: self._write_transitions(transitions)),
+            ("workers", lambda: self._write_workers(workers)),
+            ("events", lambda: self._write_events(events)),
+            ("samples", lambda: self._write_samples(samples)),
+            ("profile", self._write_profile),
+        )
+        for name, write in parts:
+            try:
+                write()
+            except Exception as e:
+                self.losses += 1
+                self._on_error(f"write {name}", e)
+        self.errors.report_counts()
+        self.writer.flush()
+
+    def _write_profile(self) -> None:
+        if self.profile is not None:
+            self.profile.write()
+
+    def _write_workers(self, workers: list[dict[str, Any]]) -> None:
         if workers:
             cols: dict[str, list[Any]] = {k: [w[k] for w in workers] for k in workers[0]}
             self.group.append("workers", cols)
+
+    def _write_events(self, events: list[tuple[float, str, Any]]) -> None:
         if events:
             t, topic, msg = zip(*events, strict=False)
-            self.group.append("events", {"time": t, "topic": topic, "msg": [_json(m) for m in msg]})
-        if samples:
-            self._write_samples(samples)
-        if self.profile is not None:
-            self.profile.write()
-        self.errors.report_counts()
-        self.writer.flush()
+            messages = [encode_json(m, self._unencodable_event) for m in msg]
+            self.group.append("events", {"time": t, "topic": topic, "msg": messages})
+
+    def _unencodable_event(self, kind: str, why: str) -> None:
+        self._on_error(
+            "log_event", f"an event message of type {kind} cannot be stored as JSON ({why})"
+        )
 
     def _new_transition_buffers(self) -> None:
         """The transition hook's buffers, one per column (key, start, finish, stimulus_id,
@@ -422,6 +444,8 @@ class SchedulerCollector(SchedulerPlugin):
 
     def _write_transitions(self, columns: tuple[list[Any], ...]) -> None:
         keys, starts, finishes, stims, extra, times = columns
+        if not keys:
+            return
         self.n_transitions += len(keys)
         # extra: None, the worker address (-> processing) or the transition's kwargs (a dict)
         workers = [e if type(e) is str else (e.get("worker") if e else None) for e in extra]

@@ -72,6 +72,8 @@ class WorkerCollector(WorkerPlugin):
         self.worker: Worker | None = None
         self._started = False  # set once setup has finished; teardown undoes only that
         self.errors = ErrorRecorder(lambda: self.group, "worker")
+        #: parts of flushes that failed to convert: their rows are missing from the store
+        self.losses = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -155,6 +157,11 @@ class WorkerCollector(WorkerPlugin):
         if self.profile is not None:
             self.profile.detach()
         config.restore(self._config_before)
+        if self.losses:  # the scheduler's end reports it; the store's status says incomplete
+            raise RuntimeError(
+                f"worker {worker.address}: {self.losses} parts of its flushes failed to "
+                "convert and their rows are missing (see its errors table)"
+            )
 
     # -- hooks (event loop) -------------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
@@ -249,25 +256,39 @@ class WorkerCollector(WorkerPlugin):
         )
 
     def _write(self, batch: tuple[Any, ...]) -> None:
+        """Append a swapped batch to the tables and flush them. Each part is converted on
+        its own: one that fails is recorded and costs only its own rows."""
         transitions, executions, samples = batch
-        t_keys, _, t_finishes, _ = transitions
-        if t_keys:
-            self.group.append(
-                "transitions",
-                dict(zip(("key", "start", "finish", "time"), transitions, strict=True)),
-            )
-        if executions[0]:
-            self._write_executions(executions)
-        self._write_samples(samples)
-        if self.profile is not None:
-            self.profile.write(
-                [k for k, f in zip(t_keys, t_finishes, strict=True) if f == "executing"]
-            )
+        parts: tuple[tuple[str, Callable[[], None]], ...] = (
+            ("transitions", lambda: self._write_transitions(transitions)),
+            ("executions", lambda: self._write_executions(executions)),
+            ("samples", lambda: self._write_samples(samples)),
+            ("profile", lambda: self._write_profile(transitions)),
+        )
+        for name, write in parts:
+            try:
+                write()
+            except Exception as e:
+                self.losses += 1
+                self._on_error(f"write {name}", e)
         self.errors.report_counts()
         self.writer.flush()
 
+    def _write_transitions(self, transitions: tuple[list[Any], ...]) -> None:
+        if transitions[0]:
+            names = ("key", "start", "finish", "time")
+            self.group.append("transitions", dict(zip(names, transitions, strict=True)))
+
+    def _write_profile(self, transitions: tuple[list[Any], ...]) -> None:
+        """This process's Yappi rows, with the tasks that started executing since the last."""
+        if self.profile is not None:
+            keys, _, finishes, _ = transitions
+            self.profile.write([k for k, f in zip(keys, finishes, strict=True) if f == "executing"])
+
     def _write_executions(self, executions: tuple[list[Any], ...]) -> None:
         """The ``tasks`` (one row per task run here) and ``startstops`` tables."""
+        if not executions[0]:
+            return
         tasks: dict[str, list[Any]] = {c: [] for c in _TASKS}
         ss: dict[str, list[Any]] = {c: [] for c in ("key", "action", "start", "stop", "source")}
         for key, state, ran, thread, startstops, nbytes, typ in zip(*executions, strict=True):
