@@ -23,6 +23,10 @@ class StoreExistsError(UsageError):
     """The store path exists and ``overwrite`` was not given."""
 
 
+class StoreLockedError(UsageError):
+    """Another run, still alive, is writing the store."""
+
+
 class StoreError(MetacollectError):
     """A store cannot be written or read."""
 

@@ -38,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
 
     from metacollect import collect
     from metacollect.demo import run_demo
-    from metacollect.store.lifecycle import prepare_store
+    from metacollect.store.lifecycle import check_store
 
-    store = prepare_store(
+    store = check_store(
         args.store, args.overwrite or None
     )  # fail fast, before starting a cluster
     options = {"yappi.enabled": True} if args.yappi else {}

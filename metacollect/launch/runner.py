@@ -209,7 +209,7 @@ class ClusterLaunch:
         if opts["darshan"]["enabled"] and cluster != "local":
             cluster_options["darshan_store"] = store  # the job script prologue exports it
         self.cluster = CLUSTERS[cluster](**cluster_options)
-        self.session = Collection(Client(self.cluster), store, launcher="run", overwrite=True)
+        self.session = Collection(Client(self.cluster), store, launcher="run", prepared=True)
         self.session.start()
         self.writer = StoreWriter(store)
         self.env = {**os.environ, "DASK_SCHEDULER_ADDRESS": self.cluster.scheduler_address}

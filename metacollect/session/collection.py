@@ -28,7 +28,7 @@ from metacollect.session.shutdown import retire_and_wait, retire_batch
 from metacollect.steps.job import JobInfo, versions, write_job
 from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
 from metacollect.steps.scheduler import SchedulerCollector, end_collection
-from metacollect.store.lifecycle import finalize, prepare_store
+from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -143,11 +143,13 @@ class Collection:
         run_id: str | None = None,
         launcher: str = "collect",
         overwrite: bool | None = None,
+        prepared: bool = False,
         **options: Any,
     ) -> None:
         self.client = client
         self.options = options
-        self.store = prepare_store(store, overwrite)
+        # ``prepared``: the caller (a launcher) prepared the store and holds its lock
+        self.store = store if prepared else prepare_store(store, overwrite)
         self.run_id = run_id or uuid.uuid4().hex
         self.launcher = launcher
         # set by start(); None until then (a start that failed half way still stops cleanly)
@@ -176,6 +178,13 @@ class Collection:
             # Darshan: workers restart under it (if they must) before the collectors attach
             self.darshan = _darshan_start(self.client, self.store, writer)
         self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
+
+    def abandon(self) -> None:
+        """Undo a start that failed before any collector ran: the store's lock is released
+        (and its directory removed if nothing was written), the client's plugins detached."""
+        with contextlib.suppress(Exception):
+            self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN)
+        abandon(self.store)
 
     def stop(
         self, status: str = "complete", error: BaseException | None = None, **extra: Any
@@ -288,7 +297,11 @@ def collect(
     if not hasattr(client, "register_plugin"):
         raise UsageError("collect() needs a connected distributed.Client as its first argument")
     session = Collection(client, os.fspath(store), run_id=run_id, overwrite=overwrite, **options)
-    session.start()
+    try:
+        session.start()
+    except BaseException:
+        session.abandon()
+        raise
     try:
         yield session
     except BaseException as e:  # the record is whole; the status says how the block ended

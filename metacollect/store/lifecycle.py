@@ -8,6 +8,7 @@ back to their committed rows, consolidated metadata for plain Zarr/xarray reader
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -16,11 +17,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import metacollect.config as config
+import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
-from metacollect.errors import StoreError, StoreExistsError
+from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store.writer import read_nodes, seal, trim
 
 __all__ = [
+    "abandon",
+    "check_store",
     "cluster_ends",
     "clusters_ended",
     "consolidate",
@@ -34,47 +38,94 @@ def _is_url(path: str) -> bool:
     return "://" in path
 
 
+def check_store(store: str | os.PathLike[str], overwrite: bool | None = None) -> str:
+    """The checks of :func:`prepare_store` without its effects (nothing is created, locked
+    or removed), to fail fast before starting a cluster; returns the path absolute."""
+    path = os.fspath(store)
+    if _is_url(path):
+        return path
+    path = os.path.abspath(path)
+    if os.path.isfile(path):
+        raise StoreError(
+            f"store path {path} is a file; choose a directory path such as {path}.zarr"
+        )
+    if not os.path.exists(path):
+        return path
+    found = lock.holder(path)
+    if found is not None and lock.alive(found):
+        raise StoreLockedError(lock.locked_message(path, found))
+    if not _old_entries(path):  # an empty directory, or one a run that died left: no record
+        return path
+    if not config.get("store.overwrite", overwrite):
+        raise StoreExistsError(
+            f"store {path} exists; pass --overwrite (overwrite=True) or choose another path"
+        )
+    if not os.path.exists(os.path.join(path, "zarr.json")):
+        raise StoreError(
+            f"{path} is a non-empty directory that is not a metacollect store; refusing "
+            "to overwrite it: choose another path"
+        )
+    return path
+
+
 def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) -> str:
-    """Check a target store path and return it absolute (workers may run elsewhere).
+    """Check a target store path, create its directory holding the run's lock (see
+    :mod:`metacollect.store.lock`), and return it absolute (workers may run elsewhere).
+    :func:`finalize` releases the lock, :func:`abandon` too for a run that never started.
 
     Raises
     ------
+    StoreLockedError
+        A live run is writing the store.
     StoreExistsError
         The path exists and ``overwrite`` is false.
     StoreError
         The path is a file or its directory is not writable.
     """
-    path = os.fspath(store)
+    path = check_store(store, overwrite)
     if _is_url(path):
         return path
-    path = os.path.abspath(path)
-    overwrite = config.get("store.overwrite", overwrite)
-    if os.path.isfile(path):
-        raise StoreError(
-            f"store path {path} is a file; choose a directory path such as {path}.zarr"
-        )
-    if os.path.exists(path):
-        if not overwrite:
-            raise StoreExistsError(
-                f"store {path} exists; pass --overwrite (overwrite=True) or choose another path"
-            )
-        if not os.path.exists(os.path.join(path, "zarr.json")) and os.listdir(path):
-            raise StoreError(
-                f"{path} is a non-empty directory that is not a metacollect store; refusing "
-                "to overwrite it: choose another path"
-            )
-        shutil.rmtree(path)
+    if not os.path.exists(path):
+        _make(path)
+        return path
+    lock.acquire(path)  # a run that took it since the check is named by the error
+    for name in _old_entries(path):  # the old run's record, not the new run's lock
+        entry = os.path.join(path, name)
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            shutil.rmtree(entry)
+        else:
+            os.remove(entry)
+    return path
+
+
+def _old_entries(path: str) -> list[str]:
+    return [n for n in os.listdir(path) if n != lock.LOCK_FILE]
+
+
+def _make(path: str) -> None:
+    """Create a new store's directory and take its lock."""
     parent = os.path.dirname(path) or "."
     try:
         os.makedirs(parent, exist_ok=True)
         with tempfile.TemporaryFile(dir=parent):
             pass
+        os.makedirs(path, exist_ok=True)  # another run making it meanwhile: the lock tells
     except OSError as e:
         raise StoreError(
             f"cannot create store {path}: {parent} is not writable ({e.strerror}); choose a "
             "writable location"
         ) from e
-    return path
+    lock.acquire(path)
+
+
+def abandon(store: str) -> None:
+    """Give up a store whose run never started: release its lock, and remove its directory
+    if nothing else was written there."""
+    if _is_url(store):
+        return
+    lock.release(store)
+    with contextlib.suppress(OSError):  # not empty: what was written stays
+        os.rmdir(store)
 
 
 def levels_index(
@@ -142,6 +193,9 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
             f"cannot finalise store {store} ({type(e).__name__}: {e}); what was flushed before "
             "is kept and the store's status stays incomplete"
         ) from e
+    finally:  # the run is over, sealed or not: the store is free for the next
+        if not _is_url(store):
+            lock.release(store)
 
 
 def cluster_ends(store: str) -> dict[str, float | None]:
