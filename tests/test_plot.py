@@ -70,7 +70,7 @@ def test_available_views_match_the_store(run):
         "task_graph",
         "critical_path",
     } <= set(views)
-    has_io = getattr(run, "io", None) is not None and plot._io_frame(run) is not None
+    has_io = getattr(run, "io", None) is not None and plot.io_frame(run) is not None
     assert ("io" in views) == has_io
 
 
@@ -99,9 +99,9 @@ def test_compare_renders(run):
 
 
 def test_io_and_profile_without_data_say_so(run):
-    if plot._io_frame(run) is None:
+    if plot.io_frame(run) is None:
         assert "no Darshan data" in plot.io(run).axes[0].texts[0].get_text()
-    if plot._profile_frame(run) is None:
+    if plot.profile_frame(run) is None:
         assert "no Yappi data" in plot.profile(run).axes[0].texts[0].get_text()
 
 

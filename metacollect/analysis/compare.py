@@ -1,0 +1,162 @@
+"""Runs side by side: one-line summaries, per-prefix, I/O and profile comparisons, and a
+catalog of the stores under a directory."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from metacollect.analysis.tasks import (
+    prefix_summary,
+    wall_time,
+)
+
+if TYPE_CHECKING:
+    from metacollect.analysis.run import Run
+
+
+def summary(run: Run) -> dict[str, Any]:
+    """The main figures of a run as one flat dict (a row of :func:`catalog`)."""
+    a = run.attrs
+    tasks = run.tasks()
+    workers = run.workers()
+    row: dict[str, Any] = {
+        "run_id": a.get("run_id"),
+        "status": a.get("status"),
+        "started": pd.to_datetime(a.get("started"), unit="s") if a.get("started") else pd.NaT,
+        "wall_time": wall_time(run),
+        "clusters": len(run.clusters()),
+        "workers": len(workers),
+        "threads": int(workers["nthreads"].sum()) if len(workers) else 0,
+        "graphs": len(run.graphs()),
+        "tasks": len(tasks),
+        "erred": int((tasks["state"] == "erred").sum()) if len(tasks) else 0,
+        "compute_time": float(tasks["duration"].sum()) if len(tasks) else 0.0,
+        "prefixes": int(tasks["prefix"].nunique()) if len(tasks) else 0,
+        "transfers": len(run.worker_table("transfers")),
+        "errors": len(run.errors()),
+    }
+    threads = row["threads"]
+    row["utilisation"] = (
+        row["compute_time"] / (threads * row["wall_time"])
+        if threads and row["wall_time"] > 0
+        else float("nan")
+    )
+    script = run.groups.get("script")
+    row["script"] = os.path.basename(script.get("path", "")) if script else ""
+    row["path"] = run.path
+    return row
+
+
+def _labels(runs: Sequence[Run], labels: Sequence[str] | None) -> list[str]:
+    if labels is not None:
+        if len(labels) != len(runs):
+            from metacollect.errors import UsageError
+
+            raise UsageError(
+                f"got {len(labels)} labels for {len(runs)} runs; give one label per run"
+            )
+        return list(labels)
+    names = [os.path.basename(os.path.normpath(r.path)) for r in runs]
+    return names if len(set(names)) == len(names) else [f"{i}:{n}" for i, n in enumerate(names)]
+
+
+def compare(runs: Sequence[Run], labels: Sequence[str] | None = None) -> pd.DataFrame:
+    """Main figures of several runs side by side (one row per run, see :func:`summary`)."""
+    rows = [summary(r) for r in runs]
+    return pd.DataFrame(rows, index=pd.Index(_labels(runs, labels), name="run"))
+
+
+def compare_prefixes(
+    runs: Sequence[Run], labels: Sequence[str] | None = None, stat: str = "total"
+) -> pd.DataFrame:
+    """Per-prefix compute time of several runs: index prefix, one column per run.
+
+    ``stat`` is a column of :func:`prefix_summary` (total, mean, median, max, n).
+    """
+    cols = {
+        lab: prefix_summary(r)[stat] for lab, r in zip(_labels(runs, labels), runs, strict=False)
+    }
+    out = pd.DataFrame(cols)
+    out.index.name = "prefix"
+    return out.fillna(0).sort_values(next(iter(cols)), ascending=False)
+
+
+def compare_io(runs: Sequence[Run], labels: Sequence[str] | None = None) -> pd.DataFrame:
+    """Darshan I/O totals of several runs (POSIX + STDIO): one row per run.
+
+    Columns bytes_read, bytes_written, reads, writes, opens, read_time, write_time,
+    meta_time; zeros for a run collected without Darshan (its ``has_io`` is False).
+    """
+    cols = ("bytes_read", "bytes_written", "reads", "writes", "opens", "read_time",
+            "write_time", "meta_time")  # fmt: skip
+    rows = []
+    for r in runs:
+        try:
+            io = r.io(by="worker")
+        except Exception:  # a run without Darshan data
+            io = pd.DataFrame()
+        row = {c: float(io[c].sum()) if c in io else 0.0 for c in cols}
+        row["has_io"] = bool(len(io))
+        rows.append(row)
+    return pd.DataFrame(rows, index=pd.Index(_labels(runs, labels), name="run"))
+
+
+def compare_profiles(
+    runs: Sequence[Run], labels: Sequence[str] | None = None, top: int | None = 20
+) -> pd.DataFrame:
+    """Yappi self time per function in several runs, and its change against the first run.
+
+    Index ``module:name``; one ``tsub`` column per run (seconds, summed over processes and
+    threads), then ``delta_<label>`` (that run minus the first) for the others; the ``top``
+    functions by their largest self time in any run (``None``: all of them).
+    """
+    labs = _labels(runs, labels)
+    per_run = {}
+    for lab, r in zip(labs, runs, strict=True):
+        prof = r.profile()
+        if len(prof):
+            name = prof["module"].astype(str) + ":" + prof["name"].astype(str)
+            per_run[lab] = prof["tsub"].groupby(name).sum()
+        else:
+            per_run[lab] = pd.Series(dtype=float)
+    out = pd.DataFrame(per_run).fillna(0.0)
+    out.index.name = "function"
+    for lab in labs[1:]:
+        out[f"delta_{lab}"] = out[lab] - out[labs[0]]
+    if not len(out):
+        return out
+    order = out[labs].max(axis=1).sort_values(ascending=False).index
+    return out.loc[order if top is None else order[:top]]
+
+
+def catalog(directory: str | os.PathLike[str], pattern: str = "**/*.zarr") -> pd.DataFrame:
+    """One row per run stored under ``directory`` with its main figures.
+
+    Stores that cannot be opened are listed too, with the reason in the ``problem`` column.
+
+    Examples
+    --------
+    >>> import metacollect
+    >>> metacollect.catalog("runs/").sort_values("wall_time")   # doctest: +SKIP
+    """
+    from metacollect.analysis.run import open_run
+
+    rows = []
+    for path in sorted(glob.glob(os.path.join(os.fspath(directory), pattern), recursive=True)):
+        if not os.path.isdir(path):
+            continue
+        try:
+            row = summary(open_run(path))
+            row["problem"] = ""
+        except Exception as e:  # listed, never dropped
+            row = {"path": path, "problem": f"{type(e).__name__}: {e}"}
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if "path" in df:
+        df = df[["path", *[c for c in df.columns if c != "path"]]]
+    return df
