@@ -65,7 +65,7 @@ from distributed.diagnostics.plugin import NannyPlugin
 
 import metacollect.config as config
 from metacollect.errors import ConfigError, MetacollectError, StoreError
-from metacollect.steps.darshan_reader import _MARK, DXT_MODULES, RECORD_TABLES
+from metacollect.steps.darshan.log_reader import _MARK, DXT_MODULES, RECORD_TABLES
 from metacollect.store.schema import safe_name
 from metacollect.store.writer import committed_rows
 
@@ -366,7 +366,7 @@ def interpreter_paths() -> list[str]:
         sys.base_prefix,
         sys.exec_prefix,
         sys.base_exec_prefix,
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # metacollect's own
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),  # metacollect's own
     }
     with contextlib.suppress(Exception):
         paths.update(site.getsitepackages())
@@ -1269,10 +1269,10 @@ def _read_chunk(
     out_dir: str,
     timeout: float,
 ) -> None:
-    from metacollect.steps import darshan_reader
+    from metacollect.steps.darshan import log_reader
 
-    # -P: the script's directory (which holds darshan.py) must not shadow pydarshan
-    cmd = [sys.executable, "-P", os.path.abspath(darshan_reader.__file__), out_dir]
+    # -P: the script's directory (this package's modules) must not shadow pydarshan's
+    cmd = [sys.executable, "-P", os.path.abspath(log_reader.__file__), out_dir]
     while todo:
         started = time.monotonic()
         payload = json.dumps([(i, paths[i]) for i in todo]).encode()
