@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-if __name__ == "__main__":  # a script's directory comes first on sys.path: ours holds darshan.py
+if __name__ == "__main__":  # a script's directory comes first on sys.path: not ours
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
@@ -32,7 +32,7 @@ RECORD_TABLES = {
 }
 DXT_MODULES = ("DXT_POSIX", "DXT_MPIIO")
 
-_MARK = "@@metacollect-darshan-log "
+LOG_MARK = "@@metacollect-darshan-log "
 
 
 def _convert(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -179,7 +179,7 @@ def _reader_main(argv: list[str]) -> int:
     out_dir = argv[0]
     items = json.loads(sys.stdin.read())
     for i, path in items:
-        print(f"\n{_MARK}{i}", file=sys.stderr, flush=True)
+        print(f"\n{LOG_MARK}{i}", file=sys.stderr, flush=True)
         try:
             arrays, meta = _convert(path)
             arrays["meta"] = np.array(json.dumps(meta))
