@@ -38,8 +38,8 @@ Modules, one concern each: :mod:`.runtime` (the library, log directories),
 :mod:`.conffile` (the config file), :mod:`.environment` (the variables),
 :mod:`.nanny` (the nanny plugin, worker identity), :mod:`.capture` (a session's
 capture), :mod:`.logs` (finding logs, reading them in children), :mod:`.log_reader`
-(the child-process script), :mod:`.matching` (logs to processes), :mod:`.ingestion`
-(into the store) and :mod:`.read` (reading it back).
+(the child-process script), :mod:`.matching` (logs to processes), :mod:`.process` (a log
+as a process group), :mod:`.ingestion` (into the store) and :mod:`.read` (reading it back).
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ from metacollect.steps.darshan.environment import (
     log_dir_of,
 )
 from metacollect.steps.darshan.ingestion import (
+    LOG_COLUMNS,
     IngestResult,
+    darshan_group_attrs,
     ingest,
 )
 from metacollect.steps.darshan.log_reader import (
@@ -87,12 +89,18 @@ from metacollect.steps.darshan.matching import (
     job_start_time,
     known_processes,
     match_log,
+    table_columns,
 )
 from metacollect.steps.darshan.nanny import (
     PLUGIN_NAME,
     DarshanEnviron,
     nanny_status,
     worker_identity,
+)
+from metacollect.steps.darshan.process import (
+    partial_reasons,
+    process_attrs,
+    write_process,
 )
 from metacollect.steps.darshan.read import (
     IO_BY,
@@ -123,6 +131,7 @@ __all__ = [
     "KNOWN_MODULES",
     "LIBRARY",
     "LIMITED_MODULES",
+    "LOG_COLUMNS",
     "LOG_MARK",
     "NO_JOBID_VARIABLE",
     "PLUGIN_NAME",
@@ -139,6 +148,7 @@ __all__ = [
     "attribute_segments",
     "darshan_config_text",
     "darshan_environment",
+    "darshan_group_attrs",
     "default_log_dir",
     "find_library",
     "find_logs",
@@ -157,13 +167,17 @@ __all__ = [
     "nanny_status",
     "parse_config",
     "parse_log_name",
+    "partial_reasons",
+    "process_attrs",
     "process_groups",
     "read_io",
     "read_logs",
     "read_records",
     "site_log_variables",
     "start",
+    "table_columns",
     "wait_processes_gone",
     "worker_identity",
     "write_config",
+    "write_process",
 ]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import metacollect.config as config
 from metacollect.errors import ConfigError
-from metacollect.steps.darshan.ingestion import IngestResult, ingest
+from metacollect.steps.darshan.ingestion import IngestResult, darshan_group_attrs, ingest
 from metacollect.steps.darshan.nanny import (
     PLUGIN_NAME,
     DarshanEnviron,
@@ -42,6 +42,7 @@ def wait_processes_gone(pids: Iterable[int], timeout: float, poll: float = 0.1) 
 
 
 def _alive(psutil: Any, pid: int) -> bool:
+    """Whether a process runs (a zombie has exited)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -63,62 +64,75 @@ class DarshanCapture:
         self.log_dirs: list[str] = []
         self.registered = False
         #: the workers run under Darshan (restarted by the plugin, or started so): shut
-        # them down
-        #: gracefully and ingest their logs at the end
+        #: them down gracefully and ingest their logs at the end
         self.active = False
         self.group: GroupWriter | None = None
 
     def start(self) -> None:
         """Give the workers the environment (restarting them when they lack it)."""
         try:
-            self.log_dir = default_log_dir(self.store)
+            self.log_dir = log_dir = default_log_dir(self.store)
         except ConfigError as e:
             self._fail("log directory", str(e))
             return
-        self.log_dirs = [self.log_dir]
-        dxt = bool(self.options.get("dxt"))
-        self.group = self.writer.group(
-            "darshan",
-            attrs={
-                "enabled": True,
-                "library": None,
-                "library_source": "",
-                "log_dir": self.log_dir,
-                "dxt": dxt,
-                "environment": {},
-                "config_file": None,
-                "delivery": "none",
-            },
-        )
+        self.log_dirs = [log_dir]
+        group = self._darshan_group()
         workers = self._workers()
-        already = {a for a, w in workers.items() if w["darshan"]}
-        for a in already:  # started under Darshan (pre-spawn environ, jobqueue prologue, export)
-            base = os.path.dirname(str(workers[a]["log_dir"] or "").rstrip("/"))
-            if base and base not in self.log_dirs:
-                self.log_dirs.append(base)
+        already = self._started_under_darshan(workers)
         if workers and len(already) == len(workers):
-            self.group.set_attrs(
-                delivery="already", environment=next(iter(workers.values()))["env"]
-            )
+            group.set_attrs(delivery="already", environment=next(iter(workers.values()))["env"])
             self.active = True
             self.writer.flush()
             return
+        statuses = self._restart_workers(group, log_dir, already)
+        if statuses is None:
+            return
+        self._record_nannies(statuses)
+        self._check_workers(group)
+        self.writer.flush()
+
+    def _darshan_group(self) -> GroupWriter:
+        """The ``darshan`` group of the run (made on first use)."""
+        if self.group is None:
+            dxt = bool(self.options.get("dxt"))
+            attrs = darshan_group_attrs(self.log_dir, enabled=True, dxt=dxt)
+            self.group = self.writer.group("darshan", attrs=attrs)
+        return self.group
+
+    def _started_under_darshan(self, workers: Mapping[str, Mapping[str, Any]]) -> set[str]:
+        """Workers started under Darshan (pre-spawn environ, jobqueue prologue, export
+        lines); their log directories are ingested too."""
+        already = {a for a, w in workers.items() if w["darshan"]}
+        for a in already:
+            base = os.path.dirname(str(workers[a]["log_dir"] or "").rstrip("/"))
+            if base and base not in self.log_dirs:
+                self.log_dirs.append(base)
+        return already
+
+    def _restart_workers(
+        self, group: GroupWriter, log_dir: str, already: set[str]
+    ) -> dict[str, dict[str, Any]] | None:
+        """Register the nanny plugin that restarts the other workers under Darshan, and
+        return what each nanny did (``None``, recorded, when that cannot be done)."""
         try:
             lib = find_library()
         except DarshanNotFoundError as e:
             self._fail("library", str(e))
-            return
-        self.group.set_attrs(library=lib.path, library_source=lib.source)
+            return None
+        group.set_attrs(library=lib.path, library_source=lib.source)
         try:
-            plugin = DarshanEnviron(self.log_dir, lib.path, self.options, self.store, skip=already)
+            plugin = DarshanEnviron(log_dir, lib.path, self.options, self.store, skip=already)
             self.client.register_plugin(plugin, name=PLUGIN_NAME)
             self.registered = self.active = True
-            statuses = self.client.run(nanny_status, nanny=True)
+            statuses: dict[str, dict[str, Any]] = self.client.run(nanny_status, nanny=True)
         except Exception as e:  # the run goes on without I/O capture
-            self.group.record_error("nanny plugin", e)
+            group.record_error("nanny plugin", e)
             self.writer.flush()
-            return
-        self._record_nannies(statuses)
+            return None
+        return statuses
+
+    def _check_workers(self, group: GroupWriter) -> None:
+        """Whether the workers run under Darshan now; errors for those that do not."""
         workers = self._workers()
         # nothing to retire or ingest when no worker runs under Darshan (no nannies, no
         # library on their hosts): leave the cluster as it is
@@ -129,7 +143,7 @@ class DarshanCapture:
             if not info.get("nanny")
         ]
         for addr in without_nanny:
-            self.group.record_error(
+            group.record_error(
                 "environment",
                 f"worker {addr} has no nanny, so its process cannot be restarted under "
                 "Darshan; start workers with nannies, or under the environment of "
@@ -139,34 +153,22 @@ class DarshanCapture:
             )
         missing = [a for a, w in workers.items() if not w["darshan"] and a not in without_nanny]
         if missing:
-            self.group.record_error(
+            group.record_error(
                 "environment",
                 f"workers {sorted(missing)} did not start under Darshan; "
                 "see the darshan/nannies table for why",
             )
-        self.writer.flush()
 
     def _fail(self, where: str, message: str) -> None:
+        """Record why the capture cannot run, in the ``job`` and ``darshan`` groups."""
         self.writer.group("job").record_error(f"darshan {where}", message)
-        group = self.group or self.writer.group(
-            "darshan",
-            attrs={
-                "enabled": True,
-                "library": None,
-                "library_source": "",
-                "log_dir": self.log_dir,
-                "dxt": bool(self.options.get("dxt")),
-                "environment": {},
-                "config_file": None,
-                "delivery": "none",
-            },
-        )
-        group.tables["errors"].append(
+        self._darshan_group().tables["errors"].append(
             {"time": [time.time()], "where": [where], "what": [message], "why": [""]}
         )
         self.writer.flush()
 
     def _workers(self) -> dict[str, dict[str, Any]]:
+        """Each worker's :func:`worker_identity` (none, recorded, when that fails)."""
         try:
             return self.client.run(worker_identity)
         except Exception as e:
@@ -175,6 +177,8 @@ class DarshanCapture:
             return {}
 
     def _record_nannies(self, statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        """What each nanny did: the ``darshan/nannies`` table, the delivery, the log
+        directories of workers started so already, errors of nannies that could not."""
         rows = [s for s in statuses.values() if s]
         if not rows or self.group is None:
             return
@@ -190,17 +194,7 @@ class DarshanCapture:
                 "detail": [r.get("detail") or "" for r in rows],
             },
         )
-        applied = [r for r in rows if r.get("environment")]
-        delivery = (
-            "nanny-plugin"
-            if applied
-            else ("already" if any(r.get("status") == "already" for r in rows) else "none")
-        )
-        attrs: dict[str, Any] = {"delivery": delivery}
-        if applied:
-            attrs["environment"] = applied[0]["environment"]
-            attrs["config_file"] = applied[0]["environment"].get("DARSHAN_CONFIG_PATH")
-        self.group.set_attrs(**attrs)
+        self.group.set_attrs(**_delivery(rows))
         for r in rows:
             if r.get("status") == "already" and r.get("log_dir"):
                 base = os.path.dirname(str(r["log_dir"]).rstrip("/"))
@@ -240,8 +234,7 @@ class DarshanCapture:
         if alive:
             problems.append(
                 f"darshan: worker processes {alive} still alive {timeout:g} s after "
-                "retiring; "
-                "their logs may be missing (look for mmap logs)"
+                "retiring; their logs may be missing (look for mmap logs)"
             )
         if self.registered:
             with contextlib.suppress(Exception):  # gone with the nannies already
@@ -258,6 +251,21 @@ class DarshanCapture:
             if os.path.isdir(directory):
                 result.merge(ingest(self.store, directory, writer=self.writer))
         return result
+
+
+def _delivery(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``darshan`` group's delivery attrs from what the nannies did: the plugin's
+    environment, workers started under Darshan already, or none."""
+    applied = [r for r in rows if r.get("environment")]
+    if applied:
+        env = applied[0]["environment"]
+        return {
+            "delivery": "nanny-plugin",
+            "environment": env,
+            "config_file": env.get("DARSHAN_CONFIG_PATH"),
+        }
+    already = any(r.get("status") == "already" for r in rows)
+    return {"delivery": "already" if already else "none"}
 
 
 def start(client: Client, store: str, writer: StoreWriter) -> DarshanCapture | None:

@@ -5,32 +5,39 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from metacollect.steps.darshan.log_reader import DXT_MODULES, RECORD_TABLES
 from metacollect.steps.darshan.logs import LogFile, ReadResult, find_logs, read_logs
-from metacollect.steps.darshan.matching import (
-    Known,
-    fork_parent,
-    job_end_time,
-    job_start_time,
-    known_processes,
-    match_log,
-)
+from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
+from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
 from metacollect.store.schema import safe_name
-from metacollect.store.writer import committed_rows
+from metacollect.store.zarrio import open_group
 
 if TYPE_CHECKING:
     from metacollect.store.writer import GroupWriter, StoreWriter
 
 logger = logging.getLogger(__name__)
+
+#: the columns of ``darshan/logs``: one row per log met, ingested or not
+LOG_COLUMNS = (
+    "time",
+    "path",
+    "host",
+    "pid",
+    "jobid",
+    "kind",
+    "role",
+    "group",
+    "status",
+    "reason",
+    "size",
+    "records",
+    "seconds",
+)
 
 
 @dataclass
@@ -46,166 +53,25 @@ class IngestResult:
     problems: list[str] = field(default_factory=list)
 
     def merge(self, other: IngestResult) -> None:
+        """Add another ingestion's counts and groups to these."""
         for name in ("found", "ingested", "partial", "errors", "skipped"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.groups += other.groups
         self.problems += other.problems
 
 
-def _partial_reasons(log: LogFile, result: ReadResult) -> list[str]:
-    reasons = []
-    if log.kind == "mmap":
-        reasons.append("mmap log of a process that did not exit normally (counters up to its end)")
-    elif log.kind == "partial":
-        reasons.append("the log was still being written when its process ended (*.darshan_partial)")
-    for mod, info in result.meta.get("modules", {}).items():
-        if info.get("partial_flag"):
-            reasons.append(
-                f"{mod}: Darshan ran out of record memory, later records were dropped "
-                "(raise metacollect.darshan.max-records / mod-mem)"
-            )
-        wanted = mod in RECORD_TABLES or mod in DXT_MODULES or mod == "HEATMAP"
-        if (
-            wanted
-            and info.get("len", 0) > 0
-            and result.meta.get("read", {}).get(mod, info.get("num_records", 0)) == 0
-        ):
-            reasons.append(f"{mod}: its data could not be read (the log is truncated or damaged)")
-    if any(m.startswith("Error") for m in result.messages):
-        reasons.append(
-            "libdarshan-util: "
-            + "; ".join(m for m in result.messages if m.startswith("Error"))[:500]
-        )
-    return reasons
-
-
-def _process_attrs(
-    log: LogFile,
-    result: ReadResult,
-    known: Known | None,
-    role: str,
-    host: str | None,
-    reasons: list[str],
-) -> dict[str, Any]:
-    job = result.meta.get("job", {})
-    meta = job.get("metadata") or {}
-    modules = {
-        m: {
-            "records": int(i.get("num_records", 0)),
-            "partial_flag": bool(i.get("partial_flag")),
-            "ver": i.get("ver"),
-            "bytes": i.get("len"),
-        }
-        for m, i in result.meta.get("modules", {}).items()
-    }
-    start = job_start_time(job)
+def darshan_group_attrs(log_dir: str | None, *, enabled: bool, dxt: bool) -> dict[str, Any]:
+    """The ``darshan`` group's attrs before a library or a delivery is known."""
     return {
-        "role": role,
-        "log": log.path,
-        "log_kind": log.kind,
-        "partial": bool(reasons),
-        "partial_reason": "; ".join(reasons),
-        "host": host,
-        "pid": log.pid,
-        "jobid": int(job.get("jobid", log.jobid)),
-        "exe": result.meta.get("exe", ""),
-        "uid": int(job.get("uid", -1)),
-        "nprocs": int(job.get("nprocs", 1)),
-        "start_time": start if start is not None else math.nan,
-        "end_time": job_end_time(job),
-        "run_time": float(job.get("run_time") or 0.0),
-        "lib_ver": str(meta.get("lib_ver", "")) if isinstance(meta, Mapping) else "",
-        "log_ver": str(job.get("log_ver", "")),
-        "fork_parent": fork_parent(job),
-        "metadata": dict(meta) if isinstance(meta, Mapping) else {},
-        "modules": modules,
-        "cluster": known.cluster if known else None,
-        "worker": known.worker if known and role in ("worker", "child") else None,
-        "worker_group": known.group if known and role in ("worker", "child") else None,
-        "ingested": time.time(),
-        "mounts": result.meta.get("mounts", []),
-        "counter_names": {
-            mod: {
-                "counters": result.arrays[f"{t}.counter_names"].tolist(),
-                "fcounters": result.arrays[f"{t}.fcounter_names"].tolist(),
-            }
-            for mod, t in RECORD_TABLES.items()
-            if f"{t}.counter_names" in result.arrays
-        },
+        "enabled": enabled,
+        "library": None,
+        "library_source": "",
+        "log_dir": log_dir,
+        "dxt": dxt,
+        "environment": {},
+        "config_file": None,
+        "delivery": "none",
     }
-
-
-def _write_process(group: GroupWriter, result: ReadResult, start: float) -> int:
-    """Append a log's records, DXT segments and heatmaps to its process group; returns
-    the number of records and segments."""
-    a = result.arrays
-    total = 0
-    for table in RECORD_TABLES.values():
-        if f"{table}.id" not in a:
-            continue
-        total += len(a[f"{table}.id"])
-        group.append(
-            table,
-            {
-                "id": a[f"{table}.id"],
-                "rank": a[f"{table}.rank"],
-                "file": a[f"{table}.file"].tolist(),
-                "counters": a[f"{table}.counters"],
-                "fcounters": a[f"{table}.fcounters"],
-            },
-        )
-    if "dxt.start" in a:
-        origin = start if math.isfinite(start) else 0.0
-        group.append(
-            "dxt",
-            {
-                "module": a["dxt.module"].tolist(),
-                "id": a["dxt.id"],
-                "rank": a["dxt.rank"],
-                "file": a["dxt.file"].tolist(),
-                "hostname": a["dxt.hostname"].tolist(),
-                "op": a["dxt.op"].tolist(),
-                "offset": a["dxt.offset"],
-                "length": a["dxt.length"],
-                "start": a["dxt.start"] + origin,
-                "stop": a["dxt.stop"] + origin,
-            },
-        )
-        total += len(a["dxt.start"])
-    if "heatmap.bin" in a:
-        origin = start if math.isfinite(start) else 0.0
-        width = a["heatmap.width"]
-        b = a["heatmap.bin"].astype(np.float64)
-        group.append(
-            "heatmap",
-            {
-                "module": a["heatmap.module"].tolist(),
-                "rank": a["heatmap.rank"],
-                "op": a["heatmap.op"].tolist(),
-                "bin": a["heatmap.bin"],
-                "start": origin + b * width,
-                "stop": origin + (b + 1) * width,
-                "bytes": a["heatmap.bytes"],
-            },
-        )
-    return total
-
-
-def _ingested(store: str) -> set[str]:
-    """Logs already ingested into the store."""
-    import zarr
-
-    ingested: set[str] = set()
-    with contextlib.suppress(Exception):
-        root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
-        logs = root["darshan/logs"]
-        codes = root["darshan/strings/value"][:]
-        paths, status = logs["path"][:], logs["status"][:]
-        n = committed_rows(logs, (len(paths), len(status)))
-        for p, st in zip(paths[:n], status[:n], strict=True):
-            if 0 <= st < len(codes) and codes[st] == "ingested":
-                ingested.add(str(p))
-    return ingested
 
 
 def ingest(
@@ -257,170 +123,21 @@ def ingest(
     log_dir = os.fspath(log_dir)
     writer = writer or StoreWriter(store)
     logs = find_logs(log_dir, host)
-    result = IngestResult(found=len(logs))
     already = _ingested(store)
     known, groups = known_processes(store)
-    darshan_group = writer.group("darshan", attrs=_darshan_attrs(store, log_dir))
+    run = _Ingestion(writer, _darshan_attrs(store, log_dir), known, groups, len(logs))
+    run.skip_ingested(lg for lg in logs if lg.path in already)
     todo = [lg for lg in logs if lg.path not in already]
-    rows: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "time",
-            "path",
-            "host",
-            "pid",
-            "jobid",
-            "kind",
-            "role",
-            "group",
-            "status",
-            "reason",
-            "size",
-            "records",
-            "seconds",
-        )
-    }
-
-    def row(
-        lg: LogFile,
-        host_: str | None,
-        role: str,
-        group: str,
-        status: str,
-        reason: str,
-        records: int,
-        seconds: float,
-    ) -> None:
-        values = (
-            time.time(),
-            lg.path,
-            host_,
-            lg.pid if lg.pid is not None else -1,
-            lg.jobid,
-            lg.kind,
-            role,
-            group,
-            status,
-            reason,
-            lg.size,
-            records,
-            seconds,
-        )
-        for k, v in zip(rows, values, strict=True):
-            rows[k].append(v)
-
-    for lg in logs:
-        if lg.path in already:
-            result.skipped += 1
-            row(lg, lg.host, "", "", "skipped", "already ingested", 0, 0.0)
     if echo and todo:
         echo(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
     read = read_logs([lg.path for lg in todo], timeout=timeout)
     # final logs first: a worker's own group takes its complete log over an mmap copy
-    order = sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path))
-    taken: dict[tuple[str | None, int], str] = {}
-    for i in order:
-        lg, res = todo[i], read[i]
-        if res.error is not None:
-            reason = res.error
-            if res.messages:
-                reason += " (libdarshan-util: " + "; ".join(res.messages[-4:]) + ")"
-            darshan_group.record_error(
-                f"ingest {lg.path}", f"cannot read Darshan log {lg.label}: {reason}"
-            )
-            row(lg, lg.host, "", "", "error", reason, 0, res.seconds)
-            result.errors += 1
-            continue
-        host_ = lg.host
-        if host_ is None and "dxt.hostname" in res.arrays and len(res.arrays["dxt.hostname"]):
-            host_ = str(res.arrays["dxt.hostname"][0]) or None
-        match, role = match_log(lg, res.meta, known, host_)
-        if match is not None and host_ is None:
-            host_ = match.host
-        key = (host_, lg.pid if lg.pid is not None else -1)
-        if lg.kind != "final" and key in taken and lg.pid is not None:
-            row(
-                lg,
-                host_,
-                role,
-                taken[key],
-                "skipped",
-                f"the complete log of the same process went into {taken[key]}",
-                0,
-                res.seconds,
-            )
-            result.skipped += 1
-            continue
-        reasons = _partial_reasons(lg, res)
-        attrs = _process_attrs(lg, res, match, role, host_, reasons)
-        if (
-            role == "worker"
-            and match is not None
-            and match.group
-            and f"{match.group}/process" not in groups
-        ):
-            parts = match.group.split("/")
-            gw = writer.group("worker_process", attrs=attrs, cluster=parts[1], worker=parts[3])
-        else:
-            if role == "worker":  # a second log for one worker (pid reuse, copies): keep it apart
-                attrs["role"] = role = "unattributed"
-                reasons.append("another log of this worker's pid is in its process group")
-                attrs.update(partial=True, partial_reason="; ".join(reasons))
-            ident = (
-                lg.pid
-                if lg.pid is not None
-                else (lg.jobid if lg.jobid >= 0 else os.path.basename(lg.path).split(".darshan")[0])
-            )
-            base = safe_name(f"{host_ or 'unknown'}-{ident}")
-            name, n = base, 1
-            while f"processes/{name}" in groups:
-                n += 1
-                name = f"{base}-{n}"
-            gw = writer.group("process", attrs=attrs, process=name)
-        groups.add(gw.path)
-        try:
-            records = _write_process(gw, res, attrs["start_time"])
-            gw.flush()
-        except Exception as e:  # one bad log must not stop the others
-            gw.record_error("ingest", e)
-            darshan_group.record_error(f"ingest {lg.path}", e)
-            row(
-                lg,
-                host_,
-                role,
-                gw.path,
-                "error",
-                f"{type(e).__name__}: {e}",
-                0,
-                res.seconds,
-            )
-            result.errors += 1
-            continue
-        taken[key] = gw.path
-        if reasons:
-            result.partial += 1
-            if lg.kind == "final":
-                darshan_group.record_error(
-                    f"ingest {lg.path}",
-                    f"{lg.label} is incomplete: {'; '.join(reasons)}",
-                )
-        row(
-            lg,
-            host_,
-            role,
-            gw.path,
-            "ingested",
-            "; ".join(reasons),
-            records,
-            res.seconds,
-        )
-        result.ingested += 1
-        result.groups.append(gw.path)
-    if rows["path"]:
-        darshan_group.append("logs", rows)
-    darshan_group.flush()
+    for i in sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path)):
+        run.add(todo[i], read[i])
+    run.finish()
     writer.flush()
     _update_levels(store)
+    result = run.result
     if echo:
         echo(
             f"{result.ingested} ingested ({result.partial} partial), "
@@ -430,39 +147,216 @@ def ingest(
     return result
 
 
+class _Ingestion:
+    """One ingestion under way: the groups taken, the ``darshan/logs`` rows, the counts."""
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        attrs: dict[str, Any],
+        known: list[Known],
+        groups: set[str],
+        found: int,
+    ) -> None:
+        self.writer = writer
+        self.darshan = writer.group("darshan", attrs=attrs)
+        self.known = known
+        #: process groups of the store, those there before and those written now
+        self.groups = groups
+        #: (host, pid) -> the group that took a log of that process
+        self.taken: dict[tuple[str | None, int], str] = {}
+        self.rows: dict[str, list[Any]] = {k: [] for k in LOG_COLUMNS}
+        self.result = IngestResult(found=found)
+
+    def row(
+        self,
+        lg: LogFile,
+        host: str | None,
+        role: str,
+        group: str,
+        status: str,
+        reason: str,
+        records: int = 0,
+        seconds: float = 0.0,
+    ) -> None:
+        """Add a log's row to ``darshan/logs``."""
+        pid = lg.pid if lg.pid is not None else -1
+        values = (
+            *(time.time(), lg.path, host, pid, lg.jobid, lg.kind, role, group, status),
+            *(reason, lg.size, records, seconds),
+        )
+        for k, v in zip(self.rows, values, strict=True):
+            self.rows[k].append(v)
+
+    def skip_ingested(self, logs: Iterable[LogFile]) -> None:
+        """Logs a previous ingestion put in already."""
+        for lg in logs:
+            self.result.skipped += 1
+            self.row(lg, lg.host, "", "", "skipped", "already ingested")
+
+    def add(self, lg: LogFile, res: ReadResult) -> None:
+        """One log read by the child process: into its process group, or a row saying why
+        not."""
+        if res.error is not None:
+            self._unreadable(lg, res)
+            return
+        host = _host_of(lg, res)
+        match, role = match_log(lg, res.meta, self.known, host)
+        if match is not None and host is None:
+            host = match.host
+        key = (host, lg.pid if lg.pid is not None else -1)
+        if lg.kind != "final" and key in self.taken and lg.pid is not None:
+            reason = f"the complete log of the same process went into {self.taken[key]}"
+            self.row(lg, host, role, self.taken[key], "skipped", reason, 0, res.seconds)
+            self.result.skipped += 1
+            return
+        reasons = partial_reasons(lg, res)
+        attrs = process_attrs(lg, res, match, role, host, reasons)
+        gw = self._group_for(lg, match, host, attrs, reasons)
+        self.groups.add(gw.path)
+        written = self._write(lg, res, gw, host, attrs)
+        if written is None:
+            return
+        self.taken[key] = gw.path
+        self._ingested(lg, res, gw.path, host, attrs["role"], reasons, written)
+
+    def _unreadable(self, lg: LogFile, res: ReadResult) -> None:
+        """A log the child process could not read: an error and its row."""
+        reason = res.error or ""
+        if res.messages:
+            reason += " (libdarshan-util: " + "; ".join(res.messages[-4:]) + ")"
+        self.darshan.record_error(
+            f"ingest {lg.path}", f"cannot read Darshan log {lg.label}: {reason}"
+        )
+        self.row(lg, lg.host, "", "", "error", reason, 0, res.seconds)
+        self.result.errors += 1
+
+    def _group_for(
+        self,
+        lg: LogFile,
+        match: Known | None,
+        host: str | None,
+        attrs: dict[str, Any],
+        reasons: list[str],
+    ) -> GroupWriter:
+        """The group a log goes into: its worker's ``process`` group when that is free,
+        else a new group under ``processes/``."""
+        if attrs["role"] == "worker":
+            if match is not None and match.group and f"{match.group}/process" not in self.groups:
+                parts = match.group.split("/")
+                return self.writer.group(
+                    "worker_process", attrs=attrs, cluster=parts[1], worker=parts[3]
+                )
+            # a second log for one worker (pid reuse, copies): keep it apart
+            attrs["role"] = "unattributed"
+            reasons.append("another log of this worker's pid is in its process group")
+            attrs.update(partial=True, partial_reason="; ".join(reasons))
+        return self.writer.group("process", attrs=attrs, process=self._process_name(lg, host))
+
+    def _process_name(self, lg: LogFile, host: str | None) -> str:
+        """A name under ``processes/`` no group has: host and pid (or job id, or log
+        name), numbered when taken."""
+        if lg.pid is not None:
+            ident: int | str = lg.pid
+        elif lg.jobid >= 0:
+            ident = lg.jobid
+        else:
+            ident = os.path.basename(lg.path).split(".darshan")[0]
+        base = safe_name(f"{host or 'unknown'}-{ident}")
+        name, n = base, 1
+        while f"processes/{name}" in self.groups:
+            n += 1
+            name = f"{base}-{n}"
+        return name
+
+    def _write(
+        self,
+        lg: LogFile,
+        res: ReadResult,
+        gw: GroupWriter,
+        host: str | None,
+        attrs: dict[str, Any],
+    ) -> int | None:
+        """Write a log's tables into its group; ``None`` (and an error row) when that
+        fails - one bad log must not stop the others."""
+        try:
+            records = write_process(gw, res, attrs["start_time"])
+            gw.flush()
+        except Exception as e:
+            gw.record_error("ingest", e)
+            self.darshan.record_error(f"ingest {lg.path}", e)
+            reason = f"{type(e).__name__}: {e}"
+            self.row(lg, host, attrs["role"], gw.path, "error", reason, 0, res.seconds)
+            self.result.errors += 1
+            return None
+        return records
+
+    def _ingested(
+        self,
+        lg: LogFile,
+        res: ReadResult,
+        group: str,
+        host: str | None,
+        role: str,
+        reasons: list[str],
+        records: int,
+    ) -> None:
+        """Count an ingested log and add its row; an incomplete final log is an error too."""
+        if reasons:
+            self.result.partial += 1
+            if lg.kind == "final":
+                self.darshan.record_error(
+                    f"ingest {lg.path}", f"{lg.label} is incomplete: {'; '.join(reasons)}"
+                )
+        reason = "; ".join(reasons)
+        self.row(lg, host, role, group, "ingested", reason, records, res.seconds)
+        self.result.ingested += 1
+        self.result.groups.append(group)
+
+    def finish(self) -> None:
+        """Append the ``darshan/logs`` rows and flush the ``darshan`` group."""
+        if self.rows["path"]:
+            self.darshan.append("logs", self.rows)
+        self.darshan.flush()
+
+
+def _host_of(lg: LogFile, res: ReadResult) -> str | None:
+    """A log's host: from its directory, else from its DXT segments."""
+    if lg.host is None and "dxt.hostname" in res.arrays and len(res.arrays["dxt.hostname"]):
+        return str(res.arrays["dxt.hostname"][0]) or None
+    return lg.host
+
+
+def _ingested(store: str) -> set[str]:
+    """Logs already ingested into the store."""
+    ingested: set[str] = set()
+    with contextlib.suppress(Exception):
+        (paths, status), codes = table_columns(open_group(store), "logs", ("path", "status"))
+        for p, st in zip(paths, status, strict=True):
+            if 0 <= st < len(codes) and codes[st] == "ingested":
+                ingested.add(str(p))
+    return ingested
+
+
 def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:
     """Attrs of the ``darshan`` group for an ingestion without a capture session (the
-    CLI)."""
-    import zarr
-
+    CLI); none when the store has the group already."""
     try:
-        root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
-        if "darshan" in root:
+        if "darshan" in open_group(store):
             return {}
     except Exception:
         pass
-    return {
-        "enabled": False,
-        "library": None,
-        "library_source": "",
-        "log_dir": os.path.abspath(log_dir),
-        "dxt": False,
-        "environment": {},
-        "config_file": None,
-        "delivery": "none",
-    }
+    return darshan_group_attrs(os.path.abspath(log_dir), enabled=False, dxt=False)
 
 
 def _update_levels(store: str) -> None:
     """Keep a finalised store whole after groups were added to it: its levels index and,
     where the store keeps it, its consolidated metadata."""
-    import zarr
-
     from metacollect.store.lifecycle import consolidate, levels_index
     from metacollect.store.writer import read_nodes
 
     try:
-        root = zarr.open_group(store=store, mode="a", zarr_format=3, use_consolidated=False)
+        root = open_group(store, mode="a")
         if root.attrs.get("status") == "complete":
             nodes = read_nodes(root)  # one read serves the index, the trim and the seal
             consolidate(root, nodes, {"levels": levels_index(root, nodes)})

@@ -4,12 +4,15 @@ store knows, and the one a log belongs to (by host and pid)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from metacollect.steps.darshan.logs import LogFile
 from metacollect.store.writer import committed_rows
+from metacollect.store.zarrio import Group, open_group, subgroups
 
 
 @dataclass
@@ -25,66 +28,91 @@ class Known:
     started: float | None = None
 
 
-def _groups(group: Any) -> list[tuple[str, Any]]:
-    import zarr
-
+def _subgroups(group: Any) -> list[tuple[str, Any]]:
+    """The groups below ``group``; none when that part of the store cannot be read."""
     try:
-        return [(n, m) for n, m in group.members() if isinstance(m, zarr.Group)]
+        return subgroups(group)
     except Exception:  # a damaged part of the store: what can be read still counts
         return []
+
+
+def _pid_of(attrs: Mapping[str, Any]) -> int | None:
+    """The ``pid`` attribute of a group, when it is an int."""
+    pid = attrs.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
+def table_columns(
+    root: Group, table: str, columns: Sequence[str]
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """The committed rows of ``columns`` of the ``darshan/<table>`` table, and the string
+    lookup its codes index (``KeyError`` when either is missing)."""
+    tgroup: Any = root[f"darshan/{table}"]
+    strings: Any = root["darshan/strings/value"]
+    data = [np.asarray(tgroup[c][:]) for c in columns]
+    n = committed_rows(tgroup, (len(d) for d in data))  # no half-landed append
+    return [d[:n] for d in data], np.asarray(strings[:])
+
+
+def _client(root: Group) -> list[Known]:
+    """The client process, from the ``job`` group."""
+    with contextlib.suppress(KeyError):
+        job: dict[str, Any] = dict(root["job"].attrs)
+        pid = _pid_of(job)
+        if pid is not None:
+            return [Known("client", job.get("host"), pid)]
+    return []
+
+
+def _cluster_processes(root: Group, existing: set[str]) -> list[Known]:
+    """Schedulers and workers of every cluster; adds the workers' ``process`` groups
+    found to ``existing``."""
+    out: list[Known] = []
+    with contextlib.suppress(KeyError):
+        for cname, cluster in _subgroups(root["clusters"]):
+            attrs: dict[str, Any] = dict(cluster.attrs)
+            pid = _pid_of(attrs)
+            if pid is not None:
+                out.append(Known("scheduler", attrs.get("host"), pid, cname))
+            with contextlib.suppress(KeyError):
+                for wname, worker in _subgroups(cluster["workers"]):
+                    path = f"clusters/{cname}/workers/{wname}"
+                    out.extend(_worker(cname, path, dict(worker.attrs)))
+                    if any(n == "process" for n, _ in _subgroups(worker)):
+                        existing.add(f"{path}/process")
+    return out
+
+
+def _worker(cluster: str, path: str, attrs: Mapping[str, Any]) -> list[Known]:
+    """A worker group's process (none for a group that is not a worker's or has no pid)."""
+    pid = _pid_of(attrs)
+    if pid is None or attrs.get("kind") != "worker":
+        return []
+    host, address, started = attrs.get("host"), attrs.get("address"), attrs.get("started")
+    return [Known("worker", host, pid, cluster, address, path, started)]
+
+
+def _nannies(root: Group) -> list[Known]:
+    """The nannies the capture session recorded in ``darshan/nannies``."""
+    out: list[Known] = []
+    with contextlib.suppress(KeyError, ValueError):
+        (hosts, pids), codes = table_columns(root, "nannies", ("host", "pid"))
+        for h, p in zip(hosts, pids, strict=True):
+            if int(p) > 0:
+                host = str(codes[h]) if 0 <= h < len(codes) else None
+                out.append(Known("nanny", host, int(p)))
+    return out
 
 
 def known_processes(store: str) -> tuple[list[Known], set[str]]:
     """Workers, nannies, schedulers and the client of a run (from its store), and the
     Darshan process groups it has already. Reads only the groups where those live."""
-    import zarr
-
-    root = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
-    out: list[Known] = []
+    root = open_group(store, mode="r")
     existing: set[str] = set()
-
-    def pid_of(attrs: Mapping[str, Any]) -> int | None:
-        pid = attrs.get("pid")
-        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-
+    out = _client(root) + _cluster_processes(root, existing)
     with contextlib.suppress(KeyError):
-        job = dict(root["job"].attrs)
-        if pid_of(job) is not None:
-            out.append(Known("client", job.get("host"), job["pid"]))
-    with contextlib.suppress(KeyError):
-        for cname, cluster in _groups(root["clusters"]):
-            attrs = dict(cluster.attrs)
-            if pid_of(attrs) is not None:
-                out.append(Known("scheduler", attrs.get("host"), attrs["pid"], cname))
-            with contextlib.suppress(KeyError):
-                for wname, worker in _groups(cluster["workers"]):
-                    wa = dict(worker.attrs)
-                    path = f"clusters/{cname}/workers/{wname}"
-                    if pid_of(wa) is not None and wa.get("kind") == "worker":
-                        out.append(
-                            Known(
-                                "worker",
-                                wa.get("host"),
-                                wa["pid"],
-                                cname,
-                                wa.get("address"),
-                                path,
-                                wa.get("started"),
-                            )
-                        )
-                    if any(n == "process" for n, _ in _groups(worker)):
-                        existing.add(f"{path}/process")
-    with contextlib.suppress(KeyError):
-        existing.update(f"processes/{n}" for n, _ in _groups(root["processes"]))
-    with contextlib.suppress(KeyError, ValueError):
-        nannies = root["darshan/nannies"]
-        codes = root["darshan/strings/value"][:]
-        hosts, pids = nannies["host"][:], nannies["pid"][:]
-        n = committed_rows(nannies, (len(hosts), len(pids)))  # no half-landed append
-        for h, p in zip(hosts[:n], pids[:n], strict=True):
-            if int(p) > 0:
-                out.append(Known("nanny", str(codes[h]) if 0 <= h < len(codes) else None, int(p)))
-    return out, existing
+        existing.update(f"processes/{n}" for n, _ in _subgroups(root["processes"]))
+    return out + _nannies(root), existing
 
 
 def match_log(
@@ -118,6 +146,7 @@ def match_log(
 
 
 def job_start_time(job: Mapping[str, Any]) -> float | None:
+    """When a log's process started (epoch s), from its job record."""
     sec = job.get("start_time_sec")
     if not isinstance(sec, (int, float)):
         return None
@@ -125,6 +154,7 @@ def job_start_time(job: Mapping[str, Any]) -> float | None:
 
 
 def job_end_time(job: Mapping[str, Any]) -> float | None:
+    """When a log's process ended (epoch s), from its job record; ``None`` if it did not."""
     sec = job.get("end_time_sec")
     if not isinstance(sec, (int, float)) or sec <= 0:
         return None
@@ -132,6 +162,7 @@ def job_end_time(job: Mapping[str, Any]) -> float | None:
 
 
 def fork_parent(job: Mapping[str, Any]) -> int | None:
+    """The pid a log's process was forked from (Darshan's ``fork_parent`` metadata)."""
     meta = job.get("metadata") or {}
     value = meta.get("fork_parent") if isinstance(meta, Mapping) else None
     try:
