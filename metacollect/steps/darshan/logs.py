@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ class LogFile:
 
     @property
     def label(self) -> str:
+        """The log's file name."""
         return os.path.basename(self.path)
 
 
@@ -96,32 +97,39 @@ def find_logs(log_dir: str, host: str | None = None) -> list[LogFile]:
     root = os.path.abspath(log_dir)
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
+        where = host or _host_dir(root, dirpath)
         for name in sorted(filenames):
             info = parse_log_name(name)
-            if info is None:
-                continue
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(dirpath, root)
-            first = rel.split(os.sep)[0] if rel != "." else None
-            if first is not None and re.fullmatch(r"\d{4}", first):
-                first = None
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                size = -1
-            out.append(
-                LogFile(
-                    path=path,
-                    kind=info["kind"],
-                    host=host or first,
-                    pid=info["pid"],
-                    jobid=info["jobid"],
-                    exe=info["exe"],
-                    size=size,
-                    pid_source=info["pid_source"],
-                )
-            )
+            if info is not None:
+                out.append(_log_file(os.path.join(dirpath, name), info, where))
     return out
+
+
+def _host_dir(root: str, dirpath: str) -> str | None:
+    """The host a directory below ``root`` is of: its first part, unless that is a year."""
+    rel = os.path.relpath(dirpath, root)
+    first = rel.split(os.sep)[0] if rel != "." else None
+    if first is not None and re.fullmatch(r"\d{4}", first):
+        return None
+    return first
+
+
+def _log_file(path: str, info: Mapping[str, Any], host: str | None) -> LogFile:
+    """A log found at ``path``, with what its name says (:func:`parse_log_name`)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = -1
+    return LogFile(
+        path=path,
+        kind=info["kind"],
+        host=host,
+        pid=info["pid"],
+        jobid=info["jobid"],
+        exe=info["exe"],
+        size=size,
+        pid_source=info["pid_source"],
+    )
 
 
 @dataclass
@@ -151,6 +159,7 @@ def _reader_env() -> dict[str, str]:
 
 
 def _signal_name(code: int) -> str:
+    """The name of the signal a negative exit status stands for."""
     try:
         return signal.Signals(-code).name
     except ValueError:
@@ -207,6 +216,7 @@ def _read_chunk_guarded(
     out_dir: str,
     timeout: float,
 ) -> None:
+    """:func:`_read_chunk` in a thread: a failure marks the chunk's logs unread, with why."""
     try:
         _read_chunk(paths, todo, results, out_dir, timeout)
     except Exception as e:  # e.g. no Python to start: every log of the chunk says why
@@ -216,6 +226,7 @@ def _read_chunk_guarded(
 
 
 def _text(data: bytes | str | None) -> str:
+    """A child's output as text."""
     if isinstance(data, bytes):
         return data.decode("utf-8", errors="replace")  # the C library prints what it read
     return data or ""
@@ -228,6 +239,8 @@ def _read_chunk(
     out_dir: str,
     timeout: float,
 ) -> None:
+    """Read the logs ``todo`` in one child; when it dies (or hangs) on a log, blame that
+    log and start another child on the rest."""
     from metacollect.steps.darshan import log_reader
 
     # -P: the script's directory (this package's modules) must not shadow pydarshan's
@@ -235,42 +248,10 @@ def _read_chunk(
     while todo:
         started = time.monotonic()
         payload = json.dumps([(i, paths[i]) for i in todo]).encode()
-        try:
-            proc = subprocess.run(
-                cmd,
-                input=payload,
-                capture_output=True,
-                timeout=timeout * len(todo) + 30,
-                env=_reader_env(),
-                check=False,
-            )
-            stdout, stderr, code, timed_out = (
-                _text(proc.stdout),
-                _text(proc.stderr),
-                proc.returncode,
-                False,
-            )
-        except subprocess.TimeoutExpired as e:
-            stdout, stderr = _text(e.stdout), _text(e.stderr)
-            code, timed_out = -signal.SIGKILL, True
+        stdout, stderr, code, timed_out = _run_reader(cmd, payload, timeout * len(todo) + 30)
         elapsed = time.monotonic() - started
-        done: set[int] = set()
-        for line in stdout.splitlines():
-            parts = line.split(" ", 2)
-            if len(parts) >= 2 and parts[0] in ("ok", "err") and parts[1].isdigit():
-                i = int(parts[1])
-                done.add(i)
-                if parts[0] == "err":
-                    results[i].error = json.loads(parts[2]) if len(parts) > 2 else "unknown error"
-                else:
-                    results[i].error = None
-                    _load(results[i], os.path.join(out_dir, f"{i}.npz"))
-        current = None
-        for line in stderr.splitlines():
-            if line.startswith(LOG_MARK):
-                current = int(line[len(LOG_MARK) :])
-            elif current is not None and line.strip():
-                results[current].messages.append(line.strip())
+        done = _collect_reports(stdout, results, out_dir)
+        _collect_messages(stderr, results)
         rest = [i for i in todo if i not in done]
         per_log = elapsed / max(len(done) + (1 if rest else 0), 1)
         for i in done:
@@ -278,23 +259,68 @@ def _read_chunk(
         if rest:
             # the first log not reported is the one the reader died (or hung) on
             culprit = rest[0]
-            if timed_out:
-                why = f"reading it took longer than {timeout:g} s; the reader was stopped"
-            elif code < 0:
-                why = (
-                    f"the reader crashed ({_signal_name(code)}) on this log: it is "
-                    "damaged or truncated"
-                )
-            else:
-                tail = " ".join(stderr.strip().splitlines()[-3:])
-                why = f"the reader exited with status {code} on this log: {tail}"
-            results[culprit].error = why
+            results[culprit].error = _why_stopped(code, timed_out, stderr, timeout)
             results[culprit].seconds = per_log
             rest = rest[1:]
         todo = rest
 
 
+def _run_reader(cmd: list[str], payload: bytes, timeout: float) -> tuple[str, str, int, bool]:
+    """Run the reader child: its stdout, stderr, exit status and whether it timed out
+    (then it was killed)."""
+    try:
+        proc = subprocess.run(
+            cmd,
+            input=payload,
+            capture_output=True,
+            timeout=timeout,
+            env=_reader_env(),
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        return _text(e.stdout), _text(e.stderr), -signal.SIGKILL, True
+    return _text(proc.stdout), _text(proc.stderr), proc.returncode, False
+
+
+def _collect_reports(stdout: str, results: list[ReadResult], out_dir: str) -> set[int]:
+    """The logs the child reported (``ok <i>`` / ``err <i> <reason>``), loading what it
+    wrote for those it read."""
+    done: set[int] = set()
+    for line in stdout.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) >= 2 and parts[0] in ("ok", "err") and parts[1].isdigit():
+            i = int(parts[1])
+            done.add(i)
+            if parts[0] == "err":
+                results[i].error = json.loads(parts[2]) if len(parts) > 2 else "unknown error"
+            else:
+                results[i].error = None
+                _load(results[i], os.path.join(out_dir, f"{i}.npz"))
+    return done
+
+
+def _collect_messages(stderr: str, results: list[ReadResult]) -> None:
+    """Give each log what the library printed while the child read it (after its mark)."""
+    current = None
+    for line in stderr.splitlines():
+        if line.startswith(LOG_MARK):
+            current = int(line[len(LOG_MARK) :])
+        elif current is not None and line.strip():
+            results[current].messages.append(line.strip())
+
+
+def _why_stopped(code: int, timed_out: bool, stderr: str, timeout: float) -> str:
+    """Why the child stopped before reporting a log: a timeout, a crash or an exit."""
+    if timed_out:
+        return f"reading it took longer than {timeout:g} s; the reader was stopped"
+    if code < 0:
+        return f"the reader crashed ({_signal_name(code)}) on this log: it is damaged or truncated"
+    tail = " ".join(stderr.strip().splitlines()[-3:])
+    return f"the reader exited with status {code} on this log: {tail}"
+
+
 def _load(result: ReadResult, path: str) -> None:
+    """Load the arrays and metadata the child wrote for a log into its result."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}

@@ -31,156 +31,17 @@ _SUMS = (
     "meta_time",
     "time",
 )
-
-
-def process_groups(run: Run) -> dict[str, dict[str, Any]]:
-    """``{path: attrs}`` of every Darshan process group of a run."""
-    return {p: a for p, a in run.groups.items() if a.get("kind") in ("worker_process", "process")}
-
-
-def read_records(run: Run, path: str, module: str) -> pd.DataFrame | None:
-    """One Darshan module of a process group with named counters: file, rank, id and one
-    column per counter and fcounter, as pydarshan's ``records[module].to_df()`` has them
-    (``None`` when the process has no records of that module)."""
-    names = (run.groups.get(path, {}).get("counter_names") or {}).get(module)
-    if not names:
-        return None
-    prefix = f"{path}/{RECORD_TABLES[module]}"
-
-    def read(var: str) -> np.ndarray | None:
-        try:
-            return np.asarray(run.root[f"{prefix}/{var}"][:])
-        except KeyError:
-            return None
-
-    ids, ranks, files, counters, fcounters = (
-        read(v) for v in ("id", "rank", "file", "counters", "fcounters")
-    )
-    if ids is None or files is None or counters is None:
-        return None
-    n = committed_rows(
-        run.root[prefix],
-        (
-            len(ids),
-            len(files),
-            len(counters),
-            len(ranks) if ranks is not None else len(ids),
-        ),
-    )
-    try:
-        strings = np.asarray(run.root[f"{path}/strings/value"][:], dtype=object)
-    except KeyError:
-        strings = np.empty(0, dtype=object)
-    lookup = np.append(strings, None)
-    codes = np.asarray(files[:n], dtype=np.int64)
-    codes = np.where((codes < 0) | (codes >= len(strings)), len(strings), codes)
-    out: dict[str, Any] = {
-        "file": lookup[codes],
-        "rank": ranks[:n] if ranks is not None else np.zeros(n, np.int64),
-        "id": ids[:n],
-    }
-    for kind, data in (("counters", counters), ("fcounters", fcounters)):
-        if data is None or data.ndim != 2:
-            continue
-        for j, c in enumerate(names.get(kind, [])[: data.shape[1]]):
-            out[c] = data[:n, j]
-    return pd.DataFrame(out)
-
-
-def _col(df: pd.DataFrame, name: str) -> np.ndarray:
-    if name in df:
-        v = df[name].to_numpy(dtype=np.float64)
-        return np.where(v < 0, 0.0, v)
-    return np.zeros(len(df))
-
-
-def _file_rows(run: Run, path: str, attrs: Mapping[str, Any]) -> pd.DataFrame:
-    frames = []
-    start = attrs.get("start_time")
-    origin = float(start) if isinstance(start, (int, float)) and math.isfinite(start) else math.nan
-    for module in ("POSIX", "STDIO"):
-        df = read_records(run, path, module)
-        if df is None or not len(df):
-            continue
-        p = module + "_"
-        f = module + "_F_"
-        opens = _col(df, p + "OPENS") + (_col(df, p + "FDOPENS") if module == "STDIO" else 0)
-        first = df.get(f + "OPEN_START_TIMESTAMP")
-        last = df.get(f + "CLOSE_END_TIMESTAMP")
-        frames.append(
-            pd.DataFrame(
-                {
-                    "file": df["file"].to_numpy(),
-                    "interface": module,
-                    "bytes_read": _col(df, p + "BYTES_READ"),
-                    "bytes_written": _col(df, p + "BYTES_WRITTEN"),
-                    "reads": _col(df, p + "READS"),
-                    "writes": _col(df, p + "WRITES"),
-                    "opens": opens,
-                    "read_time": _col(df, f + "READ_TIME"),
-                    "write_time": _col(df, f + "WRITE_TIME"),
-                    "meta_time": _col(df, f + "META_TIME"),
-                    "start": np.where(first.to_numpy() > 0, origin + first.to_numpy(), np.nan)
-                    if first is not None
-                    else np.nan,
-                    "stop": np.where(last.to_numpy() > 0, origin + last.to_numpy(), np.nan)
-                    if last is not None
-                    else np.nan,
-                }
-            )
-        )
-    if not frames:
-        return pd.DataFrame()
-    df = pd.concat(frames, ignore_index=True)
-    g = df.groupby("file", sort=False)
-    out = g[
-        [
-            "bytes_read",
-            "bytes_written",
-            "reads",
-            "writes",
-            "opens",
-            "read_time",
-            "write_time",
-            "meta_time",
-        ]
-    ].sum()
-    posix = (df["interface"] == "POSIX").groupby(df["file"], sort=False).any()
-    stdio = (df["interface"] == "STDIO").groupby(df["file"], sort=False).any()
-    out["interfaces"] = np.where(posix & stdio, "POSIX+STDIO", np.where(posix, "POSIX", "STDIO"))
-    out["start"] = g["start"].min()
-    out["stop"] = g["stop"].max()
-    out = out.reset_index()
-    out["bytes"] = out["bytes_read"] + out["bytes_written"]
-    out["ops"] = out["reads"] + out["writes"]
-    out["time"] = out["read_time"] + out["write_time"] + out["meta_time"]
-    for c in (
-        "bytes_read",
-        "bytes_written",
-        "bytes",
-        "reads",
-        "writes",
-        "ops",
-        "opens",
-    ):
-        out[c] = out[c].astype(np.int64)
-    return out
-
-
-def _process_columns(path: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
-    group = attrs.get("worker_group")
-    return {
-        "cluster": attrs.get("cluster"),
-        "worker": attrs.get("worker"),
-        "worker_group": group.rsplit("/", 1)[-1] if group else None,
-        "process": path,
-        "role": attrs.get("role"),
-        "host": attrs.get("host"),
-        "pid": attrs.get("pid"),
-        "partial": bool(attrs.get("partial")),
-    }
-
-
+#: the per-file counters summed over POSIX and STDIO
+_FILE_SUMS = [
+    "bytes_read",
+    "bytes_written",
+    "reads",
+    "writes",
+    "opens",
+    "read_time",
+    "write_time",
+    "meta_time",
+]
 _PROC_COLS = ["cluster", "worker", "worker_group", "process", "role", "host", "pid"]
 _FILE_COLS = [*_PROC_COLS, "file", "interfaces", *_SUMS, "start", "stop", "partial"]
 _WORKER_COLS = [*_PROC_COLS, "files", *_SUMS, "start", "stop", "partial"]
@@ -215,7 +76,148 @@ _TASK_COLS = [
 ]
 
 
+def process_groups(run: Run) -> dict[str, dict[str, Any]]:
+    """``{path: attrs}`` of every Darshan process group of a run."""
+    return {p: a for p, a in run.groups.items() if a.get("kind") in ("worker_process", "process")}
+
+
+def _array(root: Any, path: str) -> np.ndarray | None:
+    """An array of the store, whole (``None`` when it is missing)."""
+    try:
+        return np.asarray(root[path][:])
+    except KeyError:
+        return None
+
+
+def _file_names(root: Any, path: str, codes: np.ndarray) -> np.ndarray:
+    """The file names of a process group's string codes (``None`` for a code that names
+    no string)."""
+    strings = _array(root, f"{path}/strings/value")
+    if strings is None:
+        strings = np.empty(0, dtype=object)
+    lookup = np.concatenate([strings.astype(object), np.array([None], dtype=object)])
+    codes = np.asarray(codes, dtype=np.int64)
+    codes = np.where((codes < 0) | (codes >= len(strings)), len(strings), codes)
+    return lookup[codes]
+
+
+def read_records(run: Run, path: str, module: str) -> pd.DataFrame | None:
+    """One Darshan module of a process group with named counters: file, rank, id and one
+    column per counter and fcounter, as pydarshan's ``records[module].to_df()`` has them
+    (``None`` when the process has no records of that module)."""
+    names = (run.groups.get(path, {}).get("counter_names") or {}).get(module)
+    if not names:
+        return None
+    root: Any = run.root
+    prefix = f"{path}/{RECORD_TABLES[module]}"
+    ids, ranks, files, counters, fcounters = (
+        _array(root, f"{prefix}/{v}") for v in ("id", "rank", "file", "counters", "fcounters")
+    )
+    if ids is None or files is None or counters is None:
+        return None
+    lengths = (len(ids), len(files), len(counters), len(ranks if ranks is not None else ids))
+    n = committed_rows(root[prefix], lengths)
+    out: dict[str, Any] = {
+        "file": _file_names(root, path, files[:n]),
+        "rank": ranks[:n] if ranks is not None else np.zeros(n, np.int64),
+        "id": ids[:n],
+    }
+    for kind, data in (("counters", counters), ("fcounters", fcounters)):
+        if data is None or data.ndim != 2:
+            continue
+        for j, c in enumerate(names.get(kind, [])[: data.shape[1]]):
+            out[c] = data[:n, j]
+    return pd.DataFrame(out)
+
+
+def _col(df: pd.DataFrame, name: str) -> np.ndarray:
+    """A counter column as floats, Darshan's negative "not known" values as 0."""
+    if name in df:
+        v = df[name].to_numpy(dtype=np.float64)
+        return np.where(v < 0, 0.0, v)
+    return np.zeros(len(df))
+
+
+def _since(origin: float, stamps: pd.Series | None) -> np.ndarray | float:
+    """Epoch times of Darshan timestamps (seconds since the process started; 0: never)."""
+    if stamps is None:
+        return np.nan
+    return np.where(stamps.to_numpy() > 0, origin + stamps.to_numpy(), np.nan)
+
+
+def _module_rows(df: pd.DataFrame, module: str, origin: float) -> pd.DataFrame:
+    """One row per record of a POSIX or STDIO table, with the counters :func:`read_io`
+    sums."""
+    p = module + "_"
+    f = module + "_F_"
+    opens = _col(df, p + "OPENS") + (_col(df, p + "FDOPENS") if module == "STDIO" else 0)
+    return pd.DataFrame(
+        {
+            "file": df["file"].to_numpy(),
+            "interface": module,
+            "bytes_read": _col(df, p + "BYTES_READ"),
+            "bytes_written": _col(df, p + "BYTES_WRITTEN"),
+            "reads": _col(df, p + "READS"),
+            "writes": _col(df, p + "WRITES"),
+            "opens": opens,
+            "read_time": _col(df, f + "READ_TIME"),
+            "write_time": _col(df, f + "WRITE_TIME"),
+            "meta_time": _col(df, f + "META_TIME"),
+            "start": _since(origin, df.get(f + "OPEN_START_TIMESTAMP")),
+            "stop": _since(origin, df.get(f + "CLOSE_END_TIMESTAMP")),
+        }
+    )
+
+
+def _file_rows(run: Run, path: str, attrs: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per file a process touched, POSIX and STDIO summed (empty: no records)."""
+    start = attrs.get("start_time")
+    origin = float(start) if isinstance(start, (int, float)) and math.isfinite(start) else math.nan
+    frames = []
+    for module in ("POSIX", "STDIO"):
+        df = read_records(run, path, module)
+        if df is not None and len(df):
+            frames.append(_module_rows(df, module, origin))
+    if not frames:
+        return pd.DataFrame()
+    return _per_file(pd.concat(frames, ignore_index=True))
+
+
+def _per_file(df: pd.DataFrame) -> pd.DataFrame:
+    """Sum the POSIX and STDIO rows of each file, with the interfaces it went through."""
+    g = df.groupby("file", sort=False)
+    out = g[_FILE_SUMS].sum()
+    posix = (df["interface"] == "POSIX").groupby(df["file"], sort=False).any()
+    stdio = (df["interface"] == "STDIO").groupby(df["file"], sort=False).any()
+    out["interfaces"] = np.where(posix & stdio, "POSIX+STDIO", np.where(posix, "POSIX", "STDIO"))
+    out["start"] = g["start"].min()
+    out["stop"] = g["stop"].max()
+    out = out.reset_index()
+    out["bytes"] = out["bytes_read"] + out["bytes_written"]
+    out["ops"] = out["reads"] + out["writes"]
+    out["time"] = out["read_time"] + out["write_time"] + out["meta_time"]
+    for c in ("bytes_read", "bytes_written", "bytes", "reads", "writes", "ops", "opens"):
+        out[c] = out[c].astype(np.int64)
+    return out
+
+
+def _process_columns(path: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns that say which process a row is of."""
+    group = attrs.get("worker_group")
+    return {
+        "cluster": attrs.get("cluster"),
+        "worker": attrs.get("worker"),
+        "worker_group": group.rsplit("/", 1)[-1] if group else None,
+        "process": path,
+        "role": attrs.get("role"),
+        "host": attrs.get("host"),
+        "pid": attrs.get("pid"),
+        "partial": bool(attrs.get("partial")),
+    }
+
+
 def _empty(cols: list[str]) -> pd.DataFrame:
+    """A table with these columns and no rows."""
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
 
 
@@ -252,44 +254,8 @@ def read_io(run: Run, by: str = "file") -> pd.DataFrame:
     procs = process_groups(run)
     if by in ("task", "segment"):
         return _segments(run, procs, by)
-    rows = []
-    for path, attrs in procs.items():
-        df = _file_rows(run, path, attrs)
-        if not len(df):
-            if by == "worker":
-                rows.append(
-                    pd.DataFrame(
-                        [
-                            {
-                                **_process_columns(path, attrs),
-                                "files": 0,
-                                **dict.fromkeys(_SUMS, 0),
-                                "start": math.nan,
-                                "stop": math.nan,
-                            }
-                        ]
-                    )
-                )
-            continue
-        if by == "file":
-            for k, v in _process_columns(path, attrs).items():
-                df[k] = v
-            rows.append(df)
-        else:
-            agg = {c: df[c].sum() for c in _SUMS}
-            rows.append(
-                pd.DataFrame(
-                    [
-                        {
-                            **_process_columns(path, attrs),
-                            "files": len(df),
-                            **agg,
-                            "start": df["start"].min(),
-                            "stop": df["stop"].max(),
-                        }
-                    ]
-                )
-            )
+    rows = [_process_rows(run, path, attrs, by) for path, attrs in procs.items()]
+    rows = [r for r in rows if r is not None]
     cols = _FILE_COLS if by == "file" else _WORKER_COLS
     if not rows:
         return _empty(cols)
@@ -301,7 +267,47 @@ def read_io(run: Run, by: str = "file") -> pd.DataFrame:
     )
 
 
+def _process_rows(run: Run, path: str, attrs: Mapping[str, Any], by: str) -> pd.DataFrame | None:
+    """A process's rows of :func:`read_io`: one per file (``None`` without files), or
+    one in all (``by="worker"``)."""
+    df = _file_rows(run, path, attrs)
+    proc = _process_columns(path, attrs)
+    if by == "file":
+        if not len(df):
+            return None
+        for k, v in proc.items():
+            df[k] = v
+        return df
+    if not len(df):
+        totals = {"files": 0, **dict.fromkeys(_SUMS, 0), "start": math.nan, "stop": math.nan}
+    else:
+        totals = {
+            "files": len(df),
+            **{c: df[c].sum() for c in _SUMS},
+            "start": df["start"].min(),
+            "stop": df["stop"].max(),
+        }
+    return pd.DataFrame([{**proc, **totals}])
+
+
 def _segments(run: Run, procs: Mapping[str, Mapping[str, Any]], by: str) -> pd.DataFrame:
+    """DXT segments with their task (``by="segment"``), or summed per task."""
+    seg = _dxt_segments(run, procs)
+    if seg is None:
+        if procs:
+            raise StoreError(
+                f"the run has Darshan data but no DXT segments, so I/O cannot be split "
+                f"by {by}; run with DXT on (collect(..., darshan={{'enabled': True, "
+                "'dxt': True}), metacollect.darshan.dxt: true)"
+            )
+        return _empty(_SEG_COLS if by == "segment" else _TASK_COLS)
+    _attribute_tasks(run, seg)
+    seg = seg[_SEG_COLS].sort_values("start", ignore_index=True)
+    return seg if by == "segment" else _per_task(seg)
+
+
+def _dxt_segments(run: Run, procs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame | None:
+    """The DXT segments of every process, with the process columns (``None``: none)."""
     frames = []
     for path, attrs in procs.items():
         seg = run.table(path, "dxt")
@@ -312,21 +318,20 @@ def _segments(run: Run, procs: Mapping[str, Mapping[str, Any]], by: str) -> pd.D
             seg[k] = v
         frames.append(seg)
     if not frames:
-        if procs:
-            raise StoreError(
-                f"the run has Darshan data but no DXT segments, so I/O cannot be split "
-                f"by {by}; run with DXT on (collect(..., darshan={{'enabled': True, "
-                "'dxt': True}), metacollect.darshan.dxt: true)"
-            )
-        return _empty(_SEG_COLS if by == "segment" else _TASK_COLS)
+        return None
     seg = pd.concat(frames, ignore_index=True)
     seg["duration"] = seg["stop"] - seg["start"]
     seg["key"] = None
     seg["n_candidates"] = 0
+    return seg
+
+
+def _attribute_tasks(run: Run, seg: pd.DataFrame) -> None:
+    """Set each segment's task key (and how many tasks could have done it) from the
+    compute intervals of the tasks of its worker."""
     tasks = run.worker_table("tasks")
-    for (cluster, wgroup), idx in seg.groupby(
-        ["cluster", "worker_group"], dropna=True
-    ).groups.items():
+    groups = seg.groupby(["cluster", "worker_group"], dropna=True).groups
+    for (cluster, wgroup), idx in groups.items():
         t = tasks[(tasks["cluster"] == cluster) & (tasks["worker_group"] == wgroup)]
         t = t[
             np.isfinite(t["start"].to_numpy(dtype=float))
@@ -343,9 +348,10 @@ def _segments(run: Run, procs: Mapping[str, Mapping[str, Any]], by: str) -> pd.D
         )
         seg.loc[idx, "key"] = keys
         seg.loc[idx, "n_candidates"] = n
-    seg = seg[_SEG_COLS].sort_values("start", ignore_index=True)
-    if by == "segment":
-        return seg
+
+
+def _per_task(seg: pd.DataFrame) -> pd.DataFrame:
+    """DXT segments summed per (worker, task), the busiest first."""
     seg["bytes_read"] = np.where(seg["op"] == "read", seg["length"], 0)
     seg["bytes_written"] = np.where(seg["op"] == "write", seg["length"], 0)
     seg["reads"] = (seg["op"] == "read").astype(np.int64)
