@@ -10,7 +10,7 @@ import site
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import metacollect.config as config
@@ -178,62 +178,93 @@ def parse_config(text_or_path: str) -> dict[str, list[Any]]:
         with open(text_or_path, encoding="utf-8") as f:
             text = f.read()
     out: dict[str, list[Any]] = {}
-
-    def check_regex(rx: str, n: int) -> None:
-        try:
-            re.compile(rx.replace("[[:space:]]", r"\s"))
-        except re.error as e:
-            raise ValueError(f"line {n}: regex {rx!r} does not compile: {e}") from e
-
-    def check_modules(csv: str, n: int) -> list[str]:
-        mods = csv.split(",")
-        unknown = [m for m in mods if m not in KNOWN_MODULES]
-        if unknown:
-            raise ValueError(f"line {n}: unknown Darshan modules {unknown}")
-        return mods
-
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        tokens = line.split()
-        key, args = tokens[0], tokens[1:]
+        key, *args = line.split()
         if key not in CONFIG_KEYS:
             raise ValueError(f"line {n}: {key!r} is not a Darshan config setting")
-        if key in ("MODMEM", "NAMEMEM", "MEM_ALIGNMENT"):
-            if len(args) != 1 or not args[0].isdigit() or int(args[0]) < 1:
-                raise ValueError(f"line {n}: {key} needs one positive number, got {args}")
-            out.setdefault(key, []).append(int(args[0]))
-        elif key == "MAX_RECORDS":
-            if len(args) != 2 or not args[0].isdigit():
-                raise ValueError(
-                    f"line {n}: MAX_RECORDS needs a number and a module list, got {args}"
-                )
-            out.setdefault(key, []).append((int(args[0]), check_modules(args[1], n)))
-        elif key in ("NAME_EXCLUDE", "NAME_INCLUDE"):
-            if len(args) != 2:
-                raise ValueError(
-                    f"line {n}: {key} needs a regex list and a module list, got {args}"
-                )
-            mods = check_modules(args[1], n)
-            for rx in args[0].split(","):
-                check_regex(rx, n)
-                out.setdefault(key, []).append((rx, mods))
-        elif key in ("APP_EXCLUDE", "APP_INCLUDE"):
-            if len(args) != 1:
-                raise ValueError(
-                    f"line {n}: {key} needs one comma-separated regex list, got {args}"
-                )
-            for rx in args[0].split(","):
-                check_regex(rx, n)
-                out.setdefault(key, []).append(rx)
-        elif key in ("MOD_ENABLE", "MOD_DISABLE"):
-            if len(args) != 1:
-                raise ValueError(f"line {n}: {key} needs one module list, got {args}")
-            out.setdefault(key, []).extend(check_modules(args[0], n))
-        else:
-            out.setdefault(key, []).append(args)
+        parse = _PARSERS.get(key, _parse_other)
+        parse(out.setdefault(key, []), key, args, n)
     return out
+
+
+def _check_regex(rx: str, n: int) -> None:
+    """Fail on a regex that does not compile (Darshan's POSIX classes read as Python's)."""
+    try:
+        re.compile(rx.replace("[[:space:]]", r"\s"))
+    except re.error as e:
+        raise ValueError(f"line {n}: regex {rx!r} does not compile: {e}") from e
+
+
+def _check_modules(csv: str, n: int) -> list[str]:
+    """The modules of a comma-separated list; fail on one Darshan does not know."""
+    mods = csv.split(",")
+    unknown = [m for m in mods if m not in KNOWN_MODULES]
+    if unknown:
+        raise ValueError(f"line {n}: unknown Darshan modules {unknown}")
+    return mods
+
+
+def _parse_number(values: list[Any], key: str, args: list[str], n: int) -> None:
+    """``MODMEM``, ``NAMEMEM``, ``MEM_ALIGNMENT``: one positive number."""
+    if len(args) != 1 or not args[0].isdigit() or int(args[0]) < 1:
+        raise ValueError(f"line {n}: {key} needs one positive number, got {args}")
+    values.append(int(args[0]))
+
+
+def _parse_max_records(values: list[Any], key: str, args: list[str], n: int) -> None:
+    """``MAX_RECORDS``: a number and a module list."""
+    if len(args) != 2 or not args[0].isdigit():
+        raise ValueError(f"line {n}: MAX_RECORDS needs a number and a module list, got {args}")
+    values.append((int(args[0]), _check_modules(args[1], n)))
+
+
+def _parse_names(values: list[Any], key: str, args: list[str], n: int) -> None:
+    """``NAME_EXCLUDE``, ``NAME_INCLUDE``: a regex list and a module list."""
+    if len(args) != 2:
+        raise ValueError(f"line {n}: {key} needs a regex list and a module list, got {args}")
+    mods = _check_modules(args[1], n)
+    for rx in args[0].split(","):
+        _check_regex(rx, n)
+        values.append((rx, mods))
+
+
+def _parse_apps(values: list[Any], key: str, args: list[str], n: int) -> None:
+    """``APP_EXCLUDE``, ``APP_INCLUDE``: one comma-separated regex list."""
+    if len(args) != 1:
+        raise ValueError(f"line {n}: {key} needs one comma-separated regex list, got {args}")
+    for rx in args[0].split(","):
+        _check_regex(rx, n)
+        values.append(rx)
+
+
+def _parse_modules(values: list[Any], key: str, args: list[str], n: int) -> None:
+    """``MOD_ENABLE``, ``MOD_DISABLE``: one module list."""
+    if len(args) != 1:
+        raise ValueError(f"line {n}: {key} needs one module list, got {args}")
+    values.extend(_check_modules(args[0], n))
+
+
+def _parse_other(values: list[Any], key: str, args: list[str], n: int) -> None:
+    """Any other key: its words, unchecked."""
+    values.append(args)
+
+
+#: how :func:`parse_config` reads and checks each key's values
+_PARSERS: dict[str, Callable[[list[Any], str, list[str], int], None]] = {
+    "MODMEM": _parse_number,
+    "NAMEMEM": _parse_number,
+    "MEM_ALIGNMENT": _parse_number,
+    "MAX_RECORDS": _parse_max_records,
+    "NAME_EXCLUDE": _parse_names,
+    "NAME_INCLUDE": _parse_names,
+    "APP_EXCLUDE": _parse_apps,
+    "APP_INCLUDE": _parse_apps,
+    "MOD_ENABLE": _parse_modules,
+    "MOD_DISABLE": _parse_modules,
+}
 
 
 def write_config(path: str, text: str) -> str:
@@ -249,6 +280,7 @@ def write_config(path: str, text: str) -> str:
 
 
 def _umask() -> int:
+    """The process's umask (reading it means setting it: set it back at once)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

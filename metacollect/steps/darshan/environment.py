@@ -157,6 +157,7 @@ def has_darshan(environ: Mapping[str, str]) -> bool:
 
 
 def log_dir_of(environ: Mapping[str, str]) -> str | None:
+    """The directory a process started with ``environ`` writes its Darshan log into."""
     for name in (*FLAT_LOG_VARIABLES, "DARSHAN_LOGPATH"):
         if environ.get(name):
             return environ[name]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import NannyPlugin
@@ -78,8 +78,8 @@ class DarshanEnviron(NannyPlugin):
         self._applied: dict[str, str] = {}
 
     def setup(self, nanny: Nanny) -> None:
-        import dask
-
+        """Put the Darshan variables in the nanny's pre-spawn environment (the restart
+        that follows starts the worker under them), or say in :attr:`status` why not."""
         host = socket.gethostname()
         self.status = {
             "time": time.time(),
@@ -101,11 +101,23 @@ class DarshanEnviron(NannyPlugin):
                 detail="the worker was started under Darshan already",
             )
             return
+        env = self._environment(nanny, host)
+        if env is None:
+            self.restart = False
+            return
+        self._apply(nanny, env)
+        self.status["environment"] = env
+
+    def _environment(self, nanny: Nanny, host: str) -> dict[str, str] | None:
+        """The variables for this host, under the client's ``metacollect.darshan``
+        options (``None``, with why in :attr:`status`, when they cannot be made)."""
+        import dask
+
         current = {**os.environ, **nanny.pre_spawn_env}
         try:
             with dask.config.set({f"metacollect.darshan.{k}": v for k, v in self.options.items()}):
                 library = self.library if self.library and os.path.isfile(self.library) else None
-                env = darshan_environment(
+                return darshan_environment(
                     self.store,
                     log_dir=self.log_dir,
                     host=host,
@@ -113,14 +125,15 @@ class DarshanEnviron(NannyPlugin):
                     environ=current,
                 )
         except MetacollectError as e:
-            self.restart = False
             self.status.update(status="no-library", detail=str(e))
-            return
         except OSError as e:  # log directory not writable on this host
-            self.restart = False
             self.status.update(status="error", detail=f"{type(e).__name__}: {e}")
-            return
-        self._applied = env
+        return None
+
+    def _apply(self, nanny: Nanny, env: Mapping[str, str]) -> None:
+        """Set ``env`` in the nanny's pre-spawn environment, keeping what it replaces for
+        :meth:`teardown`."""
+        self._applied = dict(env)
         for key, value in env.items():
             self._previous[key] = os.environ.get(key)
             self._pre_spawn_previous[key] = nanny.pre_spawn_env.get(key)
@@ -128,9 +141,10 @@ class DarshanEnviron(NannyPlugin):
         # One exact log path for every process: only the first to exit would write.
         if "DARSHAN_LOGFILE" in os.environ:
             self._previous["DARSHAN_LOGFILE"] = os.environ.pop("DARSHAN_LOGFILE")
-        self.status["environment"] = env
 
     def teardown(self, nanny: Nanny) -> None:
+        """Restore the nanny's pre-spawn environment and ``os.environ`` where they still
+        hold what :meth:`setup` put there."""
         for key, value in self._applied.items():
             before = self._pre_spawn_previous.get(key)
             if nanny.pre_spawn_env.get(key) == value:

@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import metacollect.config as config
@@ -52,6 +52,7 @@ class Library:
 
 
 def _library_in(directory: str) -> str | None:
+    """``libdarshan.so`` (or a versioned one) in ``directory``."""
     for name in (LIBRARY, f"{LIBRARY}.0"):
         path = os.path.join(directory, name)
         if os.path.isfile(path):
@@ -61,6 +62,7 @@ def _library_in(directory: str) -> str | None:
 
 
 def _darshan_config_bin(environ: Mapping[str, str]) -> str | None:
+    """``darshan-config`` on the environment's ``PATH``."""
     return shutil.which("darshan-config", path=environ.get("PATH"))
 
 
@@ -89,46 +91,85 @@ def find_library(library: str | None = None, environ: Mapping[str, str] | None =
     env = os.environ if environ is None else environ
     library = config.get("darshan.library", library)
     if library:
-        path = os.path.abspath(os.path.expanduser(str(library)))
-        if os.path.isdir(path):
-            found = _library_in(path) or _library_in(os.path.join(path, "lib"))
-            if found:
-                return Library(found, "config")
-        if os.path.isfile(path):
-            return Library(path, "config")
-        raise DarshanNotFoundError(
-            f"metacollect.darshan.library = {library} does not exist; set it to the "
-            "path of libdarshan.so (e.g. $DARSHAN_ROOT/lib/libdarshan.so after "
-            "`module load darshan`)"
-        )
+        return _configured(str(library))
     looked: list[str] = []
+    for search, where in _SEARCHES:
+        found = search(env)
+        if found is not None:
+            return found
+        looked.append(where)
+    raise DarshanNotFoundError(
+        f"Darshan is on but no {LIBRARY} was found (looked at {', '.join(looked)}); "
+        "load your site's module (`module load darshan`) or set "
+        f"metacollect.darshan.library to the path of {LIBRARY} "
+        f"(DASK_METACOLLECT__DARSHAN__LIBRARY=/path/to/{LIBRARY}); the run goes on "
+        "without I/O capture"
+    )
+
+
+def _configured(library: str) -> Library:
+    """The library ``metacollect.darshan.library`` names: a file, or a directory (or its
+    ``lib``) holding it; it must exist."""
+    path = os.path.abspath(os.path.expanduser(library))
+    if os.path.isdir(path):
+        found = _library_in(path) or _library_in(os.path.join(path, "lib"))
+        if found:
+            return Library(found, "config")
+    if os.path.isfile(path):
+        return Library(path, "config")
+    raise DarshanNotFoundError(
+        f"metacollect.darshan.library = {library} does not exist; set it to the "
+        "path of libdarshan.so (e.g. $DARSHAN_ROOT/lib/libdarshan.so after "
+        "`module load darshan`)"
+    )
+
+
+def _in_preload(env: Mapping[str, str]) -> Library | None:
+    """A Darshan library ``LD_PRELOAD`` names already."""
     for entry in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")):
         if "libdarshan" in os.path.basename(entry) and os.path.isfile(entry):
             return Library(os.path.abspath(entry), "LD_PRELOAD")
-    looked.append("LD_PRELOAD")
+    return None
+
+
+def _in_roots(env: Mapping[str, str]) -> Library | None:
+    """The library below the prefix a site's Darshan module sets (``DARSHAN_ROOT``, ...)."""
     for var in ROOT_VARIABLES:
         root = env.get(var)
-        if root:
-            for sub in ("lib", "lib64", ""):
-                found = _library_in(os.path.join(root, sub))
-                if found:
-                    return Library(found, f"${var}")
-    looked.append("$" + "/$".join(v.removeprefix("DARSHAN_") for v in ROOT_VARIABLES[:2]) + "...")
-    darshan_config = _darshan_config_bin(env)
-    if darshan_config:
-        prefix = os.path.dirname(os.path.dirname(os.path.realpath(darshan_config)))
-        for sub in ("lib", "lib64"):
-            found = _library_in(os.path.join(prefix, sub))
+        if not root:
+            continue
+        for sub in ("lib", "lib64", ""):
+            found = _library_in(os.path.join(root, sub))
             if found:
-                return Library(found, "darshan-config")
-    looked.append("darshan-config on PATH")
+                return Library(found, f"${var}")
+    return None
+
+
+def _in_darshan_config(env: Mapping[str, str]) -> Library | None:
+    """The library of the install whose ``darshan-config`` is on ``PATH``."""
+    darshan_config = _darshan_config_bin(env)
+    if not darshan_config:
+        return None
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(darshan_config)))
+    for sub in ("lib", "lib64"):
+        found = _library_in(os.path.join(prefix, sub))
+        if found:
+            return Library(found, "darshan-config")
+    return None
+
+
+def _in_library_path(env: Mapping[str, str]) -> Library | None:
+    """The library in a directory of ``LD_LIBRARY_PATH`` or ``LIBRARY_PATH``."""
     for var in ("LD_LIBRARY_PATH", "LIBRARY_PATH"):
         for directory in env.get(var, "").split(":"):
-            if directory:
-                found = _library_in(directory)
-                if found:
-                    return Library(found, f"${var}")
-    looked.append("LD_LIBRARY_PATH")
+            found = _library_in(directory) if directory else None
+            if found:
+                return Library(found, f"${var}")
+    return None
+
+
+def _in_system(env: Mapping[str, str]) -> Library | None:
+    """The library in a system library directory."""
     multiarch = sysconfig.get_config_var("MULTIARCH") or ""
     system = ["/usr/local/lib", "/usr/local/lib64", "/usr/lib64", "/usr/lib"]
     if multiarch:
@@ -137,14 +178,20 @@ def find_library(library: str | None = None, environ: Mapping[str, str] | None =
         found = _library_in(directory)
         if found:
             return Library(found, "system")
-    looked.append("/usr/lib, /usr/local/lib")
-    raise DarshanNotFoundError(
-        f"Darshan is on but no {LIBRARY} was found (looked at {', '.join(looked)}); "
-        "load your site's module (`module load darshan`) or set "
-        f"metacollect.darshan.library to the path of {LIBRARY} "
-        f"(DASK_METACOLLECT__DARSHAN__LIBRARY=/path/to/{LIBRARY}); the run goes on "
-        "without I/O capture"
-    )
+    return None
+
+
+#: where :func:`find_library` looks, in order, and how its message names each place
+_SEARCHES: tuple[tuple[Callable[[Mapping[str, str]], Library | None], str], ...] = (
+    (_in_preload, "LD_PRELOAD"),
+    (
+        _in_roots,
+        "$" + "/$".join(v.removeprefix("DARSHAN_") for v in ROOT_VARIABLES[:2]) + "...",
+    ),
+    (_in_darshan_config, "darshan-config on PATH"),
+    (_in_library_path, "LD_LIBRARY_PATH"),
+    (_in_system, "/usr/lib, /usr/local/lib"),
+)
 
 
 def site_log_variables(environ: Mapping[str, str] | None = None) -> list[str]:
