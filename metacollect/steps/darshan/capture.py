@@ -1,0 +1,281 @@
+"""Darshan for one :func:`metacollect.collect` session: the environment at start, a
+graceful shutdown (Darshan writes its log at process exit) and the ingestion."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import metacollect.config as config
+from metacollect.errors import ConfigError
+from metacollect.steps.darshan.ingestion import IngestResult, darshan_group_attrs, ingest
+from metacollect.steps.darshan.nanny import (
+    PLUGIN_NAME,
+    DarshanEnviron,
+    nanny_status,
+    worker_identity,
+)
+from metacollect.steps.darshan.runtime import DarshanNotFoundError, default_log_dir, find_library
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from metacollect.store.writer import GroupWriter, StoreWriter
+
+
+def wait_processes_gone(pids: Iterable[int], timeout: float, poll: float = 0.1) -> list[int]:
+    """Wait until the local processes ``pids`` have exited; return those alive."""
+    import psutil
+
+    pending = {int(p) for p in pids}
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending = {p for p in pending if _alive(psutil, p)}
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    return sorted(pending)
+
+
+def _alive(psutil: Any, pid: int) -> bool:
+    """Whether a process runs (a zombie has exited)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class DarshanCapture:
+    """Darshan for one :func:`metacollect.collect` session: environment at start,
+    graceful shutdown and ingestion at the end. Made by :func:`start`; everything it
+    meets goes to the ``darshan`` group (and the ``job`` group's errors when there is no
+    library)."""
+
+    def __init__(self, client: Client, store: str, writer: StoreWriter) -> None:
+        self.client = client
+        self.store = store
+        self.writer = writer
+        self.options = dict(config.get("darshan"))
+        self.log_dir: str | None = None
+        self.log_dirs: list[str] = []
+        self.registered = False
+        #: the workers run under Darshan (restarted by the plugin, or started so): shut
+        #: them down gracefully and ingest their logs at the end
+        self.active = False
+        self.group: GroupWriter | None = None
+
+    def start(self) -> None:
+        """Give the workers the environment (restarting them when they lack it)."""
+        try:
+            self.log_dir = log_dir = default_log_dir(self.store)
+        except ConfigError as e:
+            self._fail("log directory", str(e))
+            return
+        self.log_dirs = [log_dir]
+        group = self._darshan_group()
+        workers = self._workers()
+        already = self._started_under_darshan(workers)
+        if workers and len(already) == len(workers):
+            group.set_attrs(delivery="already", environment=next(iter(workers.values()))["env"])
+            self.active = True
+            self.writer.flush()
+            return
+        statuses = self._restart_workers(group, log_dir, already)
+        if statuses is None:
+            return
+        self._record_nannies(statuses)
+        self._check_workers(group)
+        self.writer.flush()
+
+    def _darshan_group(self) -> GroupWriter:
+        """The ``darshan`` group of the run (made on first use)."""
+        if self.group is None:
+            dxt = bool(self.options.get("dxt"))
+            attrs = darshan_group_attrs(self.log_dir, enabled=True, dxt=dxt)
+            self.group = self.writer.group("darshan", attrs=attrs)
+        return self.group
+
+    def _started_under_darshan(self, workers: Mapping[str, Mapping[str, Any]]) -> set[str]:
+        """Workers started under Darshan (pre-spawn environ, jobqueue prologue, export
+        lines); their log directories are ingested too."""
+        already = {a for a, w in workers.items() if w["darshan"]}
+        for a in already:
+            base = os.path.dirname(str(workers[a]["log_dir"] or "").rstrip("/"))
+            if base and base not in self.log_dirs:
+                self.log_dirs.append(base)
+        return already
+
+    def _restart_workers(
+        self, group: GroupWriter, log_dir: str, already: set[str]
+    ) -> dict[str, dict[str, Any]] | None:
+        """Register the nanny plugin that restarts the other workers under Darshan, and
+        return what each nanny did (``None``, recorded, when that cannot be done)."""
+        try:
+            lib = find_library()
+        except DarshanNotFoundError as e:
+            self._fail("library", str(e))
+            return None
+        group.set_attrs(library=lib.path, library_source=lib.source)
+        try:
+            plugin = DarshanEnviron(log_dir, lib.path, self.options, self.store, skip=already)
+            self.client.register_plugin(plugin, name=PLUGIN_NAME)
+            self.registered = self.active = True
+            statuses: dict[str, dict[str, Any]] = self.client.run(nanny_status, nanny=True)
+        except Exception as e:  # the run goes on without I/O capture
+            group.record_error("nanny plugin", e)
+            self.writer.flush()
+            return None
+        return statuses
+
+    def _check_workers(self, group: GroupWriter) -> None:
+        """Whether the workers run under Darshan now; errors for those that do not."""
+        workers = self._workers()
+        # nothing to retire or ingest when no worker runs under Darshan (no nannies, no
+        # library on their hosts): leave the cluster as it is
+        self.active = any(w["darshan"] for w in workers.values())
+        without_nanny = [
+            a
+            for a, info in self.client.scheduler_info(n_workers=-1)["workers"].items()
+            if not info.get("nanny")
+        ]
+        for addr in without_nanny:
+            group.record_error(
+                "environment",
+                f"worker {addr} has no nanny, so its process cannot be restarted under "
+                "Darshan; start workers with nannies, or under the environment of "
+                "metacollect.steps.darshan.darshan_environment() "
+                "(distributed.nanny.pre-spawn-environ, a jobqueue "
+                "job_script_prologue, or export lines in the batch script)",
+            )
+        missing = [a for a, w in workers.items() if not w["darshan"] and a not in without_nanny]
+        if missing:
+            group.record_error(
+                "environment",
+                f"workers {sorted(missing)} did not start under Darshan; "
+                "see the darshan/nannies table for why",
+            )
+
+    def _fail(self, where: str, message: str) -> None:
+        """Record why the capture cannot run, in the ``job`` and ``darshan`` groups."""
+        self.writer.group("job").record_error(f"darshan {where}", message)
+        self._darshan_group().tables["errors"].append(
+            {"time": [time.time()], "where": [where], "what": [message], "why": [""]}
+        )
+        self.writer.flush()
+
+    def _workers(self) -> dict[str, dict[str, Any]]:
+        """Each worker's :func:`worker_identity` (none, recorded, when that fails)."""
+        try:
+            return self.client.run(worker_identity)
+        except Exception as e:
+            if self.group is not None:
+                self.group.record_error("workers", e)
+            return {}
+
+    def _record_nannies(self, statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        """What each nanny did: the ``darshan/nannies`` table, the delivery, the log
+        directories of workers started so already, errors of nannies that could not."""
+        rows = [s for s in statuses.values() if s]
+        if not rows or self.group is None:
+            return
+        self.group.append(
+            "nannies",
+            {
+                "time": [r.get("time", time.time()) for r in rows],
+                "address": [r.get("address") for r in rows],
+                "host": [r.get("host") for r in rows],
+                "pid": [int(r.get("pid", -1)) for r in rows],
+                "log_dir": [r.get("log_dir") or "" for r in rows],
+                "status": [r.get("status") for r in rows],
+                "detail": [r.get("detail") or "" for r in rows],
+            },
+        )
+        self.group.set_attrs(**_delivery(rows))
+        for r in rows:
+            if r.get("status") == "already" and r.get("log_dir"):
+                base = os.path.dirname(str(r["log_dir"]).rstrip("/"))
+                if base not in self.log_dirs:
+                    self.log_dirs.append(base)
+            if r.get("status") in ("no-library", "error"):
+                self.group.record_error(
+                    f"nanny {r.get('address')}", f"{r.get('host')}: {r.get('detail')}"
+                )
+
+    def shutdown(self, retire: Callable[[float], list[str]] | None) -> list[str]:
+        """Retire the workers and wait until their processes are gone (Darshan writes
+        its log at exit). Returns the problems met.
+
+        Parameters
+        ----------
+        retire
+            Retires the cluster's workers gracefully within a timeout and returns the
+            problems met (the session's; ``None`` when a jobqueue recorder did already).
+        """
+        if not self.active:  # Darshan never ran in the workers: leave them be
+            return []
+        timeout = config.interval("darshan.shutdown-timeout")
+        problems: list[str] = []
+        try:
+            identities = self.client.run(worker_identity) if retire is not None else {}
+        except Exception as e:
+            identities = {}
+            problems.append(f"darshan: worker pids: {type(e).__name__}: {e}")
+        if retire is not None:
+            problems.extend(retire(timeout))
+        here = socket.gethostname()
+        local = [
+            w["pid"] for w in identities.values() if w["host"] == here and w["pid"] != os.getpid()
+        ]
+        alive = wait_processes_gone(local, timeout)
+        if alive:
+            problems.append(
+                f"darshan: worker processes {alive} still alive {timeout:g} s after "
+                "retiring; their logs may be missing (look for mmap logs)"
+            )
+        if self.registered:
+            with contextlib.suppress(Exception):  # gone with the nannies already
+                self.client.unregister_worker_plugin(PLUGIN_NAME, nanny=True)
+        return problems
+
+    def ingest(self) -> IngestResult | None:
+        """Ingest the run's logs into the store (after :meth:`shutdown`)."""
+        if not self.active or not self.log_dirs:
+            return None
+        self.writer.flush()
+        result = IngestResult()
+        for directory in self.log_dirs:
+            if os.path.isdir(directory):
+                result.merge(ingest(self.store, directory, writer=self.writer))
+        return result
+
+
+def _delivery(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``darshan`` group's delivery attrs from what the nannies did: the plugin's
+    environment, workers started under Darshan already, or none."""
+    applied = [r for r in rows if r.get("environment")]
+    if applied:
+        env = applied[0]["environment"]
+        return {
+            "delivery": "nanny-plugin",
+            "environment": env,
+            "config_file": env.get("DARSHAN_CONFIG_PATH"),
+        }
+    already = any(r.get("status") == "already" for r in rows)
+    return {"delivery": "already" if already else "none"}
+
+
+def start(client: Client, store: str, writer: StoreWriter) -> DarshanCapture | None:
+    """The Darshan capture of a :func:`metacollect.collect` session, or ``None`` when
+    ``metacollect.darshan.enabled`` is off."""
+    if not config.get("darshan.enabled"):
+        return None
+    capture = DarshanCapture(client, store, writer)
+    try:
+        capture.start()
+    except Exception as e:  # never lose the run over I/O capture
+        capture._fail("start", f"{type(e).__name__}: {e}")
+    return capture

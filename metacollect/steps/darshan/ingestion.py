@@ -1,0 +1,371 @@
+"""Ingestion: every log of a run into the store, one ``process`` group per log (a
+worker's own, or under ``processes/``), with a row per log in ``darshan/logs``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from metacollect.steps.darshan.logs import LogFile, ReadResult, find_logs, read_logs
+from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
+from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
+from metacollect.store.schema import safe_name
+from metacollect.store.zarrio import open_group
+
+if TYPE_CHECKING:
+    from metacollect.store.writer import GroupWriter, StoreWriter
+
+logger = logging.getLogger(__name__)
+
+#: the columns of ``darshan/logs``: one row per log met, ingested or not
+LOG_COLUMNS = (
+    "time",
+    "path",
+    "host",
+    "pid",
+    "jobid",
+    "kind",
+    "role",
+    "group",
+    "status",
+    "reason",
+    "size",
+    "records",
+    "seconds",
+)
+
+
+@dataclass
+class IngestResult:
+    """What :func:`ingest` did: counts and the store groups it wrote."""
+
+    found: int = 0
+    ingested: int = 0
+    partial: int = 0
+    errors: int = 0
+    skipped: int = 0
+    groups: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def merge(self, other: IngestResult) -> None:
+        """Add another ingestion's counts and groups to these."""
+        for name in ("found", "ingested", "partial", "errors", "skipped"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.groups += other.groups
+        self.problems += other.problems
+
+
+def darshan_group_attrs(log_dir: str | None, *, enabled: bool, dxt: bool) -> dict[str, Any]:
+    """The ``darshan`` group's attrs before a library or a delivery is known."""
+    return {
+        "enabled": enabled,
+        "library": None,
+        "library_source": "",
+        "log_dir": log_dir,
+        "dxt": dxt,
+        "environment": {},
+        "config_file": None,
+        "delivery": "none",
+    }
+
+
+def ingest(
+    store: str | os.PathLike[str],
+    log_dir: str | os.PathLike[str],
+    host: str | None = None,
+    *,
+    writer: StoreWriter | None = None,
+    timeout: float = 120.0,
+    echo: Any = None,
+) -> IngestResult:
+    """Ingest every Darshan log below ``log_dir`` into the store.
+
+    Each log is mapped by (host, pid) to a worker of the run (its group gets a
+    ``process`` child), or to a nanny, scheduler, client or a worker's forked child,
+    else kept as an unattributed process under ``processes/``. mmap logs (killed
+    processes) and ``*.darshan_partial`` logs are ingested and marked partial; a log
+    that cannot be read is an error row (``darshan/errors`` and ``darshan/logs``) and
+    the others still go in. Logs already ingested are skipped.
+
+    Parameters
+    ----------
+    store
+        A metacollect store (the run the logs belong to).
+    log_dir
+        Directory of the logs, searched recursively (``<log_dir>/<host>/...`` names the
+        host).
+    host
+        Host of every log below ``log_dir`` (when the layout does not say it).
+    writer
+        The store writer to use (the orchestrator's); a new one by default.
+    timeout
+        Seconds reading a single log may take.
+    echo
+        Called with a progress line now and then (the CLI prints them).
+
+    Returns
+    -------
+    IngestResult
+
+    Examples
+    --------
+    >>> ingest("runs/a.zarr", "runs/a.zarr.darshan")   # doctest: +SKIP
+    IngestResult(found=5, ingested=5, ...)
+    """
+    from metacollect.store.writer import StoreWriter
+
+    store = os.fspath(store)
+    log_dir = os.fspath(log_dir)
+    writer = writer or StoreWriter(store)
+    logs = find_logs(log_dir, host)
+    already = _ingested(store)
+    known, groups = known_processes(store)
+    run = _Ingestion(writer, _darshan_attrs(store, log_dir), known, groups, len(logs))
+    run.skip_ingested(lg for lg in logs if lg.path in already)
+    todo = [lg for lg in logs if lg.path not in already]
+    if echo and todo:
+        echo(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
+    read = read_logs([lg.path for lg in todo], timeout=timeout)
+    # final logs first: a worker's own group takes its complete log over an mmap copy
+    for i in sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path)):
+        run.add(todo[i], read[i])
+    run.finish()
+    writer.flush()
+    _update_levels(store)
+    result = run.result
+    if echo:
+        echo(
+            f"{result.ingested} ingested ({result.partial} partial), "
+            f"{result.errors} unreadable, "
+            f"{result.skipped} skipped, of {result.found} logs"
+        )
+    return result
+
+
+class _Ingestion:
+    """One ingestion under way: the groups taken, the ``darshan/logs`` rows, the counts."""
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        attrs: dict[str, Any],
+        known: list[Known],
+        groups: set[str],
+        found: int,
+    ) -> None:
+        self.writer = writer
+        self.darshan = writer.group("darshan", attrs=attrs)
+        self.known = known
+        #: process groups of the store, those there before and those written now
+        self.groups = groups
+        #: (host, pid) -> the group that took a log of that process
+        self.taken: dict[tuple[str | None, int], str] = {}
+        self.rows: dict[str, list[Any]] = {k: [] for k in LOG_COLUMNS}
+        self.result = IngestResult(found=found)
+
+    def row(
+        self,
+        lg: LogFile,
+        host: str | None,
+        role: str,
+        group: str,
+        status: str,
+        reason: str,
+        records: int = 0,
+        seconds: float = 0.0,
+    ) -> None:
+        """Add a log's row to ``darshan/logs``."""
+        pid = lg.pid if lg.pid is not None else -1
+        values = (
+            *(time.time(), lg.path, host, pid, lg.jobid, lg.kind, role, group, status),
+            *(reason, lg.size, records, seconds),
+        )
+        for k, v in zip(self.rows, values, strict=True):
+            self.rows[k].append(v)
+
+    def skip_ingested(self, logs: Iterable[LogFile]) -> None:
+        """Logs a previous ingestion put in already."""
+        for lg in logs:
+            self.result.skipped += 1
+            self.row(lg, lg.host, "", "", "skipped", "already ingested")
+
+    def add(self, lg: LogFile, res: ReadResult) -> None:
+        """One log read by the child process: into its process group, or a row saying why
+        not."""
+        if res.error is not None:
+            self._unreadable(lg, res)
+            return
+        host = _host_of(lg, res)
+        match, role = match_log(lg, res.meta, self.known, host)
+        if match is not None and host is None:
+            host = match.host
+        key = (host, lg.pid if lg.pid is not None else -1)
+        if lg.kind != "final" and key in self.taken and lg.pid is not None:
+            reason = f"the complete log of the same process went into {self.taken[key]}"
+            self.row(lg, host, role, self.taken[key], "skipped", reason, 0, res.seconds)
+            self.result.skipped += 1
+            return
+        reasons = partial_reasons(lg, res)
+        attrs = process_attrs(lg, res, match, role, host, reasons)
+        gw = self._group_for(lg, match, host, attrs, reasons)
+        self.groups.add(gw.path)
+        written = self._write(lg, res, gw, host, attrs)
+        if written is None:
+            return
+        self.taken[key] = gw.path
+        self._ingested(lg, res, gw.path, host, attrs["role"], reasons, written)
+
+    def _unreadable(self, lg: LogFile, res: ReadResult) -> None:
+        """A log the child process could not read: an error and its row."""
+        reason = res.error or ""
+        if res.messages:
+            reason += " (libdarshan-util: " + "; ".join(res.messages[-4:]) + ")"
+        self.darshan.record_error(
+            f"ingest {lg.path}", f"cannot read Darshan log {lg.label}: {reason}"
+        )
+        self.row(lg, lg.host, "", "", "error", reason, 0, res.seconds)
+        self.result.errors += 1
+
+    def _group_for(
+        self,
+        lg: LogFile,
+        match: Known | None,
+        host: str | None,
+        attrs: dict[str, Any],
+        reasons: list[str],
+    ) -> GroupWriter:
+        """The group a log goes into: its worker's ``process`` group when that is free,
+        else a new group under ``processes/``."""
+        if attrs["role"] == "worker":
+            if match is not None and match.group and f"{match.group}/process" not in self.groups:
+                parts = match.group.split("/")
+                return self.writer.group(
+                    "worker_process", attrs=attrs, cluster=parts[1], worker=parts[3]
+                )
+            # a second log for one worker (pid reuse, copies): keep it apart
+            attrs["role"] = "unattributed"
+            reasons.append("another log of this worker's pid is in its process group")
+            attrs.update(partial=True, partial_reason="; ".join(reasons))
+        return self.writer.group("process", attrs=attrs, process=self._process_name(lg, host))
+
+    def _process_name(self, lg: LogFile, host: str | None) -> str:
+        """A name under ``processes/`` no group has: host and pid (or job id, or log
+        name), numbered when taken."""
+        if lg.pid is not None:
+            ident: int | str = lg.pid
+        elif lg.jobid >= 0:
+            ident = lg.jobid
+        else:
+            ident = os.path.basename(lg.path).split(".darshan")[0]
+        base = safe_name(f"{host or 'unknown'}-{ident}")
+        name, n = base, 1
+        while f"processes/{name}" in self.groups:
+            n += 1
+            name = f"{base}-{n}"
+        return name
+
+    def _write(
+        self,
+        lg: LogFile,
+        res: ReadResult,
+        gw: GroupWriter,
+        host: str | None,
+        attrs: dict[str, Any],
+    ) -> int | None:
+        """Write a log's tables into its group; ``None`` (and an error row) when that
+        fails - one bad log must not stop the others."""
+        try:
+            records = write_process(gw, res, attrs["start_time"])
+            gw.flush()
+        except Exception as e:
+            gw.record_error("ingest", e)
+            self.darshan.record_error(f"ingest {lg.path}", e)
+            reason = f"{type(e).__name__}: {e}"
+            self.row(lg, host, attrs["role"], gw.path, "error", reason, 0, res.seconds)
+            self.result.errors += 1
+            return None
+        return records
+
+    def _ingested(
+        self,
+        lg: LogFile,
+        res: ReadResult,
+        group: str,
+        host: str | None,
+        role: str,
+        reasons: list[str],
+        records: int,
+    ) -> None:
+        """Count an ingested log and add its row; an incomplete final log is an error too."""
+        if reasons:
+            self.result.partial += 1
+            if lg.kind == "final":
+                self.darshan.record_error(
+                    f"ingest {lg.path}", f"{lg.label} is incomplete: {'; '.join(reasons)}"
+                )
+        reason = "; ".join(reasons)
+        self.row(lg, host, role, group, "ingested", reason, records, res.seconds)
+        self.result.ingested += 1
+        self.result.groups.append(group)
+
+    def finish(self) -> None:
+        """Append the ``darshan/logs`` rows and flush the ``darshan`` group."""
+        if self.rows["path"]:
+            self.darshan.append("logs", self.rows)
+        self.darshan.flush()
+
+
+def _host_of(lg: LogFile, res: ReadResult) -> str | None:
+    """A log's host: from its directory, else from its DXT segments."""
+    if lg.host is None and "dxt.hostname" in res.arrays and len(res.arrays["dxt.hostname"]):
+        return str(res.arrays["dxt.hostname"][0]) or None
+    return lg.host
+
+
+def _ingested(store: str) -> set[str]:
+    """Logs already ingested into the store."""
+    ingested: set[str] = set()
+    with contextlib.suppress(Exception):
+        (paths, status), codes = table_columns(open_group(store), "logs", ("path", "status"))
+        for p, st in zip(paths, status, strict=True):
+            if 0 <= st < len(codes) and codes[st] == "ingested":
+                ingested.add(str(p))
+    return ingested
+
+
+def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:
+    """Attrs of the ``darshan`` group for an ingestion without a capture session (the
+    CLI); none when the store has the group already."""
+    try:
+        if "darshan" in open_group(store):
+            return {}
+    except Exception:
+        pass
+    return darshan_group_attrs(os.path.abspath(log_dir), enabled=False, dxt=False)
+
+
+def _update_levels(store: str) -> None:
+    """Keep a finalised store whole after groups were added to it: its levels index and,
+    where the store keeps it, its consolidated metadata."""
+    from metacollect.store.lifecycle import consolidate, levels_index
+    from metacollect.store.writer import read_nodes
+
+    try:
+        root = open_group(store, mode="a")
+        if root.attrs.get("status") == "complete":
+            nodes = read_nodes(root)  # one read serves the index, the trim and the seal
+            consolidate(root, nodes, {"levels": levels_index(root, nodes)})
+    except Exception as e:  # the ingested rows are in; only the index may be stale
+        logger.warning(
+            "metacollect: the levels index of %s was not refreshed after the Darshan "
+            "ingest (%s: %s); run 'metacollect ingest darshan STORE' again to refresh it "
+            "(it skips the logs already in)",
+            store,
+            type(e).__name__,
+            e,
+        )

@@ -1,0 +1,330 @@
+"""Darshan logs on disk: what their names say, finding them below a directory, and
+reading them with pydarshan in child processes (:mod:`.log_reader`), so that a log
+that crashes libdarshan-util costs only that log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from metacollect.steps.darshan.log_reader import LOG_MARK
+
+_FINAL = re.compile(
+    r"^(?P<prefix>.+)_id(?P<jobid>\d+)(?:-(?P<pid>\d+))?_(?P<month>\d+)-(?P<day>\d+)-(?P<secs>\d+)-"
+    r"(?P<logmod>\d+)(?:_(?P<n>\d+)\.darshan|(?P<partial>\.darshan_partial))$"
+)
+_MMAP = re.compile(
+    r"^(?P<prefix>.+)_id(?P<jobid>\d+)_mmap-log-(?P<logmod>\d+)-(?P<rank>\d+)\.darshan$"
+)
+
+
+@dataclass
+class LogFile:
+    """A Darshan log found on disk, with what its name and place say."""
+
+    path: str
+    kind: str  # final, mmap, partial
+    host: str | None
+    pid: int | None
+    jobid: int
+    exe: str
+    size: int
+    pid_source: str = "name"
+
+    @property
+    def label(self) -> str:
+        """The log's file name."""
+        return os.path.basename(self.path)
+
+
+def parse_log_name(name: str) -> dict[str, Any] | None:
+    """What a Darshan log file name says: kind, jobid, pid, exe (``None``: not a log
+    name).
+
+    Final logs are ``<user>_<exe>_id<jobid>-<pid>_<M>-<D>-<secs>-<hash>_<n>.darshan``
+    (MPI and older builds: no ``-<pid>``); a log being written ends in
+    ``.darshan_partial``; a killed process leaves
+    ``<user>_<exe>_id<jobid>_mmap-log-<hash>-<rank>.darshan``, whose job id is the pid
+    under metacollect's environment."""
+    m = _MMAP.match(name)
+    if m:
+        return {
+            "kind": "mmap",
+            "jobid": int(m["jobid"]),
+            "pid": int(m["jobid"]),
+            "pid_source": "jobid",
+            "exe": m["prefix"].split("_", 1)[-1],
+        }
+    m = _FINAL.match(name)
+    if m:
+        pid = int(m["pid"]) if m["pid"] else None
+        return {
+            "kind": "partial" if m["partial"] else "final",
+            "jobid": int(m["jobid"]),
+            "pid": pid,
+            "pid_source": "name" if pid is not None else "none",
+            "exe": m["prefix"].split("_", 1)[-1],
+        }
+    if name.endswith((".darshan", ".darshan_partial")):
+        return {
+            "kind": "partial" if name.endswith("_partial") else "final",
+            "jobid": -1,
+            "pid": None,
+            "pid_source": "none",
+            "exe": "",
+        }
+    return None
+
+
+def find_logs(log_dir: str, host: str | None = None) -> list[LogFile]:
+    """Every Darshan log below ``log_dir`` (final, ``*.darshan_partial`` and mmap logs).
+
+    The host of a log is ``host`` when given, else the first directory below ``log_dir``
+    (metacollect's ``<log_dir>/<host>/`` layout; ``YYYY`` dates are not hosts)."""
+    out = []
+    root = os.path.abspath(log_dir)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        where = host or _host_dir(root, dirpath)
+        for name in sorted(filenames):
+            info = parse_log_name(name)
+            if info is not None:
+                out.append(_log_file(os.path.join(dirpath, name), info, where))
+    return out
+
+
+def _host_dir(root: str, dirpath: str) -> str | None:
+    """The host a directory below ``root`` is of: its first part, unless that is a year."""
+    rel = os.path.relpath(dirpath, root)
+    first = rel.split(os.sep)[0] if rel != "." else None
+    if first is not None and re.fullmatch(r"\d{4}", first):
+        return None
+    return first
+
+
+def _log_file(path: str, info: Mapping[str, Any], host: str | None) -> LogFile:
+    """A log found at ``path``, with what its name says (:func:`parse_log_name`)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = -1
+    return LogFile(
+        path=path,
+        kind=info["kind"],
+        host=host,
+        pid=info["pid"],
+        jobid=info["jobid"],
+        exe=info["exe"],
+        size=size,
+        pid_source=info["pid_source"],
+    )
+
+
+@dataclass
+class ReadResult:
+    """A log read by the child process: its arrays and metadata, or why it could not be
+    read."""
+
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: str | None = "not read"
+    messages: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _reader_env() -> dict[str, str]:
+    """The reader's environment: never under Darshan (it would log its own reads)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARSHAN_")}
+    preload = [
+        p for p in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")) if p and "libdarshan" not in p
+    ]
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload)
+    else:
+        env.pop("LD_PRELOAD", None)
+    env["DARSHAN_DISABLE"] = "1"
+    return env
+
+
+def _signal_name(code: int) -> str:
+    """The name of the signal a negative exit status stands for."""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def read_logs(
+    paths: Sequence[str], timeout: float = 120.0, workers: int | None = None
+) -> list[ReadResult]:
+    """Read Darshan logs with pydarshan in child processes, so that a log that crashes
+    libdarshan-util (truncated logs do: segfaults, failed asserts) costs only that log.
+
+    Parameters
+    ----------
+    paths
+        Log files.
+    timeout
+        Seconds a single log may take.
+    workers
+        Child processes reading in parallel (default: up to 4).
+
+    Returns
+    -------
+    list of ReadResult
+        In the order of ``paths``; ``error`` says why a log could not be read,
+        ``messages`` holds what libdarshan-util printed while reading it.
+    """
+    results = [ReadResult() for _ in paths]
+    if not paths:
+        return results
+    n = max(1, min(workers or min(4, os.cpu_count() or 1), len(paths)))
+    chunks = [list(range(len(paths)))[k::n] for k in range(n)]
+    with tempfile.TemporaryDirectory(prefix="metacollect-darshan-") as out_dir:
+        threads = [
+            threading.Thread(
+                target=_read_chunk_guarded,
+                args=(paths, c, results, out_dir, timeout),
+                daemon=True,
+            )
+            for c in chunks
+            if c
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return results
+
+
+def _read_chunk_guarded(
+    paths: Sequence[str],
+    todo: list[int],
+    results: list[ReadResult],
+    out_dir: str,
+    timeout: float,
+) -> None:
+    """:func:`_read_chunk` in a thread: a failure marks the chunk's logs unread, with why."""
+    try:
+        _read_chunk(paths, todo, results, out_dir, timeout)
+    except Exception as e:  # e.g. no Python to start: every log of the chunk says why
+        for i in todo:
+            if results[i].error == "not read":
+                results[i].error = f"the reader could not run: {type(e).__name__}: {e}"
+
+
+def _text(data: bytes | str | None) -> str:
+    """A child's output as text."""
+    if isinstance(data, bytes):
+        return data.decode("utf-8", errors="replace")  # the C library prints what it read
+    return data or ""
+
+
+def _read_chunk(
+    paths: Sequence[str],
+    todo: list[int],
+    results: list[ReadResult],
+    out_dir: str,
+    timeout: float,
+) -> None:
+    """Read the logs ``todo`` in one child; when it dies (or hangs) on a log, blame that
+    log and start another child on the rest."""
+    from metacollect.steps.darshan import log_reader
+
+    # -P: the script's directory (this package's modules) must not shadow pydarshan's
+    cmd = [sys.executable, "-P", os.path.abspath(log_reader.__file__), out_dir]
+    while todo:
+        started = time.monotonic()
+        payload = json.dumps([(i, paths[i]) for i in todo]).encode()
+        stdout, stderr, code, timed_out = _run_reader(cmd, payload, timeout * len(todo) + 30)
+        elapsed = time.monotonic() - started
+        done = _collect_reports(stdout, results, out_dir)
+        _collect_messages(stderr, results)
+        rest = [i for i in todo if i not in done]
+        per_log = elapsed / max(len(done) + (1 if rest else 0), 1)
+        for i in done:
+            results[i].seconds = per_log
+        if rest:
+            # the first log not reported is the one the reader died (or hung) on
+            culprit = rest[0]
+            results[culprit].error = _why_stopped(code, timed_out, stderr, timeout)
+            results[culprit].seconds = per_log
+            rest = rest[1:]
+        todo = rest
+
+
+def _run_reader(cmd: list[str], payload: bytes, timeout: float) -> tuple[str, str, int, bool]:
+    """Run the reader child: its stdout, stderr, exit status and whether it timed out
+    (then it was killed)."""
+    try:
+        proc = subprocess.run(
+            cmd,
+            input=payload,
+            capture_output=True,
+            timeout=timeout,
+            env=_reader_env(),
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        return _text(e.stdout), _text(e.stderr), -signal.SIGKILL, True
+    return _text(proc.stdout), _text(proc.stderr), proc.returncode, False
+
+
+def _collect_reports(stdout: str, results: list[ReadResult], out_dir: str) -> set[int]:
+    """The logs the child reported (``ok <i>`` / ``err <i> <reason>``), loading what it
+    wrote for those it read."""
+    done: set[int] = set()
+    for line in stdout.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) >= 2 and parts[0] in ("ok", "err") and parts[1].isdigit():
+            i = int(parts[1])
+            done.add(i)
+            if parts[0] == "err":
+                results[i].error = json.loads(parts[2]) if len(parts) > 2 else "unknown error"
+            else:
+                results[i].error = None
+                _load(results[i], os.path.join(out_dir, f"{i}.npz"))
+    return done
+
+
+def _collect_messages(stderr: str, results: list[ReadResult]) -> None:
+    """Give each log what the library printed while the child read it (after its mark)."""
+    current = None
+    for line in stderr.splitlines():
+        if line.startswith(LOG_MARK):
+            current = int(line[len(LOG_MARK) :])
+        elif current is not None and line.strip():
+            results[current].messages.append(line.strip())
+
+
+def _why_stopped(code: int, timed_out: bool, stderr: str, timeout: float) -> str:
+    """Why the child stopped before reporting a log: a timeout, a crash or an exit."""
+    if timed_out:
+        return f"reading it took longer than {timeout:g} s; the reader was stopped"
+    if code < 0:
+        return f"the reader crashed ({_signal_name(code)}) on this log: it is damaged or truncated"
+    tail = " ".join(stderr.strip().splitlines()[-3:])
+    return f"the reader exited with status {code} on this log: {tail}"
+
+
+def _load(result: ReadResult, path: str) -> None:
+    """Load the arrays and metadata the child wrote for a log into its result."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        result.meta = json.loads(str(arrays.pop("meta")))
+        result.arrays = arrays
+    except Exception as e:
+        result.error = f"cannot load what the reader wrote: {type(e).__name__}: {e}"

@@ -1,0 +1,397 @@
+"""Reading Darshan data back from a store: process groups, named counters, and
+:func:`read_io` (``Run.io()``), by file, process, task or DXT segment."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from metacollect.errors import StoreError
+from metacollect.steps.darshan.log_reader import RECORD_TABLES
+from metacollect.store.writer import committed_rows
+
+if TYPE_CHECKING:
+    from metacollect.store.reader import StoreReader as Run
+
+IO_BY = ("file", "worker", "task", "segment")
+_SUMS = (
+    "bytes_read",
+    "bytes_written",
+    "bytes",
+    "reads",
+    "writes",
+    "ops",
+    "opens",
+    "read_time",
+    "write_time",
+    "meta_time",
+    "time",
+)
+#: the per-file counters summed over POSIX and STDIO
+_FILE_SUMS = [
+    "bytes_read",
+    "bytes_written",
+    "reads",
+    "writes",
+    "opens",
+    "read_time",
+    "write_time",
+    "meta_time",
+]
+_PROC_COLS = ["cluster", "worker", "worker_group", "process", "role", "host", "pid"]
+_FILE_COLS = [*_PROC_COLS, "file", "interfaces", *_SUMS, "start", "stop", "partial"]
+_WORKER_COLS = [*_PROC_COLS, "files", *_SUMS, "start", "stop", "partial"]
+_SEG_COLS = [
+    *_PROC_COLS,
+    "module",
+    "file",
+    "op",
+    "offset",
+    "length",
+    "start",
+    "stop",
+    "duration",
+    "key",
+    "n_candidates",
+]
+_TASK_COLS = [
+    "cluster",
+    "worker",
+    "worker_group",
+    "key",
+    "segments",
+    "bytes_read",
+    "bytes_written",
+    "bytes",
+    "reads",
+    "writes",
+    "ops",
+    "time",
+    "start",
+    "stop",
+]
+
+
+def process_groups(run: Run) -> dict[str, dict[str, Any]]:
+    """``{path: attrs}`` of every Darshan process group of a run."""
+    return {p: a for p, a in run.groups.items() if a.get("kind") in ("worker_process", "process")}
+
+
+def _array(root: Any, path: str) -> np.ndarray | None:
+    """An array of the store, whole (``None`` when it is missing)."""
+    try:
+        return np.asarray(root[path][:])
+    except KeyError:
+        return None
+
+
+def _file_names(root: Any, path: str, codes: np.ndarray) -> np.ndarray:
+    """The file names of a process group's string codes (``None`` for a code that names
+    no string)."""
+    strings = _array(root, f"{path}/strings/value")
+    if strings is None:
+        strings = np.empty(0, dtype=object)
+    lookup = np.concatenate([strings.astype(object), np.array([None], dtype=object)])
+    codes = np.asarray(codes, dtype=np.int64)
+    codes = np.where((codes < 0) | (codes >= len(strings)), len(strings), codes)
+    return lookup[codes]
+
+
+def read_records(run: Run, path: str, module: str) -> pd.DataFrame | None:
+    """One Darshan module of a process group with named counters: file, rank, id and one
+    column per counter and fcounter, as pydarshan's ``records[module].to_df()`` has them
+    (``None`` when the process has no records of that module)."""
+    names = (run.groups.get(path, {}).get("counter_names") or {}).get(module)
+    if not names:
+        return None
+    root: Any = run.root
+    prefix = f"{path}/{RECORD_TABLES[module]}"
+    ids, ranks, files, counters, fcounters = (
+        _array(root, f"{prefix}/{v}") for v in ("id", "rank", "file", "counters", "fcounters")
+    )
+    if ids is None or files is None or counters is None:
+        return None
+    lengths = (len(ids), len(files), len(counters), len(ranks if ranks is not None else ids))
+    n = committed_rows(root[prefix], lengths)
+    out: dict[str, Any] = {
+        "file": _file_names(root, path, files[:n]),
+        "rank": ranks[:n] if ranks is not None else np.zeros(n, np.int64),
+        "id": ids[:n],
+    }
+    for kind, data in (("counters", counters), ("fcounters", fcounters)):
+        if data is None or data.ndim != 2:
+            continue
+        for j, c in enumerate(names.get(kind, [])[: data.shape[1]]):
+            out[c] = data[:n, j]
+    return pd.DataFrame(out)
+
+
+def _col(df: pd.DataFrame, name: str) -> np.ndarray:
+    """A counter column as floats, Darshan's negative "not known" values as 0."""
+    if name in df:
+        v = df[name].to_numpy(dtype=np.float64)
+        return np.where(v < 0, 0.0, v)
+    return np.zeros(len(df))
+
+
+def _since(origin: float, stamps: pd.Series | None) -> np.ndarray | float:
+    """Epoch times of Darshan timestamps (seconds since the process started; 0: never)."""
+    if stamps is None:
+        return np.nan
+    return np.where(stamps.to_numpy() > 0, origin + stamps.to_numpy(), np.nan)
+
+
+def _module_rows(df: pd.DataFrame, module: str, origin: float) -> pd.DataFrame:
+    """One row per record of a POSIX or STDIO table, with the counters :func:`read_io`
+    sums."""
+    p = module + "_"
+    f = module + "_F_"
+    opens = _col(df, p + "OPENS") + (_col(df, p + "FDOPENS") if module == "STDIO" else 0)
+    return pd.DataFrame(
+        {
+            "file": df["file"].to_numpy(),
+            "interface": module,
+            "bytes_read": _col(df, p + "BYTES_READ"),
+            "bytes_written": _col(df, p + "BYTES_WRITTEN"),
+            "reads": _col(df, p + "READS"),
+            "writes": _col(df, p + "WRITES"),
+            "opens": opens,
+            "read_time": _col(df, f + "READ_TIME"),
+            "write_time": _col(df, f + "WRITE_TIME"),
+            "meta_time": _col(df, f + "META_TIME"),
+            "start": _since(origin, df.get(f + "OPEN_START_TIMESTAMP")),
+            "stop": _since(origin, df.get(f + "CLOSE_END_TIMESTAMP")),
+        }
+    )
+
+
+def _file_rows(run: Run, path: str, attrs: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per file a process touched, POSIX and STDIO summed (empty: no records)."""
+    start = attrs.get("start_time")
+    origin = float(start) if isinstance(start, (int, float)) and math.isfinite(start) else math.nan
+    frames = []
+    for module in ("POSIX", "STDIO"):
+        df = read_records(run, path, module)
+        if df is not None and len(df):
+            frames.append(_module_rows(df, module, origin))
+    if not frames:
+        return pd.DataFrame()
+    return _per_file(pd.concat(frames, ignore_index=True))
+
+
+def _per_file(df: pd.DataFrame) -> pd.DataFrame:
+    """Sum the POSIX and STDIO rows of each file, with the interfaces it went through."""
+    g = df.groupby("file", sort=False)
+    out = g[_FILE_SUMS].sum()
+    posix = (df["interface"] == "POSIX").groupby(df["file"], sort=False).any()
+    stdio = (df["interface"] == "STDIO").groupby(df["file"], sort=False).any()
+    out["interfaces"] = np.where(posix & stdio, "POSIX+STDIO", np.where(posix, "POSIX", "STDIO"))
+    out["start"] = g["start"].min()
+    out["stop"] = g["stop"].max()
+    out = out.reset_index()
+    out["bytes"] = out["bytes_read"] + out["bytes_written"]
+    out["ops"] = out["reads"] + out["writes"]
+    out["time"] = out["read_time"] + out["write_time"] + out["meta_time"]
+    for c in ("bytes_read", "bytes_written", "bytes", "reads", "writes", "ops", "opens"):
+        out[c] = out[c].astype(np.int64)
+    return out
+
+
+def _process_columns(path: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns that say which process a row is of."""
+    group = attrs.get("worker_group")
+    return {
+        "cluster": attrs.get("cluster"),
+        "worker": attrs.get("worker"),
+        "worker_group": group.rsplit("/", 1)[-1] if group else None,
+        "process": path,
+        "role": attrs.get("role"),
+        "host": attrs.get("host"),
+        "pid": attrs.get("pid"),
+        "partial": bool(attrs.get("partial")),
+    }
+
+
+def _empty(cols: list[str]) -> pd.DataFrame:
+    """A table with these columns and no rows."""
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+
+
+def read_io(run: Run, by: str = "file") -> pd.DataFrame:
+    """Darshan I/O of a run (``Run.io``).
+
+    Parameters
+    ----------
+    run
+        An open run.
+    by
+        ``"file"``: one row per (process, file), POSIX and STDIO together (NumPy's bulk
+        I/O is STDIO; MPI-IO and HDF5 sit on POSIX and are not added again).
+        ``"worker"``: one row per process. ``"task"``: DXT segments summed per task - a
+        segment belongs to the task whose compute interval on that worker contains it.
+        ``"segment"``: the DXT segments themselves, on Dask's clock, with their task.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Process columns (cluster, worker address, worker_group, process group, role,
+        host, pid) and bytes_read, bytes_written, bytes, reads, writes, ops, opens,
+        read_time, write_time, meta_time, time (s), start/stop (epoch s), partial; empty
+        when the run has no Darshan data.
+
+    Raises
+    ------
+    StoreError
+        ``by="task"``/``"segment"`` on a run that has Darshan data but no DXT segments
+        (say how to turn DXT on), or an unknown ``by``.
+    """
+    if by not in IO_BY:
+        raise StoreError(f"unknown by={by!r}; use one of {', '.join(IO_BY)}")
+    procs = process_groups(run)
+    if by in ("task", "segment"):
+        return _segments(run, procs, by)
+    rows = [_process_rows(run, path, attrs, by) for path, attrs in procs.items()]
+    rows = [r for r in rows if r is not None]
+    cols = _FILE_COLS if by == "file" else _WORKER_COLS
+    if not rows:
+        return _empty(cols)
+    out = pd.concat(rows, ignore_index=True)[cols]
+    return out.sort_values(
+        ["process", "bytes"] if by == "file" else ["process"],
+        ascending=[True, False] if by == "file" else True,
+        ignore_index=True,
+    )
+
+
+def _process_rows(run: Run, path: str, attrs: Mapping[str, Any], by: str) -> pd.DataFrame | None:
+    """A process's rows of :func:`read_io`: one per file (``None`` without files), or
+    one in all (``by="worker"``)."""
+    df = _file_rows(run, path, attrs)
+    proc = _process_columns(path, attrs)
+    if by == "file":
+        if not len(df):
+            return None
+        for k, v in proc.items():
+            df[k] = v
+        return df
+    if not len(df):
+        totals = {"files": 0, **dict.fromkeys(_SUMS, 0), "start": math.nan, "stop": math.nan}
+    else:
+        totals = {
+            "files": len(df),
+            **{c: df[c].sum() for c in _SUMS},
+            "start": df["start"].min(),
+            "stop": df["stop"].max(),
+        }
+    return pd.DataFrame([{**proc, **totals}])
+
+
+def _segments(run: Run, procs: Mapping[str, Mapping[str, Any]], by: str) -> pd.DataFrame:
+    """DXT segments with their task (``by="segment"``), or summed per task."""
+    seg = _dxt_segments(run, procs)
+    if seg is None:
+        if procs:
+            raise StoreError(
+                f"the run has Darshan data but no DXT segments, so I/O cannot be split "
+                f"by {by}; run with DXT on (collect(..., darshan={{'enabled': True, "
+                "'dxt': True}), metacollect.darshan.dxt: true)"
+            )
+        return _empty(_SEG_COLS if by == "segment" else _TASK_COLS)
+    _attribute_tasks(run, seg)
+    seg = seg[_SEG_COLS].sort_values("start", ignore_index=True)
+    return seg if by == "segment" else _per_task(seg)
+
+
+def _dxt_segments(run: Run, procs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame | None:
+    """The DXT segments of every process, with the process columns (``None``: none)."""
+    frames = []
+    for path, attrs in procs.items():
+        seg = run.table(path, "dxt")
+        if not len(seg):
+            continue
+        seg = seg.drop(columns=["id", "rank", "hostname"])
+        for k, v in _process_columns(path, attrs).items():
+            seg[k] = v
+        frames.append(seg)
+    if not frames:
+        return None
+    seg = pd.concat(frames, ignore_index=True)
+    seg["duration"] = seg["stop"] - seg["start"]
+    seg["key"] = None
+    seg["n_candidates"] = 0
+    return seg
+
+
+def _attribute_tasks(run: Run, seg: pd.DataFrame) -> None:
+    """Set each segment's task key (and how many tasks could have done it) from the
+    compute intervals of the tasks of its worker."""
+    tasks = run.worker_table("tasks")
+    groups = seg.groupby(["cluster", "worker_group"], dropna=True).groups
+    for (cluster, wgroup), idx in groups.items():
+        t = tasks[(tasks["cluster"] == cluster) & (tasks["worker_group"] == wgroup)]
+        t = t[
+            np.isfinite(t["start"].to_numpy(dtype=float))
+            & np.isfinite(t["stop"].to_numpy(dtype=float))
+        ]
+        if not len(t):
+            continue
+        keys, n = attribute_segments(
+            seg.loc[idx, "start"].to_numpy(float),
+            seg.loc[idx, "stop"].to_numpy(float),
+            t["start"].to_numpy(float),
+            t["stop"].to_numpy(float),
+            t["key"].to_numpy(),
+        )
+        seg.loc[idx, "key"] = keys
+        seg.loc[idx, "n_candidates"] = n
+
+
+def _per_task(seg: pd.DataFrame) -> pd.DataFrame:
+    """DXT segments summed per (worker, task), the busiest first."""
+    seg["bytes_read"] = np.where(seg["op"] == "read", seg["length"], 0)
+    seg["bytes_written"] = np.where(seg["op"] == "write", seg["length"], 0)
+    seg["reads"] = (seg["op"] == "read").astype(np.int64)
+    seg["writes"] = (seg["op"] == "write").astype(np.int64)
+    g = seg.groupby(["cluster", "worker", "worker_group", "key"], dropna=False, sort=False)
+    out = g.agg(
+        segments=("op", "size"),
+        bytes_read=("bytes_read", "sum"),
+        bytes_written=("bytes_written", "sum"),
+        reads=("reads", "sum"),
+        writes=("writes", "sum"),
+        time=("duration", "sum"),
+        start=("start", "min"),
+        stop=("stop", "max"),
+    ).reset_index()
+    out["bytes"] = out["bytes_read"] + out["bytes_written"]
+    out["ops"] = out["reads"] + out["writes"]
+    return out[_TASK_COLS].sort_values("bytes", ascending=False, ignore_index=True)
+
+
+def attribute_segments(
+    seg_start: np.ndarray,
+    seg_stop: np.ndarray,
+    task_start: np.ndarray,
+    task_stop: np.ndarray,
+    task_key: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The task whose compute interval contains each segment (``None`` outside every
+    task), and how many tasks' intervals contain it (DXT has no thread ids, so with
+    several threads a segment can fall inside several tasks; the one that started last
+    is taken)."""
+    order = np.argsort(task_start, kind="stable")
+    ts, te, tk = task_start[order], task_stop[order], task_key[order]
+    longest = float(np.max(te - ts)) if len(ts) else 0.0
+    keys = np.empty(len(seg_start), dtype=object)
+    counts = np.zeros(len(seg_start), dtype=np.int64)
+    hi = np.searchsorted(ts, seg_start, side="right")
+    lo = np.searchsorted(ts, seg_start - longest, side="left")
+    for i in range(len(seg_start)):
+        inside = [j for j in range(lo[i], hi[i]) if te[j] >= seg_stop[i]]
+        counts[i] = len(inside)
+        keys[i] = tk[inside[-1]] if inside else None
+    return keys, counts
