@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import glob
 import inspect
-import os
 import sys
 import threading
 import time
@@ -16,32 +14,15 @@ from typing import TYPE_CHECKING, Any
 import yappi
 from dask.utils import key_split
 
-from metacollect.steps.yappi.columns import (
-    EDGE_COLUMNS,
-    FUNCTION_COLUMNS,
-    STAT_COLUMNS,
-    THREAD_COLUMNS,
-    Stacks,
-    accumulate,
-)
+from metacollect.steps.yappi.columns import build_columns
 from metacollect.steps.yappi.tags import TaggingThreads, Tags, tag_now, thread_name
-from metacollect.store.writer import columns
 
 if TYPE_CHECKING:
     from metacollect.steps.yappi.attach import ProfileSink
 
 _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
-#: files whose frames are left out of the profile: yappi's own, and this package's
-#: (the task-tagging dict runs in the task's thread, around every task)
-HIDDEN_FILES = frozenset(
-    {
-        "_yappi",
-        os.path.join(os.path.dirname(yappi.__file__), "yappi.py"),
-        *glob.glob(os.path.join(os.path.dirname(__file__), "*.py")),
-    }
-)
 #: what one row of an unfiltered enumeration costs (a tuple from yappi, ~2.6 us, and as
-#: much again in :meth:`ProcessProfiler._columns`), in the units of what a tag-filtered
+#: much again in :func:`.columns.build_columns`), in the units of what a tag-filtered
 #: enumeration costs per known tag (yappi walks every context's tag table: ~16 ns)
 _ROW_PER_TAG_VISIT = 300
 
@@ -90,8 +71,8 @@ class ProcessProfiler:
         self.unfinished: dict[int, float] = {}
         #: caller pit -> callee pits whose edge was seen in its first, unfinished call
         self.unfinished_edges: dict[int, set[int]] = {}
-        self.last_stats: dict[tuple[int, int], tuple[int, float, float]] = {}
-        self.last_edges: dict[tuple[int, int, int, int], tuple[int, float, float]] = {}
+        self.last_stats: dict[tuple[int, int], tuple[float, float, float]] = {}
+        self.last_edges: dict[tuple[int, int, int, int], tuple[float, float, float]] = {}
         self._modules: dict[str, str] = {}
         self._scanned = 0
         self.version = yappi_version()
@@ -183,13 +164,13 @@ class ProcessProfiler:
         self._threads = threads
         return rows
 
-    def _func(self, name: str, file: str, line: int, builtin: bool, desc: Any) -> int:
+    def func_id(self, name: str, file: str, line: int, builtin: bool, desc: Any) -> int:
         key = (file, line, name)
         fid = self.funcs.get(key)
         if fid is None:
             fid = self.funcs[key] = len(self.func_meta)
             co = getattr(desc, "co_flags", 0) if not builtin else 0
-            module = file if builtin else self._module_of(file)
+            module = file if builtin else self.module_of(file)
             self.func_meta.append(
                 (
                     name,
@@ -202,7 +183,7 @@ class ProcessProfiler:
             )
         return fid
 
-    def _module_of(self, file: str) -> str:
+    def module_of(self, file: str) -> str:
         """Dotted module name of a source file, from ``sys.modules``."""
         name = self._modules.get(file)
         if name is None and len(sys.modules) != self._scanned:
@@ -243,7 +224,7 @@ class ProcessProfiler:
             snap = self.snapshot_no
             threads = self._threads
             final_now = {t for t, left in retiring.items() if left == 1}
-            cols = self._columns(sink, snap, rows, threads, full, final_now)
+            cols = build_columns(self, sink, snap, rows, threads, full, final_now)
             del rows  # freed with the GC still off (see gc_paused)
             for t in list(retiring):
                 retiring[t] -= 1
@@ -260,218 +241,8 @@ class ProcessProfiler:
         sink.needs_full = False
         return cols
 
-    def _unfinished_pit(self, row: tuple[Any, ...], stacks: Stacks) -> tuple[int, float]:
-        """``(ncall, tsub)`` of a pit as if no snapshot had been taken mid-call.
-
-        Enumerating stats (``_yappi.enum_func_stats``, also under
-        ``yappi.get_func_stats``) rewrites, in place, a call count of 0 as 1 and a
-        negative self time as 0. A function whose first call is still running (on a
-        stack, or a suspended coroutine) has count 0 and, once some of its callees
-        returned, a negative self time: a snapshot makes it 1 call, the call's return
-        then counts it again and adds back the callees' time the clamp dropped.
-
-        Such a pit reads (ncall 1, nactualcall 0) the first time it is seen: from
-        then on one call is taken off its count, and the callees' time it had when
-        last seen unfinished is taken off its self time (edges reading (1, 0): see
-        :meth:`_columns`). A directly recursive function reads (1, 0) also when one
-        recursive call returned under its unfinished first call: it is taken as
-        unfinished only if it is on its thread's stack twice (the recursive call
-        still running). A function that never returned shows 0 calls.
-        """
-        ctx, _tag, fid, index, ncall, nactual, _ttot, tsub, children, desc = row
-        lost = self.unfinished.get(index)
-        if lost is None:
-            if not (
-                all(c[0] != index for c in children)
-                or self.func_meta[fid][5]
-                or stacks.depth(ctx, desc) > 1
-            ):
-                return ncall, tsub  # a returned recursive call: a real one
-            lost = 0.0
-        if nactual == 0:  # still in its first call: clamped again just now
-            lost = sum(c[3] for c in children)
-        self.unfinished[index] = lost
-        return ncall - 1, max(tsub - lost, 0.0)
-
-    def _columns(
-        self,
-        sink: ProfileSink,
-        snap: int,
-        rows: list[tuple[Any, ...]],
-        threads: list[tuple[Any, ...]],
-        full: bool,
-        final_now: set[int],
-    ) -> dict[str, Any]:
-        """Rows per (context, tag, func) and edges; idle tags count as tag 0, those of
-        ``final_now`` for the last time (then summed in ``frozen_*``)."""
-        ctx_tid = {r[1]: r[2] for r in threads}
-        loops = {s.loop for s in self.sinks}
-        pit: dict[int, tuple[int, int]] = {}
-        kept = []
-        unfinished, unfinished_edges = self.unfinished, self.unfinished_edges
-        idle, frozen_tags = self.tags.idle, self.frozen_tags
-        # a task's tag lives under one idle tag; a prefix's (or tag 0) under many, and
-        # the edges from idle frames to it are summed over them
-        sum_callees = not (self.per_task and self.label is None)
-        known = self.known_pits
-        stacks = Stacks(ctx_tid)
-        for r in rows:
-            (
-                name,
-                module,
-                line,
-                ncall,
-                nactual,
-                builtin,
-                ttot,
-                tsub,
-                index,
-                children,
-                ctx,
-                _cn,
-                tag,
-                desc,
-            ) = r[:14]
-            if module in HIDDEN_FILES:
-                continue  # yappi's (get_func_stats hides them too) and ours
-            # frozen: enumerated by full snapshots only, their sums are in frozen_*
-            frozen, final = tag in frozen_tags, tag in final_now
-            if tag in idle:
-                tag = 0
-            fid = self._func(name, module, line, bool(builtin), desc)
-            pit[index] = (fid, tag)
-            if tag == 0 or sum_callees:
-                known[index] = (fid, tag)
-            row = (ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc)
-            if index in unfinished or (ncall == 1 and nactual == 0):
-                ncall, tsub = self._unfinished_pit(row, stacks)
-                row = (ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc)
-            kept.append((row, final, frozen))
-        # aggregate per (context, tag, func): code objects may share file, line and name
-        stats: dict[tuple[int, int, int], list[float]] = {}
-        edges: dict[tuple[int, int, int, int, int], list[float]] = {}
-        fin_stats: dict[tuple[int, int], list[float]] = {}
-        fin_edges: dict[tuple[int, int, int, int], list[float]] = {}
-        for row, final, frozen in kept:
-            ctx, tag, fid, index, ncall, nactual, ttot, tsub, children, desc = row
-            values = (ncall, nactual, ttot, tsub)
-            if not frozen:
-                accumulate(stats, (ctx, tag, fid), values)
-            if final:
-                accumulate(fin_stats, (ctx, fid), values)
-            callees = unfinished_edges.get(index)
-            for cindex, cn, cna, cttot, ctsub in children:
-                # an edge in its first, unfinished call: as for pits (_unfinished_pit)
-                if (
-                    cn == 1
-                    and cna == 0
-                    and (callees is None or cindex not in callees)
-                    and (cindex != index or stacks.depth(ctx, desc) > 1)
-                ):
-                    callees = unfinished_edges.setdefault(index, set())
-                    callees.add(cindex)
-                if callees is not None and cindex in callees:
-                    cn -= 1
-                    ctsub = max(ctsub - unfinished.get(cindex, 0.0), 0.0)
-                target = pit.get(cindex) or known.get(cindex)
-                if target is None:
-                    continue  # callee in a tag not enumerated now: written when it was
-                summed = tag == 0 and (target[1] == 0 or sum_callees)
-                if frozen and summed:
-                    continue
-                values = (cn, cna, cttot, ctsub)
-                accumulate(edges, (ctx, tag, fid, target[1], target[0]), values)
-                if final and summed:
-                    accumulate(fin_edges, (ctx, fid, target[1], target[0]), values)
-        # idle tags no longer enumerated: what they had when last enumerated
-        for (ctx, fid), values in self.frozen_stats.items():
-            accumulate(stats, (ctx, 0, fid), values)
-        for (ctx, fid, ctag, cfid), values in self.frozen_edges.items():
-            accumulate(edges, (ctx, 0, fid, ctag, cfid), values)
-        for key, values in fin_stats.items():
-            accumulate(self.frozen_stats, key, values)
-        for key, values in fin_edges.items():
-            accumulate(self.frozen_edges, key, values)
-        frozen_tags.update(final_now)
-        # rows per group: the event loop's go to coroutines (or nowhere when it is not
-        # profiled: the calls made before its thread was unprofiled go too)
-        s_rows: dict[str, list[tuple[Any, ...]]] = {"threads": [], "coroutines": []}
-        e_rows: dict[str, list[tuple[Any, ...]]] = {"threads": [], "coroutines": []}
-        group_of: dict[int, str | None] = {}
-        for ctx in {k[0] for k in stats} | {k[0] for k in edges}:
-            in_loop = ctx_tid.get(ctx) in loops
-            group_of[ctx] = ("coroutines" if self.event_loop else None) if in_loop else "threads"
-        last_stats, last_edges = self.last_stats, self.last_edges
-        for (ctx, tag, fid), (ncall, nactual, ttot, tsub) in stats.items():
-            group = group_of[ctx]
-            if group is None:
-                continue
-            if tag == 0:
-                sig = (ncall, ttot, tsub)
-                if not full and last_stats.get((ctx, fid)) == sig:
-                    continue
-                last_stats[(ctx, fid)] = sig
-            s_rows[group].append(
-                (snap, ctx, ctx_tid.get(ctx, -1), tag, fid, ncall, nactual, ttot, tsub)
-            )
-        for (ctx, tag, fid, ctag, cfid), (ncall, nactual, ttot, tsub) in edges.items():
-            group = group_of[ctx]
-            if group is None:
-                continue
-            if tag == 0 and ctag == 0:
-                sig = (ncall, ttot, tsub)
-                if not full and last_edges.get((ctx, fid, ctag, cfid)) == sig:
-                    continue
-                last_edges[(ctx, fid, ctag, cfid)] = sig
-            tid = ctx_tid.get(ctx, -1)
-            e_rows[group].append((snap, ctx, tid, tag, fid, ctag, cfid, ncall, nactual, ttot, tsub))
-        out: dict[str, Any] = {}
-        n_rows = 0
-        for group_name in ("threads", "coroutines"):
-            written = sink.written_funcs[group_name]
-            s_cols = columns(STAT_COLUMNS, s_rows[group_name])
-            e_cols = columns(EDGE_COLUMNS, e_rows[group_name])
-            needed = (set(s_cols["func"]) | set(e_cols["caller"]) | set(e_cols["callee"])) - written
-            f_cols = columns(
-                FUNCTION_COLUMNS,
-                [(fid, *self.func_meta[fid]) for fid in sorted(needed)],
-            )
-            written.update(needed)
-            n_rows += len(s_cols["func"])
-            out[group_name] = {"functions": f_cols, "stats": s_cols, "edges": e_cols}
-        # thread stats: every thread, in the threads group
-        names = self.names
-        for t in threading.enumerate():
-            if t.ident is not None:
-                names[t.ident] = t.name
-        executor = self._executor_threads()
-        out["threads"]["threads"] = columns(
-            THREAD_COLUMNS,
-            [
-                (
-                    snap,
-                    ctx,
-                    tid,
-                    names.get(tid, name),
-                    "loop" if tid in loops else "executor" if tid in executor else "other",
-                    ttot,
-                    sched,
-                )
-                for name, ctx, tid, ttot, sched in threads
-            ],
-        )
-        log = self.tag_log[sink.tags_written :]
-        sink.tags_written = len(self.tag_log)
-        out["threads"]["tags"] = {
-            "tag": [t for t, _, _, _ in log],
-            "key": [k for _, k, _, _ in log],
-            "thread": [th for _, _, th, _ in log],
-            "time": [tm for _, _, _, tm in log],
-        }
-        out["n_rows"] = n_rows
-        return out
-
-    def _executor_threads(self) -> set[int]:
+    def executor_threads(self) -> set[int]:
+        """Threads that run tasks: those that ran one, and the workers' executors'."""
         idents = set(self.task_threads)
         for sink in self.sinks:
             w = sink.worker

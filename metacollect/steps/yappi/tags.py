@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 # -- the tag callback ------------------------------------------------------------------
-class Tags(dict):  # type: ignore[type-arg]
+class Tags(dict[Any, int]):
     """Task key -> tag; a key seen for the first time takes the next tag.
 
     Also the *idle* tags of task threads: what a thread runs between tasks is tagged
@@ -85,7 +85,7 @@ THREAD_TAG = ThreadTag()
 tag_now = functools.partial(operator.attrgetter("tag"), THREAD_TAG)
 
 
-class TaggingThreads(dict):  # type: ignore[type-arg]
+class TaggingThreads(dict[int, Any]):
     """A worker's ``active_threads`` that also sets the running task's yappi tag.
 
     distributed's ``_run_task`` (and ``_run_actor``) put ``{thread: key}`` in it from
@@ -110,9 +110,10 @@ class TaggingThreads(dict):  # type: ignore[type-arg]
         tags, label = self.tags, self.label
         if tags is not None:
             try:
-                THREAD_TAG.tag = tags[key if label is None else label(key)]
+                tag = tags[key if label is None else label(key)]
             except Exception:  # never break a task: it runs untagged
-                pass
+                return
+            THREAD_TAG.tag = tag
 
     def __delitem__(self, ident: int) -> None:
         super().__delitem__(ident)
