@@ -19,13 +19,14 @@ Levels ``thread`` (``<process group>/threads``) and ``coroutine``
 - **Event loop apart.** Stats of the event-loop thread go to the ``coroutines`` group
   (wall clock: a coroutine's time includes its awaits); every other thread goes to
   ``threads``.
-- **Harness out of the profile.** The collectors' flush threads and zarr's I/O
-  event-loop thread (where the store writes run) are un-profiled
-  (``sys.setprofile(None)`` in that thread) at every write, as yappi profiles every
-  thread it finds when it starts: under yappi, zarr's asyncio machinery would cost
-  several times more and dominate the profile. A task's own zarr calls still show as
-  time in the task's thread (waiting in ``zarr.core.sync.sync``); zarr's codec threads
-  stay profiled.
+- **Harness out of the profile.** The collectors' flush threads and the store's I/O
+  threads (where the store writes run: the threads named in
+  ``metacollect.store.zarrio.IO_THREAD_NAMES``, metacollect's and Zarr's, found with
+  ``threading.enumerate()``) are un-profiled (``sys.setprofile(None)``, run in each
+  thread through its event loop) at every write, as yappi profiles every thread it
+  finds when it starts: under yappi, the I/O's asyncio machinery would cost several
+  times more and dominate the profile. A task's own store calls still show as time in
+  the task's thread (waiting for the I/O thread); Zarr's codec threads stay profiled.
 - **Thread ids** are yappi's ``tid``, which is ``threading.get_ident()`` - the ids step
   4 records.
 - **Snapshots** run in the collector's flush thread every
@@ -38,10 +39,14 @@ Levels ``thread`` (``<process group>/threads``) and ``coroutine``
 The raw per-(thread, tag) rows come from yappi's C enumerator
 (``yappi._yappi.enum_func_stats``, what ``yappi.get_func_stats`` uses underneath): the
 public API merges threads and builds objects per row, too slow and too coarse here. The
-enumeration does not pause yappi (see :meth:`ProcessProfiler._enumerate`).
+enumeration does not pause yappi (see ``ProcessProfiler._enumerate``).
+
+Modules: :mod:`.tags` (per-task tagging), :mod:`.profiler` (the process's profiler
+and its snapshots), :mod:`.columns` (the stored layout and the columns of a snapshot),
+:mod:`.sink` (a collector's sink; attach, detach; the harness out of the profile),
+:mod:`.read` (reading the profiles back, for ``metacollect.analysis``).
 """
 
-from metacollect.steps.yappi.attach import ProfileSink, attach, detach, running_profiler
 from metacollect.steps.yappi.columns import (
     EDGE_COLUMNS,
     FUNCTION_COLUMNS,
@@ -57,6 +62,7 @@ from metacollect.steps.yappi.read import (
     profile_groups,
     read_profile,
 )
+from metacollect.steps.yappi.sink import ProfileSink, attach, detach, running_profiler
 from metacollect.steps.yappi.tags import (
     EPOCH_TASKS,
     THREAD_TAG,

@@ -19,8 +19,8 @@ import yappi
 from metacollect.store.writer import columns as as_columns
 
 if TYPE_CHECKING:
-    from metacollect.steps.yappi.attach import ProfileSink
     from metacollect.steps.yappi.profiler import ProcessProfiler
+    from metacollect.steps.yappi.sink import ProfileSink
 
 #: a raw row of yappi's enumeration (``_yappi.enum_func_stats``)
 RawRow = tuple[Any, ...]

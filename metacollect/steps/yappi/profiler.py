@@ -18,7 +18,7 @@ from metacollect.steps.yappi.columns import build_columns
 from metacollect.steps.yappi.tags import TaggingThreads, Tags, tag_now, thread_name
 
 if TYPE_CHECKING:
-    from metacollect.steps.yappi.attach import ProfileSink
+    from metacollect.steps.yappi.sink import ProfileSink
 
 _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
 #: what one row of an unfiltered enumeration costs (a tuple from yappi, ~2.6 us, and as

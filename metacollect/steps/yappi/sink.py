@@ -1,7 +1,14 @@
-"""A collector's handle on the process profile: attach, write snapshots, detach."""
+"""A collector's handle on the process profile: attach, write snapshots, detach.
+
+Also keeps metacollect's own work out of the profile: the flush thread that writes a
+snapshot, and the store's I/O threads (``zarrio.IO_THREAD_NAMES``), are un-profiled
+around every write.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -16,6 +23,7 @@ import metacollect.config as config
 from metacollect.steps.yappi.columns import KINDS
 from metacollect.steps.yappi.profiler import LOCK, ProcessProfiler, yappi_version
 from metacollect.steps.yappi.tags import tag_tasks
+from metacollect.store.zarrio import IO_THREAD_NAMES
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -64,11 +72,12 @@ class ProfileSink:
         self._last = time.monotonic()
         tkind, ckind = KINDS[kind]
         self.groups: dict[str, GroupWriter] = {
-            "threads": writer.group(tkind, attrs=self._attrs(owner=False), **parts),
-            "coroutines": writer.group(ckind, attrs=self._attrs(owner=False), **parts),
+            "threads": writer.group(tkind, attrs=self.group_attrs(owner=False), **parts),
+            "coroutines": writer.group(ckind, attrs=self.group_attrs(owner=False), **parts),
         }
 
-    def _attrs(self, owner: bool) -> dict[str, Any]:
+    def group_attrs(self, owner: bool) -> dict[str, Any]:
+        """Attributes of the two groups: the process, the profile's settings, ownership."""
         p = self.profiler
         return {
             "owner": owner,
@@ -85,6 +94,7 @@ class ProfileSink:
 
     @property
     def is_owner(self) -> bool:
+        """This sink writes the process profile."""
         return self.profiler.owner is self
 
     def write(self, executed: Iterable[Any] = ()) -> None:
@@ -93,67 +103,88 @@ class ProfileSink:
             return
         # read once: teardown sets it from the event loop while a periodic write may run
         final = self.last_flush
-        _unprofile_harness()
+        unprofile_harness()
         try:
             if executed:
                 self.profiler.note(executed)
-            if not self.is_owner:
-                return
-            now = time.monotonic()
-            if not final and now - self._last < self.interval:
-                return
-            self._last = now
-            if self.needs_full:
-                for g in self.groups.values():
-                    g.set_attrs(**self._attrs(owner=True))
-            cols = self.profiler.snapshot(self, final=final)
-            if final and self.profiler.sinks == [self]:
-                self.detach()  # last one out: stop yappi before writing the store
-            snapshot = cols.pop("snapshot")
-            for group_name, tables in (
-                ("threads", cols["threads"]),
-                ("coroutines", cols["coroutines"]),
-            ):
-                g = self.groups[group_name]
-                for table, columns in tables.items():
-                    if columns and len(next(iter(columns.values()))):
-                        g.append(table, columns)
-                g.append("snapshots", snapshot)
+            if self._due(final):
+                self._snapshot(final)
         except Exception as e:
             self.record_error("snapshot", e)
         finally:
-            _unprofile_harness()
+            unprofile_harness()
+
+    def _due(self, final: bool) -> bool:
+        """Whether this sink writes a snapshot now: it owns the profile, and the final
+        flush or the flush interval has come (then the interval starts again)."""
+        if not self.is_owner:
+            return False
+        now = time.monotonic()
+        if not final and now - self._last < self.interval:
+            return False
+        self._last = now
+        return True
+
+    def _snapshot(self, final: bool) -> None:
+        """Take a snapshot and append its tables to the two groups."""
+        if self.needs_full:
+            for g in self.groups.values():
+                g.set_attrs(**self.group_attrs(owner=True))
+        cols = self.profiler.snapshot(self, final=final)
+        if final and self.profiler.sinks == [self]:
+            self.detach()  # last one out: stop yappi before writing the store
+        snapshot = cols.pop("snapshot")
+        for group_name in ("threads", "coroutines"):
+            g = self.groups[group_name]
+            for table, columns in cols[group_name].items():
+                if columns and len(next(iter(columns.values()))):
+                    g.append(table, columns)
+            g.append("snapshots", snapshot)
 
     def detach(self) -> None:
         """Leave the process profile; the last one out stops yappi."""
         detach(self)
 
     def record_error(self, where: str, exc: BaseException | str) -> None:
+        """Record a profiler failure in the threads group (logged if that fails too)."""
         try:
             self.groups["threads"].record_error(f"yappi.{where}", exc)
         except Exception:
             logger.exception("metacollect: could not record a profiler error")
 
 
-def _unprofile_zarr_io() -> None:
-    """Take zarr's I/O event-loop thread out of the profile (store writes run there)."""
-    try:
-        from zarr.core import sync as zsync
+def _io_loops() -> list[asyncio.AbstractEventLoop]:
+    """Event loops of the store's I/O threads, found by name (``IO_THREAD_NAMES``).
 
-        loop = zsync.loop[0]
-        if loop is not None and not loop.is_closed():
+    Both (metacollect's and Zarr's) run ``loop.run_forever`` as their thread's target,
+    which a ``threading.Thread`` keeps while it runs.
+    """
+    loops = []
+    for t in threading.enumerate():
+        if t.name in IO_THREAD_NAMES:
+            loop = getattr(getattr(t, "_target", None), "__self__", None)
+            if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_closed():
+                loops.append(loop)
+    return loops
+
+
+def unprofile_io_threads() -> None:
+    """Take the store's I/O threads out of the profile (store writes run there): yappi
+    profiles every thread it finds when it starts, and under it the I/O's asyncio
+    machinery would cost several times more and dominate the profile."""
+    for loop in _io_loops():
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing runs there
             loop.call_soon_threadsafe(sys.setprofile, None)
-    except Exception:  # zarr internals moved: the thread stays profiled, nothing breaks
-        pass
 
 
-def _unprofile_harness() -> None:
-    """Keep metacollect's own I/O out of the profile: this thread and zarr's I/O."""
+def unprofile_harness() -> None:
+    """Keep metacollect's own I/O out of the profile: this thread and the I/O threads."""
     sys.setprofile(None)
-    _unprofile_zarr_io()
+    unprofile_io_threads()
 
 
 def _interval() -> float:
+    """``metacollect.yappi.flush-interval`` in seconds (10 if unreadable)."""
     from dask.utils import parse_timedelta
 
     try:
@@ -196,20 +227,7 @@ def attach(
     with LOCK:
         try:
             if _profiler is None:
-                tags = _tags_setting()
-                if tags and _version_tuple(yappi_version()) < (1, 7):
-                    tags = ""
-                    logger.warning(
-                        "metacollect: yappi %s is too old for per-task tags; "
-                        "pip install 'yappi>=1.7'",
-                        yappi_version(),
-                    )
-                _profiler = ProcessProfiler(
-                    str(config.get("yappi.clock")),
-                    bool(config.get("yappi.builtins")),
-                    tags,
-                    bool(config.get("yappi.event-loop")),
-                )
+                _profiler = _start_profiler()
             sink = ProfileSink(
                 _profiler,
                 writer,
@@ -219,32 +237,59 @@ def attach(
                 **parts,
             )
         except Exception as e:
-            tkind = KINDS[kind][0]
-            try:
-                writer.group(tkind, attrs=_failed_attrs(), **parts).record_error("yappi.start", e)
-            except Exception:
-                logger.exception("metacollect: yappi profile could not start")
+            _record_failure(writer, kind, e, **parts)
             if _profiler is not None and not _profiler.sinks:
                 _profiler.stop()
                 _profiler = None
             return None
-        owner = _profiler.owner
-        if owner is not None and not owner.periodic and sink.periodic and owner.needs_full:
-            _profiler.sinks.insert(
-                0, sink
-            )  # a client sink writes only at the end: let this one own
-            for g in owner.groups.values():
-                g.set_attrs(owner=False)
-        else:
-            _profiler.sinks.append(sink)
-        _unprofile_zarr_io()
+        _join(_profiler, sink)
+        unprofile_io_threads()
         if not _profiler.event_loop and loop_thread is None:
             sys.setprofile(None)  # called on the event loop: leave it out
         if _profiler.per_task and dask_worker is not None:
             tag_tasks(dask_worker, _profiler.tags, _profiler.label)
         for g in sink.groups.values():
-            g.set_attrs(**sink._attrs(owner=sink.is_owner))
+            g.set_attrs(**sink.group_attrs(owner=sink.is_owner))
         return sink
+
+
+def _start_profiler() -> ProcessProfiler:
+    """Start this process's profiler with the ``metacollect.yappi`` settings (no per-task
+    tags with a yappi older than 1.7, which has no tag callback)."""
+    tags = _tags_setting()
+    if tags and _version_tuple(yappi_version()) < (1, 7):
+        tags = ""
+        logger.warning(
+            "metacollect: yappi %s is too old for per-task tags; pip install 'yappi>=1.7'",
+            yappi_version(),
+        )
+    return ProcessProfiler(
+        str(config.get("yappi.clock")),
+        bool(config.get("yappi.builtins")),
+        tags,
+        bool(config.get("yappi.event-loop")),
+    )
+
+
+def _record_failure(writer: StoreWriter, kind: str, exc: Exception, **parts: str) -> None:
+    """Record in the collector's threads group that its profile could not start."""
+    try:
+        group = writer.group(KINDS[kind][0], attrs=_failed_attrs(), **parts)
+        group.record_error("yappi.start", exc)
+    except Exception:
+        logger.exception("metacollect: yappi profile could not start")
+
+
+def _join(profiler: ProcessProfiler, sink: ProfileSink) -> None:
+    """Add ``sink`` to the profile's sinks; it takes ownership from a client sink that has
+    not written yet (a client sink writes only at the end)."""
+    owner = profiler.owner
+    if owner is not None and not owner.periodic and sink.periodic and owner.needs_full:
+        profiler.sinks.insert(0, sink)
+        for g in owner.groups.values():
+            g.set_attrs(owner=False)
+    else:
+        profiler.sinks.append(sink)
 
 
 def _tags_setting() -> str:
@@ -256,6 +301,7 @@ def _tags_setting() -> str:
 
 
 def _failed_attrs() -> dict[str, Any]:
+    """Group attributes of a profile that could not start, from the settings alone."""
     return {
         "owner": False,
         "host": socket.gethostname(),
@@ -271,6 +317,7 @@ def _failed_attrs() -> dict[str, Any]:
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
+    """``"1.7.3"`` as ``(1, 7, 3)``; non-digit suffixes (``rc1``) ignored."""
     out = []
     for part in v.split(".")[:3]:
         digits = "".join(itertools.takewhile(str.isdigit, part))
@@ -295,9 +342,9 @@ def detach(sink: ProfileSink) -> None:
             p.stop()
             if _profiler is p:
                 _profiler = None
-        elif was_owner:
-            p.owner.needs_full = True  # type: ignore[union-attr]
-            p.owner.tags_written = 0  # type: ignore[union-attr]
+        elif was_owner and p.owner is not None:  # the next one writes everything again
+            p.owner.needs_full = True
+            p.owner.tags_written = 0
 
 
 def running_profiler() -> ProcessProfiler | None:
