@@ -75,18 +75,25 @@ class ProcessProfiler:
         self.last_edges: dict[tuple[int, int, int, int], tuple[float, float, float]] = {}
         self._modules: dict[str, str] = {}
         self._scanned = 0
+        #: yappi's thread stats of the last enumeration
+        self.threads: list[tuple[Any, ...]] = []
         self.version = yappi_version()
         self.started_here = False
+        self._start()
+
+    def _start(self) -> None:
+        """Start yappi with this profile's clock, builtins and tag callback; refused
+        (``RuntimeError``) when someone else runs yappi in this process."""
         if yappi.is_running():
             raise RuntimeError(
                 "yappi is already running in this process (started by someone else); "
                 "metacollect leaves it alone and records no profile here"
             )
         yappi.clear_stats()
-        yappi.set_clock_type(clock)
+        yappi.set_clock_type(self.clock)
         yappi.set_context_name_callback(thread_name)
-        yappi.set_tag_callback(tag_now if tags else None)
-        yappi.start(builtins=builtins, profile_threads=True)
+        yappi.set_tag_callback(tag_now if self.tag_by else None)
+        yappi.start(builtins=self.builtins, profile_threads=True)
         self.started_here = True
 
     @property
@@ -95,6 +102,7 @@ class ProcessProfiler:
         return bool(self.tag_by)
 
     def stop(self) -> None:
+        """Stop yappi and free its stats (if this profiler started it)."""
         if self.started_here:
             yappi.stop()
             yappi.set_tag_callback(None)
@@ -104,6 +112,7 @@ class ProcessProfiler:
 
     @property
     def owner(self) -> ProfileSink | None:
+        """The sink that writes the profile: the first attached."""
         return self.sinks[0] if self.sinks else None
 
     # -- what changed since the last snapshot ------------------------------------------
@@ -113,6 +122,7 @@ class ProcessProfiler:
             self.noted.update(keys)
 
     def _running_tags(self) -> set[int]:
+        """Tags of the tasks running now in the sinks' workers."""
         out = set()
         for sink in self.sinks:
             w = sink.worker
@@ -150,21 +160,23 @@ class ProcessProfiler:
         threads: list[tuple[Any, ...]] = []
         # one filtered enumeration per tag costs len(tags) x len(self.tags) visits; an
         # unfiltered one, every row of every tag: filter unless nearly all tags change
-        unfiltered = tags is None or len(tags) > _ROW_PER_TAG_VISIT * self.rows_per_tag
+        few = tags is not None and len(tags) <= _ROW_PER_TAG_VISIT * self.rows_per_tag
+        filtered = sorted(tags) if tags is not None and few else None
         with gc_paused():
-            if unfiltered:
+            if filtered is None:
                 _yappi.enum_func_stats(rows.append, {})
             else:
-                for tag in sorted(tags):  # type: ignore[arg-type]
+                for tag in filtered:
                     _yappi.enum_func_stats(rows.append, {"tag": tag})
             _yappi.enum_thread_stats(threads.append)
         self.rows_per_tag = max(len(rows) / max(len(tags or self.tags), 1), 1.0)
-        if unfiltered and tags is not None:
+        if filtered is None and tags is not None:
             rows = [r for r in rows if r[12] in tags]
-        self._threads = threads
+        self.threads = threads
         return rows
 
     def func_id(self, name: str, file: str, line: int, builtin: bool, desc: Any) -> int:
+        """The number of a function (file, line, name), given at its first sight."""
         key = (file, line, name)
         fid = self.funcs.get(key)
         if fid is None:
@@ -201,35 +213,17 @@ class ProcessProfiler:
         t0 = time.perf_counter()
         with LOCK, gc_paused():
             full = final or sink.needs_full
-            new = []
-            while self.tags.new:
-                new.append(self.tags.new.popleft())
-            self.tag_log.extend(new)
-            self.task_threads.update(th for _, _, th, _ in new)
+            new = self._take_new_tags()
             noted, self.noted = self.noted, set()
             running = self._running_tags()
-            retiring = self.retiring
-            while self.tags.retired:
-                retiring[self.tags.retired.popleft()] = 2
-            if full:
-                rows = self._enumerate(None)
-            else:
-                tags = {0} | running | self.running | {t for t, *_ in new}
-                tags.update(t for t in map(self.tag_of, noted) if t is not None)
-                tags.update(self.tags.idle_of.values())
-                tags.update(retiring)
-                rows = self._enumerate(tags)
+            rows = self._enumerate(None if full else self._changed_tags(new, noted, running))
             self.running = running
             self.snapshot_no += 1
             snap = self.snapshot_no
-            threads = self._threads
-            final_now = {t for t, left in retiring.items() if left == 1}
-            cols = build_columns(self, sink, snap, rows, threads, full, final_now)
+            final_now = {t for t, left in self.retiring.items() if left == 1}
+            cols = build_columns(self, sink, snap, rows, self.threads, full, final_now)
             del rows  # freed with the GC still off (see gc_paused)
-            for t in list(retiring):
-                retiring[t] -= 1
-                if not retiring[t]:
-                    del retiring[t]
+            self._age_retiring()
         cols["snapshot"] = {
             "snapshot": [snap],
             "time": [time.time()],
@@ -240,6 +234,37 @@ class ProcessProfiler:
         }
         sink.needs_full = False
         return cols
+
+    def _take_new_tags(self) -> list[tuple[int, Any, int, float]]:
+        """Drain the tags created and the idle tags retired since the last snapshot
+        (deques the task threads append to): log the new, start retiring the old."""
+        new = []
+        while self.tags.new:
+            new.append(self.tags.new.popleft())
+        self.tag_log.extend(new)
+        self.task_threads.update(th for _, _, th, _ in new)
+        while self.tags.retired:
+            self.retiring[self.tags.retired.popleft()] = 2
+        return new
+
+    def _changed_tags(
+        self, new: list[tuple[int, Any, int, float]], noted: set[Any], running: set[int]
+    ) -> set[int]:
+        """Tags whose rows may have changed: tag 0, the tasks running now or at the last
+        snapshot, new or ``noted`` (started) since, and the idle tags in use or retiring."""
+        tags = {0} | running | self.running | {t for t, *_ in new}
+        tags.update(t for t in map(self.tag_of, noted) if t is not None)
+        tags.update(self.tags.idle_of.values())
+        tags.update(self.retiring)
+        return tags
+
+    def _age_retiring(self) -> None:
+        """One snapshot less for each retiring idle tag; drop those enumerated last."""
+        retiring = self.retiring
+        for t in list(retiring):
+            retiring[t] -= 1
+            if not retiring[t]:
+                del retiring[t]
 
     def executor_threads(self) -> set[int]:
         """Threads that run tasks: those that ran one, and the workers' executors'."""
@@ -271,6 +296,7 @@ def gc_paused() -> Iterator[None]:
 
 
 def yappi_version() -> str:
+    """The installed yappi's version ("unknown" if not installed as a distribution)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
