@@ -640,3 +640,34 @@ def test_tagging_takes_over_active_threads_while_tasks_run():
     ystep.tag_tasks(worker, None)  # the profile stops: same dict, no tags
     worker.run("k-2", lambda: seen.append(ystep.THREAD_TAG.tag))
     assert worker.active_threads is new and seen[-1] == 0 and "k-2" not in tags
+
+
+def _mc_io_probe_7f3a() -> int:
+    return 1
+
+
+def test_store_io_threads_left_out_of_the_profile():
+    """The store's I/O threads (``zarrio.IO_THREAD_NAMES``), found by name, are
+    un-profiled: a call made there afterwards is not counted (under yappi, their
+    asyncio machinery would dominate the profile)."""
+    from metacollect.store import zarrio
+
+    async def probe() -> int:
+        return _mc_io_probe_7f3a()
+
+    def calls() -> int:
+        return sum(s.ncall for s in yappi.get_func_stats() if s.name == "_mc_io_probe_7f3a")
+
+    assert ystep.running_profiler() is None and not yappi.is_running()
+    zarrio.run(probe())  # the I/O thread runs before yappi starts: yappi profiles it too
+    yappi.clear_stats()
+    yappi.start(profile_threads=True)
+    try:
+        zarrio.run(probe())
+        assert calls() == 1
+        ystep.unprofile_io_threads()
+        zarrio.run(probe())  # queued on the I/O loop after the un-profiling
+        assert calls() == 1
+    finally:
+        yappi.stop()
+        yappi.clear_stats()

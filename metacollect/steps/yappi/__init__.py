@@ -62,7 +62,13 @@ from metacollect.steps.yappi.read import (
     profile_groups,
     read_profile,
 )
-from metacollect.steps.yappi.sink import ProfileSink, attach, detach, running_profiler
+from metacollect.steps.yappi.sink import (
+    ProfileSink,
+    attach,
+    detach,
+    running_profiler,
+    unprofile_io_threads,
+)
 from metacollect.steps.yappi.tags import (
     EPOCH_TASKS,
     THREAD_TAG,
@@ -92,4 +98,5 @@ __all__ = [
     "read_profile",
     "running_profiler",
     "tag_tasks",
+    "unprofile_io_threads",
 ]

@@ -236,6 +236,8 @@ class _Snapshot:
                 accumulate(stats, (ctx, tag, fid), values)
             if final:
                 accumulate(fin_stats, (ctx, fid), values)
+            if not row[8]:
+                continue  # no callees: no generator to start (leaves are many)
             for (cfid, ctag), cvalues in callees(row):
                 summed = tag == 0 and (ctag == 0 or sum_callees)
                 if frozen and summed:
