@@ -2,7 +2,7 @@
 
 :func:`build_columns` runs at every snapshot, on every row enumerated (tens of thousands
 in a busy worker): its loops keep their locals bound and call no helper per row but
-:meth:`_Snapshot.callees` (one generator per row, not per edge).
+``_Snapshot.callees`` (one generator per row that has callees, not one call per edge).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each task key maps to a small int tag (tag 0: "not in a task"); the worker's
 ``active_threads`` sets the running task's tag in a thread-local, and yappi's tag
 callback reads it with C calls only. This module's code runs in the task threads,
-around every task: its frames are left out of the profile (see ``profiler.HIDDEN_FILES``).
+around every task: its frames are left out of the profile (see ``columns.HIDDEN_FILES``).
 """
 
 from __future__ import annotations
@@ -146,5 +146,8 @@ def tag_tasks(worker: Worker, tags: Tags | None, label: Any = None) -> None:
 
 
 def thread_name() -> str | None:
+    """yappi's context name callback: the calling thread's name, looked up in threading's
+    registry (``current_thread`` would make a dummy Thread for a thread it does not know)."""
+    # threading._active is undeclared in typeshed: the registry current_thread reads
     t = threading._active.get(threading.get_ident())  # type: ignore[attr-defined]
     return t.name if t is not None else None
