@@ -114,10 +114,19 @@ def write_report(
     run: Any = _Memo(store if isinstance(store, Run) else open_run(store))
     out = os.fspath(out_dir)
     os.makedirs(out, exist_ok=True)
-    a = run.attrs
-    sections: list[str] = []
     problems: list[str] = []
+    views = _available_views(run, problems)
+    sections = _draw_views(run, views, out, dpi, echo, problems)
+    tables = _tables(run, views, problems)
+    doc = _document(run, views, sections, tables, problems)
+    index = os.path.join(out, "index.html")
+    with open(index, "w", encoding="utf-8") as f:
+        f.write(doc)
+    return index
 
+
+def _available_views(run: Any, problems: list[str]) -> dict[str, Callable[[Run], Figure]]:
+    """The views of :data:`metacollect.plot.VIEWS` the store has data for."""
     views: dict[str, Callable[[Run], Figure]] = {}
     for name, (func, has) in plot.VIEWS.items():
         try:
@@ -127,6 +136,20 @@ def write_report(
             problems.append(
                 f"{name}: cannot tell whether the store has data ({type(e).__name__}: {e})"
             )
+    return views
+
+
+def _draw_views(
+    run: Any,
+    views: dict[str, Callable[[Run], Figure]],
+    out: str,
+    dpi: int,
+    echo: Callable[[str], None] | None,
+    problems: list[str],
+) -> list[str]:
+    """One PNG per view in ``out``, and its HTML section; a failing view is a problem, not
+    the end of the report."""
+    sections = []
     for name, func in views.items():
         started = time.perf_counter()
         try:
@@ -137,10 +160,15 @@ def write_report(
             continue
         if echo:
             echo(f"{name}: {time.perf_counter() - started:.1f} s")
-        sections.append(
-            f'<h2 id="{name}">{_TITLES.get(name, name)}</h2><img src="{name}.png" alt="{name}">'
-        )
+        title = _TITLES.get(name, name)
+        sections.append(f'<h2 id="{name}">{title}</h2><img src="{name}.png" alt="{name}">')
+    return sections
 
+
+def _tables(
+    run: Any, views: dict[str, Callable[[Run], Figure]], problems: list[str]
+) -> list[tuple[str, str]]:
+    """The report's tables as ``(title, html)``, the summary first."""
     tables: list[tuple[str, str]] = []
 
     def add_table(title: str, make: Callable[[], pd.DataFrame], **kw: Any) -> None:
@@ -152,37 +180,42 @@ def write_report(
         if len(df):
             tables.append((title, _table(df, **kw)))
 
-    add_table(
-        "Summary",
-        lambda: pd.DataFrame([analysis.summary(run)]).T.rename(columns={0: ""}),
-    )
+    def cp_table() -> pd.DataFrame:
+        cp = analysis.critical_path(run)
+        return pd.DataFrame([cp.attrs]).assign(tasks=len(cp))
+
+    add_table("Summary", lambda: pd.DataFrame([analysis.summary(run)]).T.rename(columns={0: ""}))
     add_table("Workers", run.workers, index=False)
     add_table("Utilisation per worker", lambda: analysis.utilisation(run))
     add_table("Task prefixes", lambda: analysis.prefix_summary(run))
     add_table("Graphs", run.graphs, index=False)
     if "critical_path" in views:
-
-        def cp_table() -> pd.DataFrame:
-            cp = analysis.critical_path(run)
-            return pd.DataFrame([cp.attrs]).assign(tasks=len(cp))
-
         add_table("Critical path", cp_table, index=False)
     add_table("Collector errors", run.errors, index=False)
+    return tables
 
+
+def _document(
+    run: Any,
+    views: dict[str, Callable[[Run], Figure]],
+    sections: list[str],
+    tables: list[tuple[str, str]],
+    problems: list[str],
+) -> str:
+    """The report's HTML: navigation, problems, summary, views, tables, run metadata."""
+    a = run.attrs
     meta = {k: v for k, v in a.items() if k not in ("levels",)}
     levels = a.get("levels") or run.levels()
     nav = " ".join(f'<a href="#{n}">{_TITLES.get(n, n)}</a>' for n in views)
+    run_id, status = html.escape(str(a.get("run_id"))), html.escape(str(a.get("status")))
     body = [
-        f"<h1>metacollect run {html.escape(str(a.get('run_id')))}</h1>",
-        f"<p>store <code>{html.escape(run.path)}</code>, status <b>{html.escape(str(a.get('status')))}</b></p>",
+        f"<h1>metacollect run {run_id}</h1>",
+        f"<p>store <code>{html.escape(run.path)}</code>, status <b>{status}</b></p>",
         f"<nav>{nav}</nav>",
     ]
     if problems:
-        body.append(
-            '<h2>Problems</h2><ul class="problem">'
-            + "".join(f"<li>{html.escape(p)}</li>" for p in problems)
-            + "</ul>"
-        )
+        items = "".join(f"<li>{html.escape(p)}</li>" for p in problems)
+        body.append(f'<h2>Problems</h2><ul class="problem">{items}</ul>')
     body += [f"<h2>{html.escape(t)}</h2>{h}" for t, h in tables[:1]]
     body += sections
     body += [f"<h2>{html.escape(t)}</h2>{h}" for t, h in tables[1:]]
@@ -196,12 +229,8 @@ def write_report(
         + html.escape(json.dumps(levels, indent=1))
         + "</pre>"
     )
-    doc = (
+    return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>metacollect {html.escape(str(a.get('run_id')))}</title><style>{_CSS}</style></head>"
+        f"<title>metacollect {run_id}</title><style>{_CSS}</style></head>"
         f"<body>{''.join(body)}</body></html>"
     )
-    index = os.path.join(out, "index.html")
-    with open(index, "w", encoding="utf-8") as f:
-        f.write(doc)
-    return index

@@ -29,7 +29,9 @@ COMMANDS = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="metacollect",
-        description="Deep profiling of Dask workloads: collect a run into one Zarr store, then analyse it.",
+        description=(
+            "Deep profiling of Dask workloads: collect a run into one Zarr store, then analyse it."
+        ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:

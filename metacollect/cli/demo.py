@@ -40,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from metacollect.demo import run_demo
     from metacollect.store.lifecycle import check_store
 
-    store = check_store(
-        args.store, args.overwrite or None
-    )  # fail fast, before starting a cluster
+    store = check_store(args.store, args.overwrite or None)  # fail fast, before starting a cluster
     options = {"yappi.enabled": True} if args.yappi else {}
     print(
         f"metacollect demo: {args.images} images of {args.size}px on {args.workers} workers",
@@ -65,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         ):
             result = run_demo(work, args.images, args.size)
     print(
-        f"metacollect demo: foreground fraction per image {[round(float(v), 3) for v in result['foreground_fraction']]}",
+        "metacollect demo: foreground fraction per image "
+        f"{[round(float(v), 3) for v in result['foreground_fraction']]}",
         file=sys.stderr,
     )
     print(f"metacollect demo: store written to {store}")

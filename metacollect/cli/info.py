@@ -7,6 +7,7 @@ import datetime
 import os
 from typing import Any
 
+import metacollect.store.zarrio as zarrio
 from metacollect.store.writer import committed_rows
 
 
@@ -57,7 +58,8 @@ def describe(store: str) -> list[str]:
         f"started {_when(a.get('started'))}  ended {_when(a.get('ended'))}  "
         f"metacollect {a.get('metacollect_version')}  schema {a.get('schema_version')}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
-        f"clusters: {len(run.clusters())}  workers: {len(run.worker_groups())}  size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
+        f"clusters: {len(run.clusters())}  workers: {len(run.worker_groups())}  "
+        f"size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
         "",
     ]
     levels = run.levels()
@@ -74,7 +76,7 @@ def describe(store: str) -> list[str]:
             tables = []
             for t in spec.tables if spec else {}:
                 try:
-                    g = run.root[f"{path}/{t}" if path else t]
+                    g = zarrio.group_at(run.root, f"{path}/{t}" if path else t)
                     n = committed_rows(g)
                 except KeyError:
                     continue
@@ -88,7 +90,8 @@ def describe(store: str) -> list[str]:
     if len(errors):
         lines += [
             "",
-            f"{len(errors)} collector error(s) recorded; first: {errors.iloc[0]['where']}: {errors.iloc[0]['what']}",
+            f"{len(errors)} collector error(s) recorded; "
+            f"first: {errors.iloc[0]['where']}: {errors.iloc[0]['what']}",
         ]
     return lines
 

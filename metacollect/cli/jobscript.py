@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -74,6 +75,11 @@ def directives(system: str, args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def _default_value(match: re.Match[str], name: str, value: Any) -> str:
+    """A script variable's ``${NAME:-default}`` line with ``value`` as its default."""
+    return f"{name}=${{{name}:-{value}}}{match.group(1)}"
+
+
 def render(system: str, args: argparse.Namespace) -> str:
     """The wrapper for ``system`` with the options' directives and variable defaults."""
     path = template_path(system)
@@ -106,7 +112,7 @@ def render(system: str, args: argparse.Namespace) -> str:
         if value is not None:
             out = re.sub(
                 rf"^{name}=\$\{{{name}:-.*?\}}(\s)",
-                lambda m, n=name, v=value: f"{n}=${{{n}:-{v}}}{m.group(1)}",
+                functools.partial(_default_value, name=name, value=value),
                 out,
                 count=1,
                 flags=re.M,
@@ -115,6 +121,12 @@ def render(system: str, args: argparse.Namespace) -> str:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``jobscript`` command, and ``batch`` for the steps its wrappers run."""
+    _add_batch_parser(sub)
+    return _add_jobscript_parser(sub)
+
+
+def _add_batch_parser(sub: Any) -> None:
     b = sub.add_parser(
         "batch",
         help="steps of the batch wrappers (run inside an allocation)",
@@ -152,12 +164,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     f.add_argument("--exit-code", type=int, default=0, help="exit code of the workflow")
     b.set_defaults(func=run_batch)
 
+
+def _add_jobscript_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "jobscript",
         help="render a SLURM or PBS batch wrapper that collects a workflow",
-        description="Print (or write with -o) a batch script that starts a Dask scheduler and workers "
-        "with metacollect inside the allocation, runs WORKFLOW, shuts down gracefully and finalises the "
-        "store. Submit it with sbatch (slurm) or qsub (pbs).",
+        description="Print (or write with -o) a batch script that starts a Dask scheduler and "
+        "workers with metacollect inside the allocation, runs WORKFLOW, shuts down gracefully and "
+        "finalises the store. Submit it with sbatch (slurm) or qsub (pbs).",
     )
     p.add_argument("system", choices=["slurm", "pbs"], help="batch system")
     p.add_argument(

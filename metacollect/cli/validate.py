@@ -1,4 +1,5 @@
-"""``metacollect validate STORE``: check a store against schema/; non-zero exit if it does not hold."""
+"""``metacollect validate STORE``: check a store against schema/; non-zero exit if it does not
+hold."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         for line in problems:
             print(line, file=sys.stderr)
         raise ValidationError(
-            f"{args.store} does not hold against the schema: {len(problems)} problem(s), listed above"
+            f"{args.store} does not hold against the schema: {len(problems)} problem(s), "
+            "listed above"
         )
     if not args.quiet:
         print(f"{args.store}: valid")

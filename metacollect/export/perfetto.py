@@ -42,7 +42,6 @@ def trace(run: Run, max_events: int | None = MAX_EVENTS) -> dict[str, Any]:
         Upper bound on the data events (metadata events naming processes and threads are not
         counted); ``None`` for no bound.
     """
-    limit = float("inf") if max_events is None else int(max_events)
     t0 = analysis.origin(run)
     ts = analysis.task_stream(run).sort_values("start", kind="stable")
     act = analysis.activity(run).sort_values("start", kind="stable")
@@ -52,77 +51,95 @@ def trace(run: Run, max_events: int | None = MAX_EVENTS) -> dict[str, Any]:
         | set(run.workers()["address"].dropna())
     )
     pid = {w: i + 1 for i, w in enumerate(workers)}
-    meta: list[dict[str, Any]] = [
-        {
-            "ph": "M",
-            "name": "process_name",
-            "pid": 0,
-            "tid": 0,
-            "args": {"name": "scheduler"},
+    meta = _process_names(pid)
+    tids = _thread_names(ts, pid, meta)
+    events = _Events(float("inf") if max_events is None else int(max_events))
+    _task_events(ts, pid, tids, t0, events)
+    _activity_events(act, pid, t0, events)
+    _scheduler_events(run, t0, events, meta)
+    _add_io(run, events.add, pid, t0, meta)
+    return {
+        "traceEvents": meta + events.kept,
+        "displayTimeUnit": "ms",
+        "metadata": {
+            "metacollect_run_id": run.attrs.get("run_id"),
+            "store": run.path,
+            "time_origin_epoch_s": t0,
+            "events": len(events.kept),
+            "events_total": len(events.kept) + sum(events.dropped.values()),
+            "max_events": None if max_events is None else int(max_events),
+            "truncated": bool(events.dropped),
+            "dropped": events.dropped,
+            "executed_tasks": len(ts),
         },
-        {
-            "ph": "M",
-            "name": "process_sort_index",
-            "pid": 0,
-            "tid": 0,
-            "args": {"sort_index": 0},
-        },
+    }
+
+
+class _Events:
+    """The trace's data events, at most ``limit``; the rest counted by kind."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.kept: list[dict[str, Any]] = []
+        self.dropped: dict[str, int] = {}
+
+    def add(self, kind: str, ev: dict[str, Any]) -> None:
+        if len(self.kept) >= self.limit:
+            self.dropped[kind] = self.dropped.get(kind, 0) + 1
+        else:
+            self.kept.append(ev)
+
+
+def _named(what: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+    """A metadata event naming (or ordering) a process or thread."""
+    return {"ph": "M", "name": what, "pid": pid, "tid": tid, "args": args}
+
+
+def _process_names(pid: dict[str, int]) -> list[dict[str, Any]]:
+    """The scheduler (pid 0) and one process per worker with its transfers track."""
+    meta = [
+        _named("process_name", 0, 0, name="scheduler"),
+        _named("process_sort_index", 0, 0, sort_index=0),
+        _named("thread_name", 0, 0, name="graphs"),
+        _named("thread_name", 0, 1, name="events"),
     ]
     for w, p in pid.items():
-        meta.append(
-            {
-                "ph": "M",
-                "name": "process_name",
-                "pid": p,
-                "tid": 0,
-                "args": {"name": f"worker {w}"},
-            }
-        )
-        meta.append(
-            {
-                "ph": "M",
-                "name": "process_sort_index",
-                "pid": p,
-                "tid": 0,
-                "args": {"sort_index": p},
-            }
-        )
-        meta.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": p,
-                "tid": 0,
-                "args": {"name": "transfers / spill"},
-            }
-        )
+        meta.append(_named("process_name", p, 0, name=f"worker {w}"))
+        meta.append(_named("process_sort_index", p, 0, sort_index=p))
+        meta.append(_named("thread_name", p, 0, name="transfers / spill"))
+    return meta
+
+
+def _thread_names(
+    ts: Any, pid: dict[str, int], meta: list[dict[str, Any]]
+) -> dict[tuple[str, int], int]:
+    """A track per worker thread that ran tasks: its tid, named in ``meta``."""
     tids: dict[tuple[str, int], int] = {}
+    per_worker: dict[str, int] = {}
     for w, th, label in (
         ts[["worker", "thread", "row_label"]].drop_duplicates().itertuples(index=False)
     ):
-        tid = len([1 for k in tids if k[0] == w]) + 1
+        tid = per_worker[w] = per_worker.get(w, 0) + 1
         tids[(w, th)] = tid
-        meta.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": pid[w],
-                "tid": tid,
-                "args": {"name": f"thread {label.rsplit('#', 1)[-1]} ({th})"},
-            }
-        )
+        name = f"thread {label.rsplit('#', 1)[-1]} ({th})"
+        meta.append(_named("thread_name", pid[w], tid, name=name))
+    return tids
 
-    events: list[dict[str, Any]] = []
-    dropped: dict[str, int] = {}
 
-    def add(kind: str, ev: dict[str, Any]) -> None:
-        if len(events) >= limit:
-            dropped[kind] = dropped.get(kind, 0) + 1
-        else:
-            events.append(ev)
-
+def _task_events(
+    ts: Any, pid: dict[str, int], tids: dict[tuple[str, int], int], t0: float, events: _Events
+) -> None:
+    """One complete event per executed task, on its thread's track."""
     for r in ts.itertuples(index=False):
-        add(
+        args = {
+            "key": str(r.key),
+            "state": r.state,
+            "nbytes": int(r.nbytes),
+            "typename": str(r.typename),
+            "execution": int(r.execution),
+            "graph": int(r.graph),
+        }
+        events.add(
             "tasks",
             {
                 "ph": "X",
@@ -132,20 +149,17 @@ def trace(run: Run, max_events: int | None = MAX_EVENTS) -> dict[str, Any]:
                 "tid": tids[(r.worker, r.thread)],
                 "ts": _us(r.start, t0),
                 "dur": max(round((r.stop - r.start) * 1e6, 3), 0.0),
-                "args": {
-                    "key": str(r.key),
-                    "state": r.state,
-                    "nbytes": int(r.nbytes),
-                    "typename": str(r.typename),
-                    "execution": int(r.execution),
-                    "graph": int(r.graph),
-                },
+                "args": args,
             },
         )
+
+
+def _activity_events(act: Any, pid: dict[str, int], t0: float, events: _Events) -> None:
+    """Transfers, spill and (de)serialisation on each worker's transfers track."""
     for r in act.itertuples(index=False):
         if r.worker not in pid:
             continue
-        add(
+        events.add(
             r.action,
             {
                 "ph": "X",
@@ -158,8 +172,12 @@ def trace(run: Run, max_events: int | None = MAX_EVENTS) -> dict[str, Any]:
                 "args": {"key": str(r.key), "source": str(r.source or "")},
             },
         )
+
+
+def _scheduler_events(run: Run, t0: float, events: _Events, meta: list[dict[str, Any]]) -> None:
+    """Graph submissions and the scheduler's structured events, as instant events."""
     for r in run.graphs().itertuples(index=False):
-        add(
+        events.add(
             "scheduler",
             {
                 "ph": "i",
@@ -173,7 +191,7 @@ def trace(run: Run, max_events: int | None = MAX_EVENTS) -> dict[str, Any]:
             },
         )
     for r in run.events().itertuples(index=False):
-        add(
+        events.add(
             "scheduler",
             {
                 "ph": "i",
@@ -186,41 +204,6 @@ def trace(run: Run, max_events: int | None = MAX_EVENTS) -> dict[str, Any]:
                 "args": {"msg": str(r.msg)[:2000]},
             },
         )
-    meta.append(
-        {
-            "ph": "M",
-            "name": "thread_name",
-            "pid": 0,
-            "tid": 0,
-            "args": {"name": "graphs"},
-        }
-    )
-    meta.append(
-        {
-            "ph": "M",
-            "name": "thread_name",
-            "pid": 0,
-            "tid": 1,
-            "args": {"name": "events"},
-        }
-    )
-    _add_io(run, add, pid, t0, meta)
-    n_total = len(events) + sum(dropped.values())
-    return {
-        "traceEvents": meta + events,
-        "displayTimeUnit": "ms",
-        "metadata": {
-            "metacollect_run_id": run.attrs.get("run_id"),
-            "store": run.path,
-            "time_origin_epoch_s": t0,
-            "events": len(events),
-            "events_total": n_total,
-            "max_events": None if max_events is None else int(max_events),
-            "truncated": bool(dropped),
-            "dropped": dropped,
-            "executed_tasks": len(ts),
-        },
-    }
 
 
 def _add_io(run: Run, add: Any, pid: dict[str, int], t0: float, meta: list[dict[str, Any]]) -> None:
