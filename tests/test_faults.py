@@ -359,3 +359,60 @@ def test_a_value_nothing_can_encode_becomes_a_placeholder_and_its_failure_is_tol
     assert "Recursion" in told[0][1] or "Circular" in told[0][1]
     assert encode_json({"a": [1, 2.5, None]}) == '{"a":[1,2.5,null]}'
     assert encode_json({(1, 2): {3: _ReprRaises()}}) == '{"(1, 2)":{"3":"<_ReprRaises: repr failed>"}}'
+
+
+def test_a_store_removed_mid_run_is_reported_and_never_remade_piecemeal(tmp_path, client, caplog):
+    """The store's directory deleted while collect() runs: the flushes fail and keep their
+    rows (reported once per group), the end says the record is lost in one logged line and
+    on the session, nothing raises into the user's block, and no half store is made anew
+    (before: Zarr recreated directories on write, and the path held a store without its
+    run's attributes that open_run refused, with nothing said)."""
+    import logging
+    import shutil
+
+    import dask.array as da
+
+    store = str(tmp_path / "gone.zarr")
+    with caplog.at_level(logging.WARNING, logger="metacollect"):
+        with collect(client, store, flush_interval="50ms") as session:
+            assert (da.ones(100, chunks=10) + 1).sum().compute() == 200
+            time.sleep(0.3)
+            os.rename(store, store + ".trash")  # at once, whatever a flush writes meanwhile
+            shutil.rmtree(store + ".trash")
+            assert (da.ones(100, chunks=10) + 2).sum().compute() == 300
+            time.sleep(0.3)
+    assert session.status == "incomplete"
+    assert any("removed or replaced during the run" in m for m in session.missing)
+    lost = [r for r in caplog.records if "record is not complete" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelname == "ERROR"
+    assert not os.path.exists(os.path.join(store, "zarr.json"))
+    assert not os.path.exists(os.path.join(store, "clusters"))
+
+
+def test_metacollect_run_says_in_one_line_when_its_store_was_removed(tmp_path, capsys):
+    """The script removes the run's own store: ``metacollect run`` ends with one line that
+    says the record is lost and exit code 3, no traceback; the script's output is whole."""
+    store = str(tmp_path / "gone.zarr")
+    script = tmp_path / "removes_its_store.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, shutil, sys
+            from distributed import Client
+
+            store = STORE
+            client = Client(processes=False, n_workers=1, dashboard_address=":0")
+            print(client.submit(sum, [1, 2]).result())
+            os.rename(store, store + ".trash")
+            shutil.rmtree(store + ".trash")
+            print(client.submit(sum, [3, 4]).result())
+            """
+        ).replace("STORE", repr(store))
+    )
+    code = main(["run", "--store", store, str(script)])
+    out, err = capsys.readouterr()
+    assert code == 3, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert "removed or replaced during the run" in last and store in last
+    assert not os.path.exists(os.path.join(store, "zarr.json"))

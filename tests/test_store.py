@@ -620,7 +620,7 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
     strings and rows of counters, appended across chunk edges, by a writer that holds the
     tail and by a new one that must read it back, read the same as Zarr's own setitem."""
     from zarr.codecs import BloscCodec, ZstdCodec
-    from zarr.core.sync import sync
+    from metacollect.store.zarrio import run as sync
 
     from metacollect.store.chunks import ChunkAppender
 
@@ -652,7 +652,7 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
         root = zarr.open_group(tmp_path / f"{name}.zarr", mode="w")
         ours = root.create_array("ours", shape=(0, *width), chunks=(8, *width), **opts)
         theirs = root.create_array("theirs", shape=(0, *width), chunks=(8, *width), **opts)
-        appender = ChunkAppender(ours._async_array)
+        appender = ChunkAppender(ours.async_array)
         start = 0
         for i, n in enumerate(sizes):
             data = make(n)
@@ -660,7 +660,7 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
                 arr.resize((start + n, *width))
             theirs[start : start + n] = data
             if i == 4:  # a new writer: it reads the partial last chunk back
-                appender = ChunkAppender(zarr.open_array(ours.store_path)._async_array)
+                appender = ChunkAppender(zarr.open_array(ours.store_path).async_array)
             sync(appender.write(start, data))
             sync(appender.write(start + n, data[:0]))  # nothing to append: no change
             start += n
@@ -673,7 +673,7 @@ def test_append_after_a_failed_chunk_reads_its_rows_back(tmp_path, monkeypatch):
     """An append whose second chunk failed to store (its first did) leaves the appender
     without a tail: the retry, from the committed row as a flush retries, reads the rows
     before it back from the store."""
-    from zarr.core.sync import sync
+    from metacollect.store.zarrio import run as sync
     from zarr.storage import LocalStore
 
     from metacollect.store.chunks import ChunkAppender
@@ -681,7 +681,7 @@ def test_append_after_a_failed_chunk_reads_its_rows_back(tmp_path, monkeypatch):
     arr = zarr.open_group(tmp_path / "a.zarr", mode="w").create_array(
         "x", shape=(20,), chunks=(8,), dtype="f8", fill_value=np.nan
     )
-    appender = ChunkAppender(arr._async_array)
+    appender = ChunkAppender(arr.async_array)
     sync(appender.write(0, np.arange(5.0)))
     real = LocalStore.set
 
@@ -891,7 +891,7 @@ def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
 def test_appends_through_a_store_that_is_not_a_directory():
     """Chunks go through the array's store (``set``), not the filesystem: appends to an
     in-memory store read back as Zarr's own setitem writes them."""
-    from zarr.core.sync import sync
+    from metacollect.store.zarrio import run as sync
     from zarr.storage import MemoryStore
 
     from metacollect.store.chunks import ChunkAppender
@@ -901,7 +901,7 @@ def test_appends_through_a_store_that_is_not_a_directory():
         root.create_array(n, shape=(0,), chunks=(4,), dtype=str, fill_value="")
         for n in ("ours", "theirs")
     )
-    appender = ChunkAppender(ours._async_array)
+    appender = ChunkAppender(ours.async_array)
     start = 0
     for n in (3, 6, 1):
         data = np.array([f"v{start + i}" for i in range(n)], object)

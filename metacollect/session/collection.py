@@ -153,6 +153,9 @@ class Collection:
         self.run_id = run_id or uuid.uuid4().hex
         self.launcher = launcher
         # set by start(); None until then (a start that failed half way still stops cleanly)
+        #: how the collection ended (set when it has): the store's status and what it misses
+        self.status: str | None = None
+        self.missing: list[str] = []
         self.batch: Any = None
         self.darshan: Any = None
         self.profile: Any = None
@@ -178,6 +181,15 @@ class Collection:
             # Darshan: workers restart under it (if they must) before the collectors attach
             self.darshan = _darshan_start(self.client, self.store, writer)
         self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
+
+    def stop_quietly(self, status: str, error: BaseException | None = None) -> None:
+        """:meth:`stop` for :func:`collect`: our failure never reaches the user's code. It
+        is logged as one error line, and ``status``/``missing`` on the session say it."""
+        try:
+            self.status, self.missing = self.stop(status, error=error)
+        except Exception as e:
+            logger.error("metacollect: the run's record is not complete: %s", e)
+            self.status, self.missing = "incomplete", [f"{type(e).__name__}: {e}"]
 
     def abandon(self) -> None:
         """Undo a start that failed before any collector ran: the store's lock is released
@@ -305,6 +317,6 @@ def collect(
     try:
         yield session
     except BaseException as e:  # the record is whole; the status says how the block ended
-        session.stop("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", error=e)
+        session.stop_quietly("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", e)
         raise
-    session.stop("complete")
+    session.stop_quietly("complete")

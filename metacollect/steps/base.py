@@ -1,5 +1,6 @@
-"""What every collector of the map shares: a rate-limited recorder of its own failures, and
-an encoder of user values to JSON that never raises.
+"""What every collector of the map shares: :class:`Recording` (its flush thread, its sampler
+on the event loop, this process's Yappi sink, and one way to finish them), a rate-limited
+recorder of its own failures, and an encoder of user values to JSON that never raises.
 
 A collector's hooks run on the scheduler's or a worker's hot path; one that fails on every
 transition must neither take the process down nor flood the log and the store with a
@@ -16,9 +17,69 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import metacollect.config as config
+from metacollect.store.flush import PeriodicFlusher
 from metacollect.store.writer import GroupWriter
 
 logger = logging.getLogger(__name__)
+
+
+class Recording:
+    """The running part of a collector: rows swapped out of its buffers and written by a
+    flush thread every ``metacollect.flush-interval``, ``sample`` called on the event loop
+    every ``metacollect.snapshot-interval`` (when ``sampling``), and the process's Yappi
+    sink (``profile``) written with the flushes. :meth:`finish` is the one way they end:
+    a last sample, the final flush (the profile's full snapshot with it), the sink detached.
+    """
+
+    def __init__(
+        self,
+        swap: Callable[[], Any],
+        write: Callable[[Any], None],
+        on_error: Callable[[str, BaseException], None],
+        sample: Callable[[], None],
+        sampling: bool,
+        profile: Any = None,
+    ) -> None:
+        from tornado.ioloop import PeriodicCallback
+
+        self.profile = profile
+        self.sample = sample
+        self.flusher = PeriodicFlusher(
+            swap,
+            write,
+            config.interval("flush-interval"),
+            on_error,
+            "metacollect-flush",
+            budget=float(config.get("flush-budget")),
+        )
+        self.sampler = PeriodicCallback(sample, config.interval("snapshot-interval") * 1000)
+        self.sampling = sampling
+
+    def start(self) -> None:
+        self.flusher.start()
+        if self.sampling:
+            self.sampler.start()
+
+    async def finish(self) -> None:
+        """Last sample and final flush, on the event loop; the Yappi sink detached."""
+        self.sampler.stop()
+        self.sample()
+        if self.profile is not None:
+            self.profile.last_flush = True  # the final flush takes the full profile snapshot
+        await self.flusher.close()
+        if self.profile is not None:
+            self.profile.detach()
+
+    def finish_now(self) -> None:
+        """:meth:`finish` for a process whose event loop is gone (no sample: it reads state
+        the loop owns), synchronously."""
+        self.sampler.stop()
+        if self.profile is not None:
+            self.profile.last_flush = True
+        self.flusher.flush_now()
+        if self.profile is not None:
+            self.profile.detach()
 
 
 class ErrorRecorder:

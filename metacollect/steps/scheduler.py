@@ -26,11 +26,11 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 import metacollect.config as config
-from metacollect.steps.base import ErrorRecorder, encode_json
+from metacollect.steps.base import ErrorRecorder, Recording, encode_json
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.worker import NAME as WORKER_NAME
 from metacollect.steps.worker import WorkerCollector
-from metacollect.store.flush import PeriodicFlusher, take, take_rows
+from metacollect.store.flush import take, take_rows
 from metacollect.store.writer import GroupWriter, StoreWriter, columns
 
 if TYPE_CHECKING:
@@ -133,27 +133,20 @@ class SchedulerCollector(SchedulerPlugin):
         )
         self.client_group: GroupWriter = self.writer.group("client", cluster=self.cluster)
         self.group: GroupWriter = self.writer.group("scheduler", cluster=self.cluster)
-        self.flusher = PeriodicFlusher(
-            self._swap,
-            self._write,
-            config.interval("flush-interval"),
-            self._on_error,
-            "metacollect-flush",
-            budget=float(config.get("flush-budget")),
-        )
-        self.profile = (
-            None  # step 5, Yappi: the scheduler process's profile (metacollect.yappi.scheduler)
-        )
+        self.profile = None  # step 5, Yappi: the scheduler process's profile
         if config.get("yappi.enabled") and config.get("yappi.scheduler"):
             from metacollect.steps import yappi
 
             self.profile = yappi.attach(self.writer, "scheduler", cluster=self.cluster)
-        self.flusher.start()
-        from tornado.ioloop import PeriodicCallback
-
-        self._sampler = PeriodicCallback(self._sample, config.interval("snapshot-interval") * 1000)
-        if config.get("capture.worker-states"):
-            self._sampler.start()
+        self.recording = Recording(
+            self._swap,
+            self._write,
+            self._on_error,
+            self._sample,
+            sampling=bool(config.get("capture.worker-states")),
+            profile=self.profile,
+        )
+        self.recording.start()
         self._capture_events = bool(config.get("capture.events"))
         for address in list(scheduler.workers):
             self.add_worker(scheduler, address)
@@ -178,13 +171,7 @@ class SchedulerCollector(SchedulerPlugin):
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
-        self._sampler.stop()
-        self._sample()
-        if self.profile is not None:
-            self.profile.last_flush = True  # the final flush takes the full profile snapshot
-        await self.flusher.close()
-        if self.profile is not None:
-            self.profile.detach()
+        await self.recording.finish()
         ended: dict[str, Any] = {"ended": time.time(), **({"detached": True} if detached else {})}
         self.writer.group("cluster", attrs=ended, cluster=self.cluster)
         config.restore(self._config_before)
@@ -234,12 +221,7 @@ class SchedulerCollector(SchedulerPlugin):
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
-        self._sampler.stop()
-        if self.profile is not None:
-            self.profile.last_flush = True
-        self.flusher.flush_now()
-        if self.profile is not None:
-            self.profile.detach()
+        self.recording.finish_now()
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
 
     # -- hooks (event loop) -------------------------------------------------------------------

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import metacollect.config as config
-from metacollect.steps.base import ErrorRecorder
-from metacollect.store.flush import PeriodicFlusher, take, take_rows
+from metacollect.steps.base import ErrorRecorder, Recording
+from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
 from metacollect.store.writer import GroupWriter, StoreWriter
 
@@ -117,14 +117,6 @@ class WorkerCollector(WorkerPlugin):
             cluster=self.cluster,
             worker=self.id,
         )
-        self.flusher = PeriodicFlusher(
-            self._swap,
-            self._write,
-            config.interval("flush-interval"),
-            self._on_error,
-            "metacollect-flush",
-            budget=float(config.get("flush-budget")),
-        )
         self.profile = None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
         if config.get("yappi.enabled"):
             from metacollect.steps import yappi
@@ -136,12 +128,15 @@ class WorkerCollector(WorkerPlugin):
                 cluster=self.cluster,
                 worker=self.id,
             )
-        self.flusher.start()
-        from tornado.ioloop import PeriodicCallback
-
-        self._sampler = PeriodicCallback(self._sample, config.interval("snapshot-interval") * 1000)
-        if config.get("capture.worker-metrics"):
-            self._sampler.start()
+        self.recording = Recording(
+            self._swap,
+            self._write,
+            self._on_error,
+            self._sample,
+            sampling=bool(config.get("capture.worker-metrics")),
+            profile=self.profile,
+        )
+        self.recording.start()
         self._started = True
 
     async def teardown(self, worker: Worker) -> None:
@@ -149,13 +144,7 @@ class WorkerCollector(WorkerPlugin):
         if not self._started:
             return
         self._started = False
-        self._sampler.stop()
-        self._sample()
-        if self.profile is not None:
-            self.profile.last_flush = True  # the final flush takes the full profile snapshot
-        await self.flusher.close()
-        if self.profile is not None:
-            self.profile.detach()
+        await self.recording.finish()
         config.restore(self._config_before)
         if self.losses:  # the scheduler's end reports it; the store's status says incomplete
             raise RuntimeError(

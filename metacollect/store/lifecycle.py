@@ -175,7 +175,7 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
                 for f in files:
                     if f.endswith(".partial"):
                         os.remove(os.path.join(dirpath, f))
-        root = zarrio.open_group(store, mode="a")
+        root = _run_root(store)
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
         consolidate(
@@ -188,7 +188,9 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
                 **extra,
             },
         )
-    except Exception as e:  # the store was removed or replaced mid-run
+    except StoreError:
+        raise
+    except Exception as e:  # the store became unwritable mid-run
         raise StoreError(
             f"cannot finalise store {store} ({type(e).__name__}: {e}); what was flushed before "
             "is kept and the store's status stays incomplete"
@@ -198,10 +200,28 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
             lock.release(store)
 
 
+def _run_root(store: str) -> zarrio.Group:
+    """The root of a run's store, which must still be there (never made anew)."""
+    try:
+        root = zarrio.open_group(store, mode="r+")
+    except Exception:
+        root = None
+    if root is None or "run_id" not in root.attrs:
+        raise StoreError(
+            f"store {store} was removed or replaced during the run: its record is lost; "
+            "write runs where nothing else deletes them"
+        )
+    return root
+
+
 def cluster_ends(store: str) -> dict[str, float | None]:
     """When each cluster (scheduler) that collected into ``store`` recorded its end, by
-    cluster id (``None``: it never did, so its data after its last flush is missing)."""
-    root = zarrio.open_group(store, mode="r")
+    cluster id (``None``: it never did, so its data after its last flush is missing). A store
+    that cannot be opened has none here: :func:`finalize` says what happened to it."""
+    try:
+        root = zarrio.open_group(store, mode="r")
+    except Exception:
+        return {}
     try:
         clusters = root["clusters"]
     except KeyError:

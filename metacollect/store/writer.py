@@ -22,6 +22,7 @@ import pandas as pd
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
+from metacollect.errors import StoreError
 from metacollect.store.chunks import ChunkAppender
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
@@ -194,6 +195,7 @@ class GroupWriter:
         )
 
     def set_attrs(self, **attrs: Any) -> None:
+        self.store.check_exists()
         with compact_json():  # one write of zarr.json, not one per key
             self.group.update_attributes(_jsonable(attrs))
 
@@ -341,6 +343,7 @@ class GroupWriter:
             if table not in self._committed:
                 self._committed[table] = self._rows_in_store(table)
             if table not in self._arrays:  # its group, and the arrays an earlier writer made
+                self.store.check_exists()  # a new table's group must not remake a removed store
                 tgroup = self.store.ensure_table(self, table)
                 self._tgroups[table] = zarrio.async_group(tgroup)
                 self._arrays[table] = zarrio.async_arrays(tgroup)
@@ -350,6 +353,11 @@ class GroupWriter:
             self._committed[table] += len(next(iter(columns.values())))
 
     async def _append_all(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        # a store removed under the run must fail the flush (rows kept, reported once), not
+        # be recreated piecemeal by the appends: Zarr makes missing directories on write
+        if not await zarrio.exists(self.store.root.store_path):
+            raise self.store.removed()
+
         async def one(table: str, name: str, data: np.ndarray) -> None:
             arr = await self._array(table, name, data)
             # rows past the commit point are free: a failed append's are written over
@@ -528,6 +536,18 @@ class StoreWriter:
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))
+
+    def check_exists(self) -> None:
+        """Raise :meth:`removed` if the store's root is gone: a write below it would make
+        its directories anew (Zarr creates them), a half store without the run's record."""
+        if not zarrio.run(zarrio.exists(self.root.store_path)):
+            raise self.removed()
+
+    def removed(self) -> StoreError:
+        return StoreError(
+            f"store {self.path} was removed during the run; rows are kept in memory "
+            "(up to metacollect.buffer-limit per table) and written if it comes back"
+        )
 
 
 def _capacity(needed: int, current: int, chunk: int) -> int:

@@ -166,6 +166,11 @@ async def read_doc(where: Any) -> dict[str, Any] | None:
     return doc
 
 
+async def exists(where: Any) -> bool:
+    """Whether a node's metadata document (``zarr.json``) is at store path ``where``."""
+    return bool(await (where / "zarr.json").exists())
+
+
 async def write_doc(where: Any, doc: Mapping[str, Any]) -> None:
     """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
     store path ``where`` in one write: every ``zarr.json`` metacollect makes itself (tables,

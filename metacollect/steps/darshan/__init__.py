@@ -1,7 +1,7 @@
 """Step 5 of the metadata map, Darshan half: what I/O each process did (level
 ``process``).
 
-See ``schema/step5-darshan.yaml`` for the layout and ``shared/notes/darshan.md`` for the
+See ``schema/step5-darshan.yaml`` for the layout and ``docs/darshan.md`` for the
 facts this package is built on. Four parts:
 
 - **Environment.** Darshan instruments a non-MPI process only when ``LD_PRELOAD`` names
