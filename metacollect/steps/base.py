@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import metacollect.config as config
@@ -80,6 +80,22 @@ class Recording:
         self.flusher.flush_now()
         if self.profile is not None:
             self.profile.detach()
+
+
+def write_parts(
+    parts: Iterable[tuple[str, Callable[[], None]]],
+    on_error: Callable[[str, BaseException], None],
+) -> int:
+    """Convert each part of a flush on its own (graphs, transitions, events, ...): one that
+    fails is recorded and costs only its own rows. Returns how many parts failed."""
+    failed = 0
+    for name, write in parts:
+        try:
+            write()
+        except Exception as e:
+            failed += 1
+            on_error(f"write {name}", e)
+    return failed
 
 
 class ErrorRecorder:

@@ -26,7 +26,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 import metacollect.config as config
-from metacollect.steps.base import ErrorRecorder, Recording, encode_json
+from metacollect.steps.base import ErrorRecorder, Recording, encode_json, write_parts
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.worker import NAME as WORKER_NAME
 from metacollect.steps.worker import WorkerCollector
@@ -386,12 +386,7 @@ class SchedulerCollector(SchedulerPlugin):
             ("samples", lambda: self._write_samples(samples)),
             ("profile", self._write_profile),
         )
-        for name, write in parts:
-            try:
-                write()
-            except Exception as e:
-                self.losses += 1
-                self._on_error(f"write {name}", e)
+        self.losses += write_parts(parts, self._on_error)
         self.errors.report_counts()
         self.writer.flush()
 

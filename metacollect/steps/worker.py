@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import metacollect.config as config
-from metacollect.steps.base import ErrorRecorder, Recording
+from metacollect.steps.base import ErrorRecorder, Recording, write_parts
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
 from metacollect.store.writer import GroupWriter, StoreWriter
@@ -254,12 +254,7 @@ class WorkerCollector(WorkerPlugin):
             ("samples", lambda: self._write_samples(samples)),
             ("profile", lambda: self._write_profile(transitions)),
         )
-        for name, write in parts:
-            try:
-                write()
-            except Exception as e:
-                self.losses += 1
-                self._on_error(f"write {name}", e)
+        self.losses += write_parts(parts, self._on_error)
         self.errors.report_counts()
         self.writer.flush()
 
