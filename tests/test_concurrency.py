@@ -120,3 +120,75 @@ def test_workers_join_and_leave(tmp_path):
     assert set(run.worker_table("tasks").worker_group) >= set(
         workers[workers.address.isin(remaining)].group
     )
+
+
+def _transitions_of(run, prefix):
+    t = run.transitions()
+    t = t[t.key.astype(str).str.startswith(f"{prefix}-")]
+    return sorted(zip(t.key.astype(str), t.start.astype(str), t.finish.astype(str), strict=True))
+
+
+def test_collections_nested_and_one_after_another_each_keep_a_whole_record(tmp_path, caplog):
+    """``collect()`` inside ``collect()`` on one client: each store holds its own whole record
+    (one collector per store, none replaces the other); one after another works too."""
+    stores = {name: str(tmp_path / f"{name}.zarr") for name in ("outer", "inner", "next")}
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        with collect(client, stores["outer"], flush_interval="0.5s") as outer:
+            assert sum(client.gather(client.map(slow, range(40), key=_keys("before", 40)))) == 780
+            with collect(client, stores["inner"], flush_interval="0.5s") as inner:
+                futures = client.map(slow, range(100), key=_keys("inner", 100))
+                assert sum(client.gather(futures)) == 4950
+            assert sum(client.gather(client.map(slow, range(40), key=_keys("after", 40)))) == 780
+        with collect(client, stores["next"], flush_interval="0.5s") as after:
+            assert sum(client.gather(client.map(slow, range(30), key=_keys("next", 30)))) == 435
+        left = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+    assert not [name for name in left if name.startswith("metacollect")]
+    assert "Could not find plugin" not in caplog.text
+    assert (outer.status, inner.status, after.status) == ("complete",) * 3
+    counts = {}
+    for name, store in stores.items():
+        run = open_run(store)
+        assert run.attrs["status"] == "complete", run.attrs.get("missing")
+        assert main(["validate", "-q", store]) == 0
+        assert len(run.worker_groups()) == 2
+        counts[name] = run.tasks().prefix.value_counts().to_dict()
+    assert counts["outer"] == {"inner": 100, "before": 40, "after": 40}
+    assert counts["inner"] == {"inner": 100}
+    assert counts["next"] == {"next": 30}
+    # the inner run's transitions are the same in both stores, row for row
+    both = [_transitions_of(open_run(stores[name]), "inner") for name in ("outer", "inner")]
+    assert both[0] == both[1] and len(both[0]) >= 100 * 4
+    (cluster_id,) = open_run(stores["inner"]).clusters()
+    shared = open_run(stores["inner"]).groups[f"clusters/{cluster_id}"]["shared_with"]
+    assert shared == [stores["outer"]]
+
+
+def test_a_nested_collection_leaves_yappi_to_the_first_and_says_so(tmp_path):
+    """A process has one Yappi profiler: the first collection keeps it, and a collection
+    nested in it that asked for Yappi too records why its store holds no profile."""
+    outer_store, inner_store = str(tmp_path / "outer.zarr"), str(tmp_path / "inner.zarr")
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        collect(client, outer_store, yappi=True, flush_interval="0.5s"),
+    ):
+        with collect(client, inner_store, yappi=True, flush_interval="0.5s") as inner:
+            assert sum(client.gather(client.map(slow, range(20), key=_keys("inner", 20)))) == 190
+    assert inner.status == "incomplete"
+    (reason,) = inner.missing
+    assert reason.startswith("yappi: not collected here") and outer_store in reason
+    run = open_run(inner_store)
+    assert run.attrs["status"] == "incomplete" and run.attrs["missing"] == [reason]
+    assert len(run.tasks()) == 20
+    assert len(open_run(outer_store).profile()) > 0
+
+
+def _keys(prefix, n):
+    return [f"{prefix}-{i}" for i in range(n)]

@@ -23,7 +23,8 @@ from distributed import Client, LocalCluster
 from metacollect import collect, open_run
 from metacollect.cli import main
 from metacollect.errors import MetacollectError
-from metacollect.steps.scheduler import NAME, SchedulerCollector
+from metacollect.steps.scheduler import SchedulerCollector, collectors
+from metacollect.steps.worker import WorkerCollector
 
 
 def slow_inc(x, delay=0.05):
@@ -184,11 +185,13 @@ def _flush_state(plugin):
 
 
 def _scheduler_flush_state(dask_scheduler):
-    return _flush_state(dask_scheduler.plugins[NAME])
+    (plugin,) = collectors(dask_scheduler)
+    return _flush_state(plugin)
 
 
 def _worker_flush_state(dask_worker):
-    return _flush_state(dask_worker.plugins["metacollect-worker"])
+    (plugin,) = [p for p in dask_worker.plugins.values() if isinstance(p, WorkerCollector)]
+    return _flush_state(plugin)
 
 
 def _point(link: str, target: str) -> None:
@@ -282,8 +285,9 @@ def test_hook_exception_recorded_and_dask_keeps_running(tmp_path):
     store = str(tmp_path / "hooks.zarr")
     with _cluster(1) as cluster, Client(cluster) as client:
         with collect(client, store, flush_interval="0.3s") as session:
-            client.unregister_scheduler_plugin(NAME)
-            client.register_plugin(FailingCollector(session.store, {}), name=NAME)
+            failing = FailingCollector(session.store, {})
+            client.unregister_scheduler_plugin(failing.name)
+            client.register_plugin(failing)
             assert client.submit(slow_inc, 1, delay=0).result() == 2
             assert sum(client.gather(client.map(slow_inc, range(50), delay=0))) == sum(range(1, 51))
             with Client(cluster.scheduler_address) as other:  # add_client / remove_client hooks

@@ -12,6 +12,7 @@ from distributed import wait
 from reference import TransitionRecorder, recorded, wait_idle
 
 from metacollect import collect, open_run
+from metacollect.steps.scheduler import collectors
 from metacollect.store.validate import validate_store
 
 
@@ -100,11 +101,17 @@ def test_events_off_records_no_events(client, store):
     assert len(run.transitions()) > 0  # the rest is still collected
 
 
+def collector_of(dask_scheduler):
+    """The scheduler's one collector (these tests collect into one store at a time)."""
+    (plugin,) = collectors(dask_scheduler)
+    return plugin
+
+
 def hold_the_loop(dask_scheduler, n, seconds):
     """Run on the scheduler's event loop and keep it: make ``n`` transitions through the
     collector's own hook, as one long step does (a big graph submitted), and wait until
     they are written or ``seconds`` pass. Returns the rows written meanwhile."""
-    plugin = dask_scheduler.plugins["metacollect-scheduler"]
+    plugin = collector_of(dask_scheduler)
     before = plugin.n_transitions
     for i in range(n):
         plugin.transition(("held", i), "released", "waiting", stimulus_id="held-loop")
@@ -137,7 +144,7 @@ def test_100k_task_graph_flushes_during_the_run(client, store):
     flushed_during_run = []
 
     def rows_written(dask_scheduler):
-        return dask_scheduler.plugins["metacollect-scheduler"].n_transitions
+        return collector_of(dask_scheduler).n_transitions
 
     with collect(client, store, flush_interval="0.5s"):
         n = 100_000

@@ -89,14 +89,16 @@ async def _attach_through(client: Client, store: str, options: dict[str, Any]) -
     already, e.g. a scheduler this process started with the scheduler preload)."""
     from distributed.protocol.pickle import dumps
 
-    from metacollect.steps.scheduler import NAME, SchedulerCollector
+    from metacollect.steps.scheduler import SchedulerCollector
 
     scheduler = client.scheduler
     if scheduler is None:  # not connected: nothing to attach to
         return
     plugin = SchedulerCollector(store, options, attached_by="client-preload")
     try:
-        await scheduler.register_scheduler_plugin(plugin=dumps(plugin), name=NAME, idempotent=True)
+        await scheduler.register_scheduler_plugin(
+            plugin=dumps(plugin), name=plugin.name, idempotent=True
+        )
     except Exception as e:  # e.g. metacollect not importable where the scheduler runs
         attach_failures.append((str(scheduler.address), f"{type(e).__name__}: {e}"))
         logger.error("metacollect: cannot collect the scheduler at %s: %s", scheduler.address, e)

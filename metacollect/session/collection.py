@@ -26,8 +26,7 @@ from metacollect.config import redact_text
 from metacollect.errors import UsageError
 from metacollect.session.shutdown import retire_and_wait, retire_batch
 from metacollect.steps.job import JobInfo, versions, write_job
-from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
-from metacollect.steps.scheduler import SchedulerCollector, end_collection
+from metacollect.steps.scheduler import SchedulerCollector, active_stores, end_collection
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.writer import StoreWriter
 
@@ -133,6 +132,24 @@ def _darshan_start(client: Client, store: str, writer: StoreWriter) -> Any:
     return darshan.start(client, store, writer)
 
 
+def _left_to_others(client: Client) -> list[str]:
+    """Step 5 that another collection of this cluster already takes (``collect()`` nested in
+    ``collect()``): a process has one Yappi profiler and one Darshan runtime, so the first
+    collection keeps them. Returns what this one leaves out and why (its record says so); the
+    scheduler collector turns Yappi off on the scheduler and workers itself."""
+    asked = [step for step in ("yappi", "darshan") if config.get(f"{step}.enabled")]
+    if not asked:
+        return []
+    others = client.run_on_scheduler(active_stores)
+    one = {"yappi": "one Yappi profiler", "darshan": "one Darshan runtime"}
+    return [
+        f"{step}: not collected here: the collection into {', '.join(others)} runs on the "
+        f"same cluster, and a process has {one[step]} (that store holds it)"
+        for step in asked
+        if others
+    ]
+
+
 class Collection:
     """One collection session on a client; see :func:`collect`."""
 
@@ -159,6 +176,8 @@ class Collection:
         self.batch: Any = None
         self.darshan: Any = None
         self.profile: Any = None
+        #: step 5 left to another collection of the same cluster: what and why
+        self.left_out: list[str] = []
 
     def start(self) -> None:
         # this process's own config, given back in stop(): collectors that live here
@@ -177,10 +196,12 @@ class Collection:
             )
             writer.flush()
             self.batch = _batch_recorder(self.client, writer)
-            self.profile = _client_profile(self.client, writer)
-            # Darshan: workers restart under it (if they must) before the collectors attach
-            self.darshan = _darshan_start(self.client, self.store, writer)
-        self.client.register_plugin(SchedulerCollector(self.store, opts), name=SCHEDULER_PLUGIN)
+            self.left_out = _left_to_others(self.client)
+            if not self.left_out:
+                self.profile = _client_profile(self.client, writer)
+                # Darshan: workers restart under it (if they must) before the collectors attach
+                self.darshan = _darshan_start(self.client, self.store, writer)
+        self.client.register_plugin(SchedulerCollector(self.store, opts))
 
     def stop_quietly(self, status: str, error: BaseException | None = None) -> None:
         """:meth:`stop` for :func:`collect`: our failure never reaches the user's code. It
@@ -195,7 +216,7 @@ class Collection:
         """Undo a start that failed before any collector ran: the store's lock is released
         (and its directory removed if nothing was written), the client's plugins detached."""
         with contextlib.suppress(Exception):
-            self.client.unregister_scheduler_plugin(SCHEDULER_PLUGIN)
+            self.client.unregister_scheduler_plugin(SchedulerCollector(self.store).name)
         abandon(self.store)
 
     def stop(
@@ -228,9 +249,7 @@ class Collection:
         return retire_and_wait(self.client, timeout=timeout)
 
     def _end_collection(self) -> list[str]:
-        ended = self.client.run_on_scheduler(
-            end_collection, name=SCHEDULER_PLUGIN, store=self.store
-        )
+        ended = self.client.run_on_scheduler(end_collection, store=self.store)
         return list(ended or [])
 
     def _stop(
@@ -269,7 +288,7 @@ class Collection:
         if error is not None:
             extra["workflow_error"] = redact_text(f"{type(error).__name__}: {error}")
         # a problem ending the collection is a gap in the record: the status must say so
-        missing = [*extra.pop("missing", []), *problems]
+        missing = [*extra.pop("missing", []), *self.left_out, *problems]
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         finalize(self.store, status, missing=missing, **extra)

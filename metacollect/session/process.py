@@ -9,8 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
-from metacollect.steps.scheduler import SchedulerCollector, end_collection
+from metacollect.steps.scheduler import active_collectors, end_collection
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -55,8 +54,7 @@ def end_process_collections(
             what = f"close {type(cluster).__name__} {getattr(cluster, 'name', '')}".rstrip()
             _attempt(what, ended, problems, cluster.close, timeout=timeout)
     for scheduler in list(Scheduler._instances):  # started by hand, with no cluster object
-        plugin = scheduler.plugins.get(SCHEDULER_PLUGIN)
-        if isinstance(plugin, SchedulerCollector) and not getattr(plugin, "_finished", True):
+        for plugin in active_collectors(scheduler):
             _attempt(f"final flush of scheduler {scheduler.id}", ended, problems, plugin.finish_now)
     return ended, problems
 
@@ -89,7 +87,6 @@ def _end_remote(
         problems,
         client.run_on_scheduler,
         end_collection,
-        name=SCHEDULER_PLUGIN,
         store=store,
     )
     problems.extend(result or [])

@@ -28,8 +28,7 @@ from distributed.protocol.pickle import dumps
 import metacollect.config as config
 from metacollect.steps.base import ErrorRecorder, Recording, encode_json, write_parts
 from metacollect.steps.client import GraphRecorder
-from metacollect.steps.worker import NAME as WORKER_NAME
-from metacollect.steps.worker import WorkerCollector
+from metacollect.steps.worker import WorkerCollector, worker_plugin_name
 from metacollect.store.flush import take, take_rows
 from metacollect.store.writer import GroupWriter, StoreWriter, columns
 
@@ -38,6 +37,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: the scheduler collectors' plugin names: ``metacollect-scheduler:<store>``, one per store,
+#: so that collections into two stores at once (``collect()`` nested in ``collect()``) each
+#: keep their own collector
 NAME = "metacollect-scheduler"
 
 _now = time.time  # a global lookup, not an attribute lookup, on the transition hot path
@@ -73,7 +75,6 @@ class SchedulerCollector(SchedulerPlugin):
         ``"plugin"`` (registered by :func:`metacollect.collect`) or ``"preload"``.
     """
 
-    name = NAME
     idempotent = True
 
     def __init__(
@@ -83,6 +84,7 @@ class SchedulerCollector(SchedulerPlugin):
         attached_by: str = "plugin",
     ) -> None:
         self.store_path = os.fspath(store)
+        self.name = f"{NAME}:{self.store_path}"
         self.options = options or {}
         self.attached_by = attached_by
         self.cluster: str | None = None
@@ -107,6 +109,11 @@ class SchedulerCollector(SchedulerPlugin):
     async def start(self, scheduler: Scheduler) -> None:
         if self.scheduler is not None:  # idempotent: started once per scheduler
             return
+        #: stores other collections of this cluster write into (nested ``collect()``)
+        self.shared_with = [p.store_path for p in active_collectors(scheduler) if p is not self]
+        if self.shared_with:  # one Yappi profiler per process: it stays with the first
+            yappi_options = {**self.options.get("yappi", {}), "enabled": False}
+            self.options = {**self.options, "yappi": yappi_options}
         self._config_before = config.apply(self.options)
         self.scheduler = scheduler
         self.cluster = cluster_id(scheduler.id)
@@ -128,6 +135,7 @@ class SchedulerCollector(SchedulerPlugin):
                 "started": time.time(),
                 "ended": None,
                 "attached_by": self.attached_by,
+                "shared_with": self.shared_with,
             },
             cluster=self.cluster,
         )
@@ -191,9 +199,10 @@ class SchedulerCollector(SchedulerPlugin):
         problems: list[str] = []
 
         async def detach_workers() -> None:
-            if WORKER_NAME not in scheduler.worker_plugins:
+            name = worker_plugin_name(self.store_path)
+            if name not in scheduler.worker_plugins:
                 return
-            replies = await scheduler.unregister_worker_plugin(None, WORKER_NAME)
+            replies = await scheduler.unregister_worker_plugin(None, name)
             for address, reply in (replies or {}).items():
                 if isinstance(reply, dict) and reply.get("status") == "error":
                     problems.append(f"final flush of worker {address}: {reply.get('exception')}")
@@ -506,19 +515,39 @@ class SchedulerCollector(SchedulerPlugin):
         self.errors(where, exc)
 
 
-async def end_collection(
-    dask_scheduler: Scheduler, name: str = NAME, store: str | None = None
-) -> list[str] | None:
-    """End the collection of the scheduler's collector ``name`` (see
-    :meth:`SchedulerCollector.end`); run it on the scheduler with
-    ``client.run_on_scheduler(end_collection, name=..., store=...)``.
+def collectors(scheduler: Scheduler, store: str | None = None) -> list[SchedulerCollector]:
+    """The scheduler's collectors (into ``store`` only, if given)."""
+    return [
+        p
+        for p in list(scheduler.plugins.values())
+        if isinstance(p, SchedulerCollector) and store in (None, p.store_path)
+    ]
 
-    ``store``: end it only if it collects into that store (a scheduler someone else collects
-    is left alone). Returns the problems met, or ``None`` when there was nothing to end.
-    """
-    plugin = dask_scheduler.plugins.get(name)
-    if not isinstance(plugin, SchedulerCollector):
+
+def active_collectors(scheduler: Scheduler) -> list[SchedulerCollector]:
+    """The scheduler's collectors that have started and not yet finished."""
+    return [
+        p
+        for p in collectors(scheduler)
+        if p.scheduler is not None and not getattr(p, "_finished", False)
+    ]
+
+
+def active_stores(dask_scheduler: Scheduler) -> list[str]:
+    """The stores this scheduler is collected into now; run it with ``run_on_scheduler``."""
+    return [p.store_path for p in active_collectors(dask_scheduler)]
+
+
+async def end_collection(dask_scheduler: Scheduler, store: str | None = None) -> list[str] | None:
+    """End the scheduler's collection into ``store`` (every collection if ``None``; see
+    :meth:`SchedulerCollector.end`); run it on the scheduler with
+    ``client.run_on_scheduler(end_collection, store=...)``. A scheduler collected into other
+    stores only is left alone. Returns the problems met, or ``None`` when there was nothing to
+    end."""
+    found = collectors(dask_scheduler, store)
+    if not found:
         return None
-    if store is not None and plugin.store_path != store:
-        return None
-    return await plugin.end()
+    problems: list[str] = []
+    for plugin in found:
+        problems += await plugin.end()
+    return problems

@@ -40,8 +40,13 @@ _METRICS = (
 )  # fmt: skip
 _TRANSFERS = ("direction", "peer", "start", "stop", "n_keys", "keys", "total", "compressed")
 
-#: the worker collector's plugin name on every worker
+#: the worker collectors' plugin names on every worker: ``metacollect-worker:<store>``
 NAME = "metacollect-worker"
+
+
+def worker_plugin_name(store: str) -> str:
+    """The plugin name of the worker collector writing into ``store``."""
+    return f"{NAME}:{store}"
 
 
 def worker_id(worker: Worker) -> str:
@@ -62,11 +67,11 @@ class WorkerCollector(WorkerPlugin):
         The ``metacollect`` config section to apply in the worker process.
     """
 
-    name = NAME
     idempotent = True
 
     def __init__(self, store: str, cluster: str, options: dict[str, Any] | None = None) -> None:
         self.store_path = store
+        self.name = worker_plugin_name(store)
         self.cluster = cluster
         self.options = options or {}
         self.worker: Worker | None = None

@@ -162,7 +162,6 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
     """End a batch wrapper's cluster: record the workers' environment, retire them, wait until
     they left, flush and shut down the scheduler. Returns the problems met (also kept for
     :func:`batch_finalize` in the root attrs)."""
-    from metacollect.steps.scheduler import NAME as SCHEDULER_PLUGIN
     from metacollect.steps.scheduler import end_collection
     from metacollect.store.writer import StoreWriter
 
@@ -186,7 +185,7 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
         group.flush()
         problems += retire_and_wait(client, (), timeout=timeout)
         try:
-            problems += client.run_on_scheduler(end_collection, name=SCHEDULER_PLUGIN) or []
+            problems += client.run_on_scheduler(end_collection) or []
         except Exception as e:
             problems.append(f"end collection: {type(e).__name__}: {e}")
         try:
