@@ -362,7 +362,9 @@ def test_a_value_nothing_can_encode_becomes_a_placeholder_and_its_failure_is_tol
     assert placeholder["unencodable"] == "dict" and told[0][0] == "dict"
     assert "Recursion" in told[0][1] or "Circular" in told[0][1]
     assert encode_json({"a": [1, 2.5, None]}) == '{"a":[1,2.5,null]}'
-    assert encode_json({(1, 2): {3: _ReprRaises()}}) == '{"(1, 2)":{"3":"<_ReprRaises: repr failed>"}}'
+    assert (
+        encode_json({(1, 2): {3: _ReprRaises()}}) == '{"(1, 2)":{"3":"<_ReprRaises: repr failed>"}}'
+    )
 
 
 def test_a_store_removed_mid_run_is_reported_and_never_remade_piecemeal(tmp_path, client, caplog):
@@ -421,3 +423,74 @@ def test_metacollect_run_says_in_one_line_when_its_store_was_removed(tmp_path, c
     last = err.strip().splitlines()[-1]
     assert "removed or replaced during the run" in last and store in last
     assert not os.path.exists(os.path.join(store, "zarr.json"))
+
+
+# -- an external scheduler killed ---------------------------------------------------------------
+
+
+def _external_cluster(tmp_path, sched_file):
+    """A scheduler and a worker in processes of their own, as `dask scheduler`/`dask worker`."""
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file",
+         sched_file, "--host", "127.0.0.1", "--dashboard-address", ":0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 60
+    while not os.path.exists(sched_file) and time.time() < deadline:
+        time.sleep(0.1)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", sched_file,
+         "--nthreads", "1", "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return scheduler, worker
+
+
+def _files(store):
+    """Every file of a store, with its size and modification time."""
+    return {
+        os.path.join(d, f): (
+            os.stat(os.path.join(d, f)).st_size,
+            os.stat(os.path.join(d, f)).st_mtime_ns,
+        )
+        for d, _, files in os.walk(store)
+        for f in files
+    }
+
+
+def test_an_external_scheduler_killed_while_collect_runs_is_told(tmp_path, caplog):
+    """The scheduler (another process) dies while ``collect()`` runs: the store keeps what was
+    flushed, and the status and ``missing`` say the scheduler was lost and what that costs.
+    Its worker, still alive, writes nothing into the sealed store."""
+    store, sched_file = str(tmp_path / "lost.zarr"), str(tmp_path / "scheduler.json")
+    scheduler, worker = _external_cluster(tmp_path, sched_file)
+    try:
+        client = Client(scheduler_file=sched_file, timeout="20s")
+        client.wait_for_workers(1, timeout=60)
+        with collect(client, store, flush_interval="0.3s") as session:
+            # a builtin: the worker cannot import this test module
+            assert sum(client.gather(client.map(abs, range(-20, 0)))) == sum(range(1, 21))
+            deadline = time.time() + 60
+            while time.time() < deadline and (open_run(store).tasks().prefix == "abs").sum() < 20:
+                time.sleep(0.2)
+            scheduler.kill()
+            scheduler.wait(timeout=30)
+            killed_at = time.time()
+            time.sleep(1.0)
+        ended_after = time.time() - killed_at
+        sealed = _files(store)
+        time.sleep(2.0)  # the worker lives on, sampling and flushing every 0.3 s
+        assert _files(store) == sealed  # but writes nothing into the sealed store
+        client.close(timeout=5)
+    finally:
+        for proc in (worker, scheduler):
+            proc.kill()
+            proc.wait(timeout=30)
+    assert session.status == "incomplete"
+    (lost,) = [m for m in session.missing if "scheduler" in m and "lost" in m]
+    assert "not in the store" in lost
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete" and lost in run.attrs["missing"]
+    assert (run.tasks().prefix == "abs").sum() == 20  # what was flushed before the kill
+    assert main(["validate", "-q", store]) == 0
+    assert ended_after < 60, ended_after

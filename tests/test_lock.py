@@ -102,3 +102,42 @@ def test_a_run_that_fails_to_start_leaves_no_store_and_no_lock(tmp_path, client)
     with collect(client, str(store)):  # and the path is free for the next run
         pass
     assert open_run(str(store)).attrs["status"] == "complete"
+
+
+def test_a_writer_that_outlives_its_run_writes_nothing_into_the_sealed_store(tmp_path, caplog):
+    """A collector still flushing after its run was sealed (a worker whose scheduler was lost,
+    a late flush thread) fails its flush with one message and leaves the store as sealed."""
+    from metacollect.session.collection import init_root
+    from metacollect.steps.job import JobInfo, write_job
+    from metacollect.store.lifecycle import finalize, prepare_store
+    from metacollect.store.validate import validate_store
+    from metacollect.store.writer import StoreWriter
+
+    store = prepare_store(str(tmp_path / "sealed.zarr"), None)
+    first = StoreWriter(store)
+    init_root(first, "sealed-run")
+    write_job(first, JobInfo.capture("collect"))
+    first.flush()
+    late = StoreWriter(store)  # made while the run holds the lock, as every collector is
+    errors = late.group("job").tables["errors"]
+    errors.append({"time": [1.0], "where": ["before"], "what": ["a"], "why": [""]})
+    assert late.flush() == 1
+    finalize(store)
+    files = {
+        os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+        for d, _, names in os.walk(store)
+        for f in names
+    }
+    errors.append({"time": [2.0], "where": ["after"], "what": ["b"], "why": [""]})
+    late.flush()
+    assert "has ended (its store is sealed)" in caplog.text
+    assert files == {
+        os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+        for d, _, names in os.walk(store)
+        for f in names
+    }
+    assert validate_store(store) == []
+    assert open_run(store).errors()["where"].tolist() == ["before"]
+    # a writer of a store that holds no lock (metacollect ingest after the run) still writes
+    after = StoreWriter(store)
+    assert not after.in_locked_run

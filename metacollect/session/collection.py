@@ -249,7 +249,19 @@ class Collection:
         return retire_and_wait(self.client, timeout=timeout)
 
     def _end_collection(self) -> list[str]:
-        ended = self.client.run_on_scheduler(end_collection, store=self.store)
+        address = getattr(self.client.scheduler, "address", None)
+        try:
+            ended = self.client.run_on_scheduler(end_collection, store=self.store)
+        except Exception as e:
+            if self.client.status == "running":
+                raise
+            # the scheduler is gone (killed, its job ended): say what that cost, not only why
+            return [
+                f"scheduler {address} was lost before the collection ended "
+                f"({type(e).__name__}: {e}): what it and its workers did after their last "
+                "flushes (one flush interval, longer if it was stretched) and their final "
+                "flushes are not in the store; its cluster group has no end"
+            ]
         return list(ended or [])
 
     def _stop(

@@ -33,6 +33,11 @@ def lock_path(store: str) -> str:
     return os.path.join(store, LOCK_FILE)
 
 
+def held(store: str) -> bool:
+    """Whether a run holds the store's lock now (stores given as URLs are never locked)."""
+    return "://" not in store and os.path.exists(lock_path(store))
+
+
 def holder(store: str) -> dict[str, Any] | None:
     """Who holds the store's lock (``None``: nobody, or a lock file that cannot be read)."""
     try:

@@ -23,6 +23,7 @@ import pandas as pd
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
+from metacollect.store import lock
 from metacollect.store.chunks import ChunkAppender
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
@@ -357,6 +358,7 @@ class GroupWriter:
         # be recreated piecemeal by the appends: Zarr makes missing directories on write
         if not await zarrio.exists(self.store.root.store_path):
             raise self.store.removed()
+        self.store.check_run_open()
 
         async def one(table: str, name: str, data: np.ndarray) -> None:
             arr = await self._array(table, name, data)
@@ -419,6 +421,9 @@ class StoreWriter:
         self.path = os.fspath(path)
         self.schema = schema or load_schema()
         self.root = open_root(self.path)
+        #: the run held the store's lock when this writer started: it ends with the seal,
+        #: and a collector that outlives its run must not write into a sealed store
+        self.in_locked_run = lock.held(self.path)
         self.chunk_rows = int(config.get("store.chunk-rows"))
         level = int(config.get("store.compression-level"))
         self._numeric = zarrio.codecs("numeric", level)
@@ -539,9 +544,21 @@ class StoreWriter:
 
     def check_exists(self) -> None:
         """Raise :meth:`removed` if the store's root is gone: a write below it would make
-        its directories anew (Zarr creates them), a half store without the run's record."""
+        its directories anew (Zarr creates them), a half store without the run's record; and
+        :meth:`check_run_open`."""
         if not zarrio.run(zarrio.exists(self.root.store_path)):
             raise self.removed()
+        self.check_run_open()
+
+    def check_run_open(self) -> None:
+        """Raise if the run this writer belongs to has ended (its store sealed, the lock
+        released): e.g. a worker whose scheduler was lost flushes on after the client sealed
+        the store, which would change a store readers trust as final."""
+        if self.in_locked_run and not lock.held(self.path):
+            raise StoreError(
+                f"the run into {self.path} has ended (its store is sealed): this process's "
+                "rows since are not written"
+            )
 
     def removed(self) -> StoreError:
         return StoreError(
