@@ -494,3 +494,80 @@ def test_an_external_scheduler_killed_while_collect_runs_is_told(tmp_path, caplo
     assert (run.tasks().prefix == "abs").sum() == 20  # what was flushed before the kill
     assert main(["validate", "-q", store]) == 0
     assert ended_after < 60, ended_after
+
+
+# -- the durability promise, under kill -9 at a random time --------------------------------------
+
+KILLED_AT_RANDOM = """
+import os, sys, time
+from distributed import Client
+from distributed.diagnostics.plugin import SchedulerPlugin
+from metacollect import collect
+
+class TruthLog(SchedulerPlugin):
+    '''The test's ground truth: one line per transition, written to the kernel at once
+    (os.write), so it survives the SIGKILL that ends the scheduler's process.'''
+    name = "truth-log"
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        os.write(self.fd, f"{key}\\t{start}\\t{finish}\\t{time.time()!r}\\n".encode())
+
+def slow(x):
+    time.sleep(0.002)
+    return x
+
+if __name__ == "__main__":
+    store, truth = sys.argv[1], sys.argv[2]
+    client = Client(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0")
+    client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.add_plugin(TruthLog(truth)))
+    with collect(client, store, flush_interval="0.5s"):
+        for i in range(1_000_000):
+            client.gather(client.map(slow, range(i * 100, (i + 1) * 100)))
+            if i == 5:
+                print("RUNNING", flush=True)
+"""
+
+
+def test_a_kill_at_a_random_time_loses_at_most_what_the_durability_promise_says(tmp_path):
+    """kill -9 of the whole job (scheduler, client and workers) at a random moment: every
+    transition older than the promised window (the flush interval, stretched at most
+    MAX_STRETCH times, plus a flush in flight) is in the store."""
+    import random
+
+    from metacollect.store.flush import MAX_STRETCH
+
+    seed = random.randrange(1_000_000)
+    wait = random.Random(seed).uniform(1.0, 4.0)
+    script = tmp_path / "victim.py"
+    script.write_text(textwrap.dedent(KILLED_AT_RANDOM))
+    store, truth = str(tmp_path / "killed.zarr"), str(tmp_path / "truth.tsv")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), store, truth],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "RUNNING"
+        time.sleep(wait)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        killed_at = time.time()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    with open(truth) as f:
+        happened = [line.rstrip("\n").split("\t") for line in f if line.endswith("\n")]
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete"
+    tr = run.transitions()
+    stored = set(zip(tr.key.astype(str), tr.start.astype(str), tr.finish.astype(str), strict=True))
+    missing = [float(t) for key, start, finish, t in happened if (key, start, finish) not in stored]
+    window = MAX_STRETCH * 0.5 + 1.0  # the stretched interval, and a flush in flight
+    oldest = killed_at - min(missing) if missing else 0.0
+    print(f"kill at {wait:.2f} s: {len(missing)} of {len(happened)} lost, oldest {oldest:.2f} s")
+    assert oldest <= window, f"seed {seed}: lost a transition {oldest:.2f} s old (> {window} s)"
+    assert len(happened) - len(missing) > 100, f"seed {seed}"
+    assert main(["validate", "-q", store]) == 0

@@ -845,6 +845,28 @@ def test_flusher_thread_stretches_its_interval_and_survives_a_failing_swap():
     assert flusher.longest == pytest.approx(MAX_STRETCH * 0.02)
 
 
+def test_one_slow_flush_does_not_stretch_the_interval():
+    """The first flush makes the arrays and is slow once: the interval stretches only when
+    flushes are slow twice in a row, so a kill then still loses at most one interval."""
+    import time
+
+    from metacollect.store.flush import PeriodicFlusher
+
+    writes: list[float] = []
+
+    def write(batch):
+        writes.append(time.monotonic())
+        if len(writes) == 1:
+            time.sleep(0.1)  # / budget 0.5 = 0.2 s: ten intervals, if it counted
+
+    flusher = PeriodicFlusher(lambda: [], write, 0.02, lambda where, e: None, "t", budget=0.5)
+    flusher.start()
+    time.sleep(0.5)
+    flusher.flush_now()
+    assert flusher.longest == 0.02
+    assert len(writes) > 8
+
+
 def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
     """A hook appends a row column by column (the last column last) in one thread while
     the flush thread takes rows: every row taken is whole, none is lost or repeated."""

@@ -114,6 +114,9 @@ class PeriodicFlusher:
         self.name = name
         #: the longest time between two flushes so far: what a killed process can lose
         self.longest = interval
+        #: the time the flush before the last took: the interval stretches only when two
+        #: flushes in a row were slow, never for one (the first, which makes the arrays)
+        self._spent_before = 0.0
         #: one flush at a time: the thread's ticks, and the last flush at close
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -136,6 +139,7 @@ class PeriodicFlusher:
             gap = self._next_gap(time.monotonic() - began)
 
     def _next_gap(self, spent: float) -> float:
+        spent, self._spent_before = min(spent, self._spent_before), spent
         gap = next_tick(spent, self.interval, self.budget)
         if gap > self.longest:
             self.longest = gap
