@@ -329,9 +329,15 @@ def test_a_module_level_client_to_an_external_scheduler(tmp_path):
             p.wait(timeout=60)
 
 
-def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
-    """A batch system's walltime sends SIGTERM: what was collected is kept, the run is
-    marked ``interrupted`` with the signal, and the exit code is 143."""
+@pytest.mark.parametrize(
+    "signum, code, to_group",
+    [(signal.SIGTERM, 143, False), (signal.SIGINT, 130, True)],
+    ids=["sigterm-to-the-runner", "ctrl-c-to-the-terminal-group"],
+)
+def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, code, to_group):
+    """A batch system's walltime sends SIGTERM (to ``metacollect run``), Ctrl-C sends SIGINT
+    (to the terminal's whole process group): what was collected is kept, the run is marked
+    ``interrupted`` with the signal, and the exit code is 128 + the signal, as under python."""
     marker = tmp_path / "computed"
     source = f"""
         import pathlib, time
@@ -343,17 +349,61 @@ def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
             time.sleep(600)
     """
     cmd, env, store, truth, _ = _run(tmp_path, source)
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stderr=subprocess.PIPE, text=True, start_new_session=to_group
+    )
     deadline = time.time() + 120
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert marker.exists()
-    proc.send_signal(signal.SIGTERM)
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143, stderr[-4000:]
+    assert proc.returncode == code, stderr[-4000:]
+    assert "Traceback" not in stderr or "KeyboardInterrupt" in stderr
     run = open_run(store)
     assert run.attrs["status"] == "interrupted"
-    assert run.attrs["script_signal"] == "SIGTERM"
+    assert run.attrs["script_signal"] == signum.name
     assert run.attrs["missing"] == []
     counts = groundtruth.compare(run, truth)
     assert counts["executed"] == 100
+
+
+def test_ctrl_c_in_a_script_that_calls_collect_keeps_the_record(tmp_path):
+    """A script using ``collect()`` itself gets Ctrl-C (KeyboardInterrupt in its block): the
+    store keeps everything, says ``interrupted``, and the script dies of SIGINT as it would
+    without metacollect."""
+    marker, store = tmp_path / "computed", str(tmp_path / "ctrl-c.zarr")
+    script = tmp_path / "flow.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import pathlib, time
+            from dask.distributed import Client
+            from metacollect import collect
+            if __name__ == "__main__":
+                client = Client(n_workers=1, threads_per_worker=2, dashboard_address=":0")
+                with collect(client, {store!r}, flush_interval="0.5s"):
+                    print(sum(client.gather(client.map(lambda x: x + 1, range(100)))))
+                    pathlib.Path({str(marker)!r}).touch()
+                    time.sleep(600)
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.time() + 120
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert marker.exists()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode in (-signal.SIGINT, 130), stderr[-4000:]
+    run = open_run(store)
+    assert run.attrs["status"] == "interrupted", run.attrs.get("missing")
+    assert "KeyboardInterrupt" in run.attrs["workflow_error"]
+    assert (run.tasks().prefix == "lambda").sum() == 100
+    assert validate_store(store) == []
