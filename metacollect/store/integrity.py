@@ -81,9 +81,19 @@ def seal_problems(
     for path, doc in found.items():
         if path in sealed:
             was, now = normal(sealed[path]), normal(doc)
-            if was != now:
+            if was != now and not _grown(was, now):
                 keys = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
                 problems.append(
                     f"{path}: its zarr.json changed since the store was sealed ({', '.join(keys)})"
                 )
     return problems
+
+
+def _grown(was: dict[str, Any], now: dict[str, Any]) -> bool:
+    """An array only longer than sealed: a writer killed mid-append after the seal left a
+    tail past its table's ``rows``, which no reader reads - not damage."""
+    shape, sealed_shape = now.get("shape"), was.get("shape")
+    if not (isinstance(shape, list) and isinstance(sealed_shape, list) and shape and sealed_shape):
+        return False
+    same_rest = {**now, "shape": None} == {**was, "shape": None}
+    return same_rest and shape[1:] == sealed_shape[1:] and shape[0] > sealed_shape[0]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
@@ -43,6 +44,7 @@ def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -
         sealed=_check_seal(root, problems),
         whole=root.attrs.get("status") != "incomplete",
         targets=_join_targets(schema),
+        root=root,
     )
     _check_group("", root, schema.groups["root"], schema, problems)
     from metacollect.store.reader import walk
@@ -187,7 +189,7 @@ def _check_rows(
         problems.append(f"{path}: {problem}")
         rows = None
     shortest = min(lengths.values(), default=0)
-    if len(set(lengths.values())) > 1 and (facts.sealed or (rows is None and facts.whole)):
+    if len(set(lengths.values())) > 1 and rows is None and facts.whole:
         # unsealed, with a ``rows`` commit point, a longer tail is an append a kill cut short
         problems.append(f"{path}: variables have different lengths {lengths}")
     elif facts.sealed and rows is not None and rows != shortest:
@@ -229,6 +231,11 @@ class _Facts:
     #: (array, the array it joins)
     joins: list[tuple[str, str]] = field(default_factory=list)
     _parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    #: path of each group's strings array (codes join by the strings they stand for: a
+    #: writer whose cache restarted gives a string seen again a new code)
+    strings: dict[str, str] = field(default_factory=dict)
+    root: Any = None
+    _text_of: dict[str, np.ndarray] = field(default_factory=dict)
 
     def decode(
         self,
@@ -262,6 +269,8 @@ class _Facts:
 
     def _note(self, where: str, var: VariableSpec, table: str, group: str, data: Any) -> None:
         """What the checks across tables need of one slice of an array."""
+        if table == "strings":
+            self.strings[group] = where
         if var.dtype == "code" and len(data):
             _, lo, hi = self.codes.get(where, (group, 0, -1))
             self.codes[where] = (group, min(lo, int(data.min())), max(hi, int(data.max())))
@@ -298,5 +307,20 @@ class _Facts:
         values = self.ids.get(source)
         if values is None:  # not decoded: its own problem is reported
             return np.array([])
-        stray = np.setdiff1d(values, self.ids.get(target, np.array([], values.dtype)))
-        return stray[stray != -1] if source in self.codes else stray
+        known = self.ids.get(target, np.array([], values.dtype))
+        if source in self.codes:
+            group = source.rsplit("/", 2)[0]
+            values, known = self._text(group, values), self._text(group, known)
+        return np.asarray(pd.Index(values).difference(pd.Index(known)))
+
+    def _text(self, group: str, codes: np.ndarray) -> np.ndarray:
+        """The strings of a group's (distinct, sorted) codes; -1 (no value) left out."""
+        codes = codes[(codes >= 0) & (codes < self.rows.get(f"{group}/strings", 0))]
+        path = self.strings.get(group)
+        if path is None or not len(codes):
+            return np.array([], dtype=object)
+        if group not in self._text_of:  # the whole table once: far faster than picking
+            arr = zarrio.array_at(self.root, path)
+            n = self.rows.get(f"{group}/strings", 0)
+            self._text_of[group] = np.asarray(zarrio.read_slice(arr, 0, n), dtype=object)
+        return self._text_of[group][codes]
