@@ -18,8 +18,8 @@ import xarray as xr
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
+from metacollect.store.integrity import check_codes, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
-from metacollect.store.writer import committed_rows
 
 
 class StoreReader:
@@ -77,12 +77,29 @@ class StoreReader:
 
     @functools.cached_property
     def groups(self) -> dict[str, dict[str, Any]]:
-        """``{path: attrs}`` of every group that is not a table."""
+        """``{path: attrs}`` of every group that is not a table.
+
+        Raises
+        ------
+        StoreError
+            A sealed store no longer holds what its seal lists (a node missing, added or
+            changed since): the first such node is named.
+        """
         out = {}
+        docs = {}
         for path, member in walk(self.root):
+            docs[path] = member.metadata.to_dict()
             is_table = not zarrio.is_group(member) or "table" in member.attrs
             if not is_table and self.schema.table_owner(path) is None:
                 out[path] = dict(member.attrs)
+        sealed = zarrio.sealed_docs(self.root)
+        problems = seal_problems(sealed, docs) if sealed is not None else []
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise StoreError(
+                f"{self.path}: {problems[0]}{more}; the store is damaged: "
+                "`metacollect validate` lists what, restore it from a copy"
+            )
         return out
 
     def levels(self) -> dict[str, list[str]]:
@@ -161,6 +178,7 @@ class StoreReader:
             raise StoreError(f"{group!r} has no table {name!r} in the schema")
         tspec = spec.tables[name]
         wanted = [v for v in tspec.variables if columns is None or v in set(columns)]
+        self.groups  # noqa: B018 - a damaged store raises here, before any table is read
         try:
             tg = zarrio.group_at(self.root, f"{group}/{name}" if group else name)
         except KeyError:
@@ -171,8 +189,11 @@ class StoreReader:
             data_of, n = self._read_columns(tg, tspec, wanted, distinct)
             strings = _GroupStrings(self.root, group)  # read only if a code column needs it
             arrays = {
-                v: self._column(tspec.variables[v], data_of.get(v), n, strings) for v in wanted
+                v: self._column(tspec.variables[v], data_of.get(v), n, strings, f"{tg.path}/{v}")
+                for v in wanted
             }
+        except StoreError:
+            raise
         except Exception as e:
             raise StoreError(
                 f"cannot read table {group}/{name}: {type(e).__name__}: {e} "
@@ -186,8 +207,10 @@ class StoreReader:
     ) -> tuple[dict[str, np.ndarray], int]:
         """The committed rows of the wanted variables the table holds, all in one batch of
         Zarr reads (they decode side by side); with ``distinct``, repeated rows dropped."""
-        present = {v: zarrio.array_at(tg, v) for v in tspec.variables if v in tg}
-        n = committed_rows(tg, (a.shape[0] for a in present.values()))
+        present = {
+            v: a for v, a in zarrio.members(tg) if v in tspec.variables and zarrio.is_array(a)
+        }
+        n = table_rows(tg.path, tg.attrs.get("rows"), {v: a.shape[0] for v, a in present.items()})
         names = [v for v in wanted if v in present]
         data_of = dict(
             zip(names, zarrio.run(zarrio.read_rows([present[v] for v in names], n)), strict=True)
@@ -200,13 +223,16 @@ class StoreReader:
         return data_of, n
 
     @staticmethod
-    def _column(vspec: Any, data: np.ndarray | None, n: int, strings: _GroupStrings) -> Any:
+    def _column(
+        vspec: Any, data: np.ndarray | None, n: int, strings: _GroupStrings, where: str
+    ) -> Any:
         """One variable as a DataFrame column: codes decoded, strings as objects, a variable
         the table lacks (added by a newer schema) as ``n`` fill values."""
         if data is None:
             fill = None if vspec.dtype in ("str", "code") else FILL[vspec.dtype]
             return pd.Series(np.full(n, fill, dtype=_pandas_dtype(vspec.dtype)))
         if vspec.dtype == "code":
+            check_codes(where, data, strings.n)
             data = _decode(strings, data)
         elif vspec.dtype == "str":
             data = np.asarray(data, dtype=object)
@@ -443,7 +469,8 @@ class _GroupStrings:
             except KeyError:
                 self._n = 0
             else:
-                self._n = committed_rows(strings, (self.value.shape[0],))
+                shapes = {"value": self.value.shape[0]}
+                self._n = table_rows(strings.path, strings.attrs.get("rows"), shapes)
         return self._n
 
     def take(self, idx: np.ndarray) -> np.ndarray:
@@ -452,10 +479,10 @@ class _GroupStrings:
         if self.value is None:  # codes are in range only when strings exist
             raise StoreError("codes refer to a strings table the store does not hold")
         if self.all is None and len(idx) > self.n // 4:
-            self.all = np.asarray(self.value[: self.n], dtype=object)
+            self.all = np.asarray(zarrio.read_slice(self.value, 0, self.n), dtype=object)
         if self.all is not None:
             return self.all[idx]
-        return np.asarray(self.value.oindex[idx], dtype=object)
+        return np.asarray(zarrio.read_picks(self.value, idx), dtype=object)
 
 
 def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:

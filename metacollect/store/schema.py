@@ -48,6 +48,9 @@ class VariableSpec:
     unit: str | None = None
     # extra trailing dimension (e.g. a counter axis); None for plain 1-D variables
     dim2: str | None = None
+    # ``<table>.<variable>`` of the same group whose values every value of this one is among
+    # (an id that joins); ``validate`` checks it on every store whose record is whole
+    joins: str | None = None
 
     @property
     def numpy_dtype(self) -> Any:
@@ -118,6 +121,7 @@ def _table(name: str, raw: dict[str, Any]) -> TableSpec:
             description=spec.get("description", ""),
             unit=spec.get("unit"),
             dim2=spec.get("dim2"),
+            joins=spec.get("joins"),
         )
         for v, spec in raw["variables"].items()
     }

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 import metacollect.store.zarrio as zarrio
-from metacollect.store.schema import DTYPES, GroupSpec, Schema, load_schema
-from metacollect.store.writer import committed_rows
+from metacollect.errors import StoreError
+from metacollect.store.integrity import code_problem, rows_problem, seal_problems
+from metacollect.store.schema import DTYPES, GroupSpec, Schema, VariableSpec, load_schema
 
 _ATTR_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
@@ -24,14 +27,25 @@ _COMMON = ("kind", "step", "level", "category", "schema_version")
 
 
 def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -> list[str]:
-    """Problems of a store, one line each (empty: the store holds against the schema)."""
+    """Problems of a store, one line each (empty: the store holds against the schema).
+
+    Beyond the metadata (groups, attrs, variables, dtypes, dimensions) every array is decoded
+    up to its table's committed rows, a slice at a time, and the tables are checked against
+    each other: ``rows`` commit points, codes within their group's strings table, ids that
+    join (``joins`` in the schema), and a sealed store against its seal.
+    """
     schema = schema or load_schema()
     try:
         root = zarrio.open_group(path, mode="r")
     except Exception as e:
         return [f"not a Zarr v3 store: {type(e).__name__}: {e}"]
     problems: list[str] = []
-    incomplete = root.attrs.get("status") != "complete"
+    state = _Facts(
+        sealed=_check_seal(root, problems),
+        whole=root.attrs.get("status") != "incomplete",
+        targets=_join_targets(schema),
+        root=root,
+    )
     _check_group("", root, schema.groups["root"], schema, problems)
     from metacollect.store.reader import walk
 
@@ -40,14 +54,32 @@ def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -
             continue
         owner = schema.table_owner(path)
         if owner is not None:
-            _check_table(root, path, member, owner[1], incomplete, problems)
+            _check_table(path, member, owner[1], state, problems)
             continue
         spec = schema.match(path)
         if spec is None:
             problems.append(f"{path}: group not described by the schema")
             continue
         _check_group(path, member, spec, schema, problems)
+    problems.extend(state.cross_problems())
     return problems
+
+
+def _check_seal(root: zarrio.Group, problems: list[str]) -> bool:
+    """Every node's ``zarr.json`` readable, and, for a sealed store, as the seal recorded it;
+    returns whether the store is sealed."""
+    bad: dict[str, str] = {}
+    try:
+        docs = zarrio.run(zarrio.list_docs(root, bad))
+        sealed = zarrio.sealed_docs(root)
+    except Exception as e:  # a listing that fails: the walk below names the group
+        problems.append(f"/: the store's nodes cannot be listed ({type(e).__name__}: {e})")
+        return False
+    problems.extend(f"{p}: {why}" for p, why in bad.items())
+    if sealed is None:
+        return False
+    problems.extend(seal_problems(sealed, {**docs, **{p: {} for p in bad}}))
+    return True
 
 
 def _check_group(
@@ -104,14 +136,9 @@ def _attr_problems(where: str, name: str, value: Any, aspec: dict[str, Any]) -> 
 
 
 def _check_table(
-    root: zarrio.Group,
-    path: str,
-    group: zarrio.Group,
-    tspec: Any,
-    incomplete: bool,
-    problems: list[str],
+    path: str, group: zarrio.Group, tspec: Any, facts: _Facts, problems: list[str]
 ) -> None:
-    """A table's variables (names, dimensions, dtypes), its row counts and its codes."""
+    """A table's variables (names, dimensions, dtypes), its row counts, and its data."""
     try:
         # an array directory whose zarr.json was never written (its process was killed
         # while making it) holds no data: not a fault, as for every reader
@@ -119,8 +146,7 @@ def _check_table(
     except Exception as e:  # a damaged zarr.json below the table
         problems.append(f"{path}: cannot be read ({type(e).__name__}: {e})")
         return
-    lengths: dict[str, int] = {}
-    code_arrays: dict[str, zarrio.Array] = {}
+    arrays: dict[str, zarrio.Array] = {}
     for name, arr in members:
         if not zarrio.is_array(arr):
             problems.append(f"{path}/{name}: unexpected group inside a table")
@@ -130,21 +156,9 @@ def _check_table(
             problems.append(f"{path}/{name}: variable not in the schema of table {tspec.name!r}")
             continue
         problems.extend(_variable_problems(f"{path}/{name}", arr, var, tspec.dim))
-        lengths[name] = arr.shape[0]
-        if var.dtype == "code":
-            code_arrays[name] = arr
-    _check_rows(path, group, lengths, incomplete, problems)
-    n = committed_rows(group, lengths.values())
-    if n:
-        parent = path.rsplit("/", 1)[0] if "/" in path else ""
-        strings_path = f"{parent}/strings/value" if parent else "strings/value"
-        try:
-            strings = _strings_rows(root, strings_path)
-        except Exception as e:
-            problems.append(f"{strings_path}: cannot be read ({type(e).__name__}: {e})")
-            return
-        for name, arr in code_arrays.items():
-            problems.extend(_code_problems(f"{path}/{name}", arr, n, strings))
+        arrays[name] = arr
+    n = _check_rows(path, group, {v: a.shape[0] for v, a in arrays.items()}, facts, problems)
+    facts.decode(path, {tspec.variables[v]: a for v, a in arrays.items()}, n, problems)
 
 
 def _variable_problems(where: str, arr: zarrio.Array, var: Any, dim: str) -> list[str]:
@@ -165,31 +179,148 @@ def _variable_problems(where: str, arr: zarrio.Array, var: Any, dim: str) -> lis
 
 
 def _check_rows(
-    path: str, group: zarrio.Group, lengths: dict[str, int], incomplete: bool, problems: list[str]
-) -> None:
-    """The table's ``rows`` commit point against its variables' lengths."""
-    rows = group.attrs.get("rows")
-    if isinstance(rows, int) and rows > min(lengths.values(), default=0):
-        problems.append(f"{path}: rows attribute {rows} exceeds its variables {lengths}")
-    elif len(set(lengths.values())) > 1 and not incomplete and not isinstance(rows, int):
-        # with a ``rows`` commit point, a longer tail is an append a kill cut short
+    path: str, group: zarrio.Group, lengths: dict[str, int], facts: _Facts, problems: list[str]
+) -> int:
+    """The table's ``rows`` commit point against its variables' lengths; returns the rows
+    to decode (committed ones, or as many as every variable holds)."""
+    rows: Any = group.attrs.get("rows")
+    problem = rows_problem(rows, lengths)
+    if problem is not None:
+        problems.append(f"{path}: {problem}")
+        rows = None
+    shortest = min(lengths.values(), default=0)
+    if len(set(lengths.values())) > 1 and rows is None and facts.whole:
+        # unsealed, with a ``rows`` commit point, a longer tail is an append a kill cut short
         problems.append(f"{path}: variables have different lengths {lengths}")
+    elif facts.sealed and rows is not None and rows != shortest:
+        problems.append(f"{path}: rows attribute {rows}, but its sealed arrays hold {shortest}")
+    n = shortest if rows is None else int(rows)
+    facts.rows[path] = n
+    return n
 
 
-def _strings_rows(root: zarrio.Group, path: str) -> int:
-    """Length of a group's strings table (0 when it has none)."""
-    try:
-        return zarrio.array_at(root, path).shape[0]
-    except KeyError:
-        return 0
+#: rows decoded at a time (whole chunks): validate's memory stays bounded on big stores
+SLICE_ROWS = 1 << 18
 
 
-def _code_problems(where: str, arr: zarrio.Array, n: int, strings: int) -> list[str]:
-    """Codes of a ``code`` variable must index its group's strings table (or be -1)."""
-    try:
-        codes = np.asarray(arr[:n])
-    except Exception as e:
-        return [f"{where}: cannot be read ({type(e).__name__}: {e})"]
-    if codes.min() < -1 or codes.max() >= strings:
-        return [f"{where}: codes outside the strings table (0..{strings - 1})"]
-    return []
+def _join_targets(schema: Schema) -> set[str]:
+    """``table.variable`` of every variable some other one joins."""
+    return {
+        v.joins
+        for g in schema.groups.values()
+        for t in g.tables.values()
+        for v in t.variables.values()
+        if v.joins
+    }
+
+
+@dataclass
+class _Facts:
+    """What decoding every array of the store found, for the checks across tables."""
+
+    sealed: bool
+    #: the record claims to be whole (status not ``incomplete``): ids must join
+    whole: bool
+    targets: set[str]
+    #: committed rows of each table, by path
+    rows: dict[str, int] = field(default_factory=dict)
+    #: (group, smallest, largest) code of each code array, by path
+    codes: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    #: distinct values of the variables that join or are joined, by array path
+    ids: dict[str, np.ndarray] = field(default_factory=dict)
+    #: (array, the array it joins)
+    joins: list[tuple[str, str]] = field(default_factory=list)
+    _parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    #: path of each group's strings array (codes join by the strings they stand for: a
+    #: writer whose cache restarted gives a string seen again a new code)
+    strings: dict[str, str] = field(default_factory=dict)
+    root: Any = None
+    _text_of: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def decode(
+        self,
+        table: str,
+        arrays: dict[VariableSpec, zarrio.Array],
+        n: int,
+        problems: list[str],
+    ) -> None:
+        """Decode the first ``n`` rows of a table's arrays, a slice of them all at a time;
+        keep what the checks across tables need (code ranges, distinct ids)."""
+        if not arrays:
+            return
+        group, _, name = table.rpartition("/")
+        for var in arrays:
+            if var.joins is not None:
+                target = f"{group}/{var.joins.replace('.', '/')}".lstrip("/")
+                self.joins.append((f"{table}/{var.name}", target))
+        chunk = min(zarrio.chunk_rows(a) for a in arrays.values())
+        step = max(1, SLICE_ROWS // chunk) * chunk
+        todo = dict(arrays)
+        for start in range(0, n, step):
+            found = zarrio.read_slices(list(todo.values()), start, min(n, start + step))
+            for var, data in zip(list(todo), found, strict=True):
+                if isinstance(data, StoreError):
+                    problems.append(str(data))
+                    del todo[var]
+                else:
+                    self._note(f"{table}/{var.name}", var, name, group, data)
+        for var in todo:
+            self._settle(f"{table}/{var.name}", var, name, group)
+
+    def _note(self, where: str, var: VariableSpec, table: str, group: str, data: Any) -> None:
+        """What the checks across tables need of one slice of an array."""
+        if table == "strings":
+            self.strings[group] = where
+        if var.dtype == "code" and len(data):
+            _, lo, hi = self.codes.get(where, (group, 0, -1))
+            self.codes[where] = (group, min(lo, int(data.min())), max(hi, int(data.max())))
+        if var.joins is not None or f"{table}.{var.name}" in self.targets:
+            self._parts.setdefault(where, []).append(np.unique(data))
+
+    def _settle(self, where: str, var: VariableSpec, table: str, group: str) -> None:
+        """An array decoded whole: its code range and distinct ids are final."""
+        if var.dtype == "code":
+            self.codes.setdefault(where, (group, 0, -1))
+        parts = self._parts.pop(where, None)
+        if var.joins is not None or f"{table}.{var.name}" in self.targets:
+            self.ids[where] = np.unique(np.concatenate(parts)) if parts else np.array([])
+
+    def cross_problems(self) -> list[str]:
+        """Codes outside their strings table; ids that do not join (a whole record only)."""
+        out = []
+        for where, (group, lo, hi) in self.codes.items():
+            strings = self.rows.get(f"{group}/strings" if group else "strings", 0)
+            problem = code_problem(lo, hi, strings)
+            if problem is not None:
+                out.append(f"{where}: {problem}")
+        for source, target in self.joins if self.whole else ():
+            stray = self._stray(source, target)
+            if len(stray):
+                out.append(
+                    f"{source}: {len(stray)} value(s) not in {target} (e.g. {stray[0]!r}), "
+                    "though the schema says they join"
+                )
+        return out
+
+    def _stray(self, source: str, target: str) -> np.ndarray:
+        """Values of ``source`` not in ``target`` (-1, no value, aside for codes)."""
+        values = self.ids.get(source)
+        if values is None:  # not decoded: its own problem is reported
+            return np.array([])
+        known = self.ids.get(target, np.array([], values.dtype))
+        if source in self.codes:
+            group = source.rsplit("/", 2)[0]
+            values, known = self._text(group, values), self._text(group, known)
+        return np.asarray(pd.Index(values).difference(pd.Index(known)))
+
+    def _text(self, group: str, codes: np.ndarray) -> np.ndarray:
+        """The strings of a group's (distinct, sorted) codes; -1 (no value) left out."""
+        codes = codes[(codes >= 0) & (codes < self.rows.get(f"{group}/strings", 0))]
+        path = self.strings.get(group)
+        if path is None or not len(codes):
+            return np.array([], dtype=object)
+        if group not in self._text_of:  # the whole table once: far faster than picking
+            arr = zarrio.array_at(self.root, path)
+            n = self.rows.get(f"{group}/strings", 0)
+            self._text_of[group] = np.asarray(zarrio.read_slice(arr, 0, n), dtype=object)
+        return self._text_of[group][codes]

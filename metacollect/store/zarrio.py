@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import os
 import threading
@@ -20,12 +21,13 @@ import warnings
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, Literal, TypeGuard, TypeVar
 
+import google_crc32c
 import numcodecs
 import numpy as np
 import zarr
 from zarr.api.asynchronous import create_array
 from zarr.buffer import default_buffer_prototype
-from zarr.codecs import BloscCodec, BytesCodec, VLenUTF8Codec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, VLenUTF8Codec, ZstdCodec
 from zarr.errors import ContainsGroupError
 from zarr.storage import MemoryStore
 
@@ -135,7 +137,9 @@ def members(group: Group) -> list[tuple[str, Any]]:
     never written: neither holds data, and neither is a reason to warn on every read)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=UNRECOGNIZED)
-        return list(group.members())
+        # by name: readers concatenate groups in this order, and a directory's listing
+        # order is the filesystem's (a copy of a store would read differently)
+        return sorted(group.members(), key=lambda m: m[0])
 
 
 def require_group(root: Group, path: str) -> Group:
@@ -179,10 +183,11 @@ async def write_doc(where: Any, doc: Mapping[str, Any]) -> None:
     await (where / "zarr.json").set(buffer(body))
 
 
-async def list_docs(root: Group) -> dict[str, dict[str, Any]]:
+async def list_docs(root: Group, bad: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """``{path: metadata}`` of every group and array below ``root``, level by level, each
     level's listings and reads concurrent. Entries without a ``zarr.json`` (a chunk key, a
-    temp file, an array never created) are skipped."""
+    temp file, an array never created) are skipped. With ``bad``, a ``zarr.json`` that is
+    not a JSON object is put there (``{path: why}``) instead of raising."""
     sp = root.store_path
     store = sp.store
     proto = default_buffer_prototype()
@@ -210,10 +215,37 @@ async def list_docs(root: Group) -> dict[str, dict[str, Any]]:
         for path, buf in zip(paths, found, strict=True):
             if buf is None:
                 continue
-            doc = docs[path] = json.loads(buf.to_bytes())
+            try:
+                doc = _json_object(buf.to_bytes())
+            except ValueError as e:
+                if bad is None:
+                    raise
+                bad[path] = str(e)
+                continue
+            docs[path] = doc
             if doc.get("node_type") == "group":
                 level.append(path)
     return docs
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    """A metadata document's JSON object (``ValueError`` if it is none)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"zarr.json is not valid JSON ({e})") from e
+    if not isinstance(doc, dict):
+        raise ValueError(f"zarr.json holds a {type(doc).__name__}, not a JSON object")
+    return doc
+
+
+def sealed_docs(root: Group) -> dict[str, dict[str, Any]] | None:
+    """``{path: metadata}`` of every node as the store's seal recorded it (the consolidated
+    metadata of the root's ``zarr.json``), or ``None`` for a store never sealed."""
+    doc = run(read_doc(root.store_path))
+    seal = (doc or {}).get("consolidated_metadata")
+    found = seal.get("metadata") if isinstance(seal, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def group_doc(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,10 +296,12 @@ def array_doc(arr: Any) -> dict[str, Any]:
 
 
 def codecs(kind: str, level: int) -> list[Any]:
-    """Compressors: ``"numeric"`` Blosc with zstd and byte shuffle, ``"text"`` Zstandard."""
+    """Compressors: ``"numeric"`` Blosc with zstd and byte shuffle, ``"text"`` Zstandard;
+    each followed by a CRC32C checksum of the chunk, so that a chunk damaged on disk fails
+    to decode instead of decoding to wrong values (neither Blosc nor Zstandard checks)."""
     if kind == "text":
-        return [ZstdCodec(level=level)]
-    return [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle")]
+        return [ZstdCodec(level=level), Crc32cCodec()]
+    return [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle"), Crc32cCodec()]
 
 
 async def array_template(
@@ -307,6 +341,8 @@ def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
             steps.append(_blosc(c).encode)
         elif isinstance(c, ZstdCodec):
             steps.append(numcodecs.Zstd(level=c.level, checksum=c.checksum).encode)
+        elif isinstance(c, Crc32cCodec):
+            steps.append(_with_crc32c)
         else:
             raise StoreError(
                 f"array {arr.path!r} uses the codec {type(c).__name__}, which metacollect "
@@ -320,6 +356,12 @@ def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
         return bytes(out)
 
     return encode
+
+
+def _with_crc32c(data: Any) -> bytes:
+    """``data`` followed by its CRC32C, little-endian (Zarr's ``crc32c`` codec)."""
+    body = bytes(data)
+    return body + int(google_crc32c.value(body)).to_bytes(4, "little")
 
 
 def _raw_bytes(values: np.ndarray, order: Literal["<", ">"]) -> bytes:
@@ -348,9 +390,94 @@ async def store_chunk(arr: Any, index: tuple[int, ...], data: bytes) -> None:
 
 
 async def read_rows(arrays: list[Array], n: int) -> list[np.ndarray]:
-    """The first ``n`` rows of each array, read concurrently."""
-    found = await asyncio.gather(*(a.async_array.getitem(slice(0, n)) for a in arrays))
-    return [np.asarray(f) for f in found]
+    """The first ``n`` rows of each array, read concurrently; a :class:`StoreError` naming
+    the array if a chunk they need is missing or does not decode."""
+    found = await asyncio.gather(*(_rows(a, 0, n) for a in arrays))
+    return list(found)
+
+
+async def _rows(arr: Array, lo: int, hi: int) -> np.ndarray:
+    """Rows ``lo:hi`` of an array, every chunk they need present and decoded."""
+    gone = await missing_chunks(arr, lo, hi)
+    if gone:
+        raise StoreError(
+            f"array {arr.path} is damaged: its chunk {gone[0]} is missing "
+            f"({len(gone)} missing); restore the store from a copy"
+        )
+    try:
+        return np.asarray(await arr.async_array.getitem(slice(lo, hi)))
+    except Exception as e:  # the codecs raise many types for damaged bytes
+        raise StoreError(
+            f"array {arr.path} is damaged: rows {lo}..{hi - 1} do not decode "
+            f"({type(e).__name__}: {e}); restore the store from a copy"
+        ) from e
+
+
+def read_slices(arrays: list[Array], lo: int, hi: int) -> list[np.ndarray | StoreError]:
+    """Rows ``lo:hi`` of each array, read concurrently; for an array that is damaged there,
+    the :class:`StoreError` that names it instead."""
+
+    async def each() -> list[Any]:
+        return await asyncio.gather(*(_rows(a, lo, hi) for a in arrays), return_exceptions=True)
+
+    out: list[np.ndarray | StoreError] = []
+    for found in run(each()):
+        if isinstance(found, BaseException) and not isinstance(found, StoreError):
+            raise found
+        out.append(found)
+    return out
+
+
+def read_slice(arr: Array, lo: int, hi: int) -> np.ndarray:
+    """Rows ``lo:hi`` of an array (see :func:`read_rows`)."""
+    return run(_rows(arr, lo, hi))
+
+
+def read_picks(arr: Array, idx: np.ndarray) -> np.ndarray:
+    """Rows ``idx`` (sorted) of a 1-D array, each chunk they need present and decoded."""
+    if not len(idx):
+        return np.asarray(arr[:0])
+
+    async def picks() -> np.ndarray:
+        gone = await missing_chunks(arr, int(idx[0]), int(idx[-1]) + 1)
+        need = {int(i) // chunk_rows(arr) for i in idx}
+        gone = [k for k in gone if int(k.rsplit("/", 1)[-1]) in need]
+        if gone:
+            raise StoreError(
+                f"array {arr.path} is damaged: its chunk {gone[0]} is missing; "
+                "restore the store from a copy"
+            )
+        try:
+            return np.asarray(await arr.async_array.get_orthogonal_selection((idx,)))
+        except Exception as e:
+            raise StoreError(
+                f"array {arr.path} is damaged: it does not decode ({type(e).__name__}: {e}); "
+                "restore the store from a copy"
+            ) from e
+
+    return run(picks())
+
+
+def chunk_rows(arr: Array) -> int:
+    """Rows in each chunk of an array."""
+    return int(arr.chunks[0])
+
+
+async def missing_chunks(arr: Array, lo: int, hi: int) -> list[str]:
+    """Keys of the chunks rows ``lo:hi`` of an array need that its store does not hold.
+
+    Metacollect stores every chunk it appends to, fill values or not, so a chunk missing
+    below a table's committed rows is damage (Zarr would read it as fill values)."""
+    if hi <= lo:
+        return []
+    meta = arr.metadata
+    shape = arr.chunks
+    rows = range(lo // shape[0], (hi - 1) // shape[0] + 1)
+    others = [range(-(-n // c)) for n, c in zip(arr.shape[1:], shape[1:], strict=True)]
+    keys = [meta.encode_chunk_key(i) for i in itertools.product(rows, *others)]
+    sp = arr.async_array.store_path
+    found = await asyncio.gather(*((sp / k).exists() for k in keys))
+    return [k for k, ok in zip(keys, found, strict=True) if not ok]
 
 
 # -- JSON formatting ------------------------------------------------------------------------------

@@ -1,0 +1,366 @@
+"""Damaged stores: ``validate`` names the damage, or the readers return exactly the undamaged data.
+
+A real store of a small run is damaged in every way we found stores get damaged (a group, an
+array or a chunk deleted, garbage or flipped bytes in a compressed chunk, a strings table
+cut short, a ``rows`` commit point of -5 or past the arrays, a broken ``zarr.json``, codes
+outside the strings table, ids that do not join), then at random (seeded). For each damaged
+copy: ``validate`` reports a problem naming what is damaged, or every public reader returns
+exactly what it returned on the undamaged store; a reader that meets damage raises a
+:class:`StoreError`, never returns wrong data and never another exception.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+from distributed import Client, LocalCluster
+
+from metacollect import collect, open_run
+from metacollect.errors import StoreError
+from metacollect.store.validate import validate_store
+
+#: the public readers of a run that return tables (and ``config``)
+READERS = (
+    "tasks",
+    "transitions",
+    "graphs",
+    "graph_tasks",
+    "dependencies",
+    "events",
+    "worker_states",
+    "workers",
+    "errors",
+    "losses",
+    "config",
+)
+WORKER_TABLES = ("tasks", "startstops", "transitions", "transfers", "metrics")
+
+
+@pytest.fixture(scope="module")
+def good_store(tmp_path_factory):
+    """A real, sealed store of a small run on a process LocalCluster."""
+    path = str(tmp_path_factory.mktemp("damage") / "good.zarr")
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        collect(client, path, flush_interval="0.5s"),
+    ):
+        da.ones((60, 60), chunks=20).sum().compute()
+    return path
+
+
+@pytest.fixture(scope="module")
+def good_data(good_store):
+    assert validate_store(good_store) == []
+    return read_everything(good_store)
+
+
+def read_everything(store: str) -> dict[str, Any]:
+    """What every public reader of the run returns, and every table of every group."""
+    run = open_run(store)
+    out: dict[str, Any] = {name: getattr(run, name)() for name in READERS}
+    out.update({f"worker_table:{t}": run.worker_table(t) for t in WORKER_TABLES})
+    for path in sorted(run.groups):
+        spec = run.schema.match(path)
+        for table in spec.tables if spec is not None else ():
+            out[f"{path}/{table}"] = run.table(path, table)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, pd.DataFrame):
+        try:
+            pd.testing.assert_frame_equal(a, b)
+        except AssertionError:
+            return False
+        return True
+    return bool(a == b)
+
+
+def reader_outcome(store: str, good: dict[str, Any]) -> str:
+    """``exact`` (every reader returns the undamaged data), ``StoreError: ...``, ``wrong: ...``
+    (what differs) or ``crash: ...`` (an exception other than a StoreError)."""
+    try:
+        found = read_everything(store)
+    except StoreError as e:
+        return f"StoreError: {e}"
+    except Exception as e:
+        return f"crash: {type(e).__name__}: {e}"
+    if found.keys() != good.keys():
+        return f"wrong: readers {sorted(found.keys() ^ good.keys())} appear or vanish"
+    differ = [k for k in good if not _same(good[k], found[k])]
+    return f"wrong: {differ}" if differ else "exact"
+
+
+# -- damage ---------------------------------------------------------------------------------------
+def _one(store: str, pattern: str) -> str:
+    found = sorted(glob.glob(os.path.join(store, pattern)))
+    assert found, pattern
+    return found[0]
+
+
+def _rel(store: str, path: str) -> str:
+    return os.path.relpath(path, store)
+
+
+def _edit_json(path: str, edit: Callable[[dict[str, Any]], None]) -> None:
+    with open(path) as f:
+        doc = json.load(f)
+    edit(doc)
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def _flip_middle(path: str, count: int = 6) -> None:
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    mid = len(data) // 2
+    for i in range(count):
+        data[(mid + 3 * i) % len(data)] ^= 0x5A
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+
+
+def delete_group(store: str, pattern: str) -> str:
+    path = _one(store, pattern)
+    shutil.rmtree(path)
+    return _rel(store, path)
+
+
+def delete_chunk(store: str, array: str) -> str:
+    path = _one(store, f"{array}/c/0")
+    os.remove(path)
+    return _rel(store, os.path.dirname(os.path.dirname(path)))
+
+
+def garbage_chunk(store: str, array: str) -> str:
+    path = _one(store, f"{array}/c/0")
+    with open(path, "wb") as f:
+        f.write(b"\x00garbage, not a compressed chunk\xff" * 3)
+    return _rel(store, os.path.dirname(os.path.dirname(path)))
+
+
+def flip_chunk(store: str, array: str) -> str:
+    path = _one(store, f"{array}/c/0")
+    _flip_middle(path)
+    return _rel(store, os.path.dirname(os.path.dirname(path)))
+
+
+def truncate_chunk(store: str, array: str) -> str:
+    path = _one(store, f"{array}/c/0")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    return _rel(store, os.path.dirname(os.path.dirname(path)))
+
+
+def set_rows(store: str, table: str, rows: Callable[[int], int]) -> str:
+    path = _one(store, table)
+    _edit_json(
+        os.path.join(path, "zarr.json"),
+        lambda d: d["attributes"].update(rows=rows(d["attributes"]["rows"])),
+    )
+    return _rel(store, path)
+
+
+def truncate_strings(store: str, group: str, also: str | None = None) -> str:
+    """Cut a group's strings table (its ``rows`` and its array) to half, and with ``also``
+    that table of the group to half its rows too."""
+    strings = _one(store, f"{group}/strings")
+    arr = zarr.open_array(os.path.join(strings, "value"), mode="r+")
+    half = arr.shape[0] // 2
+    arr.resize((half,))
+    _edit_json(os.path.join(strings, "zarr.json"), lambda d: d["attributes"].update(rows=half))
+    if also is not None:
+        set_rows(store, f"{group}/{also}", lambda n: n // 2)
+    return _rel(store, strings)
+
+
+def edit_array_json(store: str, array: str, edit: Callable[[dict[str, Any]], None]) -> str:
+    path = _one(store, array)
+    _edit_json(os.path.join(path, "zarr.json"), edit)
+    return _rel(store, path)
+
+
+def junk_json(store: str, node: str, junk: bytes = b'{"zarr_format": 3, "node_') -> str:
+    path = _one(store, node)
+    with open(os.path.join(path, "zarr.json"), "wb") as f:
+        f.write(junk)
+    return _rel(store, path)
+
+
+def set_value(store: str, array: str, index: int, value: Callable[[Any, str], Any]) -> str:
+    """Write one value through Zarr (the chunk stays well-formed): damage only the data."""
+    path = _one(store, array)
+    arr = zarr.open_array(path, mode="r+")
+    arr[index] = value(arr, path)
+    return _rel(store, path)
+
+
+def _strings_len(array_path: str) -> int:
+    group = os.path.dirname(os.path.dirname(array_path))
+    return int(zarr.open_array(os.path.join(group, "strings", "value"), mode="r").shape[0])
+
+
+def _code_not_a_key(arr: Any, path: str) -> int:
+    """A valid code of the scheduler's strings that no transition has as its key."""
+    group = os.path.dirname(os.path.dirname(path))
+    keys = set(zarr.open_array(os.path.join(group, "transitions", "key"), mode="r")[:].tolist())
+    return next(c for c in range(_strings_len(path)) if c not in keys)
+
+
+S = "clusters/*/scheduler"
+C = "clusters/*/client"
+W = "clusters/*/workers/*"
+
+#: (name, damage): each returns the path (group or array) that validate must name
+DAMAGES: list[tuple[str, Callable[[str], str]]] = [
+    ("delete worker group", lambda s: delete_group(s, W)),
+    ("delete table group", lambda s: delete_group(s, f"{S}/tasks")),
+    ("delete array", lambda s: delete_group(s, f"{S}/tasks/nbytes")),
+    ("delete strings group", lambda s: delete_group(s, f"{S}/strings")),
+    ("delete chunk (codes)", lambda s: delete_chunk(s, f"{S}/transitions/key")),
+    ("delete chunk (floats)", lambda s: delete_chunk(s, f"{S}/tasks/start")),
+    ("delete chunk (strings)", lambda s: delete_chunk(s, f"{S}/strings/value")),
+    ("garbage chunk (blosc)", lambda s: garbage_chunk(s, f"{S}/tasks/start")),
+    ("garbage chunk (zstd)", lambda s: garbage_chunk(s, f"{C}/strings/value")),
+    ("flip bytes in blosc chunk", lambda s: flip_chunk(s, f"{S}/tasks/stop")),
+    ("flip bytes in blosc codes", lambda s: flip_chunk(s, f"{S}/transitions/key")),
+    ("flip bytes in zstd chunk", lambda s: flip_chunk(s, f"{S}/strings/value")),
+    ("flip bytes in str column", lambda s: flip_chunk(s, f"{S}/events/msg")),
+    ("truncate chunk", lambda s: truncate_chunk(s, f"{S}/transitions/time")),
+    ("truncate strings table", lambda s: truncate_strings(s, S)),
+    ("truncate strings and codes", lambda s: truncate_strings(s, S, also="transitions")),
+    ("rows -5", lambda s: set_rows(s, f"{S}/transitions", lambda n: -5)),
+    ("rows past the arrays", lambda s: set_rows(s, f"{S}/tasks", lambda n: n + 100)),
+    ("rows cut short", lambda s: set_rows(s, f"{S}/transitions", lambda n: n - 3)),
+    ("rows not an int", lambda s: set_rows(s, f"{S}/tasks", lambda n: str(n))),
+    ("invalid zarr.json (array)", lambda s: junk_json(s, f"{S}/tasks/key")),
+    ("invalid zarr.json (table)", lambda s: junk_json(s, f"{S}/transitions")),
+    ("invalid zarr.json (group)", lambda s: junk_json(s, W, b"\xff\xfe")),
+    (
+        "wrong dtype",
+        lambda s: edit_array_json(s, f"{S}/tasks/start", lambda d: d.update(data_type="int64")),
+    ),
+    (
+        "wrong shape",
+        lambda s: edit_array_json(
+            s, f"{S}/transitions/time", lambda d: d.update(shape=[d["shape"][0] - 4])
+        ),
+    ),
+    (
+        "wrong fill, chunk gone",
+        lambda s: (
+            edit_array_json(s, f"{S}/tasks/nbytes", lambda d: d.update(fill_value=7)),
+            delete_chunk(s, f"{S}/tasks/nbytes"),
+        )[1],
+    ),
+    (
+        "codes past the strings",
+        lambda s: set_value(s, f"{S}/transitions/key", 2, lambda a, p: _strings_len(p) + 5),
+    ),
+    ("codes below -1", lambda s: set_value(s, f"{S}/tasks/worker", 0, lambda a, p: -7)),
+    ("task key not a transition", lambda s: set_value(s, f"{S}/tasks/key", 1, _code_not_a_key)),
+    ("graph id not a graph", lambda s: set_value(s, f"{C}/tasks/graph", 0, lambda a, p: 99)),
+    (
+        "dependency graph not a graph",
+        lambda s: set_value(s, f"{C}/dependencies/graph", 0, lambda a, p: 7),
+    ),
+]
+
+
+def _rel_in(where: str, problems: list[str]) -> bool:
+    """Whether a problem names ``where`` (its cluster id and worker group in any form)."""
+    parts = where.split("/")
+    return any(all(p in line for p in parts) for line in problems)
+
+
+#: damage only a check across tables finds: each value is valid on its own, and a reader of
+#: one table does not read the table it joins (``validate`` does)
+JOINS_ONLY = {"task key not a transition", "graph id not a graph", "dependency graph not a graph"}
+
+
+@pytest.mark.parametrize("name, damage", DAMAGES, ids=[n for n, _ in DAMAGES])
+def test_damage_is_named(name, damage, good_store, good_data, tmp_path):
+    store = str(tmp_path / "damaged.zarr")
+    shutil.copytree(good_store, store)
+    where = damage(store)
+    problems = validate_store(store)
+    outcome = reader_outcome(store, good_data)
+    assert problems, f"validate passed; readers: {outcome}"
+    assert _rel_in(where, problems), f"{where} not named in {problems}"
+    if name in JOINS_ONLY:
+        assert not outcome.startswith("crash"), outcome
+    else:
+        assert outcome == "exact" or outcome.startswith("StoreError"), outcome
+    if outcome.startswith("StoreError"):  # names the damaged node, or the group holding it
+        assert "damaged" in outcome, outcome
+        assert where.split("/")[-1] in outcome or where.split("/")[-2] in outcome, outcome
+
+
+# -- fuzz -----------------------------------------------------------------------------------------
+def _fuzz_damage(store: str, rng: random.Random) -> str:
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(store) for f in fs)
+    target = rng.choice(files)
+    kind = rng.choice(["flip", "flip", "truncate", "delete", "empty", "zero-range"])
+    with open(target, "rb") as f:
+        data = bytearray(f.read())
+    if kind == "flip" and data:
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    elif kind == "truncate":
+        data = data[: rng.randrange(max(len(data), 1))]
+    elif kind == "empty":
+        data = bytearray()
+    elif kind == "zero-range" and data:
+        lo = rng.randrange(len(data))
+        hi = min(len(data), lo + rng.randint(1, 16))
+        data[lo:hi] = bytes(hi - lo)
+    if kind == "delete":
+        os.remove(target)
+    else:
+        with open(target, "wb") as f:
+            f.write(bytes(data))
+    return f"{kind} {_rel(store, target)}"
+
+
+FUZZ_CASES = 40
+
+
+def test_fuzz_damage_caught_or_harmless(good_store, good_data, tmp_path):
+    rng = random.Random(20240924)
+    failures = []
+    for case in range(FUZZ_CASES):
+        store = str(tmp_path / f"case{case}.zarr")
+        shutil.copytree(good_store, store)
+        what = _fuzz_damage(store, rng)
+        problems = validate_store(store)
+        if not problems:  # damage validate lets pass must change nothing a reader returns
+            outcome = reader_outcome(store, good_data)
+            if outcome != "exact":
+                failures.append(f"{what}: validate passed; readers {outcome}")
+        shutil.rmtree(store)
+    assert not failures, "\n".join(failures)
+
+
+def test_undamaged_copy_reads_the_same(good_store, good_data, tmp_path):
+    """The harness itself: a plain copy validates and reads exactly like the original."""
+    store = str(tmp_path / "copy.zarr")
+    shutil.copytree(good_store, store)
+    assert validate_store(store) == []
+    assert reader_outcome(store, good_data) == "exact"
+    assert np.isfinite(good_data["tasks"]["start"]).all()
