@@ -169,7 +169,8 @@ def is_secret(
 
 
 def redact_mapping(data: Any, path: str = "") -> Any:
-    """Copy of a nested mapping with the values of secret-looking keys replaced."""
+    """Copy of a nested mapping with the values of secret-looking keys replaced, and the
+    credentials inside every other string (:func:`redact_text`) too."""
     rx, allow = redact_patterns()
 
     def walk(obj: Any, name: str) -> Any:
@@ -184,17 +185,30 @@ def redact_mapping(data: Any, path: str = "") -> Any:
             }
         if isinstance(obj, (list, tuple)):
             return [walk(v, name) for v in obj]
-        return obj
+        return redact_text(obj) if isinstance(obj, str) else obj
 
     return walk(data, path)
+
+
+def redact_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Environment variables with the values of secret-looking names replaced, and the
+    credentials inside the other values (:func:`redact_text`) too."""
+    rx, allow = redact_patterns()
+    return {
+        name: REDACTED if is_secret(name, rx, allow) else redact_text(value)
+        for name, value in environ.items()
+    }
 
 
 #: credentials inside a value: URL userinfo (``scheme://user:secret@host``), bearer tokens
 _URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+(?=@)")
 _BEARER = re.compile(r"(?P<head>\b(?:Bearer|Token|Basic)\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
+#: ``key=value`` / ``key: value`` (not ``dir:/path``, a PATH-like list, nor ``https://``)
 _KEY_VALUE = re.compile(
-    r"(?P<key>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*[=:]\s*)(?P<value>[^\s,;&'\"]+)"
+    r"(?P<key>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*=\s*|\s*:(?!/)\s*)(?P<value>[^\s,;&'\"]+)"
 )
+#: an HTTP authorization scheme standing alone in argv (``Authorization: Bearer TOKEN`` unquoted)
+_AUTH_SCHEMES = frozenset({"bearer", "token", "basic"})
 
 
 def redact_text(text: str) -> str:
@@ -204,18 +218,53 @@ def redact_text(text: str) -> str:
     rx, allow = redact_patterns()
     text = _URL_USERINFO.sub(lambda m: m["head"] + REDACTED, text)
     text = _BEARER.sub(lambda m: m["head"] + REDACTED, text)
-    return _KEY_VALUE.sub(
-        lambda m: m["key"] + m["sep"] + REDACTED if is_secret(m["key"], rx, allow) else m[0],
-        text,
-    )
+    return _redact_pairs(text, rx, allow)
+
+
+def _redact_pairs(text: str, rx: re.Pattern[str], allow: frozenset[str]) -> str:
+    """``key=value`` pairs of ``text`` with secret keys' values replaced; a value that is
+    itself a pair is looked into (``--env=MY_TOKEN=x``)."""
+
+    def one(m: re.Match[str]) -> str:
+        if is_secret(m["key"], rx, allow):
+            return m["key"] + m["sep"] + REDACTED
+        return m["key"] + m["sep"] + _redact_pairs(m["value"], rx, allow)
+
+    return _KEY_VALUE.sub(one, text)
+
+
+#: user content stored verbatim (but for the credentials inside), each with the switch
+#: ``metacollect.capture.<name>`` that leaves it out
+VERBATIM = ("annotations", "event-payloads", "exception-text", "source")
+
+
+def left_out() -> list[str]:
+    """The switches of :data:`VERBATIM` turned off (``capture.source``, ...): what the
+    store's root attr ``left_out`` lists."""
+    return [f"capture.{name}" for name in VERBATIM if not get(f"capture.{name}")]
+
+
+def exception_text(text: str | None, keep: bool | None = None) -> str | None:
+    """An exception's text as the store keeps it: credentials redacted, or only its type
+    (``ValueError``) when ``metacollect.capture.exception-text`` (or ``keep``) is false."""
+    if text is None:
+        return None
+    if not get("capture.exception-text", keep):
+        m = re.match(r"\s*([A-Za-z_][\w.]*)", text)
+        return m.group(1) if m else ""
+    return redact_text(text)
 
 
 def redact_argv(argv: list[str]) -> list[str]:
     """Command line with the values of secret-looking options replaced.
 
-    Handles ``--token=x``, ``--token x`` and ``TOKEN=x``.
+    Handles ``--token=x``, ``--token x``, ``TOKEN=x``, the options of
+    ``metacollect.redact.options`` whatever their name (``--pass x``, ``-p x``, ``-px``),
+    an unquoted ``Authorization: Bearer x``, and credentials inside any other argument
+    (``--env=MY_TOKEN=x``, ``postgresql://user:pw@host/db``: :func:`redact_text`).
     """
     rx, allow = redact_patterns()
+    options = frozenset(dask.config.get("metacollect.redact.options"))
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -223,13 +272,24 @@ def redact_argv(argv: list[str]) -> list[str]:
             out.append(REDACTED)
             hide_next = False
             continue
-        name, eq, _ = arg.partition("=")
-        bare = name.lstrip("-")
-        if eq and is_secret(bare, rx, allow):
-            out.append(f"{name}={REDACTED}")
-        elif arg.startswith("-") and not eq and is_secret(bare, rx, allow):
-            out.append(arg)
-            hide_next = True
-        else:
-            out.append(arg)
+        kept, hide_next = _redact_arg(arg, rx, allow, options)
+        out.append(kept)
     return out
+
+
+def _redact_arg(
+    arg: str, rx: re.Pattern[str], allow: frozenset[str], options: frozenset[str]
+) -> tuple[str, bool]:
+    """One argument as stored, and whether the next one is a secret."""
+    name, eq, _ = arg.partition("=")
+    secret_name = is_secret(name.lstrip("-"), rx, allow) or name in options
+    if eq and secret_name:
+        return f"{name}={REDACTED}", False
+    if arg.startswith("-") and secret_name:
+        return arg, True
+    short = arg[:2]
+    if short in options and len(short) == 2 and not arg.startswith("--") and len(arg) > 2:
+        return short + REDACTED, False  # -pSECRET
+    if arg.lower() in _AUTH_SCHEMES:
+        return arg, True
+    return redact_text(arg), False

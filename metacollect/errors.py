@@ -27,6 +27,10 @@ class StoreLockedError(UsageError):
     """Another run, still alive, is writing the store."""
 
 
+class OutputError(MetacollectError):
+    """An output (report, export, job script) could not be written; nothing partial is left."""
+
+
 class StoreError(MetacollectError):
     """A store cannot be written or read."""
 

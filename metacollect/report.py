@@ -18,6 +18,7 @@ import pandas as pd
 import metacollect.analysis as analysis
 import metacollect.plot as plot
 from metacollect.analysis.run import Run, open_run
+from metacollect.files import staged_dir
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -100,7 +101,8 @@ def write_report(
     store
         Store path or an open :class:`Run`.
     out_dir
-        Directory to write (created if needed; files in it are replaced).
+        Directory to write (created if needed; the report's files in it are replaced,
+        only once the whole report is drawn: a failure leaves the previous one as it was).
     dpi
         Resolution of the PNGs.
     echo
@@ -113,16 +115,15 @@ def write_report(
     """
     run: Any = _Memo(store if isinstance(store, Run) else open_run(store))
     out = os.fspath(out_dir)
-    os.makedirs(out, exist_ok=True)
-    problems: list[str] = []
-    views = _available_views(run, problems)
-    sections = _draw_views(run, views, out, dpi, echo, problems)
-    tables = _tables(run, views, problems)
-    doc = _document(run, views, sections, tables, problems)
-    index = os.path.join(out, "index.html")
-    with open(index, "w", encoding="utf-8") as f:
-        f.write(doc)
-    return index
+    with staged_dir(out, what="the report") as stage:
+        problems: list[str] = []
+        views = _available_views(run, problems)
+        sections = _draw_views(run, views, stage, dpi, echo, problems)
+        tables = _tables(run, views, problems)
+        doc = _document(run, views, sections, tables, problems)
+        with open(os.path.join(stage, "index.html"), "w", encoding="utf-8") as f:
+            f.write(doc)
+    return os.path.join(out, "index.html")
 
 
 def _available_views(run: Any, problems: list[str]) -> dict[str, Callable[[Run], Figure]]:
@@ -152,11 +153,16 @@ def _draw_views(
     sections = []
     for name, func in views.items():
         started = time.perf_counter()
+        path = os.path.join(out, f"{name}.png")
         try:
             fig = func(run)
-            fig.savefig(os.path.join(out, f"{name}.png"), dpi=dpi)
+            fig.savefig(path, dpi=dpi)
+        except OSError:  # the output cannot be written (a full disk): no report at all
+            raise
         except Exception as e:  # one failing view must not lose the others; say why
             problems.append(f"{name}: {type(e).__name__}: {e}")
+            if os.path.exists(path):  # a figure that failed while being written
+                os.remove(path)
             continue
         if echo:
             echo(f"{name}: {time.perf_counter() - started:.1f} s")

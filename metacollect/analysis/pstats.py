@@ -16,6 +16,8 @@ from typing import Any
 
 import pandas as pd
 
+from metacollect.files import staged_dir
+
 __all__ = ["pstats_dict", "write"]
 
 _Key = tuple[str, int, str]
@@ -158,7 +160,13 @@ def write(stats: pd.DataFrame, edges: pd.DataFrame, directory: str | os.PathLike
     >>> pstats.Stats(paths[0]).sort_stats("cumtime").print_stats(10)  # doctest: +SKIP
     """
     directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    with staged_dir(directory, what="the profiles") as stage:
+        names = _write_files(stats, edges, stage)
+    return [os.path.join(directory, n) for n in names]
+
+
+def _write_files(stats: pd.DataFrame, edges: pd.DataFrame, directory: str) -> list[str]:
+    """The pstats and callgrind files of :func:`write`, by name, written into ``directory``."""
     written = []
     process = ["cluster", "process", "host", "pid"]
     for ident, s in stats.groupby(process, sort=False):
@@ -174,9 +182,9 @@ def write(stats: pd.DataFrame, edges: pd.DataFrame, directory: str | os.PathLike
         path = os.path.join(directory, f"{label}.pstat")
         with open(path, "wb") as f:
             marshal.dump(mapping, f)
-        written.append(path)
+        written.append(os.path.basename(path))
         cpath = os.path.join(directory, f"callgrind.out.{label}")
         with open(cpath, "w") as f:
             f.write(_callgrind(mapping, label, ident[3]))
-        written.append(cpath)
+        written.append(os.path.basename(cpath))
     return written

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from metacollect.cli.options import ParseError, Parser
 from metacollect.errors import MetacollectError
 
 #: subcommand modules, in the order ``--help`` lists them
@@ -27,7 +28,7 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="metacollect",
         description=(
             "Deep profiling of Dask workloads: collect a run into one Zarr store, then analyse it."
@@ -41,16 +42,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``metacollect`` command; returns the exit code."""
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line; a :class:`ParseError` (one line) when it is wrong."""
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
     # everything after the first "--" belongs to the user's script (metacollect run)
     cut = argv.index("--") if "--" in argv else len(argv)
-    args = parser.parse_args(argv[:cut])
+    args, extra = parser.parse_known_args(argv[:cut])
+    if extra:  # named after the subcommand, whose help lists what it takes
+        raise ParseError(
+            f"unrecognized arguments: {' '.join(extra)}; see `metacollect {args.command} --help`",
+            f"metacollect {args.command}",
+        )
     args.passthrough = argv[cut + 1 :]
     if args.passthrough and args.command != "run":
-        parser.error(f"'--' passes arguments to a script; {args.command} takes none")
+        raise ParseError(
+            f"'--' passes arguments to a script and {args.command} takes none; drop what "
+            f"follows '--' (see `metacollect {args.command} --help`)",
+            f"metacollect {args.command}",
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``metacollect`` command; returns the exit code."""
+    try:
+        args = parse(list(sys.argv[1:] if argv is None else argv))
+    except ParseError as e:
+        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
     try:
         return int(args.func(args) or 0)
     except MetacollectError as e:

@@ -9,6 +9,12 @@ import sys
 import tempfile
 from typing import Any
 
+from metacollect.cli import options as t
+from metacollect.files import check_dir_target
+
+#: smallest image side the pipeline's 1-pixel overlap and thresholds make sense for
+MIN_SIZE = 16
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -25,10 +31,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-report", action="store_true", help="skip the report")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--threads", type=int, default=2, help="threads per worker (default 2)")
-    p.add_argument("--images", type=int, default=16, help="images to process (default 16)")
-    p.add_argument("--size", type=int, default=512, help="image side in pixels (default 512)")
+    t.add_positive(
+        p, "--workers", example="--workers 2", default=2, help="worker processes (default 2)"
+    )
+    t.add_positive(
+        p, "--threads", example="--threads 2", default=2, help="threads per worker (default 2)"
+    )
+    t.add_positive(
+        p, "--images", example="--images 16", default=16, help="images to process (default 16)"
+    )
+    p.add_argument(
+        "--size",
+        type=t.integer(MIN_SIZE, "--size 512"),
+        default=512,
+        help=f"image side in pixels (default 512, at least {MIN_SIZE})",
+    )
     p.add_argument("--yappi", action="store_true", help="also profile the workers with Yappi")
     return p
 
@@ -40,7 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from metacollect.demo import run_demo
     from metacollect.store.lifecycle import check_store
 
-    store = check_store(args.store, args.overwrite or None)  # fail fast, before starting a cluster
+    # fail fast, before starting a cluster
+    store = check_store(args.store, args.overwrite or None)
+    out = args.report or os.path.splitext(store)[0] + "-report"
+    if not args.no_report:
+        check_dir_target(out, "the report")
     options = {"yappi.enabled": True} if args.yappi else {}
     print(
         f"metacollect demo: {args.images} images of {args.size}px on {args.workers} workers",
@@ -74,7 +95,6 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             report = None
         if report is not None:
-            out = args.report or os.path.splitext(store)[0] + "-report"
             index = report.write_report(store, out)
             print(f"metacollect demo: report written to {index}")
     return 0

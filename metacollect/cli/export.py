@@ -7,7 +7,9 @@ import argparse
 import sys
 from typing import Any
 
+from metacollect.cli import options as t
 from metacollect.errors import UsageError
+from metacollect.files import check_dir_target, check_file_target
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -21,7 +23,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-events",
-        type=int,
+        type=t.integer(0, "--max-events 100000"),
         default=None,
         help="bound on the trace events (default 1000000; 0 for no bound)",
     )
@@ -40,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     if args.perfetto is None and args.pstat is None:
         raise UsageError("nothing to export; pass --perfetto out.json and/or --pstat DIR")
     run_ = open_run(args.store)
+    if args.perfetto is not None:  # a bad output path fails before any work
+        check_file_target(args.perfetto, "the trace")
+    if args.pstat is not None:
+        check_dir_target(args.pstat, "the profiles")
     if args.perfetto is not None:
         from metacollect.export import perfetto
 

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from metacollect.cli import options as t
 from metacollect.errors import UsageError
 
 
@@ -47,7 +48,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--timeout",
-        type=float,
+        type=t.seconds,
         default=120.0,
         help="seconds one log may take to read (default 120)",
     )
@@ -65,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
             args.store
         ).rstrip("/") + ".darshan"
     if not os.path.isdir(logdir):
+        why = "is a file" if os.path.exists(logdir) else "does not exist"
         raise UsageError(
-            f"log directory {logdir} does not exist; give the directory that holds the "
+            f"log directory {logdir} {why}; give the directory that holds the "
             ".darshan files (metacollect ingest darshan STORE LOGDIR)"
         )
 

@@ -13,7 +13,9 @@ import re
 import sys
 from typing import Any
 
+from metacollect.cli import options as t
 from metacollect.errors import UsageError
+from metacollect.files import atomic_file, check_file_target
 
 MARKER = "# ---- no need to edit below this line"
 JOBSCRIPTS = os.path.join(
@@ -137,24 +139,26 @@ def _add_batch_parser(sub: Any) -> None:
     s.add_argument("store")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")
     s.add_argument("--system", choices=["slurm", "pbs"], help="batch system (default: detected)")
-    t = bsub.add_parser(
+    stop = bsub.add_parser(
         "stop", help="record worker environments, retire workers, close the scheduler"
     )
-    t.add_argument("store")
-    t.add_argument(
+    stop.add_argument("store")
+    stop.add_argument(
         "--scheduler-file",
         required=True,
         help="the scheduler file of the wrapper's scheduler",
     )
-    t.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each phase")
-    t.add_argument(
+    stop.add_argument(
+        "--timeout", type=t.seconds, default=120.0, help="seconds to wait for each phase"
+    )
+    stop.add_argument(
         "--wait-pid",
-        type=int,
+        type=t.integer(1, "--wait-pid 4242"),
         action="append",
         default=[],
         help="then wait until this process (a worker launcher, the scheduler) exited; repeatable",
     )
-    t.add_argument(
+    stop.add_argument(
         "--exit-code",
         type=int,
         help="then finalise the store with the workflow's exit code",
@@ -184,40 +188,49 @@ def _add_jobscript_parser(sub: Any) -> argparse.ArgumentParser:
         "-s",
         help="store to write (default: metacollect-<jobid>.zarr in the submit directory)",
     )
-    p.add_argument("--job-name", default="metacollect", help="job name")
-    p.add_argument(
+    p.add_argument("--job-name", type=t.word, default="metacollect", help="job name")
+    t.add_positive(
+        p,
         "--nodes",
-        type=int,
+        example="--nodes 2",
         default=1,
         help="nodes (slurm: one worker launcher per node)",
     )
-    p.add_argument("--cores", type=int, default=2, help="CPUs per node")
-    p.add_argument("--memory", default="4GB", help="memory per node, e.g. 4GB")
-    p.add_argument("--walltime", default="00:30:00", help="walltime, HH:MM:SS")
-    p.add_argument("--queue", help="partition / queue")
-    p.add_argument("--account", help="account / project")
-    p.add_argument("--output", help="the job's output file (batch system patterns allowed)")
+    t.add_positive(p, "--cores", example="--cores 8", default=2, help="CPUs per node")
+    p.add_argument("--memory", type=t.size, default="4GB", help="memory per node, e.g. 4GB")
+    p.add_argument("--walltime", type=t.walltime, default="00:30:00", help="walltime, HH:MM:SS")
+    p.add_argument("--queue", type=t.word, help="partition / queue")
+    p.add_argument("--account", type=t.word, help="account / project")
+    p.add_argument(
+        "--output", type=t.word, help="the job's output file (batch system patterns allowed)"
+    )
     p.add_argument(
         "--job-extra",
+        type=t.line,
         action="append",
         help="extra directive, e.g. '--exclusive' (repeatable)",
     )
-    p.add_argument("--workers-per-node", type=int, help="dask worker processes per node")
-    p.add_argument("--threads", type=int, help="threads per worker process")
-    p.add_argument("--memory-limit", help="memory limit per worker process")
-    p.add_argument("--interface", help="network interface, e.g. ib0")
-    p.add_argument("--python", help="Python with metacollect installed (default: this one)")
-    p.add_argument("--flush-interval", help="how often collectors flush, e.g. 5s")
+    t.add_positive(
+        p, "--workers-per-node", example="--workers-per-node 4", help="worker processes per node"
+    )
+    t.add_positive(p, "--threads", example="--threads 2", help="threads per worker process")
+    p.add_argument("--memory-limit", type=t.size, help="memory limit per worker process")
+    p.add_argument("--interface", type=t.word, help="network interface, e.g. ib0")
+    p.add_argument(
+        "--python", type=t.word, help="Python with metacollect installed (default: this one)"
+    )
+    p.add_argument("--flush-interval", type=t.duration, help="how often collectors flush, e.g. 5s")
     p.add_argument("-o", "--output-file", help="write the script here (default: stdout)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output_file:
+        check_file_target(args.output_file, "the job script")
     text = render(args.system, args)
     if args.output_file:
-        with open(args.output_file, "w", encoding="utf-8") as f:
+        with atomic_file(args.output_file, what="the job script", executable=True) as f:
             f.write(text)
-        os.chmod(args.output_file, 0o755)
         submit = "sbatch" if args.system == "slurm" else "qsub"
         print(
             f"metacollect: wrote {args.output_file}; submit it with `{submit} {args.output_file}`",

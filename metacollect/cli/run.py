@@ -9,6 +9,11 @@ import argparse
 import os
 from typing import Any
 
+from metacollect.cli import options as t
+
+#: what --cluster can start (the runner's CLUSTERS; listed here so parsing stays light)
+CLUSTERS = ("local", "pbs", "slurm")
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -33,26 +38,39 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cluster",
+        choices=CLUSTERS,
         help="start this cluster for the script (local; slurm and pbs with dask-jobqueue)",
     )
-    p.add_argument(
+    t.add_positive(
+        p,
         "--workers",
         "--jobs",
         dest="workers",
-        type=int,
+        example="--workers 2",
         help="workers (local) or jobs (batch)",
     )
-    p.add_argument("--threads", type=int, help="threads per worker (local)")
-    p.add_argument("--memory", help="memory per worker/job, e.g. 1GB")
-    p.add_argument("--cores", type=int, help="cores per batch job (slurm, pbs)")
-    p.add_argument("--processes", type=int, help="worker processes per batch job (slurm, pbs)")
-    p.add_argument("--queue", help="queue / partition of the batch jobs")
-    p.add_argument("--walltime", help="walltime of each batch job, e.g. 00:30:00")
-    p.add_argument("--account", help="account / project charged for the batch jobs")
-    p.add_argument("--interface", help="network interface of scheduler and workers, e.g. ib0 or lo")
-    p.add_argument("--job-extra", action="append", help="extra #SBATCH/#PBS directive (repeatable)")
-    p.add_argument("--local-directory", help="worker scratch directory on the compute nodes")
-    p.add_argument("--flush-interval", help="how often collectors flush (e.g. 2s)")
+    t.add_positive(p, "--threads", example="--threads 2", help="threads per worker (local)")
+    p.add_argument("--memory", type=t.size, help="memory per worker/job, e.g. 1GB")
+    t.add_positive(p, "--cores", example="--cores 8", help="cores per batch job (slurm, pbs)")
+    t.add_positive(p, "--processes", example="--processes 1", help="worker processes per batch job")
+    p.add_argument("--queue", type=t.word, help="queue / partition of the batch jobs")
+    p.add_argument("--walltime", type=t.walltime, help="walltime of each batch job, e.g. 00:30:00")
+    p.add_argument("--account", type=t.word, help="account / project charged for the batch jobs")
+    p.add_argument(
+        "--interface",
+        type=t.word,
+        help="network interface of scheduler and workers, e.g. ib0 or lo",
+    )
+    p.add_argument(
+        "--job-extra",
+        type=t.line,
+        action="append",
+        help="extra #SBATCH/#PBS directive (repeatable)",
+    )
+    p.add_argument(
+        "--local-directory", type=t.line, help="worker scratch directory on the compute nodes"
+    )
+    p.add_argument("--flush-interval", type=t.duration, help="how often collectors flush (e.g. 2s)")
     p.add_argument(
         "--yappi",
         action="store_true",

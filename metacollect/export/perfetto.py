@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import metacollect.analysis as analysis
+from metacollect.files import atomic_file
 
 if TYPE_CHECKING:
     from metacollect.analysis.run import Run
@@ -257,6 +258,6 @@ def write(
 ) -> dict[str, Any]:
     """Write the trace of ``run`` to ``path`` and return its ``metadata`` (counts, truncation)."""
     doc = trace(run, max_events)
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_file(path, what="the trace") as f:  # whole or absent, never half a trace
         json.dump(doc, f, separators=(",", ":"), default=str)
     return doc["metadata"]

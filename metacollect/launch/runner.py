@@ -109,7 +109,8 @@ def write_script(writer: StoreWriter, path: str, source: str, argv: list[str]) -
             "path": path,
             "argv": config.redact_argv(argv),
             "sha256": hashlib.sha256(source.encode()).hexdigest(),
-            "source": source,
+            # metacollect.capture.source false: the hash tells the version, not the text
+            "source": source if config.get("capture.source") else "",
         },
     )
 
@@ -296,8 +297,9 @@ def outcome_attrs(outcome: Outcome | None, code: int, seconds: float) -> dict[st
     if outcome is not None:
         attrs["script_ended"] = outcome.how
         attrs["script_signal"] = outcome.signal
-        attrs["script_exception"] = outcome.exception
-        attrs["script_traceback"] = outcome.traceback
+        attrs["script_exception"] = config.exception_text(outcome.exception)
+        keep = config.get("capture.exception-text")
+        attrs["script_traceback"] = config.exception_text(outcome.traceback) if keep else None
         attrs["ended_by"] = outcome.ended
     return attrs
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import dask.config
 
 import metacollect.config as config
-from metacollect.config import redact_text
 from metacollect.errors import UsageError
 from metacollect.session.shutdown import retire_and_wait, retire_batch
 from metacollect.steps.job import JobInfo, versions, write_job
@@ -50,6 +49,8 @@ def init_root(writer: StoreWriter, run_id: str) -> None:
             "metacollect_version": version("metacollect"),
             "versions": versions(),
             "levels": {},
+            # user content a capture.* switch kept out of this run's record
+            "left_out": config.left_out(),
         },
     )
 
@@ -298,7 +299,9 @@ class Collection:
             profile.detach()
             profile.writer.flush()
         if error is not None:
-            extra["workflow_error"] = redact_text(f"{type(error).__name__}: {error}")
+            extra["workflow_error"] = config.exception_text(
+                f"{type(error).__name__}: {error}", self._opts["capture"]["exception-text"]
+            )
         # a problem ending the collection is a gap in the record: the status must say so
         missing = [*extra.pop("missing", []), *self.left_out, *problems]
         if missing and status in ("complete", "failed"):

@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import metacollect.config as config
+
 if TYPE_CHECKING:
     from distributed import Client
 
@@ -35,6 +37,7 @@ __all__ = [
     "job_row",
     "scontrol_job",
     "scontrol_script",
+    "stored_script",
     "write_rows",
 ]
 
@@ -136,7 +139,7 @@ def job_row(
         "submit_time": _epoch(fields.get("SubmitTime")),
         "start_time": _epoch(fields.get("StartTime")),
         "captured": time.time(),
-        "script": script,
+        "script": stored_script(script),
         "details": json.dumps(dict(fields)),
     }
 
@@ -160,9 +163,17 @@ def write_rows(group: Any, table: str, rows: list[dict[str, Any]]) -> None:
 
 
 def env_rows(job_id: str, worker: str, env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Rows of a process's batch variables, secrets redacted (names and inside values)."""
     return [
-        {"job_id": job_id, "worker": worker, "name": k, "value": v} for k, v in sorted(env.items())
+        {"job_id": job_id, "worker": worker, "name": k, "value": v}
+        for k, v in sorted(config.redact_environment(env).items())
     ]
+
+
+def stored_script(text: str) -> str:
+    """A batch job script as the store keeps it: credentials inside redacted, or nothing
+    when ``metacollect.capture.source`` is off."""
+    return config.redact_text(text) if config.get("capture.source") else ""
 
 
 class BatchRecorder:
@@ -186,7 +197,7 @@ class BatchRecorder:
             attrs={
                 "batch_system": system,
                 "source": "jobqueue",
-                "job_script": cluster.job_script(),
+                "job_script": stored_script(cluster.job_script()),
                 "queue": _requested(cluster, "queue"),
                 "account": _requested(cluster, "account") or _requested(cluster, "project"),
                 "walltime": _requested(cluster, "walltime"),

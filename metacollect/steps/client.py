@@ -94,7 +94,10 @@ def _write_slice(
 class GraphRecorder:
     """Buffers every ``update_graph`` of one scheduler and writes the ``client`` group."""
 
-    def __init__(self) -> None:
+    def __init__(self, annotations: bool = True, code: bool = True) -> None:
+        #: metacollect.capture.annotations / .source: keep annotations, code snippets
+        self.keep_annotations = annotations
+        self.keep_code = code
         self.n_graphs = 0
         self._graphs: list[SubmittedGraph] = []
         self._clients: list[tuple[float, str, str]] = []
@@ -130,7 +133,9 @@ class GraphRecorder:
                 n_deps.append(len(ts.dependencies))
                 deps.extend([d.key for d in ts.dependencies])
         code = []
-        for comp in list(scheduler.computations)[-2:]:
+        if not self.keep_annotations:
+            annotations = {}
+        for comp in list(scheduler.computations)[-2:] if self.keep_code else ():
             if comp.id not in self._seen_computations and comp.code:
                 self._seen_computations.add(comp.id)
                 for snippets in comp.code:

@@ -77,7 +77,7 @@ class JobInfo:
             platform=platform.platform(),
             launcher=launcher,
             cluster_type=cluster_type,
-            cluster_spec=cluster_spec or {},
+            cluster_spec=config.redact_mapping(cluster_spec or {}),
             environment=relevant_environment(os.environ),
         )
 
@@ -90,15 +90,17 @@ class JobInfo:
 
 
 def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables that matter to Dask, batch systems and I/O, secrets redacted."""
+    """The variables that matter to Dask, batch systems and I/O, secrets redacted (by name,
+    and credentials inside the values: URL userinfo, bearer tokens, ``key=value``)."""
     prefixes = tuple(config.get("environment.prefixes"))
     names = set(config.get("environment.names"))
     rx, allow = config.redact_patterns()
-    out = {}
-    for name in sorted(environ):
-        if name in names or name.startswith(prefixes) or config.is_secret(name, rx, allow):
-            out[name] = config.REDACTED if config.is_secret(name, rx, allow) else environ[name]
-    return out
+    kept = {
+        name: environ[name]
+        for name in sorted(environ)
+        if name in names or name.startswith(prefixes) or config.is_secret(name, rx, allow)
+    }
+    return config.redact_environment(kept)
 
 
 def versions() -> dict[str, str]:

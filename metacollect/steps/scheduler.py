@@ -90,6 +90,8 @@ class SchedulerCollector(SchedulerPlugin):
         self.cluster: str | None = None
         self.scheduler: Scheduler | None = None
         self._capture_events = True  # metacollect.capture.events, read at start
+        self._event_payloads = True  # metacollect.capture.event-payloads, read at start
+        self._exception_text = True  # metacollect.capture.exception-text, read at start
         self.errors = ErrorRecorder(lambda: self.group, "scheduler")
         #: parts of flushes that failed to convert: their rows are missing from the store
         self.losses = 0
@@ -122,7 +124,10 @@ class SchedulerCollector(SchedulerPlugin):
         self._events: list[tuple[float, str, Any]] = []
         self._workers: list[dict[str, Any]] = []
         self._samples: list[Any] = []
-        self.graphs = GraphRecorder()
+        self.graphs = GraphRecorder(
+            annotations=bool(config.get("capture.annotations")),
+            code=bool(config.get("capture.source")),
+        )
         self.n_transitions = 0
         self.writer = StoreWriter(self.store_path)
         self.writer.group(
@@ -156,6 +161,8 @@ class SchedulerCollector(SchedulerPlugin):
         )
         self.recording.start()
         self._capture_events = bool(config.get("capture.events"))
+        self._event_payloads = bool(config.get("capture.event-payloads"))
+        self._exception_text = bool(config.get("capture.exception-text"))
         for address in list(scheduler.workers):
             self.add_worker(scheduler, address)
         plugin = WorkerCollector(self.store_path, self.cluster, self.options)
@@ -340,7 +347,7 @@ class SchedulerCollector(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         try:
             if self._capture_events and topic != "metacollect-internal":
-                self._events.append((time.time(), topic, msg))
+                self._events.append((time.time(), topic, msg if self._event_payloads else None))
         except Exception as e:
             self._on_error("log_event", e)
 
@@ -411,8 +418,19 @@ class SchedulerCollector(SchedulerPlugin):
     def _write_events(self, events: list[tuple[float, str, Any]]) -> None:
         if events:
             t, topic, msg = zip(*events, strict=False)
-            messages = [encode_json(m, self._unencodable_event) for m in msg]
+            if self._event_payloads:
+                messages = [encode_json(self._redacted(m), self._unencodable_event) for m in msg]
+            else:  # metacollect.capture.event-payloads false: topic and time only
+                messages = [""] * len(msg)
             self.group.append("events", {"time": t, "topic": topic, "msg": messages})
+
+    def _redacted(self, msg: Any) -> Any:
+        """An event message with its credentials redacted (secret keys, URL userinfo, bearer
+        tokens); a message that cannot be walked goes to encode_json as it is."""
+        try:
+            return config.redact_mapping(msg)
+        except Exception:
+            return msg
 
     def _unencodable_event(self, kind: str, why: str) -> None:
         self._on_error(
@@ -490,7 +508,10 @@ class SchedulerCollector(SchedulerPlugin):
             cols["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
             cols["typename"].append(kw.get("typename"))
             cols["retries"].append(ts.retries if ts is not None else -1)
-            cols["exception"].append(kw.get("exception_text") or "")
+            text = kw.get("exception_text") or ""
+            cols["exception"].append(
+                config.exception_text(text, self._exception_text) if text else ""
+            )
         self.group.append("tasks", cols)
 
     def _write_samples(self, samples: list[Any]) -> None:

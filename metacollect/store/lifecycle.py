@@ -50,6 +50,7 @@ def check_store(store: str | os.PathLike[str], overwrite: bool | None = None) ->
             f"store path {path} is a file; choose a directory path such as {path}.zarr"
         )
     if not os.path.exists(path):
+        _check_creatable(path)
         return path
     found = lock.holder(path)
     if found is not None and lock.alive(found):
@@ -96,6 +97,24 @@ def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) 
         else:
             os.remove(entry)
     return path
+
+
+def _check_creatable(path: str) -> None:
+    """A :class:`StoreError` when no directory can be made at ``path`` (its nearest existing
+    ancestor is a file, or not writable)."""
+    probe = os.path.dirname(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    why = None
+    if not os.path.isdir(probe):
+        why = "a file, not a directory"
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        why = "permission denied"
+    if why is not None:
+        raise StoreError(
+            f"cannot create store {path}: {probe} is not writable ({why}); choose a "
+            "writable location"
+        )
 
 
 def _old_entries(path: str) -> list[str]:

@@ -187,9 +187,10 @@ class GroupWriter:
         """Record a collector failure in this group's errors table (what, where, why)."""
         if isinstance(exc, BaseException):
             what = f"{type(exc).__name__}: {exc}"
-            why = "".join(traceback.format_exception(exc))
+            why = config.redact_text("".join(traceback.format_exception(exc)))
         else:
             what, why = str(exc), ""
+        what = config.redact_text(what)  # a message may quote a value: a URL, a token
         logger.warning("metacollect: %s failed: %s", where, what)
         self.tables["errors"].append(
             {"time": [time.time()], "where": [where], "what": [what], "why": [why]}

@@ -33,6 +33,7 @@ from metacollect.steps.batch import (
     job_row,
     scontrol_job,
     scontrol_script,
+    stored_script,
     write_rows,
 )
 
@@ -140,7 +141,7 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
         attrs={
             "batch_system": system,
             "source": "jobscript",
-            "job_script": script,
+            "job_script": stored_script(script),
             "queue": fields.get("Partition") or os.environ.get("PBS_QUEUE"),
             "account": fields.get("Account") or None,
             "walltime": fields.get("TimeLimit") or None,
