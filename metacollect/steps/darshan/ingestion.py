@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.logs import LogFile, ReadResult, find_logs, read_logs
 from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
 from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
@@ -60,9 +61,16 @@ class IngestResult:
         self.problems += other.problems
 
 
-def darshan_group_attrs(log_dir: str | None, *, enabled: bool, dxt: bool) -> dict[str, Any]:
-    """The ``darshan`` group's attrs before a library or a delivery is known."""
+def darshan_group_attrs(
+    log_dir: str | None, *, enabled: bool, dxt: bool, store: str | None = None
+) -> dict[str, Any]:
+    """The ``darshan`` group's attrs before a library or a delivery is known; with the
+    prefixes :func:`~metacollect.steps.darshan.read_io` files under ``metacollect``
+    (the store, the logs) and ``python`` (the interpreter and its packages)."""
+    own = [os.path.abspath(p) for p in (store, log_dir) if p and "://" not in p]
     return {
+        "own_paths": own,
+        "python_paths": interpreter_paths(),
         "enabled": enabled,
         "library": None,
         "library_source": "",
@@ -346,7 +354,7 @@ def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:
             return {}
     except Exception:
         pass
-    return darshan_group_attrs(os.path.abspath(log_dir), enabled=False, dxt=False)
+    return darshan_group_attrs(os.path.abspath(log_dir), enabled=False, dxt=False, store=store)
 
 
 def _update_levels(store: str) -> None:
