@@ -193,9 +193,7 @@ def _phase_b(client, data, worker, truth) -> None:
     for j, (kind, n) in enumerate((("open", 33_333), ("os", 44_444))):
         path = str(data / f"b-{kind}-{j}")
         fn = write_open if kind == "open" else write_os
-        futs.append(
-            client.submit(overlapping, fn, path, n, "pair-b", workers=[worker], pure=False)
-        )
+        futs.append(client.submit(overlapping, fn, path, n, "pair-b", workers=[worker], pure=False))
         truth["written"][path] = None
     client.gather(futs)
     truth["ambiguous"] = {f.key for f in futs}
@@ -241,27 +239,34 @@ def test_per_worker_sums_the_users_files(live):
 
 # -- per task --------------------------------------------------------------------------
 def test_bytes_per_task_are_exact_and_overlaps_are_flagged(live):
-    per_task = open_run(live["store"]).io(by="task")
-    rows = per_task.dropna(subset=["key"]).set_index("key")
+    run = open_run(live["store"])
+    rows = run.io(by="task").dropna(subset=["key"]).set_index("key")
+    seg = run.io(by="segment")
+    seg = seg[seg["file"].astype(str).str.startswith(live["data"])]
     truth = live["truth"]
     for key, did in truth["tasks"].items():
         row = rows.loc[key]
         assert not row["ambiguous"], key
-        if "written" in did:
+        mine = seg[seg["key"] == key]
+        if "written" in did:  # the only files tasks write are the data files
             assert row["bytes_written"] == truth["written"][did["written"]], key
-            assert row["bytes_read"] == 0
-        else:
-            assert row["bytes_read"] == truth["read"][did["read"]], key
+            assert mine["length"].sum() == row["bytes_written"]
+            assert set(mine["file"]) == {did["written"]}
+        else:  # a task also reads what Python loads for it (this file): count the data
+            got = mine[mine["file"] == did["read"]]
+            assert got[got["op"] == "read"]["length"].sum() == truth["read"][did["read"]], key
     for key in truth["ambiguous"]:
         row = rows.loc[key]
         assert row["ambiguous"] and row["ambiguous_bytes"] > 0
     # every byte of the pair is flagged on both candidates, none given to one of them
-    pair_truth = sum(
-        s for p, s in truth["written"].items() if os.path.basename(p).startswith("b-")
-    )
+    pair_truth = sum(s for p, s in truth["written"].items() if os.path.basename(p).startswith("b-"))
+    pair = seg[seg["file"].map(lambda p: os.path.basename(p).startswith("b-"))]
+    assert pair["key"].isna().all() and pair["ambiguous"].all()
     for key in truth["ambiguous"]:
-        assert rows.loc[key, "bytes"] == 0
-        assert rows.loc[key, "ambiguous_bytes"] == pair_truth
+        assert rows.loc[key, "bytes_written"] == 0
+        shared = pair[pair["candidates"].map(lambda c, k=key: k in c)]
+        assert shared["length"].sum() == pair_truth
+        assert rows.loc[key, "ambiguous_bytes"] >= pair_truth
 
 
 def test_segments_say_how_they_were_attributed(live):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import metacollect.config as config
 from metacollect.errors import ConfigError
+from metacollect.steps.darshan.clock import clock_mark
 from metacollect.steps.darshan.ingestion import IngestResult, darshan_group_attrs, ingest
 from metacollect.steps.darshan.nanny import (
     PLUGIN_NAME,
@@ -84,14 +85,22 @@ class DarshanCapture:
         if workers and len(already) == len(workers):
             group.set_attrs(delivery="already", environment=next(iter(workers.values()))["env"])
             self.active = True
-            self.writer.flush()
-            return
-        statuses = self._restart_workers(group, log_dir, already)
-        if statuses is None:
-            return
-        self._record_nannies(statuses)
-        self._check_workers(group)
+        else:
+            statuses = self._restart_workers(group, log_dir, already)
+            if statuses is None:
+                return
+            self._record_nannies(statuses)
+            self._check_workers(group)
+        if self.active:
+            self._mark_clocks(group)
         self.writer.flush()
+
+    def _mark_clocks(self, group: GroupWriter) -> None:
+        """One timed write in each worker, to place its Darshan times on its clock."""
+        try:
+            self.client.run(clock_mark)
+        except Exception as e:  # the job start is used instead, and the error says so
+            group.record_error("clock mark", e)
 
     def _darshan_group(self) -> GroupWriter:
         """The ``darshan`` group of the run (made on first use)."""

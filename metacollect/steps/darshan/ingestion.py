@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from metacollect.steps.darshan.clock import time_origin
 from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.logs import LogFile, ReadResult, find_logs, read_logs
 from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
@@ -220,6 +222,9 @@ class _Ingestion:
             return
         reasons = partial_reasons(lg, res)
         attrs = process_attrs(lg, res, match, role, host, reasons)
+        start = attrs["start_time"] if math.isfinite(attrs["start_time"]) else None
+        origin, source = time_origin(res.arrays, lg.pid, start)
+        attrs.update(time_origin=origin, time_origin_source=source)
         gw = self._group_for(lg, match, host, attrs, reasons)
         self.groups.add(gw.path)
         written = self._write(lg, res, gw, host, attrs)
@@ -288,7 +293,8 @@ class _Ingestion:
         """Write a log's tables into its group; ``None`` (and an error row) when that
         fails - one bad log must not stop the others."""
         try:
-            records = write_process(gw, res, attrs["start_time"])
+            origin = attrs["time_origin"]
+            records = write_process(gw, res, math.nan if origin is None else origin)
             gw.flush()
         except Exception as e:
             gw.record_error("ingest", e)

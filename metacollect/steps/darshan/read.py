@@ -179,8 +179,11 @@ def _module_rows(df: pd.DataFrame, module: str, origin: float) -> pd.DataFrame:
 
 
 def _origin(attrs: Mapping[str, Any]) -> float:
-    """A process's start (epoch s): what its Darshan timestamps are relative to."""
-    start = attrs.get("start_time")
+    """The epoch time a process's Darshan timestamps are relative to (measured by a
+    clock mark, else the job's start: :mod:`~metacollect.steps.darshan.clock`)."""
+    start = attrs.get("time_origin")
+    if not isinstance(start, (int, float)):
+        start = attrs.get("start_time")
     return float(start) if isinstance(start, (int, float)) and math.isfinite(start) else math.nan
 
 
@@ -424,11 +427,14 @@ def _attribute_tasks(run: Run, seg: pd.DataFrame) -> None:
         ]
         if not len(t):
             continue
+        # distributed puts compute start/stop on the scheduler's clock (+ the worker's
+        # scheduler_delay); Darshan's times are the worker's own: go back to those
+        delay = t["clock_delay"].fillna(0.0).to_numpy(float) if "clock_delay" in t else 0.0
         keys, n, cands = attribute_segments(
             seg.loc[idx, "start"].to_numpy(float),
             seg.loc[idx, "stop"].to_numpy(float),
-            t["start"].to_numpy(float),
-            t["stop"].to_numpy(float),
+            t["start"].to_numpy(float) - delay,
+            t["stop"].to_numpy(float) - delay,
             t["key"].to_numpy(),
         )
         seg.loc[idx, "key"] = keys
