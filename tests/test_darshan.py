@@ -470,12 +470,17 @@ def test_logs_named_with_real_worker_pids_map_to_their_workers(collected, tmp_pa
     n_segments = sum(
         len(r[f"{op}_segments"]) for recs in dxt.values() for r in recs for op in ("read", "write")
     )
-    assert len(on_a) == n_segments and (on_a["start"] >= collected["slow"]["start"]).all()
+    # and the STDIO records as one open-close window each (STDIO has no DXT segments)
+    dxt_a = on_a[on_a["method"] == "dxt-segment"]
+    assert len(dxt_a) == n_segments and (dxt_a["start"] >= collected["slow"]["start"]).all()
+    assert set(on_a["method"]) == {"dxt-segment", "stdio-open-close"}
+    on_a = on_a[on_a["start"].notna()]  # a STDIO record never opened here has no window
     assert (on_a["key"] == collected["slow"]["key"]).all() and (on_a["n_candidates"] == 1).all()
     assert segments[segments["worker"] == b["address"]]["key"].isna().all()  # 2020: no task
     per_task = run.io(by="task")
     row = per_task[per_task["key"] == collected["slow"]["key"]].iloc[0]
-    assert row["worker"] == a["address"] and row["segments"] == n_segments
+    assert row["worker"] == a["address"] and row["segments"] == len(on_a)
+    assert not row["ambiguous"] and row["ambiguous_bytes"] == 0
     assert row["bytes"] == on_a["length"].sum()
     assert validate_store(store) == []
 
@@ -565,18 +570,18 @@ def test_environment_config_file_and_prologue(stub_runtime, tmp_path):
         ["POSIX", "MPI-IO", "STDIO", "H5F", "H5D", "DXT_POSIX", "DXT_MPIIO"],
     ) in cfg["MAX_RECORDS"]
     assert cfg["MODMEM"] == [64] and cfg["NAMEMEM"] == [16]
-    excludes = [re.compile(rx.replace("[[:space:]]", r"\s")) for rx, _ in cfg["NAME_EXCLUDE"]]
+    # nothing excluded by name or by Darshan's built-in directories: an excluded open
+    # inherits a stale fd record (docs/darshan.md); our files are kept out when read
+    assert "NAME_EXCLUDE" not in cfg and env["DARSHAN_EXCLUDE_DIRS"] == "none"
     import numpy
 
-    for path in (
-        numpy.__file__,
-        os.path.join(sys.prefix, "lib", "x.py"),
-        f"{store}/c/0",
-        f"{host_dir}/x",
-    ):
-        assert any(rx.search(path) for rx in excludes), path
+    own, python = [store, f"{store}.darshan"], dsh.interpreter_paths()
+    assert dsh.file_scope(numpy.__file__, own, python) == "python"
+    assert dsh.file_scope(f"{store}/c/0", own, python) == "metacollect"
+    assert dsh.file_scope(f"{host_dir}/x", own, python) == "metacollect"
+    assert dsh.file_scope("/proc/self/stat", own, python) == "system"
     for path in (str(tmp_path / "data.npy"), "/scratch/u/input.h5"):
-        assert not any(rx.search(path) for rx in excludes), path
+        assert dsh.file_scope(path, own, python) == "user", path
     apps = [re.compile(rx) for rx in cfg["APP_EXCLUDE"]]
     assert any(rx.search("uname") for rx in apps) and any(
         rx.search("/usr/bin/uname") for rx in apps
@@ -691,8 +696,9 @@ def test_collect_with_darshan_end_to_end(stub_runtime, tmp_path, clean_environ, 
         assert env["DARSHAN_LOG_DIR_PATH"] == f"{store}.darshan/{HOST}"
         assert dsh.parse_config(env["DARSHAN_CONFIG_PATH"])["MAX_RECORDS"][0][0] == 25000
     assert "LD_PRELOAD" not in os.environ and "DARSHAN_ENABLE_NONMPI" not in os.environ  # teardown
-    # graceful shutdown: retired and gone, and none of them died by a signal
-    assert workers_left == {}
+    # graceful shutdown: restarted through the nannies (the cluster as it was), the
+    # Darshan processes gone, and none of them died by a signal
+    assert len(workers_left) == 2
     assert dsh.wait_processes_gone(pids, 0) == []
     survivors = pids - {victim}
     assert f"Worker process {victim} was killed by signal 9" in deaths  # what a death looks like

@@ -41,7 +41,7 @@ def open_run(path: str | os.PathLike[str]) -> Run:
 class Run(StoreReader):
     """One collected run. Every table method returns a pandas DataFrame."""
 
-    def io(self, by: str = "file") -> pd.DataFrame:
+    def io(self, by: str = "file", scope: str = "user") -> pd.DataFrame:
         """Darshan I/O (step 5): bytes, ops and time, POSIX and STDIO together.
 
         Parameters
@@ -50,6 +50,9 @@ class Run(StoreReader):
             ``"file"`` (one row per process and file), ``"worker"`` (one row per process),
             ``"task"`` (DXT segments summed per task whose compute interval contains them) or
             ``"segment"`` (the DXT segments, on Dask's clock, with their task).
+        scope
+            ``"user"`` (default: the workload's files), ``"metacollect"`` (the store and
+            logs), ``"python"``, ``"system"`` or ``"all"``.
 
         Examples
         --------
@@ -57,7 +60,7 @@ class Run(StoreReader):
         """
         from metacollect.steps.darshan import read_io
 
-        return read_io(self, by=by)
+        return read_io(self, by=by, scope=scope)
 
     def profile(
         self, worker: str | None = None, task: Any = None, thread: int | None = None

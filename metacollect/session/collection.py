@@ -273,10 +273,11 @@ class Collection:
             ("record batch jobs", self._record_batch),
             # jobqueue clusters: retire the workers and wait until their jobs left the queue
             ("retire workers", self._retire_batch),
-            # Darshan writes a log when a worker process exits: retire them, wait until gone
-            ("stop darshan", self._stop_darshan),
             # the workers' and the scheduler's final flushes, then the collectors detach
             ("end collection", self._end_collection),
+            # Darshan writes a log when a worker process exits: restart the workers
+            # (without Darshan) through their nannies, wait until the old ones are gone
+            ("stop darshan", self._stop_darshan),
         ):
             t0 = time.perf_counter()
             try:
@@ -292,6 +293,7 @@ class Collection:
             except Exception as e:  # unreadable logs are recorded by ingest; this is worse
                 problems.append(f"ingest darshan logs: {type(e).__name__}: {e}")
                 logger.warning("metacollect: ingesting the Darshan logs failed: %s", e)
+            problems += darshan.wait_restored()  # the user's cluster as it was
         profile = self.profile
         if profile is not None:  # step 5: the client process's profile, written once at the end
             profile.last_flush = True

@@ -33,7 +33,7 @@ _DONE = frozenset({"memory", "error"})
 _RUNNING = frozenset({"executing", "long-running"})
 
 
-_TASKS = ("key", "state", "thread", "start", "stop", "nbytes", "typename")
+_TASKS = ("key", "state", "thread", "start", "stop", "nbytes", "typename", "clock_delay")
 _METRICS = (
     "time", "cpu", "memory", "managed", "spilled", "unmanaged", "read_bytes", "write_bytes",
     "disk_read", "disk_write", "executing", "ready", "in_memory",
@@ -102,8 +102,10 @@ class WorkerCollector(WorkerPlugin):
         self._tappend: tuple[Callable[[Any], None], ...] = tuple(
             c.append for c in self._transitions
         )
-        self._executions: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+        self._executions: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
         self._eappend = tuple(c.append for c in self._executions)
+        #: Worker.scheduler_delay when each running task started (heartbeats change it)
+        self._delays: dict[Any, float] = {}
         self._samples: list[tuple[Any, ...]] = []
         self._last_in: Any = None
         self._last_out: Any = None
@@ -168,7 +170,9 @@ class WorkerCollector(WorkerPlugin):
         add_start(start)
         add_finish(finish)
         add_time(time.time())
-        if finish == "memory" or finish == "error":
+        if finish == "executing":  # the delay distributed adds to this run's times
+            self._delays[key] = getattr(self.worker, "scheduler_delay", 0.0)
+        elif finish == "memory" or finish == "error":
             try:
                 state = self.worker.state  # type: ignore[union-attr]
                 ts = state.tasks.get(key)
@@ -182,6 +186,9 @@ class WorkerCollector(WorkerPlugin):
                         ts.startstops,  # the task's own list: the worker only appends to it
                         ts.nbytes,
                         ts.type,
+                        # what the worker added to its clock for startstops (Worker.
+                        # scheduler_delay): Darshan's times need it to meet them
+                        self._delays.pop(key, getattr(self.worker, "scheduler_delay", 0.0)),
                     )
                     for add, value in zip(self._eappend, row, strict=True):
                         add(value)
@@ -280,7 +287,9 @@ class WorkerCollector(WorkerPlugin):
             return
         tasks: dict[str, list[Any]] = {c: [] for c in _TASKS}
         ss: dict[str, list[Any]] = {c: [] for c in ("key", "action", "start", "stop", "source")}
-        for key, state, ran, thread, startstops, nbytes, typ in zip(*executions, strict=True):
+        for key, state, ran, thread, startstops, nbytes, typ, delay in zip(
+            *executions, strict=True
+        ):
             for s_ in startstops:
                 ss["key"].append(key)
                 ss["action"].append(s_.get("action"))
@@ -297,6 +306,7 @@ class WorkerCollector(WorkerPlugin):
             tasks["stop"].append(compute[-1]["stop"] if compute else math.nan)
             tasks["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
             tasks["typename"].append(getattr(typ, "__name__", None) if typ is not None else None)
+            tasks["clock_delay"].append(float(delay or 0.0))
         if tasks["key"]:
             self.group.append("tasks", tasks)
         if ss["key"]:

@@ -44,6 +44,12 @@ as a process group), :mod:`.ingestion` (into the store) and :mod:`.read` (readin
 
 from __future__ import annotations
 
+from metacollect.steps.darshan.attribution import (
+    SCOPES,
+    attribute_segments,
+    file_scope,
+    file_scopes,
+)
 from metacollect.steps.darshan.capture import (
     DarshanCapture,
     start,
@@ -51,8 +57,10 @@ from metacollect.steps.darshan.capture import (
 )
 from metacollect.steps.darshan.conffile import (
     CONFIG_KEYS,
+    DARSHAN_DEFAULT_EXCLUDES,
     KNOWN_MODULES,
     LIMITED_MODULES,
+    NO_EXCLUDED_DIRS,
     darshan_config_text,
     interpreter_paths,
     parse_config,
@@ -104,7 +112,6 @@ from metacollect.steps.darshan.process import (
 )
 from metacollect.steps.darshan.read import (
     IO_BY,
-    attribute_segments,
     process_groups,
     read_io,
     read_records,
@@ -125,6 +132,7 @@ from metacollect.steps.darshan.runtime import (
 
 __all__ = [
     "CONFIG_KEYS",
+    "DARSHAN_DEFAULT_EXCLUDES",
     "DXT_MODULES",
     "FLAT_LOG_VARIABLES",
     "IO_BY",
@@ -133,10 +141,12 @@ __all__ = [
     "LIMITED_MODULES",
     "LOG_COLUMNS",
     "LOG_MARK",
+    "NO_EXCLUDED_DIRS",
     "NO_JOBID_VARIABLE",
     "PLUGIN_NAME",
     "RECORD_TABLES",
     "ROOT_VARIABLES",
+    "SCOPES",
     "DarshanCapture",
     "DarshanEnviron",
     "DarshanNotFoundError",
@@ -150,6 +160,8 @@ __all__ = [
     "darshan_environment",
     "darshan_group_attrs",
     "default_log_dir",
+    "file_scope",
+    "file_scopes",
     "find_library",
     "find_logs",
     "fork_parent",

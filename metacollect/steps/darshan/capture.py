@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import metacollect.config as config
 from metacollect.errors import ConfigError
+from metacollect.steps.darshan.clock import clock_mark
 from metacollect.steps.darshan.ingestion import IngestResult, darshan_group_attrs, ingest
 from metacollect.steps.darshan.nanny import (
     PLUGIN_NAME,
@@ -67,6 +68,8 @@ class DarshanCapture:
         #: them down gracefully and ingest their logs at the end
         self.active = False
         self.group: GroupWriter | None = None
+        #: workers the cluster had when the restarts began (None: none restarted)
+        self.expected: int | None = None
 
     def start(self) -> None:
         """Give the workers the environment (restarting them when they lack it)."""
@@ -82,20 +85,28 @@ class DarshanCapture:
         if workers and len(already) == len(workers):
             group.set_attrs(delivery="already", environment=next(iter(workers.values()))["env"])
             self.active = True
-            self.writer.flush()
-            return
-        statuses = self._restart_workers(group, log_dir, already)
-        if statuses is None:
-            return
-        self._record_nannies(statuses)
-        self._check_workers(group)
+        else:
+            statuses = self._restart_workers(group, log_dir, already)
+            if statuses is None:
+                return
+            self._record_nannies(statuses)
+            self._check_workers(group)
+        if self.active:
+            self._mark_clocks(group)
         self.writer.flush()
+
+    def _mark_clocks(self, group: GroupWriter) -> None:
+        """One timed write in each worker, to place its Darshan times on its clock."""
+        try:
+            self.client.run(clock_mark)
+        except Exception as e:  # the job start is used instead, and the error says so
+            group.record_error("clock mark", e)
 
     def _darshan_group(self) -> GroupWriter:
         """The ``darshan`` group of the run (made on first use)."""
         if self.group is None:
             dxt = bool(self.options.get("dxt"))
-            attrs = darshan_group_attrs(self.log_dir, enabled=True, dxt=dxt)
+            attrs = darshan_group_attrs(self.log_dir, enabled=True, dxt=dxt, store=self.store)
             self.group = self.writer.group("darshan", attrs=attrs)
         return self.group
 
@@ -206,14 +217,19 @@ class DarshanCapture:
                 )
 
     def shutdown(self, retire: Callable[[float], list[str]] | None) -> list[str]:
-        """Retire the workers and wait until their processes are gone (Darshan writes
-        its log at exit). Returns the problems met.
+        """End Darshan in the workers so their logs are written (Darshan writes at
+        process exit), keeping the user's cluster as it was. Returns the problems met.
+
+        Workers with a nanny are restarted through it, without the Darshan environment
+        when the nanny plugin gave it (the nanny stops its worker gracefully - the log is
+        written - and starts a new one, as it was before the session). Workers without a
+        nanny that run under Darshan are retired (they cannot come back).
 
         Parameters
         ----------
         retire
-            Retires the cluster's workers gracefully within a timeout and returns the
-            problems met (the session's; ``None`` when a jobqueue recorder did already).
+            ``None`` when the cluster's workers were retired already (a jobqueue cluster,
+            with its jobs); anything else: restart them here.
         """
         if not self.active:  # Darshan never ran in the workers: leave them be
             return []
@@ -224,8 +240,9 @@ class DarshanCapture:
         except Exception as e:
             identities = {}
             problems.append(f"darshan: worker pids: {type(e).__name__}: {e}")
+        self._unregister()  # the nannies' environment as before: restarts come back clean
         if retire is not None:
-            problems.extend(retire(timeout))
+            problems.extend(self._restart(identities, timeout))
         here = socket.gethostname()
         local = [
             w["pid"] for w in identities.values() if w["host"] == here and w["pid"] != os.getpid()
@@ -234,12 +251,54 @@ class DarshanCapture:
         if alive:
             problems.append(
                 f"darshan: worker processes {alive} still alive {timeout:g} s after "
-                "retiring; their logs may be missing (look for mmap logs)"
+                "their restart; their logs may be missing (look for mmap logs)"
             )
+        return problems
+
+    def _unregister(self) -> None:
+        """Take the nanny plugin away (its teardown restores the pre-spawn environment)."""
         if self.registered:
             with contextlib.suppress(Exception):  # gone with the nannies already
                 self.client.unregister_worker_plugin(PLUGIN_NAME, nanny=True)
+            self.registered = False
+
+    def _restart(self, identities: Mapping[str, Mapping[str, Any]], timeout: float) -> list[str]:
+        """Restart the Darshan workers through their nannies (not waiting for the new
+        ones: :meth:`wait_restored` does, after the ingestion); retire those without."""
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        self.expected = len(info)
+        darshan = [a for a, w in identities.items() if w.get("darshan") and a in info]
+        nanny = [a for a in darshan if info[a].get("nanny")]
+        problems: list[str] = []
+        if nanny:
+            scheduler: Any = self.client.scheduler
+            statuses = self.client.sync(
+                scheduler.restart_workers,
+                workers=nanny,
+                timeout=timeout,
+                wait_for_workers=False,
+                on_error="return",
+                stimulus_id=f"metacollect-darshan-{time.time()}",
+            )
+            bad = {a: s for a, s in (statuses or {}).items() if s != "OK"}
+            if bad:
+                problems.append(f"darshan: restarting workers: {bad}")
+        lone = [a for a in darshan if a not in nanny]
+        if lone:  # no nanny: they cannot come back; their logs need them gone
+            self.expected -= len(lone)
+            self.client.retire_workers(workers=lone, close_workers=True)
         return problems
+
+    def wait_restored(self) -> list[str]:
+        """Wait until the cluster has as many workers as before :meth:`shutdown`."""
+        if self.expected is None:
+            return []
+        timeout = config.interval("darshan.shutdown-timeout")
+        try:
+            self.client.wait_for_workers(self.expected, timeout=timeout)
+        except Exception as e:
+            return [f"darshan: the workers restarted without Darshan did not all return: {e}"]
+        return []
 
     def ingest(self) -> IngestResult | None:
         """Ingest the run's logs into the store (after :meth:`shutdown`)."""

@@ -117,6 +117,26 @@ def interpreter_paths() -> list[str]:
     return sorted(kept)
 
 
+#: Darshan's built-in path exclusions (darshan-config.c ``darshan_path_exclusions``);
+#: metacollect turns them off (``DARSHAN_EXCLUDE_DIRS=none``) and classifies these paths
+#: as ``system`` when reading, see :func:`darshan_config_text`
+DARSHAN_DEFAULT_EXCLUDES = (
+    "/etc/",
+    "/dev/",
+    "/usr/",
+    "/bin/",
+    "/boot/",
+    "/lib/",
+    "/opt/",
+    "/sbin/",
+    "/sys/",
+    "/proc/",
+    "/var/",
+)
+#: the value of ``DARSHAN_EXCLUDE_DIRS`` that empties Darshan's built-in exclusions
+NO_EXCLUDED_DIRS = "none"
+
+
 def darshan_config_text(
     store: str | None = None,
     log_dir: str | None = None,
@@ -131,9 +151,19 @@ def darshan_config_text(
 
     It raises ``MAX_RECORDS`` (Darshan keeps 1024 records per module, which Python's
     imports alone fill, after which records are silently dropped), ``MODMEM`` and
-    ``NAMEMEM``, excludes the interpreter's prefix, site-packages, metacollect's own
-    store and log directory (``NAME_EXCLUDE``) and helper commands (``APP_EXCLUDE``).
-    Values default to the ``metacollect.darshan`` config."""
+    ``NAMEMEM``, and keeps helper commands out (``APP_EXCLUDE``).
+
+    It excludes **no file names**: in Darshan 3.5.0 an excluded ``open`` leaves the
+    POSIX module's fd table as it was (``POSIX_RECORD_OPEN`` breaks out before
+    ``darshan_add_record_ref`` when ``posix_track_new_file_record`` returns ``NULL``),
+    and that table still maps fds whose ``close`` Darshan never saw - ``fclose`` of an
+    ``fdopen``'d descriptor (NumPy's ``tofile``/``save``, CPython running a script)
+    closes it inside glibc, past the ``close`` wrapper. An excluded file that gets such
+    an fd number has its reads and writes counted on the stale record of another file.
+    So the interpreter's files, metacollect's store and logs are recorded and kept out
+    of the user's view when read (``Run.io(scope=...)``). ``name_exclude`` (config
+    ``metacollect.darshan.name-exclude``) still adds ``NAME_EXCLUDE`` lines, with that
+    risk. Values default to the ``metacollect.darshan`` config."""
     max_records = int(config.get("darshan.max-records", max_records))
     mod_mem = int(config.get("darshan.mod-mem", mod_mem))
     name_mem = int(config.get("darshan.name-mem", name_mem))
@@ -145,12 +175,9 @@ def darshan_config_text(
         f"MAX_RECORDS {max_records} {','.join(LIMITED_MODULES)}",
         f"MODMEM {mod_mem}",
         f"NAMEMEM {name_mem}",
-        "# the interpreter and its packages (imports), metacollect's store and logs",
+        "# no NAME_EXCLUDE for the interpreter or metacollect's own files: an excluded",
+        "# open can inherit a stale fd record (see metacollect.steps.darshan.conffile)",
     ]
-    own = [p for p in (store, log_dir) if p and "://" not in p]
-    for path in [*interpreter_paths(), *(os.path.abspath(p) for p in own)]:
-        lines.append(f"NAME_EXCLUDE ^{_ere_escape(path.rstrip('/'))}(/|$) *")
-    lines.append("NAME_EXCLUDE /__pycache__/ *")
     for rx in extra:
         lines.append(f"NAME_EXCLUDE {rx} *")
     if apps:

@@ -8,7 +8,11 @@ import re
 from collections.abc import Mapping
 
 import metacollect.config as config
-from metacollect.steps.darshan.conffile import darshan_config_text, write_config
+from metacollect.steps.darshan.conffile import (
+    NO_EXCLUDED_DIRS,
+    darshan_config_text,
+    write_config,
+)
 from metacollect.steps.darshan.log_reader import DXT_MODULES
 from metacollect.steps.darshan.runtime import (
     FLAT_LOG_VARIABLES,
@@ -57,7 +61,8 @@ def darshan_environment(
     dict
         ``LD_PRELOAD``, ``DARSHAN_ENABLE_NONMPI``, ``DARSHAN_LOGPATH`` and the flat
         log-directory variables, ``DARSHAN_MMAP_LOGPATH``, ``DARSHAN_CONFIG_PATH``,
-        ``DARSHAN_JOBID`` and, with DXT, ``DARSHAN_MOD_ENABLE``.
+        ``DARSHAN_JOBID``, ``DARSHAN_EXCLUDE_DIRS=none`` and, with DXT,
+        ``DARSHAN_MOD_ENABLE``.
 
     Raises
     ------
@@ -93,6 +98,9 @@ def darshan_environment(
         "DARSHAN_MMAP_LOGPATH": directory,
         "DARSHAN_CONFIG_PATH": conf,
         "DARSHAN_JOBID": NO_JOBID_VARIABLE,
+        # Darshan's built-in excludes (/proc, /usr, ...) cause the same stale-fd
+        # misattribution as NAME_EXCLUDE (see darshan_config_text): record everything
+        "DARSHAN_EXCLUDE_DIRS": NO_EXCLUDED_DIRS,
     }
     for name in site_log_variables(env_in):
         env[name] = directory
@@ -142,6 +150,7 @@ def job_script_prologue(
         lines.append(f"export {name}={d}")
     lines.append(f"export DARSHAN_CONFIG_PATH={shlex.quote(conf)}")
     lines.append(f"export DARSHAN_JOBID={NO_JOBID_VARIABLE}")
+    lines.append(f"export DARSHAN_EXCLUDE_DIRS={NO_EXCLUDED_DIRS}")
     if config.get("darshan.dxt", dxt):
         lines.append(f"export DARSHAN_MOD_ENABLE={','.join(DXT_MODULES)}")
     lines.append(f'export LD_PRELOAD={shlex.quote(lib)}"${{LD_PRELOAD:+:$LD_PRELOAD}}"')

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from metacollect.steps.darshan.clock import time_origin
+from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.logs import LogFile, ReadResult, find_logs, read_logs
 from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
 from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
@@ -60,9 +63,16 @@ class IngestResult:
         self.problems += other.problems
 
 
-def darshan_group_attrs(log_dir: str | None, *, enabled: bool, dxt: bool) -> dict[str, Any]:
-    """The ``darshan`` group's attrs before a library or a delivery is known."""
+def darshan_group_attrs(
+    log_dir: str | None, *, enabled: bool, dxt: bool, store: str | None = None
+) -> dict[str, Any]:
+    """The ``darshan`` group's attrs before a library or a delivery is known; with the
+    prefixes :func:`~metacollect.steps.darshan.read_io` files under ``metacollect``
+    (the store, the logs) and ``python`` (the interpreter and its packages)."""
+    own = [os.path.abspath(p) for p in (store, log_dir) if p and "://" not in p]
     return {
+        "own_paths": own,
+        "python_paths": interpreter_paths(),
         "enabled": enabled,
         "library": None,
         "library_source": "",
@@ -212,6 +222,9 @@ class _Ingestion:
             return
         reasons = partial_reasons(lg, res)
         attrs = process_attrs(lg, res, match, role, host, reasons)
+        start = attrs["start_time"] if math.isfinite(attrs["start_time"]) else None
+        origin, source = time_origin(res.arrays, lg.pid, start)
+        attrs.update(time_origin=origin, time_origin_source=source)
         gw = self._group_for(lg, match, host, attrs, reasons)
         self.groups.add(gw.path)
         written = self._write(lg, res, gw, host, attrs)
@@ -280,7 +293,8 @@ class _Ingestion:
         """Write a log's tables into its group; ``None`` (and an error row) when that
         fails - one bad log must not stop the others."""
         try:
-            records = write_process(gw, res, attrs["start_time"])
+            origin = attrs["time_origin"]
+            records = write_process(gw, res, math.nan if origin is None else origin)
             gw.flush()
         except Exception as e:
             gw.record_error("ingest", e)
@@ -346,7 +360,7 @@ def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:
             return {}
     except Exception:
         pass
-    return darshan_group_attrs(os.path.abspath(log_dir), enabled=False, dxt=False)
+    return darshan_group_attrs(os.path.abspath(log_dir), enabled=False, dxt=False, store=store)
 
 
 def _update_levels(store: str) -> None:

@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 
 from metacollect.errors import StoreError
+from metacollect.steps.darshan.attribution import SCOPES, attribute_segments, file_scopes
+from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.log_reader import RECORD_TABLES
 from metacollect.store.writer import committed_rows
 
@@ -43,7 +45,7 @@ _FILE_SUMS = [
     "meta_time",
 ]
 _PROC_COLS = ["cluster", "worker", "worker_group", "process", "role", "host", "pid"]
-_FILE_COLS = [*_PROC_COLS, "file", "interfaces", *_SUMS, "start", "stop", "partial"]
+_FILE_COLS = [*_PROC_COLS, "file", "scope", "interfaces", *_SUMS, "start", "stop", "partial"]
 _WORKER_COLS = [*_PROC_COLS, "files", *_SUMS, "start", "stop", "partial"]
 _SEG_COLS = [
     *_PROC_COLS,
@@ -55,8 +57,12 @@ _SEG_COLS = [
     "start",
     "stop",
     "duration",
+    "scope",
+    "method",
     "key",
+    "ambiguous",
     "n_candidates",
+    "candidates",
 ]
 _TASK_COLS = [
     "cluster",
@@ -73,6 +79,9 @@ _TASK_COLS = [
     "time",
     "start",
     "stop",
+    "ambiguous",
+    "ambiguous_segments",
+    "ambiguous_bytes",
 ]
 
 
@@ -169,18 +178,44 @@ def _module_rows(df: pd.DataFrame, module: str, origin: float) -> pd.DataFrame:
     )
 
 
+def _origin(attrs: Mapping[str, Any]) -> float:
+    """The epoch time a process's Darshan timestamps are relative to (measured by a
+    clock mark, else the job's start: :mod:`~metacollect.steps.darshan.clock`)."""
+    start = attrs.get("time_origin")
+    if not isinstance(start, (int, float)):
+        start = attrs.get("start_time")
+    return float(start) if isinstance(start, (int, float)) and math.isfinite(start) else math.nan
+
+
 def _file_rows(run: Run, path: str, attrs: Mapping[str, Any]) -> pd.DataFrame:
     """One row per file a process touched, POSIX and STDIO summed (empty: no records)."""
-    start = attrs.get("start_time")
-    origin = float(start) if isinstance(start, (int, float)) and math.isfinite(start) else math.nan
     frames = []
     for module in ("POSIX", "STDIO"):
         df = read_records(run, path, module)
         if df is not None and len(df):
-            frames.append(_module_rows(df, module, origin))
+            frames.append(_module_rows(df, module, _origin(attrs)))
     if not frames:
         return pd.DataFrame()
     return _per_file(pd.concat(frames, ignore_index=True))
+
+
+def _scope_paths(run: Run) -> tuple[list[str], list[str]]:
+    """The prefixes of metacollect's own files and of the interpreter's: as the capture
+    recorded them, else the store, the log directory and this interpreter's."""
+    attrs = run.groups.get("darshan", {})
+    own = list(attrs.get("own_paths") or [])
+    for p in (getattr(run, "path", None), attrs.get("log_dir")):
+        if isinstance(p, str) and "://" not in p and p not in own:
+            own.append(p)
+    python = list(attrs.get("python_paths") or interpreter_paths())
+    return own, python
+
+
+def _keep_scope(df: pd.DataFrame, run: Run, scope: str) -> pd.DataFrame:
+    """Add the ``scope`` column; keep the rows of ``scope`` (``"all"``: every row)."""
+    own, python = _scope_paths(run)
+    df["scope"] = file_scopes(df["file"].to_numpy(), own, python) if len(df) else []
+    return df if scope == "all" else df[df["scope"] == scope].reset_index(drop=True)
 
 
 def _per_file(df: pd.DataFrame) -> pd.DataFrame:
@@ -221,7 +256,7 @@ def _empty(cols: list[str]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
 
 
-def read_io(run: Run, by: str = "file") -> pd.DataFrame:
+def read_io(run: Run, by: str = "file", scope: str = "user") -> pd.DataFrame:
     """Darshan I/O of a run (``Run.io``).
 
     Parameters
@@ -231,9 +266,16 @@ def read_io(run: Run, by: str = "file") -> pd.DataFrame:
     by
         ``"file"``: one row per (process, file), POSIX and STDIO together (NumPy's bulk
         I/O is STDIO; MPI-IO and HDF5 sit on POSIX and are not added again).
-        ``"worker"``: one row per process. ``"task"``: DXT segments summed per task - a
-        segment belongs to the task whose compute interval on that worker contains it.
-        ``"segment"``: the DXT segments themselves, on Dask's clock, with their task.
+        ``"worker"``: one row per process. ``"task"``: per task, the DXT segments and
+        STDIO open-close windows only that task can have done, and apart
+        (``ambiguous_bytes``) those another task of the worker ran alongside
+        (:mod:`~metacollect.steps.darshan.attribution`). ``"segment"``: the DXT
+        segments and STDIO windows themselves, with their task or candidates.
+    scope
+        Whose files: ``"user"`` (default), ``"metacollect"`` (the store and the logs),
+        ``"python"`` (the interpreter and its packages), ``"system"`` (/proc, /usr,
+        ...), or ``"all"``. Darshan records them all (an excluded file can be counted on
+        another file's record, see :func:`~metacollect.steps.darshan.darshan_config_text`).
 
     Returns
     -------
@@ -247,14 +289,16 @@ def read_io(run: Run, by: str = "file") -> pd.DataFrame:
     ------
     StoreError
         ``by="task"``/``"segment"`` on a run that has Darshan data but no DXT segments
-        (say how to turn DXT on), or an unknown ``by``.
+        (say how to turn DXT on), an unknown ``by`` or ``scope``.
     """
     if by not in IO_BY:
         raise StoreError(f"unknown by={by!r}; use one of {', '.join(IO_BY)}")
+    if scope not in (*SCOPES, "all"):
+        raise StoreError(f"unknown scope={scope!r}; use one of {', '.join(SCOPES)}, all")
     procs = process_groups(run)
     if by in ("task", "segment"):
-        return _segments(run, procs, by)
-    rows = [_process_rows(run, path, attrs, by) for path, attrs in procs.items()]
+        return _segments(run, procs, by, scope)
+    rows = [_process_rows(run, path, attrs, by, scope) for path, attrs in procs.items()]
     rows = [r for r in rows if r is not None]
     cols = _FILE_COLS if by == "file" else _WORKER_COLS
     if not rows:
@@ -267,10 +311,14 @@ def read_io(run: Run, by: str = "file") -> pd.DataFrame:
     )
 
 
-def _process_rows(run: Run, path: str, attrs: Mapping[str, Any], by: str) -> pd.DataFrame | None:
-    """A process's rows of :func:`read_io`: one per file (``None`` without files), or
-    one in all (``by="worker"``)."""
+def _process_rows(
+    run: Run, path: str, attrs: Mapping[str, Any], by: str, scope: str
+) -> pd.DataFrame | None:
+    """A process's rows of :func:`read_io`: one per file of ``scope`` (``None`` without
+    files), or one in all (``by="worker"``)."""
     df = _file_rows(run, path, attrs)
+    if len(df):
+        df = _keep_scope(df, run, scope)
     proc = _process_columns(path, attrs)
     if by == "file":
         if not len(df):
@@ -290,8 +338,11 @@ def _process_rows(run: Run, path: str, attrs: Mapping[str, Any], by: str) -> pd.
     return pd.DataFrame([{**proc, **totals}])
 
 
-def _segments(run: Run, procs: Mapping[str, Mapping[str, Any]], by: str) -> pd.DataFrame:
-    """DXT segments with their task (``by="segment"``), or summed per task."""
+def _segments(
+    run: Run, procs: Mapping[str, Mapping[str, Any]], by: str, scope: str
+) -> pd.DataFrame:
+    """DXT segments and STDIO windows with their task (``by="segment"``), or summed per
+    task."""
     seg = _dxt_segments(run, procs)
     if seg is None:
         if procs:
@@ -301,6 +352,9 @@ def _segments(run: Run, procs: Mapping[str, Mapping[str, Any]], by: str) -> pd.D
                 "'dxt': True}), metacollect.darshan.dxt: true)"
             )
         return _empty(_SEG_COLS if by == "segment" else _TASK_COLS)
+    seg = pd.concat([seg, *_stdio_windows(run, procs)], ignore_index=True)
+    seg = _keep_scope(seg, run, scope)
+    seg["duration"] = seg["stop"] - seg["start"]
     _attribute_tasks(run, seg)
     seg = seg[_SEG_COLS].sort_values("start", ignore_index=True)
     return seg if by == "segment" else _per_task(seg)
@@ -314,23 +368,57 @@ def _dxt_segments(run: Run, procs: Mapping[str, Mapping[str, Any]]) -> pd.DataFr
         if not len(seg):
             continue
         seg = seg.drop(columns=["id", "rank", "hostname"])
+        seg["method"] = "dxt-segment"
         for k, v in _process_columns(path, attrs).items():
             seg[k] = v
         frames.append(seg)
-    if not frames:
-        return None
-    seg = pd.concat(frames, ignore_index=True)
-    seg["duration"] = seg["stop"] - seg["start"]
-    seg["key"] = None
-    seg["n_candidates"] = 0
-    return seg
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _stdio_windows(run: Run, procs: Mapping[str, Mapping[str, Any]]) -> list[pd.DataFrame]:
+    """One segment per STDIO record and direction with bytes: its open-close window
+    (STDIO has no DXT segments), up to its last read or write when never closed."""
+    frames = []
+    for path, attrs in procs.items():
+        df = read_records(run, path, "STDIO")
+        if df is None or not len(df):
+            continue
+        rows = _module_rows(df, "STDIO", _origin(attrs))
+        last = np.fmax(
+            _since(_origin(attrs), df.get("STDIO_F_WRITE_END_TIMESTAMP")),
+            _since(_origin(attrs), df.get("STDIO_F_READ_END_TIMESTAMP")),
+        )
+        stop = np.where(np.isfinite(rows["stop"]), rows["stop"], last)
+        for op, col in (("read", "bytes_read"), ("write", "bytes_written")):
+            has = rows[col].to_numpy() > 0
+            if not has.any():
+                continue
+            out = pd.DataFrame(
+                {
+                    "module": "STDIO",
+                    "file": rows["file"].to_numpy()[has],
+                    "op": op,
+                    "offset": -1,
+                    "length": rows[col].to_numpy()[has].astype(np.int64),
+                    "start": rows["start"].to_numpy()[has],
+                    "stop": stop[has],
+                    "method": "stdio-open-close",
+                }
+            )
+            for k, v in _process_columns(path, attrs).items():
+                out[k] = v
+            frames.append(out)
+    return frames
 
 
 def _attribute_tasks(run: Run, seg: pd.DataFrame) -> None:
-    """Set each segment's task key (and how many tasks could have done it) from the
-    compute intervals of the tasks of its worker."""
+    """Set each segment's task key, candidates and ambiguity from the compute intervals
+    of the tasks of its worker (:func:`attribute_segments`)."""
+    seg["key"] = None
+    seg["n_candidates"] = 0
+    seg["candidates"] = [()] * len(seg)
     tasks = run.worker_table("tasks")
-    groups = seg.groupby(["cluster", "worker_group"], dropna=True).groups
+    groups = seg.groupby(["cluster", "worker_group"], dropna=True).groups if len(seg) else {}
     for (cluster, wgroup), idx in groups.items():
         t = tasks[(tasks["cluster"] == cluster) & (tasks["worker_group"] == wgroup)]
         t = t[
@@ -339,59 +427,62 @@ def _attribute_tasks(run: Run, seg: pd.DataFrame) -> None:
         ]
         if not len(t):
             continue
-        keys, n = attribute_segments(
+        # distributed puts compute start/stop on the scheduler's clock (+ the worker's
+        # scheduler_delay); Darshan's times are the worker's own: go back to those
+        delay = t["clock_delay"].fillna(0.0).to_numpy(float) if "clock_delay" in t else 0.0
+        keys, n, cands = attribute_segments(
             seg.loc[idx, "start"].to_numpy(float),
             seg.loc[idx, "stop"].to_numpy(float),
-            t["start"].to_numpy(float),
-            t["stop"].to_numpy(float),
+            t["start"].to_numpy(float) - delay,
+            t["stop"].to_numpy(float) - delay,
             t["key"].to_numpy(),
         )
         seg.loc[idx, "key"] = keys
         seg.loc[idx, "n_candidates"] = n
+        seg.loc[idx, "candidates"] = pd.Series(list(cands), index=idx, dtype=object)
+    seg["ambiguous"] = seg["n_candidates"] > 1
 
 
 def _per_task(seg: pd.DataFrame) -> pd.DataFrame:
-    """DXT segments summed per (worker, task), the busiest first."""
-    seg["bytes_read"] = np.where(seg["op"] == "read", seg["length"], 0)
-    seg["bytes_written"] = np.where(seg["op"] == "write", seg["length"], 0)
-    seg["reads"] = (seg["op"] == "read").astype(np.int64)
-    seg["writes"] = (seg["op"] == "write").astype(np.int64)
-    g = seg.groupby(["cluster", "worker", "worker_group", "key"], dropna=False, sort=False)
-    out = g.agg(
-        segments=("op", "size"),
-        bytes_read=("bytes_read", "sum"),
-        bytes_written=("bytes_written", "sum"),
-        reads=("reads", "sum"),
-        writes=("writes", "sum"),
-        time=("duration", "sum"),
-        start=("start", "min"),
-        stop=("stop", "max"),
-    ).reset_index()
+    """Segments summed per (worker, task), the busiest first: the bytes only that task
+    can have moved, and apart those it shares with other tasks (``ambiguous_bytes``).
+    Segments outside every task are a row with no key."""
+    by = ["cluster", "worker", "worker_group", "key"]
+    clear = seg[~seg["ambiguous"]].copy()
+    clear["bytes_read"] = np.where(clear["op"] == "read", clear["length"], 0)
+    clear["bytes_written"] = np.where(clear["op"] == "write", clear["length"], 0)
+    clear["reads"] = (clear["op"] == "read").astype(np.int64)
+    clear["writes"] = (clear["op"] == "write").astype(np.int64)
+    out = (
+        clear.groupby(by, dropna=False, sort=False)
+        .agg(
+            segments=("op", "size"),
+            bytes_read=("bytes_read", "sum"),
+            bytes_written=("bytes_written", "sum"),
+            reads=("reads", "sum"),
+            writes=("writes", "sum"),
+            time=("duration", "sum"),
+            start=("start", "min"),
+            stop=("stop", "max"),
+        )
+        .reset_index()
+    )
+    shared = seg[seg["ambiguous"]].explode("candidates").rename(columns={"key": "_k"})
+    shared = shared.rename(columns={"candidates": "key"})
+    amb = (
+        shared.groupby(by, dropna=False, sort=False)
+        .agg(ambiguous_segments=("op", "size"), ambiguous_bytes=("length", "sum"))
+        .reset_index()
+    )
+    out["key"] = out["key"].astype(object)
+    amb["key"] = amb["key"].astype(object)
+    out = out.merge(amb, on=by, how="outer")
+    for c in ("segments", "bytes_read", "bytes_written", "reads", "writes"):
+        out[c] = out[c].fillna(0).astype(np.int64)
+    for c in ("ambiguous_segments", "ambiguous_bytes"):
+        out[c] = out[c].fillna(0).astype(np.int64)
+    out["time"] = out["time"].fillna(0.0)
     out["bytes"] = out["bytes_read"] + out["bytes_written"]
     out["ops"] = out["reads"] + out["writes"]
+    out["ambiguous"] = out["ambiguous_segments"] > 0
     return out[_TASK_COLS].sort_values("bytes", ascending=False, ignore_index=True)
-
-
-def attribute_segments(
-    seg_start: np.ndarray,
-    seg_stop: np.ndarray,
-    task_start: np.ndarray,
-    task_stop: np.ndarray,
-    task_key: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The task whose compute interval contains each segment (``None`` outside every
-    task), and how many tasks' intervals contain it (DXT has no thread ids, so with
-    several threads a segment can fall inside several tasks; the one that started last
-    is taken)."""
-    order = np.argsort(task_start, kind="stable")
-    ts, te, tk = task_start[order], task_stop[order], task_key[order]
-    longest = float(np.max(te - ts)) if len(ts) else 0.0
-    keys = np.empty(len(seg_start), dtype=object)
-    counts = np.zeros(len(seg_start), dtype=np.int64)
-    hi = np.searchsorted(ts, seg_start, side="right")
-    lo = np.searchsorted(ts, seg_start - longest, side="left")
-    for i in range(len(seg_start)):
-        inside = [j for j in range(lo[i], hi[i]) if te[j] >= seg_stop[i]]
-        counts[i] = len(inside)
-        keys[i] = tk[inside[-1]] if inside else None
-    return keys, counts
