@@ -172,6 +172,8 @@ class WorkerCollector(WorkerPlugin):
         add_time(time.time())
         if finish == "executing":  # the delay distributed adds to this run's times
             self._delays[key] = getattr(self.worker, "scheduler_delay", 0.0)
+        elif start == "executing" and finish != "memory" and finish != "error":
+            self._delays.pop(key, None)  # cancelled, rescheduled: no execution row to take it
         elif finish == "memory" or finish == "error":
             try:
                 state = self.worker.state  # type: ignore[union-attr]
