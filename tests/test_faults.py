@@ -387,7 +387,7 @@ def test_a_store_removed_mid_run_is_reported_and_never_remade_piecemeal(tmp_path
             shutil.rmtree(store + ".trash")
             assert (da.ones(100, chunks=10) + 2).sum().compute() == 300
             time.sleep(0.3)
-    assert session.status == "incomplete"
+    assert session.status == "incomplete", (session.status, session.missing)
     assert any("removed or replaced during the run" in m for m in session.missing)
     lost = [r for r in caplog.records if "record is not complete" in r.getMessage()]
     assert len(lost) == 1 and lost[0].levelname == "ERROR"
@@ -432,7 +432,7 @@ def _external_cluster(tmp_path, sched_file):
     """A scheduler and a worker in processes of their own, as `dask scheduler`/`dask worker`."""
     scheduler = subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file",
-         sched_file, "--host", "127.0.0.1", "--dashboard-address", ":0"],
+         sched_file, "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.time() + 60
@@ -486,7 +486,7 @@ def test_an_external_scheduler_killed_while_collect_runs_is_told(tmp_path, caplo
         for proc in (worker, scheduler):
             proc.kill()
             proc.wait(timeout=30)
-    assert session.status == "incomplete"
+    assert session.status == "incomplete", (session.status, session.missing)
     (lost,) = [m for m in session.missing if "scheduler" in m and "lost" in m]
     assert "not in the store" in lost
     run = open_run(store)

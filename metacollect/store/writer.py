@@ -167,7 +167,6 @@ class GroupWriter:
         self._flush_lock = threading.Lock()
         self._failed = False
         self._last_failure = ""  # type of the last flush failure (logged once per kind)
-        self.group = store.ensure_group(path, spec, attrs)
         #: rows of each table known to be whole in the store (appends that failed half-way
         #: are cut back to this before the next append, so codes and rows never shift)
         self._committed: dict[str, int] = {}
@@ -176,8 +175,32 @@ class GroupWriter:
         self._arrays: dict[str, dict[str, Any]] = {}
         #: per (table, variable): what appends to its array (holding its last chunk's rows)
         self._appenders: dict[tuple[str, str], ChunkAppender] = {}
-        # a group written before (by another writer object): new codes continue its strings
-        self.strings._next = self._rows_in_store("strings")
+        #: the group's attrs until it is made (then written on it)
+        self._attrs = dict(attrs)
+        self.group: zarrio.Group | None = None
+        try:
+            self.create()
+        except Exception as e:  # the store cannot be written now (a worker joining while it
+            # is out): the collector starts all the same, and the first flush that can makes
+            # the group; the failure is reported as a flush's would be, and recorded
+            self._failed, self._last_failure = True, type(e).__name__
+            logger.error(
+                "metacollect: cannot make group %s in %s yet (%s); its rows are kept in "
+                "memory and the next flushes try again",
+                path or "/",
+                store.path,
+                e,
+            )
+            self.record_error("make group", e)
+
+    def create(self) -> zarrio.Group:
+        """Make the group in the store if it is not there yet (its parents too), and return
+        it; raises when the store cannot be written."""
+        if self.group is None:
+            self.group = self.store.ensure_group(self.path, self.spec, self._attrs)
+            # a group written before (by another writer): new codes continue its strings
+            self.strings._next = self._rows_in_store("strings")
+        return self.group
 
     # -- collecting -------------------------------------------------------------------
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
@@ -197,6 +220,9 @@ class GroupWriter:
         )
 
     def set_attrs(self, **attrs: Any) -> None:
+        if self.group is None:  # written when the group is made
+            self._attrs.update(attrs)
+            return
         self.store.check_exists()
         with compact_json():  # one write of zarr.json, not one per key
             self.group.update_attributes(_jsonable(attrs))
@@ -216,6 +242,9 @@ class GroupWriter:
                 # costing a few hundred bytes a row on top of the rows themselves. Only
                 # the rows pending now: those the event loop adds meanwhile wait for the
                 # next flush, so a flush ends however fast they come.
+                if self.group is None:  # not made yet: the store was out when we began
+                    self.store.check_exists()
+                    self.create()
                 left = {name: t.pending for name, t in self.tables.items()}
                 while any(left.values()):
                     taken = {
@@ -327,7 +356,7 @@ class GroupWriter:
     def _rows_in_store(self, table: str) -> int:
         """Whole rows of a table already in the store (see :func:`committed_rows`)."""
         try:
-            tgroup = self.group[table]
+            tgroup = self.create()[table]
         except KeyError:
             return 0
         return committed_rows(tgroup)  # type: ignore[arg-type]
@@ -421,7 +450,7 @@ class StoreWriter:
     def __init__(self, path: str | os.PathLike[str], schema: Schema | None = None) -> None:
         self.path = os.fspath(path)
         self.schema = schema or load_schema()
-        self.root = open_root(self.path)
+        self._root: zarrio.Group | None = None
         #: the run held the store's lock when this writer started: it ends with the seal,
         #: and a collector that outlives its run must not write into a sealed store
         self.in_locked_run = lock.held(self.path)
@@ -434,6 +463,15 @@ class StoreWriter:
         self._templates: dict[tuple[Any, ...], Any] = {}
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
+
+    @property
+    def root(self) -> zarrio.Group:
+        """The store's root group, opened when first needed: a writer made while the store
+        cannot be written (a worker joining then) is made all the same, and fails its
+        flushes until the store is back."""
+        if self._root is None:
+            self._root = open_root(self.path)
+        return self._root
 
     def group(self, kind: str, attrs: Mapping[str, Any] | None = None, **parts: Any) -> GroupWriter:
         """The writer of group ``kind`` at its concrete path (``parts`` fill the template)."""
