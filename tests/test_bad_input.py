@@ -238,6 +238,20 @@ def test_corrupt_chunks_name_the_group(store_copy, capsys):
     assert err.strip().splitlines()[-1].startswith("metacollect validate: error:")
 
 
+@pytest.mark.parametrize("junk", [b"\xff", b"\xff\xfe\x00junk", b"{"])
+def test_a_group_metadata_that_does_not_decode_is_named_in_one_line(store_copy, capsys, junk):
+    """Bytes that are not UTF-8 JSON in a group's ``zarr.json`` (found by the fuzz test:
+    Zarr's own UnicodeDecodeError reached ``metacollect info`` as a traceback)."""
+    _write(os.path.join(store_copy, "clusters", "zarr.json"), junk)
+    with pytest.raises(StoreError, match=r"damaged zarr.json|clusters/zarr.json .* damaged"):
+        open_run(store_copy).tasks()
+    for command in ("info", "validate"):
+        assert main([command, store_copy]) != 0
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "clusters" in err
+        assert err.strip().splitlines()[-1].startswith(f"metacollect {command}: error:")
+
+
 # -- fuzz ----------------------------------------------------------------------------------------
 
 

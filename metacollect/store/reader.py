@@ -525,7 +525,10 @@ def walk(
     try:
         members = zarrio.members(group)
     except Exception as e:
-        msg = f"group /{path} cannot be read ({type(e).__name__}: {e}); the store is damaged there"
+        msg = (
+            f"group /{path} or a node directly below it has a damaged zarr.json "
+            f"({type(e).__name__}: {e}); `metacollect validate` names it"
+        )
         if on_error is None:
             raise StoreError(msg) from e
         on_error(msg)

@@ -108,10 +108,22 @@ def is_array(node: object) -> TypeGuard[Array]:
     return isinstance(node, zarr.Array)
 
 
+def _node_at(group: Group, path: str) -> Any:
+    """``group[path]``; a metadata document that does not decode (junk bytes, not JSON) is a
+    :class:`StoreError` naming the node, never Zarr's own decoding error."""
+    try:
+        return group[path]
+    except (ValueError, TypeError) as e:  # UnicodeDecodeError and JSONDecodeError included
+        raise StoreError(
+            f"{path}/zarr.json of the store is damaged ({type(e).__name__}: {e}); "
+            "`metacollect validate` lists every damaged node"
+        ) from e
+
+
 def group_at(group: Group, path: str) -> Group:
     """The group at ``path`` below ``group``; ``KeyError`` if there is none, a
-    :class:`StoreError` if an array is there instead."""
-    node = group[path]
+    :class:`StoreError` if an array is there instead or its metadata is damaged."""
+    node = _node_at(group, path)
     if not isinstance(node, zarr.Group):
         raise StoreError(f"{path} should be a group of the store, and is an array")
     return node
@@ -119,8 +131,8 @@ def group_at(group: Group, path: str) -> Group:
 
 def array_at(group: Group, path: str) -> Array:
     """The array at ``path`` below ``group``; ``KeyError`` if there is none, a
-    :class:`StoreError` if a group is there instead."""
-    node = group[path]
+    :class:`StoreError` if a group is there instead or its metadata is damaged."""
+    node = _node_at(group, path)
     if not isinstance(node, zarr.Array):
         raise StoreError(f"{path} should be an array of the store, and is a group")
     return node
