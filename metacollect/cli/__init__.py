@@ -20,6 +20,7 @@ COMMANDS = [
     "metacollect.cli.demo",
     "metacollect.cli.info",
     "metacollect.cli.validate",
+    "metacollect.cli.doctor",
     "metacollect.cli.jobscript",
     "metacollect.cli.report",
     "metacollect.cli.export",
