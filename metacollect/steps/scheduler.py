@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
+from distributed.utils import key_split_group
 
 import metacollect.config as config
 from metacollect.steps.base import ErrorRecorder, Recording, encode_json, write_parts
 from metacollect.steps.client import GraphRecorder
+from metacollect.steps.spans import SpanRecorder
 from metacollect.steps.worker import WorkerCollector, worker_plugin_name
 from metacollect.store.flush import take, take_rows
 from metacollect.store.writer import GroupWriter, StoreWriter, columns
@@ -55,10 +57,6 @@ _CLIENT_STATE = ("time", "client", "wants_what", "last_seen")
 def cluster_id(scheduler_id: str) -> str:
     """Short, unique name of a cluster's subtree, from the scheduler's id."""
     return scheduler_id.rsplit("-", 1)[-1][:12] if "-" in scheduler_id else scheduler_id[:12]
-
-
-def _group_of(key: Any) -> str:
-    return key[0] if isinstance(key, tuple) and key else str(key)
 
 
 class SchedulerCollector(SchedulerPlugin):
@@ -128,6 +126,7 @@ class SchedulerCollector(SchedulerPlugin):
             annotations=bool(config.get("capture.annotations")),
             code=bool(config.get("capture.source")),
         )
+        self.spans = SpanRecorder(keep_code=bool(config.get("capture.source")))
         self.n_transitions = 0
         self.writer = StoreWriter(self.store_path)
         self.writer.group(
@@ -186,6 +185,7 @@ class SchedulerCollector(SchedulerPlugin):
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
+        self._end_spans()
         await self.recording.finish()
         ended: dict[str, Any] = {"ended": time.time(), **({"detached": True} if detached else {})}
         self.writer.group("cluster", attrs=ended, cluster=self.cluster)
@@ -237,6 +237,7 @@ class SchedulerCollector(SchedulerPlugin):
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
+        self._end_spans()
         self.recording.finish_now()
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
 
@@ -396,6 +397,7 @@ class SchedulerCollector(SchedulerPlugin):
         transitions, events, workers, samples, graphs = batch
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
             ("graphs", lambda: GraphRecorder.write(self.client_group, graphs, self._on_error)),
+            ("spans", lambda: self._write_spans(graphs)),
             ("transitions", lambda: self._write_transitions(transitions)),
             ("workers", lambda: self._write_workers(workers)),
             ("events", lambda: self._write_events(events)),
@@ -405,6 +407,27 @@ class SchedulerCollector(SchedulerPlugin):
         self.losses += write_parts(parts, self._on_error)
         self.errors.report_counts()
         self.writer.flush()
+
+    def _write_spans(self, graphs: tuple[list[Any], Any]) -> None:
+        """The spans the batch's graphs refer to that were not written before."""
+        ids = {s for g in graphs[0] for s in set(g.spans)}
+        if ids and self.scheduler is not None:
+            rows = self.spans.new(self.scheduler, ids)
+            if rows["id"]:
+                self.group.append("spans", rows)
+
+    def _end_spans(self) -> None:
+        """Each span's times and totals, once, as the collection ends (on the event loop,
+        which changes them; the final flush writes them with the last graphs' spans)."""
+        if self.scheduler is None:
+            return
+        try:
+            rows = self.spans.ends(self.scheduler, self.graphs.pending_spans())
+        except Exception as e:
+            self._on_error("span ends", e)
+            return
+        if rows["id"]:
+            self.group.append("span_ends", rows)
 
     def _write_profile(self) -> None:
         if self.profile is not None:
@@ -497,7 +520,8 @@ class SchedulerCollector(SchedulerPlugin):
             ts = tasks.get(key)
             cols["key"].append(key)
             cols["prefix"].append(key_split(key))
-            cols["group"].append(_group_of(key))
+            # the scheduler's TaskGroup name: what graphs and spans are joined on
+            cols["group"].append(ts.group.name if ts is not None else key_split_group(key))
             cols["state"].append(finishes[i])
             cols["worker"].append(kw.get("worker"))
             cols["thread"].append(kw.get("thread") or -1)
