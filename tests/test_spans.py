@@ -284,3 +284,39 @@ def test_capture_switches_leave_fine_metrics_and_profile_out(client, store):
     assert len(run.fine_metrics()) == 0
     assert len(run.dask_profile()) == 0
     assert len(run.tasks()) == 2 and set(run.tasks()["span"]) != {""}
+
+
+class Unreadable(dict):
+    """Dask state that cannot be read (a fault the real worker does not produce)."""
+
+    def items(self):
+        raise RuntimeError("digests unreadable")
+
+    def __iter__(self):
+        raise RuntimeError("digests unreadable")
+
+    def keys(self):
+        raise RuntimeError("digests unreadable")
+
+
+def test_a_failing_fine_metrics_read_is_recorded_and_costs_nothing_else(client, store):
+    """A reader of Dask's state that fails costs only its own part of the flush: every task
+    is still stored, the failure is in the errors table and the status says what is lost."""
+    from metacollect.steps.worker import worker_plugin_name
+
+    with collect(client, store, flush_interval="0.2s"):
+
+        def break_digests(dask_worker, name):
+            dask_worker.plugins[name].digests._digests = Unreadable({("x",): 1})
+
+        client.run(break_digests, name=worker_plugin_name(store))
+        wait(client.map(spin, [0.05] * 20, pure=False))
+    run = open_run(store)
+    assert len(run.tasks()) == 20
+    assert len(run.worker_table("tasks")) == 20
+    errors = run.errors()
+    where = errors[errors["where"].str.contains("take fine metrics")]
+    assert len(where) >= 2 and set(where["what"]) == {"RuntimeError: digests unreadable"}
+    # the metrics never became readable again: the store says what it lacks
+    assert run.attrs["status"] == "incomplete"
+    assert any("fine metrics could not be read at its final flush" in m for m in run.attrs["missing"])

@@ -78,6 +78,8 @@ class WorkerCollector(WorkerPlugin):
         self.worker: Worker | None = None
         self._started = False  # set once setup has finished; teardown undoes only that
         self._reported_missed = False
+        #: readers of Dask's state whose last read failed (a later good read catches up)
+        self._unread: set[str] = set()
         self.errors = ErrorRecorder(lambda: self.group, "worker")
         #: parts of flushes that failed to convert: their rows are missing from the store
         self.losses = 0
@@ -172,6 +174,12 @@ class WorkerCollector(WorkerPlugin):
             raise RuntimeError(
                 f"worker {worker.address}: {self.losses} parts of its flushes failed to "
                 "convert and their rows are missing (see its errors table)"
+            )
+        if self._unread:  # Dask's state read cumulatively: only a failing last read loses
+            raise RuntimeError(
+                f"worker {worker.address}: Dask's {' and '.join(sorted(self._unread))} could "
+                "not be read at its final flush; what they gained since the last good read "
+                "is missing (see its errors table)"
             )
 
     # -- hooks (event loop) -------------------------------------------------------------------
@@ -271,9 +279,24 @@ class WorkerCollector(WorkerPlugin):
             take_rows(self._transitions),
             take_rows(self._executions),
             take(self._samples),
-            self.digests.take() if self.digests is not None else None,
-            self.cycles.take() if self.cycles is not None else [],
+            self._take("fine metrics", self.digests, None),
+            self._take("dask profile", self.cycles, []),
         )
+
+    def _take(self, what: str, source: Any, empty: Any) -> Any:
+        """What a reader of Dask's state has gathered since the last flush; a failure is
+        recorded and costs only its own part, never the rows the swap took before it (the
+        readers take cumulatively: the next good read has what this one missed)."""
+        if source is None:
+            return empty
+        try:
+            taken = source.take()
+        except Exception as e:
+            self._unread.add(what)
+            self._on_error(f"take {what}", e)
+            return empty
+        self._unread.discard(what)
+        return taken
 
     def _write(self, batch: tuple[Any, ...]) -> None:
         """Append a swapped batch to the tables and flush them. Each part is converted on
