@@ -62,8 +62,7 @@ def lines(store: str, top: int = 3) -> list[str]:
     out = ["span".ljust(width) + "".join(f"{h:>12}" for _, h, _ in cols)]
     for name, (_, row) in zip(names, summary.iterrows(), strict=True):
         out.append(name.ljust(width) + "".join(f"{_cell(row[c], f, c):>12}" for c, _, f in cols))
-    tops = [(n, row["top_functions"]) for n, (_, row) in zip(names, summary.iterrows(), strict=True)]
-    tops = [(n.strip(), t) for n, t in tops if t]
+    tops = [(n.strip(), t) for n, t in zip(names, summary["top_functions"], strict=True) if t]
     if tops:
         out += ["", "heaviest functions (Yappi, self time):"]
         out += [f"  {n}: {t}" for n, t in tops]

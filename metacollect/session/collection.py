@@ -278,7 +278,13 @@ class Collection:
                 "flushes (one flush interval, longer if it was stretched) and their final "
                 "flushes are not in the store; its cluster group has no end"
             ]
-        return list(ended or [])
+        if ended is None:  # the scheduler that answered holds no collection into this store
+            return [
+                f"the scheduler at {address} holds no collection into {self.store} (it was "
+                "restarted or replaced, or the collector was removed): what it did since its "
+                "last flush and its final flush are not in the store"
+            ]
+        return list(ended)
 
     def _stop(
         self, status: str, error: BaseException | None, **extra: Any
