@@ -18,7 +18,7 @@ import pandas as pd
 import metacollect.analysis as analysis
 import metacollect.plot as plot
 from metacollect.analysis.run import Run, open_run
-from metacollect.analysis.spans import span_summary, spans, tree_order
+from metacollect.analysis.spans import ACTIVITIES, span_summary, spans, tree_order
 from metacollect.files import staged_dir
 
 if TYPE_CHECKING:
@@ -200,8 +200,8 @@ def _tables(
     add_table("Task prefixes", lambda: analysis.prefix_summary(run))
     if "span_timeline" in views:
         add_table(
-            "Spans: execute seconds by activity, idle, I/O, top functions",
-            lambda: _span_table(run),
+            "Span summary (Dask, Darshan, Yappi)",
+            lambda: _span_table(run, with_metrics="fine_metrics" in views),
             index=False,
         )
     add_table("Graphs", run.graphs, index=False)
@@ -211,13 +211,18 @@ def _tables(
     return tables
 
 
-def _span_table(run: Any) -> pd.DataFrame:
-    """The span summary in tree order, ``t_start`` since the start of the run, no ids."""
+def _span_table(run: Any, with_metrics: bool) -> pd.DataFrame:
+    """The span summary in tree order, ``t_start`` since the start of the run, no ids; without
+    the execute and idle columns when the store has no fine metrics (they would read 0 and
+    all idle)."""
     summary = span_summary(run).set_index("id")
     order = tree_order(spans(run))["id"]
     out = summary.loc[order[order.isin(summary.index)]].reset_index(drop=True)
     out["start"] = out["start"] - analysis.origin(run)
-    return out.drop(columns=["cluster", "stop"]).rename(columns={"start": "t_start"})
+    out = out.drop(columns=["cluster", "stop"]).rename(columns={"start": "t_start"})
+    if not with_metrics:
+        out = out.drop(columns=[*ACTIVITIES, "disk", "serde", "failed", "execute", "idle"])
+    return out
 
 
 def _document(

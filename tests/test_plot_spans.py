@@ -10,7 +10,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.container import BarContainer
 from matplotlib.patches import Wedge
-from views_runs import spans_store
+from views_runs import spans_store, spin
 
 import metacollect
 from metacollect import analysis, plot
@@ -188,5 +188,24 @@ def test_report_has_the_views_and_the_span_table(run, tmp_path):
         text = f.read()
     assert 'src="fine_metrics.png"' in text and 'src="span_timeline.png"' in text
     assert "Fine performance metrics (Dask)" in text and ">Spans</h2>" in text
-    assert "Spans: execute seconds by activity" in text and "twins/right" in text
+    assert "Span summary (Dask, Darshan, Yappi)" in text and "twins/right" in text
+    assert "<th>thread-cpu</th>" in text and "<th>idle</th>" in text
     assert "Problems" not in text
+
+
+def test_without_fine_metrics_the_views_say_so_and_the_report_leaves_them_out(
+    client, store, tmp_path
+):
+    with metacollect.collect(client, store, capture={"fine-metrics": False}):
+        client.submit(spin, 0.05, pure=False).result()
+    run = metacollect.open_run(store)
+    views = plot.available_views(run)
+    assert "span_timeline" in views and "fine_metrics" not in views
+    fig = plot.fine_metrics(run)
+    assert "no execute seconds" in fig.axes[0].texts[0].get_text()
+    index = write_report(run, tmp_path / "report", dpi=30)
+    with open(index) as f:
+        text = f.read()
+    # the span table without execute columns: they would read 0 s and all idle
+    assert "Span summary" in text and "<th>n_tasks</th>" in text
+    assert "<th>idle</th>" not in text and "<th>thread-cpu</th>" not in text
