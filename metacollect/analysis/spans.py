@@ -217,16 +217,13 @@ def fine_metrics_page(run: Run, span: str | None = None) -> FineMetricsPage:
     fm = fm[fm["unit"] == "seconds"]
     ex = fm[fm["context"] == "execute"]
     sp = spans(run)
-    own = ex.groupby("span")["value"].sum()
-    idle = _idle(sp, own.reindex(sp["id"], fill_value=0.0))
+    own = ex.groupby("span")["value"].sum().reindex(sp["id"], fill_value=0.0)
+    idle = _idle(sp, own)
     chosen = [] if span is None else select_spans(sp, span)
     extra = {}
     if chosen:
         ex = ex[ex["span"].isin(chosen)]
-        subtree = _subtree_sums(sp, own.reindex(sp["id"], fill_value=0.0))
-        extra[CHILD_SPANS] = float(
-            (subtree - own.reindex(subtree.index, fill_value=0.0))[chosen].sum()
-        )
+        extra[CHILD_SPANS] = float((_subtree_sums(sp, own) - own)[chosen].sum())
         extra[IDLE] = float(idle[chosen].sum())
     else:
         extra[IDLE] = float(idle[sp.loc[sp["parent"] == "", "id"]].sum()) if len(sp) else 0.0

@@ -156,8 +156,8 @@ def _send_data(ax: Any, send: pd.Series, selected: bool) -> None:
         ax.set_axis_off()
         ax.text(0.5, 0.5, "no worker sent data to another", ha="center", va="center")
         return
-    ax.barh([str(a) for a in send.index], send.to_numpy(dtype=float),
-            color=[activity_colour(a) for a in send.index])  # fmt: skip
+    colours = [activity_colour(a) for a in send.index]
+    ax.barh([str(a) for a in send.index], send.to_numpy(dtype=float), color=colours)
     ax.invert_yaxis()
     ax.set_xlabel("time (s), summed over the workers")
     ax.tick_params(axis="y", labelsize="x-small")
