@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, span, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
+from views_runs import spin
 
 from metacollect import collect, open_run
 from metacollect.steps.finemetrics import CONTEXTS_WITH_SPAN
@@ -50,15 +51,6 @@ def make(n):
 
 def length(a):
     return len(a)
-
-
-def spin(seconds):
-    """Pure Python work, where Dask's sampler sees it."""
-    end = time.perf_counter() + seconds
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
-    return n
 
 
 def scheduler_truth(dask_scheduler):

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from metacollect.analysis.tasks import worker_addresses
-from metacollect.errors import StoreError
+from metacollect.errors import StoreError, UsageError
 
 if TYPE_CHECKING:
     from metacollect.analysis.run import Run
@@ -106,6 +107,145 @@ def fine_metrics(
     return out.reset_index(drop=True)
 
 
+def tree_order(sp: pd.DataFrame) -> pd.DataFrame:
+    """Spans (rows of :func:`spans`) parents first: each root in the order it was enqueued,
+    followed by its subtree, children in the order they were enqueued; adds ``root`` (the id
+    of the span's root). A span whose parent the store lacks counts as a root."""
+    sp = sp.sort_values(["enqueued", "depth"], kind="stable", ignore_index=True)
+    known = set(sp["id"])
+    children: dict[str, list[int]] = {}
+    roots: list[int] = []
+    for i, parent in enumerate(sp["parent"]):
+        if parent and parent in known:
+            children.setdefault(parent, []).append(i)
+        else:
+            roots.append(i)
+    ids = sp["id"].tolist()
+    order: list[int] = []
+    root_of: list[str] = []
+    stack = [(i, ids[i]) for i in reversed(roots)]
+    while stack:
+        i, root = stack.pop()
+        order.append(i)
+        root_of.append(root)
+        stack.extend((j, root) for j in reversed(children.get(ids[i], [])))
+    out = sp.iloc[order].reset_index(drop=True)
+    out["root"] = pd.Series(root_of, dtype=object)
+    return out
+
+
+def select_spans(sp: pd.DataFrame, span: str) -> list[str]:
+    """The ids of the spans ``span`` names: a span id, or a name as :func:`spans` joins it
+    (``"load/clean"``), which selects every span of that name (Dask starts a new
+    ``default`` span for each unannotated computation).
+
+    Raises
+    ------
+    UsageError
+        No span has that id or name; the message lists the names there are.
+    """
+    ids = sp.loc[(sp["id"] == span) | (sp["name"] == span), "id"].tolist()
+    if not ids:
+        names = ", ".join(repr(n) for n in dict.fromkeys(sp["name"]))
+        raise UsageError(
+            f"no span has the id or name {span!r}; "
+            + (f"the run's spans are {names}" if names else "the run has no spans")
+        )
+    return ids
+
+
+#: the order of Dask's execute activities in the views; unknown ones follow by name
+ACTIVITY_ORDER = (
+    *ACTIVITIES, *_DISK, *_SERDE, "network", "offload", "failed", "cancelled",
+)  # fmt: skip
+
+#: the pie's entries beside the activities: the selected spans' children, and idle
+CHILD_SPANS, IDLE = "child spans", "idle"
+
+
+def ordered_activities(names: Iterable[str]) -> list[str]:
+    """Activity names in :data:`ACTIVITY_ORDER`, then the others alphabetically."""
+    rank = {a: i for i, a in enumerate(ACTIVITY_ORDER)}
+    return sorted(set(names), key=lambda a: (rank.get(a, len(rank)), a))
+
+
+@dataclass
+class FineMetricsPage:
+    """What the dashboard's "Fine Performance Metrics" page shows, for the whole run or
+    some spans (:func:`fine_metrics_page`). Seconds everywhere.
+
+    Attributes
+    ----------
+    by_prefix
+        Execute seconds, a row per task prefix (heaviest first), a column per activity.
+    by_activity
+        Execute seconds by activity, then ``child spans`` (the execute seconds of the
+        selected spans' descendants; selected spans only) and ``idle`` (what the threads did
+        not spend on the selection: Dask's "idle or other spans").
+    send_data
+        The get-data context (a worker sending data to another) by activity, whole run:
+        get-data has no span.
+    spans
+        The ids of the selected spans (empty for the whole run).
+    """
+
+    by_prefix: pd.DataFrame
+    by_activity: pd.Series
+    send_data: pd.Series
+    spans: list[str] = field(default_factory=list)
+
+
+def fine_metrics_page(run: Run, span: str | None = None) -> FineMetricsPage:
+    """Dask's "Fine Performance Metrics" page, after the fact.
+
+    Parameters
+    ----------
+    span
+        A span id or name (:func:`select_spans`): only the spans' own tasks (not their
+        children's), as in ``Run.fine_metrics`` by span. Default: the whole run.
+
+    Returns
+    -------
+    FineMetricsPage
+        ``idle`` is, per span, its wall time times the cluster's threads minus the execute
+        seconds of its subtree (:func:`span_summary`'s ``idle``), summed over the selected
+        spans, or over the root spans for the whole run. Dask's page merges the root spans
+        instead, counting time where several roots ran at once only once: the two agree
+        unless root spans overlapped.
+    """
+    fm = fine_metrics(run, by=["context", "span", "prefix", "activity", "unit"])
+    fm = fm[fm["unit"] == "seconds"]
+    ex = fm[fm["context"] == "execute"]
+    sp = spans(run)
+    own = ex.groupby("span")["value"].sum().reindex(sp["id"], fill_value=0.0)
+    idle = _idle(sp, own)
+    chosen = [] if span is None else select_spans(sp, span)
+    extra = {}
+    if chosen:
+        ex = ex[ex["span"].isin(chosen)]
+        extra[CHILD_SPANS] = float((_subtree_sums(sp, own) - own)[chosen].sum())
+        extra[IDLE] = float(idle[chosen].sum())
+    else:
+        extra[IDLE] = float(idle[sp.loc[sp["parent"] == "", "id"]].sum()) if len(sp) else 0.0
+    by_prefix = ex.pivot_table(
+        index="prefix", columns="activity", values="value", aggfunc="sum", fill_value=0.0
+    )
+    by_prefix = by_prefix[ordered_activities(by_prefix.columns)]
+    by_prefix = by_prefix.loc[by_prefix.sum(axis=1).sort_values(ascending=False).index]
+    by_prefix.columns.name = None
+    by_activity = ex.groupby("activity")["value"].sum()
+    by_activity = pd.concat(
+        [by_activity[ordered_activities(by_activity.index)], pd.Series(extra, dtype=float)]
+    )
+    gd = fm[fm["context"] == "get-data"].groupby("activity")["value"].sum()
+    return FineMetricsPage(
+        by_prefix=by_prefix,
+        by_activity=by_activity.rename("seconds"),
+        send_data=gd[ordered_activities(gd.index)].rename("seconds"),
+        spans=chosen,
+    )
+
+
 def span_summary(run: Run, top: int = 5) -> pd.DataFrame:
     """Per span: where its tasks' thread time went, what they read and wrote, what they
     called most - Dask's fine metrics, Darshan and Yappi side by side.
@@ -139,14 +279,21 @@ def span_summary(run: Run, top: int = 5) -> pd.DataFrame:
     for name, values in parts.items():
         out[name] = out["id"].map(values).fillna(0.0)
     out["execute"] = out["id"].map(per.sum(axis=1)).fillna(0.0) if len(per) else 0.0
-    # as Dask's "idle or other spans": against the execute seconds of the whole subtree
-    subtree = _subtree_sums(sp, out.set_index("id")["execute"])
-    cpu = sp.set_index("id")["active_cpu_seconds"].astype(float)
-    out["idle"] = np.maximum(out["id"].map(cpu - subtree).fillna(0.0), 0.0)
+    out["idle"] = out["id"].map(_idle(sp, out.set_index("id")["execute"])).fillna(0.0)
     out = out.merge(_span_io(run), on="id", how="left")
     tops = _top_functions(run, top)
     out["top_functions"] = [tops.get(i, "") for i in out["id"]]
     return out
+
+
+def _idle(sp: pd.DataFrame, own: pd.Series) -> pd.Series:
+    """Per span, Dask's "idle or other spans": its wall time times the cluster's threads
+    (``active_cpu_seconds``) minus the execute seconds of its whole subtree (``own``: each
+    span's own execute seconds, by id), never below 0, as in ``Span.cumulative_worker_metrics``.
+    """
+    subtree = _subtree_sums(sp, own)
+    cpu = sp.set_index("id")["active_cpu_seconds"].astype(float)
+    return np.maximum(cpu.sub(subtree, fill_value=0.0).fillna(0.0), 0.0)
 
 
 def _subtree_sums(sp: pd.DataFrame, own: pd.Series) -> pd.Series:
