@@ -312,3 +312,21 @@ def test_a_failing_fine_metrics_read_is_recorded_and_costs_nothing_else(client, 
     # the metrics never became readable again: the store says what it lacks
     assert run.attrs["status"] == "incomplete"
     assert any("fine metrics could not be read at its final flush" in m for m in run.attrs["missing"])
+
+
+def test_metacollect_spans_prints_the_tree_with_its_activities(client, store, capsys):
+    from metacollect.cli import main
+
+    with collect(client, store), span("outer"):
+        client.submit(spin, 0.1, pure=False).result()
+        with span("inner"):
+            wait(client.map(spin, [0.05] * 3, pure=False))
+    assert main(["spans", store]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:4] == ["span", "wall", "s", "tasks"]
+    rows = {line.split()[0]: line for line in out[1:3]}
+    assert rows["outer"].startswith("outer") and rows["inner"].startswith("  inner")
+    summary = open_run(store).span_summary().set_index("name")
+    assert rows["inner"].split()[2] == "3"  # its own tasks
+    assert float(rows["outer"].split()[3]) == pytest.approx(summary.loc["outer", "thread-cpu"], abs=0.01)
+    assert main(["spans", store + ".missing"]) != 0

@@ -58,7 +58,14 @@ def lines(store: str, top: int = 3) -> list[str]:
         for i, n in zip(summary["id"], summary["name"], strict=True)
     ]
     width = max(len("span"), *(len(n) for n in names))
-    cols = [c for c in _COLUMNS if c[0] in summary]
+    # columns of things that did not happen (no spilling, no failure, no Darshan) left out
+    optional = {"disk", "serde", "failed", "bytes_read", "bytes_written"}
+    cols = [
+        c
+        for c in _COLUMNS
+        if c[0] in summary
+        and (c[0] not in optional or (summary[c[0]].fillna(0) != 0).any())
+    ]
     out = ["span".ljust(width) + "".join(f"{h:>12}" for _, h, _ in cols)]
     for name, (_, row) in zip(names, summary.iterrows(), strict=True):
         out.append(name.ljust(width) + "".join(f"{_cell(row[c], f, c):>12}" for c, _, f in cols))
