@@ -18,6 +18,7 @@ import pandas as pd
 import metacollect.analysis as analysis
 import metacollect.plot as plot
 from metacollect.analysis.run import Run, open_run
+from metacollect.analysis.spans import ACTIVITIES, span_summary, spans, tree_order
 from metacollect.files import staged_dir
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ _TITLES = {
     "progress": "Progress per task prefix",
     "memory": "Memory per worker",
     "processing": "Processing and occupancy",
+    "fine_metrics": "Fine performance metrics (Dask)",
+    "span_timeline": "Spans",
     "task_graph": "Task graph",
     "critical_path": "Critical path",
     "io": "I/O (Darshan)",
@@ -57,6 +60,7 @@ _MEMO = {
     "workers",
     "errors",
     "worker_table",
+    "scheduler_table",
 }
 
 
@@ -194,11 +198,31 @@ def _tables(
     add_table("Workers", run.workers, index=False)
     add_table("Utilisation per worker", lambda: analysis.utilisation(run))
     add_table("Task prefixes", lambda: analysis.prefix_summary(run))
+    if "span_timeline" in views:
+        add_table(
+            "Span summary (Dask, Darshan, Yappi)",
+            lambda: _span_table(run, with_metrics="fine_metrics" in views),
+            index=False,
+        )
     add_table("Graphs", run.graphs, index=False)
     if "critical_path" in views:
         add_table("Critical path", cp_table, index=False)
     add_table("Collector errors", run.errors, index=False)
     return tables
+
+
+def _span_table(run: Any, with_metrics: bool) -> pd.DataFrame:
+    """The span summary in tree order, ``t_start`` since the start of the run, no ids; without
+    the execute and idle columns when the store has no fine metrics (they would read 0 and
+    all idle)."""
+    summary = span_summary(run).set_index("id")
+    order = tree_order(spans(run))["id"]
+    out = summary.loc[order[order.isin(summary.index)]].reset_index(drop=True)
+    out["start"] = out["start"] - analysis.origin(run)
+    out = out.drop(columns=["cluster", "stop"]).rename(columns={"start": "t_start"})
+    if not with_metrics:
+        out = out.drop(columns=[*ACTIVITIES, "disk", "serde", "failed", "execute", "idle"])
+    return out
 
 
 def _document(

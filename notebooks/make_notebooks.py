@@ -214,3 +214,103 @@ sorted(os.listdir(os.path.dirname(index)))""",
         ),
     ],
 )
+
+nb(
+    "05-spans-and-fine-metrics.ipynb",
+    [
+        (
+            "md",
+            "# Spans and fine performance metrics\n\n"
+            "Dask groups the work of a computation into spans (`distributed.span`, nested, and a "
+            "`default` span for unannotated work) and measures where each task prefix's time goes: "
+            "thread CPU, thread time beyond CPU (sleeping, I/O, waiting for the GIL), Dask's own "
+            "overhead (`executor`, `other`), spilling, (de)serialisation. The dashboard shows it live "
+            "and forgets it with the cluster; metacollect keeps it in the store, over time and per span.",
+        ),
+        ("code", SETUP + "\nfrom distributed import span, wait\nfrom metacollect.export import perfetto"),
+        (
+            "code",
+            """\
+def spin(seconds):
+    \"\"\"Pure Python work: thread CPU, where Dask's sampling profiler sees it.\"\"\"
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+store = f"{workdir}/spans.zarr"
+with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster) as client:
+    with metacollect.collect(client, store):
+        with span("prepare"):
+            x = da.random.random((2000, 2000), chunks=(500, 500)).persist()
+            wait(x)
+            with span("normalise"):
+                y = ((x - x.mean()) / x.std()).persist()
+                wait(y)
+        with span("simulate"):
+            print(sum(client.gather(client.map(spin, [0.3] * 8, pure=False))))
+        print(float((x @ y.T).sum().compute()))  # no span: Dask's "default" span
+        del x, y
+run = metacollect.open_run(store)
+run""",
+        ),
+        (
+            "md",
+            "## The span tree\nOne row per span: its parent, when its first task started and its last one stopped, "
+            "how many of its own tasks ran.",
+        ),
+        ("code", "run.spans()[['name', 'depth', 'start', 'duration', 'n_tasks', 'done']]"),
+        ("code", "plot.span_timeline(run)"),
+        (
+            "md",
+            "## Where the threads' time went\nExecute seconds per task prefix and activity, summed over "
+            "workers, spans and time (`run.fine_metrics(time=True)` keeps each flush's delta instead).",
+        ),
+        (
+            "code",
+            """\
+fm = run.fine_metrics(by=["context", "prefix", "activity", "unit"])
+execute = fm[(fm.context == "execute") & (fm.unit == "seconds")]
+execute.pivot_table(index="prefix", columns="activity", values="value", aggfunc="sum", fill_value=0)""",
+        ),
+        (
+            "md",
+            "The dashboard's *Fine Performance Metrics* page, after the fact: by prefix, by activity with "
+            "the time the cluster's threads left idle, and the seconds spent sending data to other workers.",
+        ),
+        ("code", "plot.fine_metrics(run)"),
+        (
+            "md",
+            "One span's own tasks; its child spans and idle make up the rest of its wall time times the threads.",
+        ),
+        ("code", "plot.fine_metrics(run, span='prepare')"),
+        (
+            "md",
+            "## Per span: Dask, Darshan and Yappi side by side\n`span_summary` adds the bytes the span's "
+            "tasks read and wrote (Darshan) and their heaviest functions (Yappi) when the run has them.",
+        ),
+        (
+            "code",
+            "run.span_summary()[['name', 'duration', 'n_tasks', 'thread-cpu', 'thread-noncpu', 'executor', 'other', 'execute', 'idle']]",
+        ),
+        (
+            "md",
+            "## Dask's sampled profile\nEvery run has it, Yappi or not: per function, the seconds sampled in "
+            "it (`self`) and in it or below (`total`).",
+        ),
+        ("code", "run.dask_profile(prefix='spin').head(10)"),
+        (
+            "md",
+            "## In Perfetto\nSpans are nested slices of a `spans` process; each worker has counters of its "
+            "execute seconds by activity (open the file in ui.perfetto.dev).",
+        ),
+        (
+            "code",
+            """\
+perfetto.write(run, f"{workdir}/trace.json")
+doc = perfetto.trace(run)
+[(e["name"], e["ph"], e["tid"]) for e in doc["traceEvents"] if e.get("cat") == "span"]""",
+        ),
+    ],
+)

@@ -2,8 +2,34 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from distributed import Client, LocalCluster
+
+#: tests after which a collector's flush thread was still running: a collection that
+#: never ended, whose flushes go on into later tests (and class-level monkeypatches)
+_FLUSHERS_LEFT: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _flushers_left_running(request):
+    before = set(_flushers())
+    yield
+    left = [t for t in _flushers() if t not in before]
+    if left:
+        _FLUSHERS_LEFT.append(f"{request.node.nodeid}: {len(left)}")
+
+
+def _flushers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "metacollect-flush"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _FLUSHERS_LEFT:
+        terminalreporter.section("metacollect flush threads left running by")
+        for line in _FLUSHERS_LEFT:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

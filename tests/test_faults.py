@@ -571,3 +571,39 @@ def test_a_kill_at_a_random_time_loses_at_most_what_the_durability_promise_says(
     assert oldest <= window, f"seed {seed}: lost a transition {oldest:.2f} s old (> {window} s)"
     assert len(happened) - len(missing) > 100, f"seed {seed}"
     assert main(["validate", "-q", store]) == 0
+
+
+def _flush_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "metacollect-flush" and t.is_alive()]
+
+
+def test_a_collector_removed_from_the_scheduler_stops_and_the_store_says_so(tmp_path):
+    """A user's unregister_scheduler_plugin drops our collector without ending it (Dask has
+    no hook for that): it writes what it has, stops its flushes, ends the workers'
+    collectors, is still ended with the run, and the store says where the scheduler's record
+    stops (before: its flush thread ran on for the life of the process, the run said
+    nothing, and the store was sealed under a flush still in flight)."""
+    store = str(tmp_path / "removed.zarr")
+    with _cluster(1) as cluster, Client(cluster) as client:
+        before = _flush_threads()
+        with collect(client, store, flush_interval="0.2s") as session:
+            assert sum(client.gather(client.map(slow_inc, range(10), delay=0))) == 55
+            (name,) = client.run_on_scheduler(
+                lambda dask_scheduler: [p.name for p in collectors(dask_scheduler)]
+            )
+            client.unregister_scheduler_plugin(name)
+            time.sleep(1.0)  # a few flush intervals
+            assert client.submit(slow_inc, 100, delay=0).result() == 101
+        assert session.status == "incomplete"
+        assert any("removed from the scheduler" in m for m in session.missing), session.missing
+        assert _flush_threads() == before  # nothing left flushing in this process
+        left = client.run(lambda dask_worker: [n for n in dask_worker.plugins if "metacollect" in n])
+        assert all(v == [] for v in left.values()), left
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete"
+    errors = run.errors()
+    assert (errors["where"] == "scheduler.removed").sum() == 1
+    assert len(run.tasks()) == 10  # the record up to the removal, whole
+    assert len(run.worker_table("tasks")) == 10

@@ -19,6 +19,7 @@ def test_there_are_notebooks():
         "02-io-and-profile.ipynb",
         "03-comparing-runs.ipynb",
         "04-image-pipeline.ipynb",
+        "05-spans-and-fine-metrics.ipynb",
     } <= names
 
 

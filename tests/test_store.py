@@ -542,13 +542,13 @@ def test_a_burst_is_flushed_in_slices_in_order(store, monkeypatch):
         )
         lo += n
     taken = []
-    real = writer.GroupWriter._write
+    real = g._write
 
-    def spy(self, tables):
+    def spy(tables):
         taken.append(sum(n for n, _ in tables["transitions"]))
-        return real(self, tables)
+        return real(tables)
 
-    monkeypatch.setattr(writer.GroupWriter, "_write", spy)
+    monkeypatch.setattr(g, "_write", spy)  # this group only, as below
     assert g.flush() == len(keys)
     assert taken == [1000, 1000, 1000, 1000, 501]
     t = open_run_unfinalized(store).table("clusters/c1/scheduler", "transitions")
@@ -567,17 +567,18 @@ def test_a_flush_writes_the_rows_pending_when_it_started(store, monkeypatch):
     row = {"time": [0.0], "topic": ["t"], "msg": ["m"]}
     for _ in range(25):
         g.append("events", row)
-    real = writer.GroupWriter._write
+    real = g._write
 
-    def busy_loop(self, tables):  # every slice written, two more rows arrive
+    def busy_loop(tables):  # every slice written, two more rows arrive
         g.append("events", row)
         g.append("events", row)
-        return real(self, tables)
+        return real(tables)
 
-    monkeypatch.setattr(writer.GroupWriter, "_write", busy_loop)
+    # on this group only: a flusher another test left running must not append to it
+    monkeypatch.setattr(g, "_write", busy_loop)
     assert g.flush() == 25
     assert g.tables["events"].pending == 6  # three slices, two rows each meanwhile
-    monkeypatch.setattr(writer.GroupWriter, "_write", real)
+    monkeypatch.setattr(g, "_write", real)
     assert g.flush() == 6
     events = open_run_unfinalized(store).table("clusters/c1/scheduler", "events")
     assert len(events) == 31

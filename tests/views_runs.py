@@ -7,10 +7,13 @@ view tests stay fast: one run with a chain graph, a wide graph with transfers an
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from typing import Any
 
 #: the chain graph: CHAIN tasks, each depending on the previous
 CHAIN = 6
@@ -49,35 +52,43 @@ def _tmp() -> str:
 def basic_store() -> str:
     """Path of a store holding graph 0 = a chain, graph 1 = a wide graph, graph 2 = one erred task."""
     import dask
+
+    store = f"{_tmp()}/basic.zarr"
+    # Yappi on: the profile view is checked on the same run (step 5, when installed)
+    with collected(store, {"metacollect.yappi.enabled": True}) as client:
+        x = dask.delayed(inc)(0, dask_key_name="inc-0")
+        for i in range(1, CHAIN):
+            x = dask.delayed(inc)(x, dask_key_name=f"inc-{i}")
+        assert dask.compute(x)[0] == CHAIN
+        parts = [dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(WIDE)]
+        dask.compute(dask.delayed(total)(*parts, dask_key_name="total-0"))
+        fut = client.submit(boom, 1, key="boom-0")
+        try:
+            fut.result()
+        except ValueError:
+            pass
+        time.sleep(0.5)  # a few worker-state samples after the last task
+    return store
+
+
+@contextlib.contextmanager
+def collected(store: str, config: dict | None = None) -> Iterator[Any]:
+    """A client of a new LocalCluster (2 worker processes, 2 threads each), its run
+    collected into ``store`` with ``config`` set."""
+    import dask
     from distributed import Client, LocalCluster
 
     from metacollect import collect
 
-    store = f"{_tmp()}/basic.zarr"
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=2, dashboard_address=":0", processes=True
         ) as cluster,
         Client(cluster) as client,
+        dask.config.set(config or {}),
+        collect(client, store, overwrite=True),
     ):
-        # Yappi on: the profile view is checked on the same run (step 5, when installed)
-        with (
-            dask.config.set({"metacollect.yappi.enabled": True}),
-            collect(client, store, overwrite=True),
-        ):
-            x = dask.delayed(inc)(0, dask_key_name="inc-0")
-            for i in range(1, CHAIN):
-                x = dask.delayed(inc)(x, dask_key_name=f"inc-{i}")
-            assert dask.compute(x)[0] == CHAIN
-            parts = [dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(WIDE)]
-            dask.compute(dask.delayed(total)(*parts, dask_key_name="total-0"))
-            fut = client.submit(boom, 1, key="boom-0")
-            try:
-                fut.result()
-            except ValueError:
-                pass
-            time.sleep(0.5)  # a few worker-state samples after the last task
-    return store
+        yield client
 
 
 SCRIPT = """
@@ -107,4 +118,46 @@ def script_store() -> str:
     code = run_script(script, [], store, echo=lambda m: None)
     if code != 0:
         raise RuntimeError(f"the script exited with {code}")
+    return store
+
+
+def spin(seconds):
+    """Pure Python work: thread-cpu in Dask's fine metrics, where Dask's sampler sees it."""
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+@functools.cache
+def spans_store() -> str:
+    """Path of a store with Dask spans: ``load`` with a child ``load/clean``, unannotated work
+    (Dask's ``default`` spans) with a transfer between the workers, ``fails`` (its one task
+    fails: no task finished) and ``twins`` whose children ``twins/left`` and ``twins/right``
+    run at the same time."""
+    import dask.array as da
+    import numpy as np
+    from distributed import span, wait
+
+    store = f"{_tmp()}/spans.zarr"
+    with collected(store) as client:
+        with span("load"):
+            x = da.random.random((2000, 1000), chunks=(500, 1000)).persist()
+            wait(x)
+            with span("clean"):
+                y = (x * 2).persist()
+                wait(y)
+        assert (x + y).sum().compute() > 0
+        workers = sorted(client.scheduler_info()["workers"])
+        a = client.submit(np.ones, 1_000_000, workers=[workers[0]], pure=False)
+        assert client.submit(len, a, workers=[workers[1]], pure=False).result() == 1_000_000
+        with span("fails"):
+            wait(client.submit(boom, 1, pure=False))
+        with span("twins"):
+            with span("left"):
+                left = client.submit(spin, 0.4, key="left-0")
+            with span("right"):
+                right = client.submit(spin, 0.4, key="right-0")
+            wait([left, right])
     return store

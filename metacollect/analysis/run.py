@@ -62,6 +62,77 @@ class Run(StoreReader):
 
         return read_io(self, by=by, scope=scope)
 
+    def spans(self) -> pd.DataFrame:
+        """Dask's spans the run's tasks belonged to, one row each (see
+        :func:`metacollect.analysis.spans.spans`): id, name (joined with ``/``), parent,
+        depth, enqueued, start, stop, duration, done, compute, nbytes, n_tasks, ...
+
+        Examples
+        --------
+        >>> run.spans()[["name", "start", "duration", "n_tasks"]]   # doctest: +SKIP
+        """
+        from metacollect.analysis.spans import spans
+
+        return spans(self)
+
+    def fine_metrics(self, by: str | list[str] | None = None, time: bool = False) -> pd.DataFrame:
+        """Dask's fine performance metrics of every worker, long form: worker, context, span
+        (and span_name), prefix, activity, unit, value - summed over what ``by`` leaves out,
+        per flush interval with ``time=True``.
+
+        Examples
+        --------
+        >>> fm = run.fine_metrics(by=["prefix", "activity", "unit"])   # doctest: +SKIP
+        >>> fm[fm.unit == "seconds"].pivot(index="prefix", columns="activity")   # doctest: +SKIP
+        """
+        from metacollect.analysis.spans import fine_metrics
+
+        return fine_metrics(self, by=by, time=time)
+
+    def span_summary(self, top: int = 5) -> pd.DataFrame:
+        """Per span: its tasks' thread time by activity (Dask), the bytes they read and
+        wrote (Darshan) and their heaviest functions (Yappi); see
+        :func:`metacollect.analysis.spans.span_summary`."""
+        from metacollect.analysis.spans import span_summary
+
+        return span_summary(self, top=top)
+
+    def dask_profile(
+        self,
+        worker: str | None = None,
+        prefix: str | None = None,
+        kind: str = "compute",
+        nodes: bool = False,
+    ) -> pd.DataFrame:
+        """Dask's own statistical profile (every run has it, Yappi or not): per function,
+        samples and seconds in it (``self``) and in it or below (``total``).
+
+        Parameters
+        ----------
+        worker
+            A worker address or group; default all.
+        prefix
+            A task prefix; default all.
+        kind
+            ``"compute"`` (the task threads, by prefix) or ``"administrative"`` (the event
+            loop, which Dask samples on Python 3.12 and later).
+        nodes
+            The stored call-tree nodes instead (one tree per worker, prefix and cycle).
+        """
+        from metacollect.analysis.dask_profile import dask_profile, profile_nodes
+
+        if nodes:
+            return profile_nodes(self, worker=worker, prefix=prefix, kind=kind)
+        return dask_profile(self, worker=worker, prefix=prefix, kind=kind)
+
+    def compare_profiles(
+        self, prefix: str | None = None, worker: str | None = None
+    ) -> pd.DataFrame:
+        """Dask's sampled profile beside Yappi's exact one, per function (seconds)."""
+        from metacollect.analysis.dask_profile import compare_profiles
+
+        return compare_profiles(self, prefix=prefix, worker=worker)
+
     def profile(
         self, worker: str | None = None, task: Any = None, thread: int | None = None
     ) -> pd.DataFrame:

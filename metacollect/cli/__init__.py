@@ -19,6 +19,7 @@ COMMANDS = [
     "metacollect.cli.run",
     "metacollect.cli.demo",
     "metacollect.cli.info",
+    "metacollect.cli.spans",
     "metacollect.cli.validate",
     "metacollect.cli.doctor",
     "metacollect.cli.jobscript",

@@ -6,19 +6,29 @@ A process per worker (named by its address) with a track per thread holding one 
 structured events as instant events. Darshan DXT segments are added on an ``I/O`` track when
 the store has them (``Run.io()``).
 
-Huge runs are bounded by ``max_events``: tasks first, then the rest, each in time order; what
-was left out is counted in the file's ``metadata`` and in :func:`write`'s return value.
+Dask's spans are slices of a ``spans`` process, a span nested inside its parent (Perfetto
+draws slices of one track as a tree); a span that ran beside another it is not part of (two
+children of one parent at once, overlapping roots) goes on a further track of that process.
+Dask's fine performance metrics are counters of each worker: its execute seconds since the
+collection began, by activity (``thread-cpu``, ``thread-noncpu``, ...), one sample per flush.
+
+Huge runs are bounded by ``max_events``: tasks first, then spans, fine metrics and the rest,
+each in time order; what was left out is counted in the file's ``metadata`` and in
+:func:`write`'s return value.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 import metacollect.analysis as analysis
+from metacollect.analysis.spans import fine_metrics, ordered_activities, spans, tree_order
 from metacollect.files import atomic_file
 
 if TYPE_CHECKING:
@@ -46,16 +56,20 @@ def trace(run: Run, max_events: int | None = MAX_EVENTS) -> dict[str, Any]:
     t0 = analysis.origin(run)
     ts = analysis.task_stream(run).sort_values("start", kind="stable")
     act = analysis.activity(run).sort_values("start", kind="stable")
+    counters = _execute_counters(run)
     workers = sorted(
         set(ts["worker"].dropna())
         | set(act["worker"].dropna())
         | set(run.workers()["address"].dropna())
+        | set(counters["worker"])
     )
     pid = {w: i + 1 for i, w in enumerate(workers)}
     meta = _process_names(pid)
     tids = _thread_names(ts, pid, meta)
     events = _Events(float("inf") if max_events is None else int(max_events))
     _task_events(ts, pid, tids, t0, events)
+    _span_events(run, len(pid) + 1, t0, events, meta)
+    _counter_events(counters, pid, t0, events)
     _activity_events(act, pid, t0, events)
     _scheduler_events(run, t0, events, meta)
     _add_io(run, events.add, pid, t0, meta)
@@ -151,6 +165,150 @@ def _task_events(
                 "ts": _us(r.start, t0),
                 "dur": max(round((r.stop - r.start) * 1e6, 3), 0.0),
                 "args": args,
+            },
+        )
+
+
+class _Track:
+    """Slices one track of the trace can hold: Perfetto nests the slices of a track by their
+    times, so a span may lie inside its ancestors only, and beside everything else.
+
+    The slices form a tree of nodes, the children of each node disjoint and sorted (by start
+    and so by stop): placing a span descends through its ancestors in O(depth log n).
+    """
+
+    def __init__(self) -> None:
+        self.top = _Slice("", -np.inf, np.inf)
+
+    def place(self, sid: str, a: float, b: float, ancestors: set[str]) -> bool:
+        """Put the slice ``[a, b]`` of span ``sid`` here if it fits; whether it did."""
+        node = self.top
+        while True:
+            lo = bisect.bisect_right(node.stops, a)  # the first child ending after a
+            hi = bisect.bisect_left(node.starts, b)  # the first child starting at b or later
+            if lo >= hi:  # nothing overlaps (lo > hi: instants at the same time)
+                node.insert(hi, _Slice(sid, a, b))
+                return True
+            inner = node.children[lo]
+            if hi - lo > 1 or inner.id not in ancestors or not inner.a <= a <= b <= inner.b:
+                return False
+            node = inner
+
+
+class _Slice:
+    """A slice of a :class:`_Track` and the slices nested in it."""
+
+    def __init__(self, sid: str, a: float, b: float) -> None:
+        self.id, self.a, self.b = sid, a, b
+        self.starts: list[float] = []
+        self.stops: list[float] = []
+        self.children: list[_Slice] = []
+
+    def insert(self, i: int, child: _Slice) -> None:
+        self.starts.insert(i, child.a)
+        self.stops.insert(i, child.b)
+        self.children.insert(i, child)
+
+
+def _span_events(
+    run: Run, pid: int, t0: float, events: _Events, meta: list[dict[str, Any]]
+) -> None:
+    """Dask's spans on a process of their own: a complete event per span from its first
+    task's start to its last task's stop, nested in its parent's on the parent's track when
+    it fits (else on the first track it fits on); a span none of whose tasks finished is an
+    instant event where the scheduler first saw it."""
+    sp = tree_order(spans(run))
+    if not len(sp):
+        return
+    parent_of = dict(zip(sp["id"], sp["parent"], strict=True))
+    name_of = dict(zip(sp["id"], sp["name"], strict=True))
+    tracks: list[_Track] = []
+    track_of: dict[str, int] = {}
+    for r in sp.itertuples(index=False):
+        timed = bool(np.isfinite(r.start) and np.isfinite(r.stop))
+        a, b = (float(r.start), float(r.stop)) if timed else (float(r.enqueued),) * 2
+        ancestors = set()
+        p = parent_of.get(r.id)
+        while p:
+            ancestors.add(p)
+            p = parent_of.get(p)
+        first = track_of.get(r.parent)
+        order = ([first] if first is not None else []) + list(range(len(tracks)))
+        tid = next((k for k in order if tracks[k].place(r.id, a, b, ancestors)), None)
+        if tid is None:
+            tracks.append(_Track())
+            tid = len(tracks) - 1
+            tracks[tid].place(r.id, a, b, ancestors)
+        track_of[r.id] = tid
+        args = {
+            "id": str(r.id),
+            "parent": name_of.get(r.parent, ""),
+            "parent_id": str(r.parent),
+            "done": bool(r.done),
+            "tasks": int(r.n_tasks),
+            "compute_s": float(r.compute),
+            "nbytes": int(r.nbytes),
+            "enqueued_s": round(float(r.enqueued) - t0, 6),
+        }
+        ev: dict[str, Any] = {"cat": "span", "name": str(r.name), "pid": pid, "tid": tid}
+        if timed:
+            # the duration from the rounded ends: a child ending with its parent ends with it
+            start, end = _us(a, t0), _us(b, t0)
+            ev.update(ph="X", ts=start, dur=max(round(end - start, 3), 0.0), args=args)
+        else:
+            why = "its end was not recorded" if np.isfinite(r.start) else "no task finished"
+            ev.update(ph="i", s="t", ts=_us(a, t0), args={**args, "note": why})
+        events.add("span", ev)
+    meta.append(_named("process_name", pid, 0, name="spans"))
+    meta.append(_named("process_sort_index", pid, 0, sort_index=-1))
+    for k in range(len(tracks)):
+        meta.append(_named("thread_name", pid, k, name=f"spans {k + 1}" if k else "spans"))
+
+
+#: the name of the workers' counter tracks of execute seconds (Perfetto adds the activity)
+EXECUTE_COUNTER = "execute seconds"
+
+
+def _execute_counters(run: Run) -> pd.DataFrame:
+    """Per worker and flush, its execute seconds by activity since the collection began:
+    worker, time, then a column per activity. A row of zeros at the worker's ``started``
+    (when its collector took the snapshot the deltas count from) leads each worker's rows."""
+    fm = fine_metrics(run, by=["worker", "context", "activity", "unit"], time=True)
+    ex = fm[(fm["context"] == "execute") & (fm["unit"] == "seconds")]
+    if not len(ex):
+        return pd.DataFrame({"worker": pd.Series(dtype=object), "time": []})
+    started = {str(a.get("address")): a.get("started") for a in run.worker_groups().values()}
+    frames = []
+    for worker, g in ex.groupby("worker", sort=True):
+        wide = g.pivot_table(
+            index="time", columns="activity", values="value", aggfunc="sum", fill_value=0.0
+        )
+        wide = wide[ordered_activities(wide.columns)].cumsum()
+        zero = started.get(str(worker))
+        if isinstance(zero, (int, float)) and np.isfinite(zero) and zero <= wide.index[0]:
+            wide = pd.concat([pd.DataFrame(0.0, index=[float(zero)], columns=wide.columns), wide])
+        wide.columns.name = None
+        frames.append(wide.rename_axis("time").reset_index().assign(worker=worker))
+    return pd.concat(frames, ignore_index=True).sort_values("time", kind="stable")
+
+
+def _counter_events(
+    counters: pd.DataFrame, pid: dict[str, int], t0: float, events: _Events
+) -> None:
+    """Each worker's cumulative execute seconds by activity, a counter event per flush."""
+    activities = [c for c in counters.columns if c not in ("worker", "time")]
+    for row in counters.to_dict("records"):
+        values = {a: float(row[a]) for a in activities if pd.notna(row[a])}
+        events.add(
+            "fine-metric",
+            {
+                "ph": "C",
+                "cat": "fine-metric",
+                "name": EXECUTE_COUNTER,
+                "pid": pid[row["worker"]],
+                "tid": 0,
+                "ts": _us(row["time"], t0),
+                "args": values,
             },
         )
 

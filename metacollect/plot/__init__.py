@@ -24,6 +24,7 @@ from metacollect.plot.graph import critical_path, task_graph
 from metacollect.plot.io import io, io_frame
 from metacollect.plot.profile import profile, profile_frame
 from metacollect.plot.schema import metadata_map
+from metacollect.plot.spans import FINE_METRIC_COLOURS, activity_colour, fine_metrics, span_timeline
 from metacollect.plot.tasks import memory, processing, progress, task_stream
 
 if TYPE_CHECKING:
@@ -32,18 +33,22 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVITY_COLOURS",
     "ERRED",
+    "FINE_METRIC_COLOURS",
     "STATE_COLOURS",
     "VIEWS",
+    "activity_colour",
     "available_views",
     "color_of",
     "compare",
     "critical_path",
+    "fine_metrics",
     "io",
     "memory",
     "metadata_map",
     "processing",
     "profile",
     "progress",
+    "span_timeline",
     "task_graph",
     "task_stream",
 ]
@@ -59,6 +64,8 @@ VIEWS: dict[str, tuple[Callable[[Run], Figure], Callable[[Run], bool]]] = {
     "progress": (progress, lambda r: len(r.transitions()) > 0),
     "memory": (memory, lambda r: len(r.worker_states()) > 0),
     "processing": (processing, lambda r: len(r.worker_states()) > 0),
+    "fine_metrics": (fine_metrics, lambda r: len(r.worker_table("fine_metrics")) > 0),
+    "span_timeline": (span_timeline, lambda r: len(r.scheduler_table("spans")) > 0),
     "task_graph": (task_graph, lambda r: len(r.graph_tasks()) > 0),
     "critical_path": (
         critical_path,

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_NFRAMES = "distributed.diagnostics.computations.nframes"
+
 __all__ = ["Collection", "collect"]
 
 
@@ -179,6 +181,8 @@ class Collection:
         self.profile: Any = None
         #: step 5 left to another collection of the same cluster: what and why
         self.left_out: list[str] = []
+        #: Dask's nframes before capture.code-frames changed it (None: unchanged)
+        self._nframes_before: int | None = None
 
     def start(self) -> None:
         # this process's own config, given back in stop(): collectors that live here
@@ -202,7 +206,16 @@ class Collection:
                 self.profile = _client_profile(self.client, writer)
                 # Darshan: workers restart under it (if they must) before the collectors attach
                 self.darshan = _darshan_start(self.client, self.store, writer)
+        self._code_frames(opts)
         self.client.register_plugin(SchedulerCollector(self.store, opts))
+
+    def _code_frames(self, opts: dict[str, Any]) -> None:
+        """``metacollect.capture.code-frames``: the calling code Dask keeps per computation
+        and span (the client reads Dask's setting at every compute), until :meth:`stop`."""
+        frames = int(opts["capture"]["code-frames"])
+        if frames and opts["capture"]["source"]:
+            self._nframes_before = dask.config.get(_NFRAMES, 0)
+            dask.config.set({_NFRAMES: frames})
 
     def stop_quietly(self, status: str, error: BaseException | None = None) -> None:
         """:meth:`stop` for :func:`collect`: our failure never reaches the user's code. It
@@ -230,6 +243,8 @@ class Collection:
             return self._stop(status, error, **extra)
         finally:
             config.restore(self._original)
+            if self._nframes_before is not None:
+                dask.config.set({_NFRAMES: self._nframes_before})
 
     def _record_batch(self) -> list[str]:
         if self.batch is not None:
@@ -263,7 +278,13 @@ class Collection:
                 "flushes (one flush interval, longer if it was stretched) and their final "
                 "flushes are not in the store; its cluster group has no end"
             ]
-        return list(ended or [])
+        if ended is None:  # the scheduler that answered holds no collection into this store
+            return [
+                f"the scheduler at {address} holds no collection into {self.store} (it was "
+                "restarted or replaced, or the collector was removed): what it did since its "
+                "last flush and its final flush are not in the store"
+            ]
+        return list(ended)
 
     def _stop(
         self, status: str, error: BaseException | None, **extra: Any

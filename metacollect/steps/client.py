@@ -38,6 +38,8 @@ class SubmittedGraph:
     priority: list[Any] = field(default_factory=list)
     prefixes: list[str | None] = field(default_factory=list)
     groups: list[str | None] = field(default_factory=list)
+    #: per task, its Dask span's id (its TaskGroup's ``span_id``, fixed when it was submitted)
+    spans: list[str | None] = field(default_factory=list)
     #: per task, its number of dependencies; their keys one after the other in
     #: ``dependencies`` (a list per task costs ~60 B more each: 60 MB at a million)
     n_dependencies: array.array[int] = field(default_factory=lambda: array.array("q"))
@@ -69,6 +71,7 @@ def _write_slice(
             "key": tasks,
             "prefix": g.prefixes[part],
             "group": g.groups[part],
+            "span": g.spans[part],
             "requested": [k in keys for k in tasks],
             "priority": [encode(p) for p in g.priority[part]],
             "n_dependencies": np.frombuffer(n_deps, dtype=np.int64),
@@ -119,6 +122,7 @@ class GraphRecorder:
         get = scheduler.tasks.get
         prefixes: list[str | None] = []
         groups: list[str | None] = []
+        spans: list[str | None] = []
         deps = []
         n_deps = array.array("q")
         for k in tasks:
@@ -126,10 +130,14 @@ class GraphRecorder:
             if ts is None:
                 prefixes.append(None)
                 groups.append(None)
+                spans.append(None)
                 n_deps.append(0)
             else:
                 prefixes.append(ts.prefix.name)
-                groups.append(ts.group.name)
+                group = ts.group
+                groups.append(group.name)
+                # the spans extension ran before this hook: the group's span is settled
+                spans.append(group.span_id)
                 n_deps.append(len(ts.dependencies))
                 deps.extend([d.key for d in ts.dependencies])
         code = []
@@ -153,6 +161,7 @@ class GraphRecorder:
                 [priority.get(k) for k in tasks],
                 prefixes,
                 groups,
+                spans,
                 n_deps,
                 deps,
                 code,
@@ -164,6 +173,10 @@ class GraphRecorder:
 
     def remove_client(self, client: str) -> None:
         self._clients.append((time.time(), client, "remove"))
+
+    def pending_spans(self) -> set[str | None]:
+        """The spans of the graphs recorded and not yet taken by a flush."""
+        return {s for g in list(self._graphs) for s in set(g.spans)}
 
     def swap(self) -> tuple[list[SubmittedGraph], list[tuple[float, str, str]]]:
         """The graphs and client events recorded so far (flush thread)."""

@@ -18,16 +18,19 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
+from distributed.utils import key_split_group
 
 import metacollect.config as config
 from metacollect.steps.base import ErrorRecorder, Recording, encode_json, write_parts
 from metacollect.steps.client import GraphRecorder
+from metacollect.steps.spans import SpanRecorder
 from metacollect.steps.worker import WorkerCollector, worker_plugin_name
 from metacollect.store.flush import take, take_rows
 from metacollect.store.writer import GroupWriter, StoreWriter, columns
@@ -44,6 +47,11 @@ NAME = "metacollect-scheduler"
 
 _now = time.time  # a global lookup, not an attribute lookup, on the transition hot path
 
+#: collectors started in this process and not yet finished, whether or not their scheduler
+#: still holds them: one dropped by the user (``unregister_scheduler_plugin``, or a plugin
+#: registered under its name) still has rows to write and must still be ended
+_LIVE: weakref.WeakSet[SchedulerCollector] = weakref.WeakSet()
+
 
 _WORKER_STATE = (
     "time", "worker", "nthreads", "processing", "executing", "occupancy", "memory_process",
@@ -55,10 +63,6 @@ _CLIENT_STATE = ("time", "client", "wants_what", "last_seen")
 def cluster_id(scheduler_id: str) -> str:
     """Short, unique name of a cluster's subtree, from the scheduler's id."""
     return scheduler_id.rsplit("-", 1)[-1][:12] if "-" in scheduler_id else scheduler_id[:12]
-
-
-def _group_of(key: Any) -> str:
-    return key[0] if isinstance(key, tuple) and key else str(key)
 
 
 class SchedulerCollector(SchedulerPlugin):
@@ -118,6 +122,10 @@ class SchedulerCollector(SchedulerPlugin):
             self.options = {**self.options, "yappi": yappi_options}
         self._config_before = config.apply(self.options)
         self.scheduler = scheduler
+        _LIVE.add(self)
+        #: when the scheduler was found to have dropped this collector (None: it holds it)
+        self.dropped: float | None = None
+        self._held = False  # the scheduler has held it (start has returned)
         self.cluster = cluster_id(scheduler.id)
         self._tasks = scheduler.tasks
         self._new_transition_buffers()
@@ -128,6 +136,7 @@ class SchedulerCollector(SchedulerPlugin):
             annotations=bool(config.get("capture.annotations")),
             code=bool(config.get("capture.source")),
         )
+        self.spans = SpanRecorder(keep_code=bool(config.get("capture.source")))
         self.n_transitions = 0
         self.writer = StoreWriter(self.store_path)
         self.writer.group(
@@ -172,7 +181,7 @@ class SchedulerCollector(SchedulerPlugin):
         # a worker whose collector could not start writes nothing: say so in the store
         for address, reply in (replies or {}).items():
             if isinstance(reply, dict) and reply.get("status") == "error":
-                self._on_error(f"worker-setup {address}", RuntimeError(str(reply.get("exception"))))
+                self._on_error(f"worker-setup {address}", RuntimeError(_reply_error(reply)))
 
     async def before_close(self) -> None:
         await self.finish()
@@ -186,6 +195,8 @@ class SchedulerCollector(SchedulerPlugin):
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
+        _LIVE.discard(self)
+        self._end_spans()
         await self.recording.finish()
         ended: dict[str, Any] = {"ended": time.time(), **({"detached": True} if detached else {})}
         self.writer.group("cluster", attrs=ended, cluster=self.cluster)
@@ -206,13 +217,7 @@ class SchedulerCollector(SchedulerPlugin):
         problems: list[str] = []
 
         async def detach_workers() -> None:
-            name = worker_plugin_name(self.store_path)
-            if name not in scheduler.worker_plugins:
-                return
-            replies = await scheduler.unregister_worker_plugin(None, name)
-            for address, reply in (replies or {}).items():
-                if isinstance(reply, dict) and reply.get("status") == "error":
-                    problems.append(f"final flush of worker {address}: {reply.get('exception')}")
+            problems.extend(await self._detach_workers(scheduler))
 
         # the workers' flushes and the scheduler's write different groups: run them together
         results = await asyncio.gather(
@@ -223,6 +228,8 @@ class SchedulerCollector(SchedulerPlugin):
                 problems.append(f"{what}: {type(result).__name__}: {result}")
         for problem in problems:
             self._on_error("end", RuntimeError(problem))
+        if self.dropped is not None or scheduler.plugins.get(self.name) is not self:
+            problems.append(f"scheduler: {self.dropped_message()}")
         if self.losses:  # recorded one by one as they happened (errors table)
             problems.append(
                 f"scheduler: {self.losses} parts of its flushes failed to convert and their "
@@ -237,6 +244,8 @@ class SchedulerCollector(SchedulerPlugin):
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
+        _LIVE.discard(self)
+        self._end_spans()
         self.recording.finish_now()
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
 
@@ -396,6 +405,7 @@ class SchedulerCollector(SchedulerPlugin):
         transitions, events, workers, samples, graphs = batch
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
             ("graphs", lambda: GraphRecorder.write(self.client_group, graphs, self._on_error)),
+            ("spans", lambda: self._write_spans(graphs)),
             ("transitions", lambda: self._write_transitions(transitions)),
             ("workers", lambda: self._write_workers(workers)),
             ("events", lambda: self._write_events(events)),
@@ -403,8 +413,87 @@ class SchedulerCollector(SchedulerPlugin):
             ("profile", self._write_profile),
         )
         self.losses += write_parts(parts, self._on_error)
+        if self._dropped_by_scheduler():
+            self._stop_dropped()
         self.errors.report_counts()
         self.writer.flush()
+
+    def _dropped_by_scheduler(self) -> bool:
+        """The scheduler held this collector and no longer does, and it did not end: a
+        user's ``unregister_scheduler_plugin``, or a plugin registered under its name.
+        (Dask adds a plugin to its plugins once ``start`` has returned: not held yet is
+        not dropped.)"""
+        s = self.scheduler
+        if s is None or self.dropped is not None or getattr(self, "_finished", False):
+            return False
+        if s.plugins.get(self.name) is self:
+            self._held = True
+            return False
+        return self._held
+
+    def _stop_dropped(self) -> None:
+        """A dropped collector writes what it has (this flush) and stops ticking: its hooks
+        are no longer called. It is still ended like any other (:func:`end_collection`
+        finds it), and the store says where the scheduler's record stops and why."""
+        self.dropped = time.time()
+        self._on_error("removed", self.dropped_message())
+        self.recording.flusher.stop_ticking()
+        scheduler = self.scheduler
+        if scheduler is not None:
+            scheduler.loop.add_callback(self.recording.sampler.stop)
+            if not isinstance(scheduler.plugins.get(self.name), SchedulerCollector):
+                # no collector into this store is left: the workers' collectors end too
+                # (their final flushes), rather than write on with no one to end them
+                scheduler.loop.add_callback(self._detach_workers_recorded, scheduler)
+        if self.profile is not None:
+            self.profile.detach()
+
+    def dropped_message(self) -> str:
+        return (
+            "the collector was removed from the scheduler (unregister_scheduler_plugin, or a "
+            "plugin registered under its name) before the collection ended: the scheduler's "
+            "record stops there"
+        )
+
+    async def _detach_workers_recorded(self, scheduler: Scheduler) -> None:
+        """:meth:`_detach_workers` with its problems in the errors table (written by the
+        collector's last flush, when it is ended)."""
+        for problem in await self._detach_workers(scheduler):
+            self._on_error("removed", problem)
+
+    async def _detach_workers(self, scheduler: Scheduler) -> list[str]:
+        """Unregister the workers' collectors, which takes their final flushes; returns
+        the problems they report."""
+        name = worker_plugin_name(self.store_path)
+        if name not in scheduler.worker_plugins:
+            return []
+        replies = await scheduler.unregister_worker_plugin(None, name)
+        return [
+            f"final flush of worker {address}: {_reply_error(reply)}"
+            for address, reply in (replies or {}).items()
+            if isinstance(reply, dict) and reply.get("status") == "error"
+        ]
+
+    def _write_spans(self, graphs: tuple[list[Any], Any]) -> None:
+        """The spans the batch's graphs refer to that were not written before."""
+        ids = {s for g in graphs[0] for s in set(g.spans)}
+        if ids and self.scheduler is not None:
+            rows = self.spans.new(self.scheduler, ids)
+            if rows["id"]:
+                self.group.append("spans", rows)
+
+    def _end_spans(self) -> None:
+        """Each span's times and totals, once, as the collection ends (on the event loop,
+        which changes them; the final flush writes them with the last graphs' spans)."""
+        if self.scheduler is None:
+            return
+        try:
+            rows = self.spans.ends(self.scheduler, self.graphs.pending_spans())
+        except Exception as e:
+            self._on_error("span ends", e)
+            return
+        if rows["id"]:
+            self.group.append("span_ends", rows)
 
     def _write_profile(self) -> None:
         if self.profile is not None:
@@ -497,7 +586,8 @@ class SchedulerCollector(SchedulerPlugin):
             ts = tasks.get(key)
             cols["key"].append(key)
             cols["prefix"].append(key_split(key))
-            cols["group"].append(_group_of(key))
+            # the scheduler's TaskGroup name: what graphs and spans are joined on
+            cols["group"].append(ts.group.name if ts is not None else key_split_group(key))
             cols["state"].append(finishes[i])
             cols["worker"].append(kw.get("worker"))
             cols["thread"].append(kw.get("thread") or -1)
@@ -536,13 +626,17 @@ class SchedulerCollector(SchedulerPlugin):
         self.errors(where, exc)
 
 
+def _reply_error(reply: dict[str, Any]) -> str:
+    """A worker's error reply as text (its ``exception`` is a Serialized object)."""
+    return str(reply.get("exception_text") or reply.get("exception"))
+
+
 def collectors(scheduler: Scheduler, store: str | None = None) -> list[SchedulerCollector]:
-    """The scheduler's collectors (into ``store`` only, if given)."""
-    return [
-        p
-        for p in list(scheduler.plugins.values())
-        if isinstance(p, SchedulerCollector) and store in (None, p.store_path)
-    ]
+    """The scheduler's collectors (into ``store`` only, if given): those it holds, and those
+    it dropped that have not ended (they are ended like the others)."""
+    held = [p for p in list(scheduler.plugins.values()) if isinstance(p, SchedulerCollector)]
+    dropped = [p for p in list(_LIVE) if p.scheduler is scheduler and p not in held]
+    return [p for p in held + dropped if store in (None, p.store_path)]
 
 
 def active_collectors(scheduler: Scheduler) -> list[SchedulerCollector]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import metacollect.config as config
+from metacollect.steps import dask_profile, finemetrics
 from metacollect.steps.base import ErrorRecorder, Recording, write_parts
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
@@ -76,6 +77,9 @@ class WorkerCollector(WorkerPlugin):
         self.options = options or {}
         self.worker: Worker | None = None
         self._started = False  # set once setup has finished; teardown undoes only that
+        self._reported_missed = False
+        #: readers of Dask's state whose last read failed (a later good read catches up)
+        self._unread: set[str] = set()
         self.errors = ErrorRecorder(lambda: self.group, "worker")
         #: parts of flushes that failed to convert: their rows are missing from the store
         self.losses = 0
@@ -120,9 +124,20 @@ class WorkerCollector(WorkerPlugin):
                 "nthreads": worker.state.nthreads,
                 "memory_limit": worker.memory_manager.memory_limit,
                 "started": time.time(),
+                "profile_interval": dask_profile.profile_interval(),
             },
             cluster=self.cluster,
             worker=self.id,
+        )
+        #: Dask's own instrumentation, read at every flush: its fine performance metrics
+        #: (deltas of digests_total) and its statistical profile (the cycles completed)
+        self.digests = (
+            finemetrics.DigestDeltas(worker.digests_total)
+            if config.get("capture.fine-metrics")
+            else None
+        )
+        self.cycles = (
+            dask_profile.ProfileCycles(worker) if config.get("capture.dask-profile") else None
         )
         self.profile = None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
         if config.get("yappi.enabled"):
@@ -151,12 +166,20 @@ class WorkerCollector(WorkerPlugin):
         if not self._started:
             return
         self._started = False
+        if self.cycles is not None:
+            self.cycles.close()  # the cycle in progress, copied on the loop that fills it
         await self.recording.finish()
         config.restore(self._config_before)
         if self.losses:  # the scheduler's end reports it; the store's status says incomplete
             raise RuntimeError(
                 f"worker {worker.address}: {self.losses} parts of its flushes failed to "
                 "convert and their rows are missing (see its errors table)"
+            )
+        if self._unread:  # Dask's state read cumulatively: only a failing last read loses
+            raise RuntimeError(
+                f"worker {worker.address}: Dask's {' and '.join(sorted(self._unread))} could "
+                "not be read at its final flush; what they gained since the last good read "
+                "is missing (see its errors table)"
             )
 
     # -- hooks (event loop) -------------------------------------------------------------------
@@ -256,21 +279,55 @@ class WorkerCollector(WorkerPlugin):
             take_rows(self._transitions),
             take_rows(self._executions),
             take(self._samples),
+            self._take("fine metrics", self.digests, None),
+            self._take("dask profile", self.cycles, []),
         )
+
+    def _take(self, what: str, source: Any, empty: Any) -> Any:
+        """What a reader of Dask's state has gathered since the last flush; a failure is
+        recorded and costs only its own part, never the rows the swap took before it (the
+        readers take cumulatively: the next good read has what this one missed)."""
+        if source is None:
+            return empty
+        try:
+            taken = source.take()
+        except Exception as e:
+            self._unread.add(what)
+            self._on_error(f"take {what}", e)
+            return empty
+        self._unread.discard(what)
+        return taken
 
     def _write(self, batch: tuple[Any, ...]) -> None:
         """Append a swapped batch to the tables and flush them. Each part is converted on
         its own: one that fails is recorded and costs only its own rows."""
-        transitions, executions, samples = batch
+        transitions, executions, samples, digests, cycles = batch
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
             ("transitions", lambda: self._write_transitions(transitions)),
             ("executions", lambda: self._write_executions(executions)),
             ("samples", lambda: self._write_samples(samples)),
+            ("fine metrics", lambda: self._write_fine_metrics(digests)),
+            ("dask profile", lambda: self._write_dask_profile(cycles)),
             ("profile", lambda: self._write_profile(transitions)),
         )
         self.losses += write_parts(parts, self._on_error)
         self.errors.report_counts()
         self.writer.flush()
+
+    def _write_fine_metrics(self, digests: Any) -> None:
+        if digests is not None and digests[1]:
+            self.group.append("fine_metrics", finemetrics.columns([digests]))
+
+    def _write_dask_profile(self, cycles: list[dask_profile.Cycle]) -> None:
+        if cycles:
+            self.group.append("dask_profile", dask_profile.columns(cycles))
+        if self.cycles is not None and self.cycles.missed and not self._reported_missed:
+            self._reported_missed = True
+            self._on_error(
+                "dask profile",
+                "profile cycles were pushed out of Dask's bounded history before a flush "
+                "took them (a flush interval longer than the history); those are missing",
+            )
 
     def _write_transitions(self, transitions: tuple[list[Any], ...]) -> None:
         if transitions[0]:

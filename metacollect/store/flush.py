@@ -167,6 +167,11 @@ class PeriodicFlusher:
         del batch  # the rows taken are written (or back in the tables): free them first
         release_freed_memory()
 
+    def stop_ticking(self) -> None:
+        """Stop after the flush in progress, without a last one (from inside a flush: the
+        collector that owns it has been dropped and writes no more)."""
+        self._stop.set()
+
     def _last(self) -> None:
         """Stop ticking, wait for the write in flight, then write what is left."""
         self._stop.set()

@@ -301,6 +301,11 @@ class StoreReader:
         """WorkerState samples over time (processing, occupancy, memory, ...)."""
         return self._concat("scheduler", "worker_states")
 
+    def scheduler_table(self, table: str) -> pd.DataFrame:
+        """A step-3 table (transitions, tasks, workers, spans, span_ends, ...) of every
+        cluster's scheduler."""
+        return self._concat("scheduler", table)
+
     def worker_table(self, table: str) -> pd.DataFrame:
         """A step-4 table (tasks, startstops, transitions, transfers, metrics) of every worker."""
         return self._concat("worker", table)
@@ -391,8 +396,9 @@ class StoreReader:
         """One row per execution of a task, as the scheduler learnt it (a task recomputed after
         a worker loss appears once per execution, numbered by ``execution``).
 
-        Columns: cluster, key, execution, prefix, group, graph, state, worker, thread, start,
-        stop, duration, nbytes, typename, retries, exception, time.
+        Columns: cluster, key, execution, prefix, group, graph, span (the id of the Dask span
+        the task belongs to, ``""`` for tasks submitted before the collection), state, worker,
+        thread, start, stop, duration, nbytes, typename, retries, exception, time.
         """
         df = self._concat("scheduler", "tasks")
         df = df.sort_values(["time"], kind="stable", ignore_index=True)
@@ -406,7 +412,21 @@ class StoreReader:
         )
         df["duration"] = df["stop"] - df["start"]
         df.insert(5, "graph", self._graph_of(df))
+        df.insert(6, "span", self._span_of(df))
         return df
+
+    def _span_of(self, df: pd.DataFrame) -> np.ndarray:
+        """Span id of each execution, from the graph it was submitted in (a task group has
+        one span within a graph: the first of its tasks the scheduler saw decided it)."""
+        if not len(df):
+            return np.full(0, "", dtype=object)
+        pairs = self._concat(
+            "client", "tasks", columns=["graph", "group", "span"], distinct=True
+        ).drop_duplicates(["cluster", "graph", "group"])
+        m = df[["cluster", "graph", "group"]].merge(
+            pairs, on=["cluster", "graph", "group"], how="left"
+        )
+        return m["span"].fillna("").to_numpy(dtype=object)
 
     def _graph_of(self, df: pd.DataFrame) -> np.ndarray:
         """Graph number of each execution: the latest submission of its key before it ran.
