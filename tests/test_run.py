@@ -77,6 +77,11 @@ def test_run_collects_whatever_cluster_the_script_starts(tmp_path, name, capsys)
     assert main(["info", store]) == 0
     out = capsys.readouterr().out
     assert "status: complete" in out and "[scheduler]" in out and "transitions=" in out
+    # workers counted as workers, their joins and leaves as such (not 2 + 2 "workers")
+    n = {"bare_client": 1, "client_n_workers": 2}[name]
+    assert f"  workers: {n}  size: " in out
+    assert f" workers={n} (joined {n}, left {n}) " in out
+    assert " clients=1 (joined 1, left 1)" in out
 
 
 def test_run_keeps_several_clusters_apart_and_passes_args(tmp_path):

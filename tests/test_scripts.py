@@ -246,7 +246,19 @@ def test_a_failing_script_ends_as_under_plain_python(tmp_path):
     assert run.attrs["status"] == "failed"
     assert run.attrs["script_ended"] == "exception"
     assert run.attrs["script_exception"] == "ZeroDivisionError: division by zero"
+    assert run.attrs["script_exception_type"] == "ZeroDivisionError"
     assert "inverse" in run.attrs["script_traceback"]
+    info = subprocess.run(
+        [sys.executable, "-m", "metacollect", "info", store],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert info.stdout.splitlines()[:2] == [
+        f"run {run.attrs['run_id']}  status: failed  (the script failed; everything up to "
+        "then is recorded)",
+        "  ended by: ZeroDivisionError: division by zero (exit code 1)",
+    ]
 
 
 def test_a_script_without_distributed_records_steps_1_and_2_and_says_so(tmp_path):

@@ -297,6 +297,7 @@ def outcome_attrs(outcome: Outcome | None, code: int, seconds: float) -> dict[st
     if outcome is not None:
         attrs["script_ended"] = outcome.how
         attrs["script_signal"] = outcome.signal
+        attrs["script_exception_type"] = outcome.exception_type  # kept whatever the switch
         attrs["script_exception"] = config.exception_text(outcome.exception)
         keep = config.get("capture.exception-text")
         attrs["script_traceback"] = config.exception_text(outcome.traceback) if keep else None
