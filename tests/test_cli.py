@@ -19,6 +19,7 @@ import sys
 import dask.array as da
 import pytest
 from distributed import Client, LocalCluster
+from terminal import on_a_terminal
 
 from metacollect import collect
 from metacollect.cli import main
@@ -406,3 +407,41 @@ def test_jobscript_written_whole_and_executable(tmp_path, capsys):
     assert text.startswith("#!") and "#PBS -l walltime=00:30:00" in text
     assert os.stat(out).st_mode & 0o111
     assert sorted(os.listdir(tmp_path)) == ["job.sh"]
+
+
+# -- the command as users meet it ----------------------------------------------------------------
+
+
+def _cli(*argv: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    """``python -m metacollect ARGV`` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "metacollect", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["validate", "{store}"], "validating "),
+        (["report", "{store}", "-o", "{tmp}/progress-report", "--dpi", "20"], "drawing the views"),
+    ],
+    ids=["validate", "report"],
+)
+def test_progress_on_a_terminal_only(places, argv, shown):
+    """A line that rewrites itself on a terminal, cleared at the end; nothing when stderr is
+    a pipe or a file, nor with --quiet."""
+    argv = _fill(argv, places)
+    code, out, terminal = on_a_terminal(argv)
+    assert code == 0, terminal
+    assert shown in terminal and "\r" in terminal, terminal
+    assert terminal.endswith("\r\x1b[K"), repr(terminal[-200:])  # cleared: the line is free
+    assert "Traceback" not in terminal
+    piped = _cli(*argv)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert piped.stdout == out
+    code, _, terminal = on_a_terminal([*argv, "--quiet"])
+    assert code == 0 and terminal == "", terminal
