@@ -81,6 +81,7 @@ def describe(store: str) -> list[str]:
 
     run = open_run(store)
     a = run.attrs
+    clusters = len(run.clusters())  # first: a damaged group is named by its path
     seen, recorded = len(run.workers()), len(run.worker_groups())
     workers = f"{seen}" + (f" ({recorded} with a record of their own)" if recorded != seen else "")
     lines = [
@@ -88,7 +89,7 @@ def describe(store: str) -> list[str]:
         f"started {_when(a.get('started'))}  ended {_when(a.get('ended'))}  "
         f"metacollect {a.get('metacollect_version')}  schema {a.get('schema_version')}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
-        f"clusters: {len(run.clusters())}  workers: {workers}  "
+        f"clusters: {clusters}  workers: {workers}  "
         f"size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
         "",
     ]
