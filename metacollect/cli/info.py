@@ -50,8 +50,10 @@ def _status(a: dict[str, Any]) -> list[str]:
         "complete": "",
         "failed": "the script failed; everything up to then is recorded",
         "interrupted": "a signal ended the script; everything up to then is recorded",
-        "incomplete": "the record is missing something" if a.get("missing") else "not sealed",
-    }.get(status, "collection did not finish: data up to the last flush")
+    }.get(status)
+    if why is None:  # incomplete: sealed with what is missing, or never sealed
+        why = "the record is missing something" if a.get("missing") else ""
+        why = why or "collection did not finish: data up to the last flush"
     lines = [f"run {a.get('run_id')}  status: {status}" + (f"  ({why})" if why else "")]
     error = a.get("script_exception") or a.get("workflow_error")
     code = a.get("script_exit_code")
