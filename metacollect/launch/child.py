@@ -89,6 +89,7 @@ def _main_module(name: str, path: str, spec: Any = None) -> types.ModuleType:
         spec.loader if spec is not None else importlib.machinery.SourceFileLoader(name, path)
     )
     main.__package__ = spec.parent if spec is not None else None
+    main.__cached__ = spec.cached if spec is not None else None  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
     return main
 
