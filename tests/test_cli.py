@@ -9,8 +9,10 @@ output is left and a previous output is intact.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -19,9 +21,10 @@ import sys
 import dask.array as da
 import pytest
 from distributed import Client, LocalCluster
+from terminal import on_a_terminal
 
-from metacollect import collect
-from metacollect.cli import main
+from metacollect import collect, open_run
+from metacollect.cli import build_parser, main, parse
 from metacollect.errors import UsageError
 from metacollect.files import atomic_file, staged_dir
 
@@ -82,27 +85,34 @@ CASES = [
     ("run-no-script", ["run"]),
     ("run-missing-script", ["run", f"{T}/nope.py"]),
     ("run-script-is-dir", ["run", D]),
-    ("run-workers-0", ["run", P, "--cluster", "local", "--workers", "0"]),
-    ("run-workers-neg", ["run", P, "--workers", "-2"]),
-    ("run-workers-word", ["run", P, "--workers", "two"]),
-    ("run-threads-0", ["run", P, "--threads", "0"]),
-    ("run-cores-neg", ["run", P, "--cores", "-1"]),
-    ("run-processes-0", ["run", P, "--processes", "0"]),
-    ("run-memory-word", ["run", P, "--memory", "lots"]),
-    ("run-memory-neg", ["run", P, "--memory", "-1GB"]),
-    ("run-memory-neg-eq", ["run", P, "--memory=-1GB"]),
-    ("run-walltime-word", ["run", P, "--walltime", "soon"]),
-    ("run-walltime-minutes-99", ["run", P, "--walltime", "01:99:00"]),
-    ("run-flush-word", ["run", P, "--flush-interval", "soon"]),
-    ("run-flush-neg", ["run", P, "--flush-interval", "-1s"]),
-    ("run-flush-0", ["run", P, "--flush-interval", "0s"]),
-    ("run-unknown-cluster", ["run", P, "--cluster", "kubernetes"]),
-    ("run-job-extra-newline", ["run", P, "--job-extra", "--exclusive\nrm -rf ~"]),
-    ("run-store-is-file", ["run", P, "--store", F]),
-    ("run-store-below-file", ["run", P, "--store", f"{F}/x.zarr"]),
-    ("run-store-exists", ["run", P, "--store", S]),
-    ("run-extra-positional", ["run", P, "extra"]),
-    ("run-unknown-option", ["run", P, "--colour"]),
+    ("run-workers-0", ["run", "--cluster", "local", "--workers", "0", P]),
+    ("run-workers-neg", ["run", "--workers", "-2", P]),
+    ("run-workers-word", ["run", "--workers", "two", P]),
+    ("run-threads-0", ["run", "--threads", "0", P]),
+    ("run-cores-neg", ["run", "--cores", "-1", P]),
+    ("run-processes-0", ["run", "--processes", "0", P]),
+    ("run-memory-word", ["run", "--memory", "lots", P]),
+    ("run-memory-neg", ["run", "--memory", "-1GB", P]),
+    ("run-memory-neg-eq", ["run", "--memory=-1GB", P]),
+    ("run-walltime-word", ["run", "--walltime", "soon", P]),
+    ("run-walltime-minutes-99", ["run", "--walltime", "01:99:00", P]),
+    ("run-flush-word", ["run", "--flush-interval", "soon", P]),
+    ("run-flush-neg", ["run", "--flush-interval", "-1s", P]),
+    ("run-flush-0", ["run", "--flush-interval", "0s", P]),
+    ("run-unknown-cluster", ["run", "--cluster", "kubernetes", P]),
+    ("run-job-extra-newline", ["run", "--job-extra", "--exclusive\nrm -rf ~", P]),
+    ("run-store-is-file", ["run", "--store", F, P]),
+    ("run-store-below-file", ["run", "--store", f"{F}/x.zarr", P]),
+    ("run-store-exists", ["run", "--store", S, P]),
+    ("run-extra-before-dashdash", ["run", P, "extra", "--"]),
+    ("run-unknown-option", ["run", "--colour", P]),
+    ("run-module-no-name", ["run", "-m"]),
+    ("run-module-missing", ["run", "-m", "no_such_module_here"]),
+    ("run-module-below-missing", ["run", "-m", "json.no_such_module_here"]),
+    ("run-module-package-without-main", ["run", "-m", "json"]),
+    ("run-module-not-a-name", ["run", "-m", "1flow"]),
+    ("run-module-is-a-file", ["run", "-m", P]),
+    ("run-module-and-script", ["run", "-m", "json.tool", P, "--"]),
     # demo
     ("demo-workers-0", ["demo", "--workers", "0", "--store", f"{T}/d0.zarr"]),
     ("demo-workers-neg", ["demo", "--workers", "-1", "--store", f"{T}/d1.zarr"]),
@@ -406,3 +416,154 @@ def test_jobscript_written_whole_and_executable(tmp_path, capsys):
     assert text.startswith("#!") and "#PBS -l walltime=00:30:00" in text
     assert os.stat(out).st_mode & 0o111
     assert sorted(os.listdir(tmp_path)) == ["job.sh"]
+
+
+# -- the command as users meet it ----------------------------------------------------------------
+
+
+def _cli(*argv: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    """``python -m metacollect ARGV`` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "metacollect", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kwargs,
+    )
+
+
+def test_version():
+    import metacollect
+
+    proc = _cli("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"metacollect {metacollect.__version__}\n"
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every (sub)command's words, the bare ``metacollect`` first."""
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_help_is_plain_text(capsys):
+    """No reStructuredText markup (the descriptions are docstrings) and no Python reprs."""
+    commands = list(_commands(build_parser()))
+    assert ("run",) in commands and ("ingest", "darshan") in commands and len(commands) > 12
+    for words in commands:
+        with pytest.raises(SystemExit) as exit_:
+            main([*words, "--help"])
+        assert exit_.value.code == 0
+        text = capsys.readouterr().out
+        assert text.startswith(f"usage: {' '.join(('metacollect', *words))}"), text
+        assert "``" not in text, (words, text)
+        assert not re.search(r":[a-z]+:`", text), (words, text)
+        assert not re.search(r"\b(None|True|False)\b|<[\w.]+ (object|at) |0x[0-9a-f]{6}", text), (
+            words,
+            text,
+        )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], ["run", "--help"], ["info", "{store}"], ["validate", "{store}"]],
+    ids=["help", "version", "run-help", "info", "validate"],
+)
+def test_output_into_a_closed_pipe_is_no_traceback(places, argv):
+    """``metacollect info STORE | head -1``: the reader leaves before the output is written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "metacollect", *_fill(argv, places)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.stderr == ""
+    assert proc.returncode in (0, 128 + signal.SIGPIPE)
+
+
+@pytest.mark.parametrize(
+    ("argv", "script", "module", "store", "passthrough", "misplaced"),
+    [
+        (["flow.py", "--input", "d", "-v"], "flow.py", None, None, ["--input", "d", "-v"], None),
+        (["-s", "a.zarr", "flow.py", "--store", "b"], "flow.py", None, "a.zarr", ["--store", "b"],
+         "--store"),
+        (["--store=a.zarr", "--yappi", "flow.py", "-m", "x"], "flow.py", None, "a.zarr",
+         ["-m", "x"], "-m"),
+        (["-sa.zarr", "flow.py"], "flow.py", None, "a.zarr", [], None),
+        (["--sto", "a.zarr", "flow.py", "x"], "flow.py", None, "a.zarr", ["x"], None),
+        # the older form: options may follow the script when -- ends them
+        (["flow.py", "--store", "a.zarr", "--", "--n", "7"], "flow.py", None, "a.zarr",
+         ["--n", "7"], None),
+        (["flow.py", "--", "--store", "x"], "flow.py", None, None, ["--store", "x"], None),
+        (["--store", "a.zarr", "--", "flow.py", "x"], "flow.py", None, "a.zarr", ["x"], None),
+        # python -m
+        (["-m", "pkg.flow", "x", "-v", "--store", "s"], None, "pkg.flow", None,
+         ["x", "-v", "--store", "s"], None),
+        (["-mpkg.flow", "x"], None, "pkg.flow", None, ["x"], None),
+        (["--overwrite", "-s", "a.zarr", "-m", "flow", "--", "x"], None, "flow", "a.zarr",
+         ["x"], None),
+    ],
+)  # fmt: skip
+def test_run_arguments_after_the_script_are_the_scripts(
+    argv, script, module, store, passthrough, misplaced
+):
+    args = parse(["run", *argv])
+    got = (args.script, args.module, args.store, args.passthrough, args.misplaced)
+    assert got == (script, module, store, passthrough, misplaced)
+
+
+def test_run_without_store_names_a_new_store_per_run_and_says_where(tmp_path):
+    """Two runs of one script get a store each, named after the script, the time and the
+    process id; an option that once was metacollect's goes to the script, which is said."""
+    (tmp_path / "flow.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    first = _cli("run", "flow.py", "--store", "x.zarr", cwd=tmp_path)
+    second = _cli("run", "flow.py", cwd=tmp_path)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == "['--store', 'x.zarr']\n" and second.stdout == "[]\n"
+    assert (
+        "metacollect: --store and what follows go to flow, as python passes them; "
+        "metacollect's own options come before the script" in first.stderr
+    )
+    stores = sorted(p.name for p in tmp_path.glob("*.zarr"))
+    assert len(stores) == 2, stores
+    for name, proc in zip(stores, (first, second), strict=True):
+        assert re.fullmatch(r"flow-\d{8}-\d{6}-\d+\.zarr", name), name
+        assert f"store written to {tmp_path / name} " in proc.stderr, proc.stderr
+        assert open_run(str(tmp_path / name)).groups["script"]["path"] == str(tmp_path / "flow.py")
+    explicit = _cli("run", "--store", "mine.zarr", "flow.py", "a", cwd=tmp_path)
+    assert explicit.returncode == 0 and explicit.stdout == "['a']\n", explicit.stderr
+    assert f"store written to {tmp_path / 'mine.zarr'} " in explicit.stderr
+    assert len(list(tmp_path.glob("*.zarr"))) == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["validate", "{store}"], "validating "),
+        (["report", "{store}", "-o", "{tmp}/progress-report", "--dpi", "20"], "drawing the views"),
+    ],
+    ids=["validate", "report"],
+)
+def test_progress_on_a_terminal_only(places, argv, shown):
+    """A line that rewrites itself on a terminal, cleared at the end; nothing when stderr is
+    a pipe or a file, nor with --quiet."""
+    argv = _fill(argv, places)
+    code, out, terminal = on_a_terminal(argv)
+    assert code == 0, terminal
+    assert shown in terminal and "\r" in terminal, terminal
+    assert terminal.endswith("\r\x1b[K"), repr(terminal[-200:])  # cleared: the line is free
+    assert "Traceback" not in terminal
+    piped = _cli(*argv)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert piped.stdout == out
+    code, _, terminal = on_a_terminal([*argv, "--quiet"])
+    assert code == 0 and terminal == "", terminal

@@ -41,6 +41,7 @@ import pytest
 from darshan.backend import cffi_backend
 from darshan.log_utils import get_log_path
 from distributed import Client, LocalCluster
+from terminal import on_a_terminal
 
 from metacollect import collect, open_run
 from metacollect.cli import main
@@ -373,6 +374,48 @@ def test_ingest_every_example_log_counters_match_pydarshan(tmp_path):
     # ingesting again adds nothing
     again = dsh.ingest(store, str(tmp_path / "logs"))
     assert (again.ingested, again.skipped) == (0, len(logs))
+
+
+def test_ingest_shows_progress_on_a_terminal_only(tmp_path):
+    """``metacollect ingest darshan``: a progress line on a terminal; piped, only the
+    summary; with --quiet, nothing."""
+    logs = example_logs()[:6]
+    for i, path in enumerate(logs):
+        (tmp_path / "logs" / "nodeA").mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, tmp_path / "logs" / "nodeA" / f"{i:02d}-{os.path.basename(path)}")
+    argv = ["ingest", "darshan", "STORE", str(tmp_path / "logs")]
+    summary = f"metacollect ingest: {len(logs)} ingested (0 partial), 0 unreadable, 0 skipped"
+
+    store = empty_store(str(tmp_path / "terminal.zarr"))
+    code, _, terminal = on_a_terminal([store if a == "STORE" else a for a in argv])
+    assert code == 0, terminal
+    assert "reading 6 Darshan logs below" in terminal, terminal
+    assert "\rreading Darshan logs: " in terminal, terminal  # the reader takes > 0.2 s
+    assert f"\r\x1b[K{summary}, of 6 logs\r\n" in terminal  # on a line of its own
+    assert terminal.endswith("\r\n")  # nothing left on the terminal's last line
+
+    store = empty_store(str(tmp_path / "piped.zarr"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "metacollect", *[store if a == "STORE" else a for a in argv]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and proc.stderr.splitlines() == [f"{summary}, of 6 logs"]
+
+    told: list[str] = []  # what a terminal shows (throttled: every 0.1 s at most)
+    dsh.ingest(
+        empty_store(str(tmp_path / "told.zarr")), str(tmp_path / "logs"), progress=told.append
+    )
+    assert told[0] == f"reading 6 Darshan logs below {tmp_path / 'logs'}"
+    copies = sorted(str(p) for p in (tmp_path / "logs" / "nodeA").iterdir())
+    assert told[-6:] == [f"writing Darshan log {i} of 6: {p}" for i, p in enumerate(copies, 1)]
+
+    store = empty_store(str(tmp_path / "quiet.zarr"))
+    quiet = [store if a == "STORE" else a for a in argv] + ["--quiet"]
+    code, _, terminal = on_a_terminal(quiet)
+    assert code == 0 and terminal == ""
+    assert open_run(store).table("darshan", "logs")["status"].eq("ingested").sum() == 6
 
 
 def test_truncated_logs_are_errors_and_the_rest_go_in(tmp_path):

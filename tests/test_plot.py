@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
-from views_runs import CHAIN, WIDE, basic_store
+from views_runs import CHAIN, LONG_CHAIN, WIDE, basic_store, chain_store
 
 import metacollect
 from metacollect import analysis, plot
@@ -87,6 +88,22 @@ def test_task_graph_aggregates_by_prefix(run):
     fig = plot.task_graph(run, graph=1, max_nodes=5)
     assert "2 prefixes of 13 tasks" in fig.axes[0].get_title()
     render(fig)
+
+
+def test_critical_path_of_a_200k_task_chain_takes_seconds():
+    """The view was quadratic in the path's length (a set rebuilt for every task on it)."""
+    long_run = metacollect.open_run(chain_store(LONG_CHAIN))
+    started = time.perf_counter()
+    fig = plot.critical_path(long_run)
+    took = time.perf_counter() - started
+    ax = fig.axes[0]
+    assert f"{LONG_CHAIN} tasks" in ax.get_title() and "(50.0%)" in ax.get_title()
+    grey, path = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(grey.get_paths()) == len(path.get_paths()) == LONG_CHAIN
+    (line,) = ax.lines  # the path, through every task in order
+    assert len(line.get_xdata()) == LONG_CHAIN
+    assert (line.get_xdata()[1:] > line.get_xdata()[:-1]).all()
+    assert took < 60, f"{took:.1f} s"  # about 10 s on a busy 2-core box
 
 
 def test_critical_path_title_has_the_fraction(run):

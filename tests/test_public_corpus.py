@@ -43,9 +43,9 @@ def test_documentation_page_recorded_completely(tmp_path, package, page):
 
     truth, store = str(tmp_path / "truth"), str(tmp_path / "run.zarr")
     env = {**os.environ, **groundtruth.environment(truth)}
-    cmd = [sys.executable, "-m", "metacollect", "run", str(path), "--store", store]
+    cmd = [sys.executable, "-m", "metacollect", "run", "--store", store]
     proc = subprocess.run(
-        [*cmd, "--flush-interval", "0.5s"],
+        [*cmd, "--flush-interval", "0.5s", str(path)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

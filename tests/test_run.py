@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,11 +56,11 @@ def test_run_collects_whatever_cluster_the_script_starts(tmp_path, name, capsys)
         main(
             [
                 "run",
-                _script(tmp_path, name),
                 "--store",
                 store,
                 "--flush-interval",
                 "0.5s",
+                _script(tmp_path, name),
             ]
         )
         == 0
@@ -77,6 +78,11 @@ def test_run_collects_whatever_cluster_the_script_starts(tmp_path, name, capsys)
     assert main(["info", store]) == 0
     out = capsys.readouterr().out
     assert "status: complete" in out and "[scheduler]" in out and "transitions=" in out
+    # workers counted as workers, their joins and leaves as such (not 2 + 2 "workers")
+    n = {"bare_client": 1, "client_n_workers": 2}[name]
+    assert f"  workers: {n}  size: " in out
+    assert f" workers={n} (joined {n}, left {n}) " in out
+    assert " clients=1 (joined 1, left 1)" in out
 
 
 def test_run_keeps_several_clusters_apart_and_passes_args(tmp_path):
@@ -113,7 +119,7 @@ def test_run_appends_to_the_users_own_preload(tmp_path, monkeypatch):
     monkeypatch.setenv("MARK", str(tmp_path / "mark"))
     monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__PRELOAD", '["mypreload"]')
     store = str(tmp_path / "s.zarr")
-    assert main(["run", _script(tmp_path, "bare_client"), "--store", store]) == 0
+    assert main(["run", "--store", store, _script(tmp_path, "bare_client")]) == 0
     assert (tmp_path / "mark").read_text() == "ran"
     assert len(open_run(store).tasks()) > 0
 
@@ -134,7 +140,6 @@ def test_run_with_a_local_cluster_started_by_metacollect(tmp_path):
         main(
             [
                 "run",
-                str(script),
                 "--store",
                 store,
                 "--cluster",
@@ -143,6 +148,7 @@ def test_run_with_a_local_cluster_started_by_metacollect(tmp_path):
                 "2",
                 "--threads",
                 "1",
+                str(script),
             ]
         )
         == 0
@@ -155,7 +161,7 @@ def test_run_with_a_local_cluster_started_by_metacollect(tmp_path):
 
 def test_run_errors_are_one_line(tmp_path, capsys):
     store = str(tmp_path / "s.zarr")
-    assert main(["run", str(tmp_path / "missing.py"), "--store", store]) == 2
+    assert main(["run", "--store", store, str(tmp_path / "missing.py")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "script" in err[0] and "not found" in err[0]
     assert not os.path.exists(store)
@@ -163,12 +169,12 @@ def test_run_errors_are_one_line(tmp_path, capsys):
     os.makedirs(store)
     (tmp_path / "s.zarr" / "zarr.json").write_text("{}")
     script = _script(tmp_path, "bare_client")
-    assert main(["run", script, "--store", store]) == 2
+    assert main(["run", "--store", store, script]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "exists; pass --overwrite" in err[0]
 
     (tmp_path / "afile").write_text("x")
-    assert main(["run", script, "--store", str(tmp_path / "afile" / "s.zarr")]) == 3
+    assert main(["run", "--store", str(tmp_path / "afile" / "s.zarr"), script]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not writable" in err[0]
 
@@ -181,9 +187,9 @@ def test_invalid_config_value_from_the_environment(tmp_path):
             "-m",
             "metacollect",
             "run",
-            _script(tmp_path, "bare_client"),
             "--store",
             str(tmp_path / "s.zarr"),
+            _script(tmp_path, "bare_client"),
         ],
         env=env,
         capture_output=True,
@@ -198,3 +204,73 @@ def test_invalid_config_value_from_the_environment(tmp_path):
         and "wall, cpu" in lines[0]
     )
     assert not (tmp_path / "s.zarr").exists()
+
+
+#: prints how python runs it, then computes on its own LocalCluster (worker processes: they
+#: import nothing of ``__main__`` that the parent could not give them)
+PROBE = """
+import json, sys
+from distributed import Client
+
+def view():
+    spec = globals().get("__spec__")
+    return {
+        "name": __name__,
+        "file": __file__,
+        "package": __package__,
+        "spec": spec.name if spec else None,
+        "cached": globals().get("__cached__"),
+        "argv": sys.argv,
+        "path0": sys.path[0],
+    }
+
+if __name__ == "__main__":
+    print(json.dumps(view()))
+    if "--compute" in sys.argv:
+        with Client(n_workers=2, threads_per_worker=1, dashboard_address=":0") as client:
+            print(sum(client.gather(client.map(lambda x: x + 1, range(10)))))
+"""
+
+
+@pytest.mark.parametrize(
+    ("layout", "target"),
+    [
+        ({"flow.py": PROBE}, ["flow.py"]),
+        ({"flow.py": PROBE}, ["-m", "flow"]),
+        ({"pkg/__init__.py": "", "pkg/__main__.py": PROBE}, ["-m", "pkg"]),
+        ({"pkg/__init__.py": "", "pkg/sub/__init__.py": "", "pkg/sub/flow.py": PROBE},
+         ["-m", "pkg.sub.flow"]),
+    ],
+    ids=["script", "module", "package", "submodule"],
+)  # fmt: skip
+def test_run_a_script_or_module_as_python_does(tmp_path, layout, target):
+    """``metacollect run [-m] TARGET ARGS`` runs it as ``python [-m] TARGET ARGS`` does (the
+    arguments need no ``--``), collects it, and names the store after it."""
+    for name, text in layout.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    args = ["--compute", "-v", "--store", "theirs"]
+    plain = subprocess.run(
+        [sys.executable, *target, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert plain.returncode == 0, plain.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "metacollect", "run", "--flush-interval", "0.5s", *target, *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout == plain.stdout  # the same view of how it runs, the same sum
+    assert proc.stdout.splitlines()[1] == "55"
+    (store,) = tmp_path.glob("*.zarr")
+    assert store.name.startswith(target[-1].removesuffix(".py") + "-")
+    assert f"store written to {store} (status complete)" in proc.stderr
+    run = open_run(str(store))
+    assert run.attrs["status"] == "complete", run.attrs["missing"]
+    assert (run.tasks().prefix == "lambda").sum() == 10
+    script = run.groups["script"]
+    assert script["path"] == json.loads(plain.stdout.splitlines()[0])["file"]
+    assert script["argv"] == args and "def view" in script["source"]
+    assert validate_store(str(store)) == []

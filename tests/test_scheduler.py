@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import time
 
 import dask
@@ -81,6 +82,46 @@ def test_every_transition_and_task_is_in_the_store(client, store):
     assert run.errors().empty
     assert run.attrs["status"] == "complete"
     assert validate_store(store) == []
+
+
+def flaky(counter: str, failures: int) -> int:
+    """Fail the first ``failures`` calls (counted in a file, so across worker processes),
+    then return the number of the attempt that succeeded."""
+    path = pathlib.Path(counter)
+    attempt = int(path.read_text()) if path.exists() else 0
+    path.write_text(str(attempt + 1))
+    if attempt < failures:
+        raise OSError(f"attempt {attempt} failed")
+    return attempt
+
+
+def test_retries_count_the_retries_made(client, store, tmp_path):
+    """``tasks().retries`` is the number of retries Dask made, as a user means it, not the
+    retries left that Dask's TaskState holds."""
+    counters = {name: str(tmp_path / name) for name in ("twice", "once", "doomed", "annotated")}
+    with collect(client, store, flush_interval="0.5s"):
+        twice = client.submit(flaky, counters["twice"], 2, retries=2, key="twice")
+        once = client.submit(flaky, counters["once"], 1, retries=3, key="once")
+        doomed = client.submit(flaky, counters["doomed"], 5, retries=1, key="doomed")
+        plain = client.submit(flaky, str(tmp_path / "plain"), 0, key="plain")
+        with dask.annotate(retries=4):
+            annotated = dask.delayed(flaky)(counters["annotated"], 3, dask_key_name="annotated")
+        assert twice.result() == 2 and once.result() == 1 and plain.result() == 0
+        assert annotated.compute() == 3
+        wait(doomed)
+        assert doomed.status == "error"
+    attempts = {name: int(pathlib.Path(c).read_text()) for name, c in counters.items()}
+    assert attempts == {"twice": 3, "once": 2, "doomed": 2, "annotated": 4}
+    tasks = open_run(store).tasks().set_index("key")
+    assert tasks.loc[["twice", "once", "doomed", "plain", "annotated"], "retries"].to_dict() == {
+        "twice": 2,
+        "once": 1,
+        "doomed": 1,
+        "plain": 0,
+        "annotated": 3,
+    }
+    assert tasks.loc["doomed", "state"] == "erred" and tasks.loc["twice", "state"] == "memory"
+    assert (tasks.retries >= 0).all()
 
 
 def test_custom_event_topics_are_recorded(client, store):

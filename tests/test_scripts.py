@@ -186,15 +186,15 @@ CORPUS: dict[str, tuple[str, int, str]] = {
 
 
 def _run(tmp_path, source, *args, env=None, **popen):
-    """``metacollect run SCRIPT --store ... ARGS`` as a user runs it; the ground truth's
+    """``metacollect run --store ... OPTIONS SCRIPT`` as a user runs it; the ground truth's
     preload in the script's environment."""
     script = tmp_path / "flow.py"
     script.write_text(textwrap.dedent(source))
     store = tmp_path / "run.zarr"
     truth = str(tmp_path / "truth")
     full_env = {**os.environ, **groundtruth.environment(truth), **(env or {})}
-    cmd = [sys.executable, "-m", "metacollect", "run", str(script), "--store", str(store)]
-    cmd += ["--flush-interval", "0.5s", *args]
+    cmd = [sys.executable, "-m", "metacollect", "run", "--store", str(store)]
+    cmd += ["--flush-interval", "0.5s", *args, str(script)]
     return cmd, full_env, str(store), truth, str(script)
 
 
@@ -246,7 +246,73 @@ def test_a_failing_script_ends_as_under_plain_python(tmp_path):
     assert run.attrs["status"] == "failed"
     assert run.attrs["script_ended"] == "exception"
     assert run.attrs["script_exception"] == "ZeroDivisionError: division by zero"
+    assert run.attrs["script_exception_type"] == "ZeroDivisionError"
     assert "inverse" in run.attrs["script_traceback"]
+    info = subprocess.run(
+        [sys.executable, "-m", "metacollect", "info", store],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert info.stdout.splitlines()[:2] == [
+        f"run {run.attrs['run_id']}  status: failed  (the script failed; everything up to "
+        "then is recorded)",
+        "  ended by: ZeroDivisionError: division by zero (exit code 1)",
+    ]
+
+
+ENDINGS = {
+    # name: (source, how the store says it ended, exception type)
+    "sys-exit-3": ("import sys\nprint('out')\nsys.exit(3)\n", "exit", None),
+    "sys-exit-message": ("import sys\nsys.exit('cannot go on')\n", "exit", None),
+    "keyboard-interrupt": (
+        "def work():\n    raise KeyboardInterrupt\n\nwork()\n",
+        "signal",
+        None,
+    ),
+    "exception-without-message": (
+        "class Stuck(Exception):\n    pass\n\nraise Stuck()\n",
+        "exception",
+        "Stuck",
+    ),
+    "exception-of-a-module": (
+        "import json\njson.loads('{')\n",
+        "exception",
+        "json.decoder.JSONDecodeError",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENDINGS))
+def test_the_scripts_end_is_as_under_plain_python(tmp_path, name):
+    """Output, traceback and exit status (a death by SIGINT included) as ``python flow.py``
+    gives them; the store says how the script ended."""
+    source, ended, exception_type = ENDINGS[name]
+    script = tmp_path / "flow.py"
+    script.write_text(source)
+    plain = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    store = tmp_path / "run.zarr"
+    proc = subprocess.run(
+        [sys.executable, "-m", "metacollect", "run", "--store", str(store), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == plain.returncode != 0
+    assert proc.stdout == plain.stdout
+    own = [ln for ln in proc.stderr.splitlines() if not ln.startswith("metacollect: ")]
+    assert own == plain.stderr.splitlines()
+    run = open_run(str(store))
+    code = plain.returncode if plain.returncode > 0 else 128 - plain.returncode
+    assert run.attrs["script_exit_code"] == code
+    assert run.attrs["script_ended"] == ended
+    assert run.attrs["script_exception_type"] == exception_type
+    if exception_type is not None:
+        assert run.attrs["script_exception"] == plain.stderr.splitlines()[-1]
+        assert run.attrs["script_traceback"].splitlines()[-1] == plain.stderr.splitlines()[-1]
 
 
 def test_a_script_without_distributed_records_steps_1_and_2_and_says_so(tmp_path):
@@ -330,14 +396,15 @@ def test_a_module_level_client_to_an_external_scheduler(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "signum, code, to_group",
-    [(signal.SIGTERM, 143, False), (signal.SIGINT, 130, True)],
+    "signum, to_group",
+    [(signal.SIGTERM, False), (signal.SIGINT, True)],
     ids=["sigterm-to-the-runner", "ctrl-c-to-the-terminal-group"],
 )
-def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, code, to_group):
+def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, to_group):
     """A batch system's walltime sends SIGTERM (to ``metacollect run``), Ctrl-C sends SIGINT
     (to the terminal's whole process group): what was collected is kept, the run is marked
-    ``interrupted`` with the signal, and the exit code is 128 + the signal, as under python."""
+    ``interrupted`` with the signal, and ``metacollect run`` dies of the signal, as python
+    does (a shell reads 128 + the signal)."""
     marker = tmp_path / "computed"
     source = f"""
         import pathlib, time
@@ -361,7 +428,7 @@ def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, code, 
     else:
         proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == code, stderr[-4000:]
+    assert proc.returncode == -signum, stderr[-4000:]
     assert "Traceback" not in stderr or "KeyboardInterrupt" in stderr
     run = open_run(store)
     assert run.attrs["status"] == "interrupted"

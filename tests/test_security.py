@@ -297,6 +297,7 @@ def test_capture_switches_leave_content_out(verbatim_stores):
     assert sorted(run.attrs["left_out"]) == sorted(MARKERS)
     # what is left says what happened, without the content
     assert run.attrs["script_exception"] == "RuntimeError"
+    assert run.attrs["script_exception_type"] == "RuntimeError"  # the type is always kept
     assert run.attrs["script_traceback"] is None
     assert run.groups["script"]["source"] == "" and len(run.groups["script"]["sha256"]) == 64
     assert "ValueError" in set(run.tasks().exception)

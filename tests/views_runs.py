@@ -161,3 +161,81 @@ def spans_store() -> str:
                 right = client.submit(spin, 0.4, key="right-0")
             wait([left, right])
     return store
+
+
+#: the long chain: as many tasks as the views must handle in a few seconds each
+LONG_CHAIN = 200_000
+
+
+@functools.cache
+def chain_store(n: int = LONG_CHAIN) -> str:
+    """Path of a store holding one graph: a chain of ``n`` tasks, ``inc-0`` .. ``inc-{n-1}``,
+    each depending on the one before, executed one after another (1 ms apart, 0.5 ms each)
+    on two workers. Written as the collectors write (their StoreWriter and schema) but
+    without a cluster: a real chain this long takes a LocalCluster many minutes. Only the
+    tables the graph views read are there (no cluster attrs, no transitions)."""
+    import numpy as np
+
+    from metacollect.session import init_root
+    from metacollect.store.lifecycle import finalize
+    from metacollect.store.writer import StoreWriter
+
+    path = f"{_tmp()}/chain-{n}.zarr"
+    w = StoreWriter(path)
+    init_root(w, "chain")
+    client, scheduler = w.group("client", cluster="c0"), w.group("scheduler", cluster="c0")
+    t0 = 1.7e9
+    client.append(
+        "graphs",
+        {
+            "graph": [0],
+            "time": [t0],
+            "client": ["Client-0"],
+            "stimulus_id": ["update-graph"],
+            "n_tasks": [n],
+            "n_keys": [1],
+            "n_dependencies": [n - 1],
+            "annotations": [""],
+        },
+    )
+    idx = np.arange(n)
+    keys = [f"inc-{i}" for i in idx]
+    client.append(
+        "tasks",
+        {
+            "graph": np.zeros(n, np.int64),
+            "key": keys,
+            "prefix": ["inc"] * n,
+            "group": ["inc"] * n,
+            "requested": idx == n - 1,
+            "priority": ["[0]"] * n,
+            "n_dependencies": (idx > 0).astype(np.int32),
+            "annotations": [""] * n,
+            "span": [""] * n,
+        },
+    )
+    client.append(
+        "dependencies",
+        {"graph": np.zeros(n - 1, np.int64), "key": keys[1:], "dependency": keys[:-1]},
+    )
+    scheduler.append(
+        "tasks",
+        {
+            "key": keys,
+            "prefix": ["inc"] * n,
+            "group": ["inc"] * n,
+            "state": ["memory"] * n,
+            "worker": [f"tcp://127.0.0.1:4000{i % 2}" for i in idx],
+            "thread": np.full(n, 140000000000, np.int64),
+            "start": t0 + idx * 1e-3,
+            "stop": t0 + idx * 1e-3 + 5e-4,
+            "time": t0 + idx * 1e-3 + 6e-4,
+            "nbytes": np.full(n, 8, np.int64),
+            "typename": ["int"] * n,
+            "retries": np.zeros(n, np.int32),
+            "exception": [""] * n,
+        },
+    )
+    w.flush()
+    finalize(path)
+    return path

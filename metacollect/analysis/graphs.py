@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
@@ -44,12 +45,20 @@ def graph_nodes(
         the outcome of its last execution (worker, start, stop, duration, nbytes, typename,
         state). ``edges``: key, dependency (both in the graph).
     """
+    nodes, deps, _ = _graph(run, graph, cluster)
+    return nodes, deps
+
+
+def _graph(
+    run: Run, graph: int | None, cluster: str | None
+) -> tuple[pd.DataFrame, pd.DataFrame, _Topology]:
+    """:func:`graph_nodes`, and the graph's topology (computed once for depths and paths)."""
     cluster, graph = pick_graph(run, graph, cluster)
     gt = run.graph_tasks()
     gt = gt[(gt["cluster"] == cluster) & (gt["graph"] == graph)]
     deps = run.dependencies()
     deps = deps[(deps["cluster"] == cluster) & (deps["graph"] == graph)]
-    keys = set(gt["key"])
+    keys = gt["key"].unique()
     deps = deps[deps["key"].isin(keys) & deps["dependency"].isin(keys)][
         ["key", "dependency"]
     ].reset_index(drop=True)
@@ -67,38 +76,79 @@ def graph_nodes(
         "state",
     ]
     nodes = gt.drop(columns=["cluster"]).merge(tasks[cols], on="key", how="left")
-    depth = dependency_depths(list(nodes["key"]), deps)
-    nodes["depth"] = nodes["key"].map(depth).fillna(0).astype(int)
-    return nodes.reset_index(drop=True), deps
+    topology = _Topology(keys, deps)
+    nodes["depth"] = nodes["key"].map(topology.depths()).fillna(0).astype(int)
+    return nodes.reset_index(drop=True), deps, topology
 
 
-def _order(keys: list[Any], deps: pd.DataFrame) -> tuple[list[Any], dict[Any, list[Any]]]:
-    """Topological order (dependencies first) and ``{key: [dependencies]}``."""
-    parents: dict[Any, list[Any]] = {k: [] for k in keys}
-    children: dict[Any, list[Any]] = {k: [] for k in keys}
-    for k, d in zip(deps["key"], deps["dependency"], strict=False):
-        parents[k].append(d)
-        children[d].append(k)
-    remaining = {k: len(v) for k, v in parents.items()}
-    ready = [k for k, n in remaining.items() if n == 0]
-    order = []
-    while ready:
-        k = ready.pop()
-        order.append(k)
-        for c in children[k]:
-            remaining[c] -= 1
-            if remaining[c] == 0:
-                ready.append(c)
-    return order, parents
+class _Topology:
+    """A graph's keys as integers: their dependents (CSR arrays) and a topological order
+    (dependencies first). Everything here is linear in keys + edges: a 200k-task chain
+    takes a fraction of a second."""
+
+    def __init__(self, keys: Any, deps: pd.DataFrame) -> None:
+        self.keys = pd.Index(keys).unique()
+        n = len(self.keys)
+        child = self.keys.get_indexer(deps["key"])
+        parent = self.keys.get_indexer(deps["dependency"])
+        ok = (child >= 0) & (parent >= 0)
+        child, parent = child[ok], parent[ok]
+        by_parent = np.argsort(parent, kind="stable")
+        #: dependents of key i: kids[first[i]:first[i + 1]]
+        self.kids: list[int] = child[by_parent].tolist()
+        self.first: list[int] = np.searchsorted(parent[by_parent], np.arange(n + 1)).tolist()
+        waiting = np.bincount(child, minlength=n).tolist()
+        ready = np.flatnonzero(np.asarray(waiting) == 0).tolist()
+        order: list[int] = []
+        kids, first = self.kids, self.first
+        while ready:  # Kahn's algorithm; keys in a cycle (a damaged record) are left out
+            k = ready.pop()
+            order.append(k)
+            for c in kids[first[k] : first[k + 1]]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    ready.append(c)
+        self.order = order
+
+    def depths(self) -> pd.Series:
+        """Each key's longest chain of dependencies (keys in a cycle left out)."""
+        depth = [0] * len(self.keys)
+        kids, first = self.kids, self.first
+        for k in self.order:
+            d = depth[k] + 1
+            for c in kids[first[k] : first[k + 1]]:
+                if d > depth[c]:
+                    depth[c] = d
+        return pd.Series([depth[k] for k in self.order], index=self.keys[self.order], dtype=int)
+
+    def longest_path(self, weight: Any) -> list[Any]:
+        """The keys of the heaviest chain of dependencies, first to last; ``weight`` holds
+        each key's weight in the order of ``keys``."""
+        n = len(self.keys)
+        w = np.nan_to_num(np.asarray(weight, dtype=float)).tolist()
+        before = [-1] * n  # the heaviest dependency of each key
+        reach = [float("-inf")] * n  # the heaviest chain that ends in that dependency
+        finish = [0.0] * n
+        kids, first = self.kids, self.first
+        for k in self.order:
+            f = w[k] + (reach[k] if before[k] >= 0 else 0.0)
+            finish[k] = f
+            for c in kids[first[k] : first[k + 1]]:
+                if f > reach[c]:
+                    reach[c], before[c] = f, k
+        if not self.order:
+            return []
+        k = max(self.order, key=finish.__getitem__)
+        path = []
+        while k >= 0:
+            path.append(k)
+            k = before[k]
+        return list(self.keys[path[::-1]])
 
 
 def dependency_depths(keys: list[Any], deps: pd.DataFrame) -> dict[Any, int]:
     """Depth of each key: the length of its longest chain of dependencies."""
-    order, parents = _order(keys, deps)
-    depth: dict[Any, int] = {}
-    for k in order:
-        depth[k] = 1 + max((depth[d] for d in parents[k]), default=-1)
-    return depth
+    return _Topology(keys, deps).depths().to_dict()
 
 
 def critical_path(run: Run, graph: int | None = None, cluster: str | None = None) -> pd.DataFrame:
@@ -126,24 +176,14 @@ def critical_path(run: Run, graph: int | None = None, cluster: str | None = None
     >>> share = cp.attrs["fraction"]   # doctest: +SKIP
     >>> print(f"{share:.0%} of the wall time is on the critical path")   # doctest: +SKIP
     """
-    nodes, deps = graph_nodes(run, graph, cluster)
-    dur = dict(zip(nodes["key"], nodes["duration"].fillna(0.0), strict=False))
-    order, parents = _order(list(nodes["key"]), deps)
-    finish: dict[Any, float] = {}
-    best: dict[Any, Any] = {}
-    for k in order:
-        prev = max(parents[k], key=lambda d: finish[d], default=None)
-        finish[k] = dur[k] + (finish[prev] if prev is not None else 0.0)
-        best[k] = prev
-    path = []
-    k = max(finish, key=lambda x: finish[x], default=None)
-    while k is not None:
-        path.append(k)
-        k = best[k]
-    path.reverse()
+    nodes, _, topology = _graph(run, graph, cluster)
+    duration = nodes.drop_duplicates("key").set_index("key")["duration"]
+    path = topology.longest_path(duration.reindex(topology.keys).to_numpy())
     cols = ["key", "prefix", "worker", "start", "stop", "duration"]
     out = (
-        nodes.set_index("key").loc[path].reset_index()[cols] if path else pd.DataFrame(columns=cols)
+        nodes.drop_duplicates("key").set_index("key").loc[path].reset_index()[cols]
+        if path
+        else pd.DataFrame(columns=cols)
     )
     length = float(out["duration"].fillna(0).sum())
     wall = (

@@ -42,23 +42,56 @@ def _when(t: Any) -> str:
     return datetime.datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds")
 
 
+def _status(a: dict[str, Any]) -> list[str]:
+    """The status line and what it means, how the script ended when it did not succeed, and
+    what the record is missing."""
+    status = str(a.get("status"))
+    why = {
+        "complete": "",
+        "failed": "the script failed; everything up to then is recorded",
+        "interrupted": "a signal ended the script; everything up to then is recorded",
+    }.get(status)
+    if why is None:  # incomplete: sealed with what is missing, or never sealed
+        why = "the record is missing something" if a.get("missing") else ""
+        why = why or "collection did not finish: data up to the last flush"
+    lines = [f"run {a.get('run_id')}  status: {status}" + (f"  ({why})" if why else "")]
+    error = a.get("script_exception") or a.get("workflow_error")
+    code = a.get("script_exit_code")
+    if error or a.get("script_signal") or code:
+        end = error or a.get("script_signal") or f"exit code {code}"
+        lines.append(f"  ended by: {end}" + (f" (exit code {code})" if code and error else ""))
+    lines += [f"  missing: {m}" for m in a.get("missing") or []]
+    return lines
+
+
+#: tables whose rows are joins and leaves (``add``/``remove``), with the column naming who
+#: joined: counted as who joined, not as rows
+JOINS = {"workers": ("address", "pid"), "clients": ("client",)}
+
+
+def _joins(run: Any, path: str, table: str) -> str:
+    """``workers=2 (joined 2, left 2)``: who joined, then the joins and leaves."""
+    df = run.table(path, table, columns=["event", *JOINS[table]])
+    adds = df[df.event == "add"]
+    who = len(adds.drop_duplicates(list(JOINS[table])))
+    return f"{table}={who} (joined {len(adds)}, left {int((df.event == 'remove').sum())})"
+
+
 def describe(store: str) -> list[str]:
     """Lines of the ``info`` output."""
     from metacollect.analysis.run import open_run
 
     run = open_run(store)
     a = run.attrs
+    clusters = len(run.clusters())  # first: a damaged group is named by its path
+    seen, recorded = len(run.workers()), len(run.worker_groups())
+    workers = f"{seen}" + (f" ({recorded} with a record of their own)" if recorded != seen else "")
     lines = [
-        f"run {a.get('run_id')}  status: {a.get('status')}"
-        + (
-            "  (collection did not finish: data up to the last flush)"
-            if a.get("status") != "complete"
-            else ""
-        ),
+        *_status(a),
         f"started {_when(a.get('started'))}  ended {_when(a.get('ended'))}  "
         f"metacollect {a.get('metacollect_version')}  schema {a.get('schema_version')}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
-        f"clusters: {len(run.clusters())}  workers: {len(run.worker_groups())}  "
+        f"clusters: {clusters}  workers: {workers}  "
         f"size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
         "",
     ]
@@ -83,7 +116,9 @@ def describe(store: str) -> list[str]:
                 except Exception:  # damaged metadata: say so, keep describing the rest
                     tables.append(f"{t}=DAMAGED")
                     continue
-                if t not in ("strings",) and (n or t != "errors"):
+                if t in JOINS and n:
+                    tables.append(_joins(run, path, t))
+                elif t not in ("strings",) and (n or t != "errors"):
                     tables.append(f"{t}={n}")
             lines.append(f"  [{level}] /{path}" + (f"  {' '.join(tables)}" if tables else ""))
     errors = run.errors()

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from metacollect.cli import options as t
+from metacollect.cli.progress import Progress
 from metacollect.errors import UsageError
 
 
@@ -52,6 +53,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=120.0,
         help="seconds one log may take to read (default 120)",
     )
+    d.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress line (shown on a terminal only) and no summary; problems still print",
+    )
     return p
 
 
@@ -72,10 +79,21 @@ def run(args: argparse.Namespace) -> int:
             ".darshan files (metacollect ingest darshan STORE LOGDIR)"
         )
 
+    progress = Progress(quiet=args.quiet)
+
     def echo(msg: str) -> None:
+        progress.clear()  # a message takes a line of its own
         print(f"metacollect ingest: {msg}", file=sys.stderr)
 
-    result = ingest(args.store, logdir, host=args.host, timeout=args.timeout, echo=echo)
+    with progress:
+        result = ingest(
+            args.store,
+            logdir,
+            host=args.host,
+            timeout=args.timeout,
+            echo=(lambda msg: None) if args.quiet else echo,
+            progress=progress,
+        )
     for group in result.groups:
         print(group)
     if result.found == 0:

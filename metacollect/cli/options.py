@@ -23,8 +23,33 @@ class ParseError(UsageError):
         self.prog = prog
 
 
+#: reStructuredText inline markup: ``literal``, :role:`target` (``~`` keeps the last name)
+_LITERAL = re.compile(r"``(.+?)``", re.S)
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`<]*?)(?:\s*<[^`]*>)?`")
+
+
+def plain(text: str | None) -> str | None:
+    """``text`` (a docstring) as a terminal shows it: reStructuredText markup taken out,
+    ``:func:`~a.b``` read as ``b``."""
+    if not text:
+        return text
+    text = _ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+    return _LITERAL.sub(r"\1", text)
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line with the way to the help, not usage."""
+    """An ArgumentParser whose errors are one line with the way to the help, not usage, and
+    whose help is plain text (descriptions are often docstrings: their markup is removed)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        for name in ("description", "epilog"):
+            kwargs[name] = plain(kwargs.get(name))
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if isinstance(kwargs.get("help"), str):
+            kwargs["help"] = plain(kwargs["help"])
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         if message.endswith("expected one argument"):  # "--memory -1GB" reads as an option

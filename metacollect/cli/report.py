@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from metacollect.cli import options as t
+from metacollect.cli.progress import Progress
 from metacollect.files import check_dir_target
 
 
@@ -26,6 +26,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=90,
         help="resolution of the figures, 10 to 1200 (default 90)",
     )
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress line (shown on a terminal only)"
+    )
     return p
 
 
@@ -36,7 +39,10 @@ def run(args: argparse.Namespace) -> int:
     run_ = open_run(args.store)  # NotAStoreError says how to fix the path
     out = args.output or os.path.splitext(os.path.normpath(args.store))[0] + "-report"
     check_dir_target(out, "the report")  # before drawing anything
-    print(f"metacollect report: drawing the views of {args.store}", file=sys.stderr)
-    index = write_report(run_, out, dpi=args.dpi, echo=lambda m: print(f"  {m}", file=sys.stderr))
+    with Progress(quiet=args.quiet) as progress:
+        progress(f"drawing the views of {args.store}")
+        index = write_report(
+            run_, out, dpi=args.dpi, echo=lambda m: progress(f"drawing the views: {m}")
+        )
     print(index)
     return 0

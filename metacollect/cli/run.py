@@ -1,12 +1,17 @@
-"""``metacollect run SCRIPT [--store S] [--cluster NAME ...] [-- ARGS]``.
+"""``metacollect run [OPTIONS] SCRIPT [ARGS...]`` and ``metacollect run [OPTIONS] -m MODULE
+[ARGS...]``, as ``python SCRIPT ARGS`` and ``python -m MODULE ARGS`` run them.
 
-Options may stand before or after SCRIPT; the script's own arguments follow ``--``.
+metacollect's options come before the script; what follows it is the script's own, as
+under python. ``--`` keeps its older meaning: options may also follow the script when ``--``
+ends them (``metacollect run flow.py --store a.zarr -- --input data/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 from typing import Any
 
 from metacollect.cli import options as t
@@ -19,16 +24,29 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "run",
         help="run a Dask script unmodified and collect every cluster it uses",
-        description="Run SCRIPT as __main__ and collect every Dask scheduler and worker it starts "
-        "(Client(), Client(n_workers=...), its own LocalCluster, ...). With --cluster, start the "
-        "cluster here and let the script's bare Client() connect to it. Arguments for the "
-        "script follow --, e.g. metacollect run flow.py --store a.zarr -- --input data/",
+        usage="%(prog)s [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]",
+        description="Run SCRIPT (or -m MODULE) as python runs it, and collect every Dask "
+        "scheduler and worker it starts (Client(), Client(n_workers=...), its own LocalCluster, "
+        "...). With --cluster, start the cluster here and let the script's bare Client() "
+        "connect to it. metacollect's options come before the script; the arguments after it "
+        "are the script's, e.g. metacollect run --store a.zarr flow.py --input data/ "
+        "(or, as before, metacollect run flow.py --store a.zarr -- --input data/).",
     )
-    p.add_argument("script", help="the Python script to run")
+    p.add_argument("script", nargs="?", help="the Python script to run")
+    p.add_argument(
+        "args", nargs="*", metavar="ARGS", help="the script's own arguments (sys.argv[1:])"
+    )
+    p.add_argument(
+        "-m",
+        dest="module",
+        metavar="MODULE",
+        help="run a module, as python -m MODULE does (a package runs its __main__)",
+    )
     p.add_argument(
         "--store",
         "-s",
-        help="store to write (default: <script>.zarr in the working directory)",
+        help="store to write (default: a new one in the working directory, named after the "
+        "script, the time and the process id, e.g. flow-20261125-091530-12345.zarr)",
     )
     p.add_argument(
         "--overwrite",
@@ -110,17 +128,97 @@ def collect_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def run(args: argparse.Namespace) -> int:
-    from metacollect.launch.runner import run_script
+def split(
+    tokens: list[str], parser: argparse.ArgumentParser
+) -> tuple[list[str], list[str], str | None]:
+    """``tokens`` (what follows ``run``) cut into metacollect's (options, and the script or
+    ``-m MODULE``) and the script's own arguments; and the first of the script's arguments
+    when it is one of metacollect's options (an older command line, ``run flow.py --store
+    a.zarr``, to be told where that option went).
 
-    script_args = args.passthrough
-    store = args.store or os.path.splitext(os.path.basename(args.script))[0] + ".zarr"
-    return run_script(
-        args.script,
-        script_args,
-        store,
+    As python does: everything after the script is the script's. Unless a ``--`` follows
+    the script: then, as before, what stands between the script and ``--`` is metacollect's
+    and what follows ``--`` the script's. A ``--`` before the script ends the options.
+    """
+    takes_value = {
+        flag: action.nargs != 0 for action in parser._actions for flag in action.option_strings
+    }
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok == "--":  # the options end: the script comes next
+            return tokens[:i] + tokens[i + 1 : i + 2], tokens[i + 2 :], None
+        if not tok.startswith("-") or tok == "-":
+            break  # the script
+        flag, attached = _flag(tok, takes_value)
+        if flag == "-m":  # the module: what follows it is the script's
+            i += 0 if attached else 1
+            break
+        i += 1 if attached or not takes_value.get(flag, False) else 2
+    ours, theirs = tokens[: i + 1], tokens[i + 1 :]
+    if "--" in theirs:  # the older form: options may follow the script up to --
+        cut = theirs.index("--")
+        return ours + theirs[:cut], theirs[cut + 1 :], None
+    first = theirs[0] if theirs and theirs[0].startswith("-") else None
+    return ours, theirs, first if first and _flag(first, takes_value)[0] in takes_value else None
+
+
+def _flag(token: str, takes_value: dict[str, bool]) -> tuple[str, bool]:
+    """The option a token names and whether its value is in it (``--store=a``, ``-sa``);
+    a long option may be abbreviated, as argparse allows."""
+    if token.startswith("--"):
+        name, eq, _ = token.partition("=")
+        if name not in takes_value:
+            found = [f for f in takes_value if f.startswith(name)]
+            name = found[0] if len(found) == 1 else name
+        return name, bool(eq)
+    return token[:2], len(token) > 2
+
+
+def default_store(name: str) -> str:
+    """A store of its own for each run: ``<name>-<date>-<time>-<pid>.zarr`` here."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.zarr"
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str]:
+    """``("path", SCRIPT)`` or ``("module", MODULE)``; a UsageError without either."""
+    from metacollect.errors import UsageError
+
+    if args.module is not None and args.script is not None:
+        raise UsageError(
+            f"give a script or -m MODULE, not both ({args.script} and -m {args.module}); "
+            "see `metacollect run --help`"
+        )
+    if args.module is not None:
+        return "module", args.module
+    if args.script is None:
+        raise UsageError(
+            "give the script to run (metacollect run flow.py) or a module (metacollect run "
+            "-m pkg.flow); see `metacollect run --help`"
+        )
+    return "path", args.script
+
+
+def run(args: argparse.Namespace) -> int:
+    from metacollect.launch.runner import run_target
+
+    kind, target = _target(args)
+    name = os.path.splitext(os.path.basename(target))[0] if kind == "path" else target
+    if args.misplaced:  # an older command line: say where its options went
+        print(
+            f"metacollect: {args.misplaced} and what follows go to {name}, as python passes "
+            "them; metacollect's own options come before the script",
+            file=sys.stderr,
+        )
+    ended = run_target(
+        kind,
+        target,
+        args.passthrough,
+        args.store or default_store(name),
         overwrite=args.overwrite,
         cluster=args.cluster,
         cluster_options=cluster_options(args),
         options=collect_options(args),
     )
+    args.died_of = ended.signal
+    return ended.code

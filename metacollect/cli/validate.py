@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from metacollect.cli.progress import Progress
 from metacollect.errors import NotAStoreError, ValidationError
 
 
@@ -18,7 +19,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--quiet",
         "-q",
         action="store_true",
-        help="print nothing when the store is valid",
+        help="print nothing when the store is valid, and no progress",
     )
     return p
 
@@ -30,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.store) and "://" not in args.store:
         raise NotAStoreError(f"{args.store} does not exist; give the path of a metacollect store")
     open_run(args.store)  # clear errors for non-stores and newer schema versions
-    problems = validate_store(args.store)
+    with Progress(quiet=args.quiet) as progress:
+        problems = validate_store(args.store, progress=progress)
     if problems:
         for line in problems:
             print(line, file=sys.stderr)

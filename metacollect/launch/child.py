@@ -53,7 +53,9 @@ class Outcome:
     #: ``returned``, ``exit`` (``sys.exit``), ``exception``, ``signal``
     how: str = "returned"
     signal: str | None = None
-    #: ``Type: message`` of an uncaught exception
+    #: the type of an uncaught exception, as python names it (``ValueError``, ``pkg.MyError``)
+    exception_type: str | None = None
+    #: ``Type: message`` of an uncaught exception (``Type`` alone when the message is empty)
     exception: str | None = None
     traceback: str | None = None
     #: whether the script used dask.distributed at all (else steps 3-5 have nothing)
@@ -87,6 +89,7 @@ def _main_module(name: str, path: str, spec: Any = None) -> types.ModuleType:
         spec.loader if spec is not None else importlib.machinery.SourceFileLoader(name, path)
     )
     main.__package__ = spec.parent if spec is not None else None
+    main.__cached__ = spec.cached if spec is not None else None  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
     return main
 
@@ -157,9 +160,24 @@ def run(kind: str, target: str, args: list[str]) -> tuple[Outcome, BaseException
     except BaseException as e:
         e = _print_uncaught(e, filename)
         outcome.how, outcome.exit_code, pending = "exception", 1, e
-        outcome.exception = f"{type(e).__name__}: {e}"
+        outcome.exception_type, outcome.exception = _describe(e)
         outcome.traceback = "".join(traceback.format_exception(e))
     return outcome, pending
+
+
+def _describe(e: BaseException) -> tuple[str, str]:
+    """The type of ``e`` and its ``Type: message`` line, named as python's traceback names
+    them (``pkg.MyError``; builtins and the script's own classes unqualified; no colon
+    after an empty message)."""
+    t = type(e)
+    name = t.__qualname__
+    if t.__module__ not in ("builtins", "__main__"):
+        name = f"{t.__module__}.{name}"
+    try:
+        text = str(e)
+    except Exception:
+        text = "<exception str() failed>"
+    return name, f"{name}: {text}" if text else name
 
 
 def _exit_code(code: Any) -> int:

@@ -20,6 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import dask.config
@@ -85,6 +86,64 @@ CLUSTERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def find_module(name: str) -> Any:
+    """The spec of the module ``python -m NAME`` runs (a package's ``__main__``), found
+    from the working directory as python finds it, without importing anything (its
+    packages' ``__init__`` run in the script's process, not here); a UsageError that says
+    what is wrong when there is none."""
+    if os.path.isfile(name):
+        raise UsageError(f"{name} is a file, not a module: give it without -m (run {name})")
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise UsageError(f"{name!r} is not a module name; give one such as flow or pkg.flow")
+    saved = sys.path[:]
+    sys.path.insert(0, os.getcwd())  # python -m: the working directory comes first
+    try:
+        spec = _find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            package, spec = name, _find_spec(f"{name}.__main__")
+            if spec is None:
+                raise UsageError(
+                    f"{package} is a package without a __main__ module, which python -m "
+                    f"needs; give one of its modules (-m {package}.MODULE)"
+                )
+    finally:
+        sys.path[:] = saved
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        raise UsageError(
+            f"no module named {name} from {os.getcwd()}; give a module python -m can run "
+            "here (a .py file below this directory or installed)"
+        )
+    return spec
+
+
+def _find_spec(name: str) -> Any:
+    """What the import system would find for ``name``, its parent packages searched by
+    their ``__path__`` instead of imported."""
+    spec, path = None, None
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        if spec is not None:
+            if spec.submodule_search_locations is None:
+                return None  # a module, not a package: it has no submodules
+            path = list(spec.submodule_search_locations)
+        full = ".".join(parts[:i])
+        finders = (getattr(f, "find_spec", None) for f in sys.meta_path)
+        spec = next((s for find in finders if find and (s := find(full, path))), None)
+        if spec is None:
+            return None
+    return spec
+
+
+def read_module(name: str) -> tuple[str, str]:
+    """Path and source of the module ``python -m NAME`` runs, or a UsageError."""
+    spec = find_module(name)
+    try:
+        source = spec.loader.get_source(spec.name) if spec.loader else None
+    except (ImportError, OSError, UnicodeDecodeError):
+        source = None
+    return spec.origin, source or ""
+
+
 def read_script(script: str) -> tuple[str, str]:
     """Absolute path and source of a script, or a UsageError that says what is wrong."""
     path = os.path.abspath(script)
@@ -115,8 +174,31 @@ def write_script(writer: StoreWriter, path: str, source: str, argv: list[str]) -
     )
 
 
+@dataclass
+class Ended:
+    """How the script's process ended."""
+
+    #: its exit code (``128 + n`` when signal n ended it)
+    code: int
+    #: the signal that ended it, if one did
+    signal: int | None = None
+
+
 def run_script(
     script: str,
+    args: list[str],
+    store: str,
+    **kwargs: Any,
+) -> int:
+    """Run ``script`` as ``__main__`` with ``args`` and collect it into ``store`` (see
+    :func:`run_target`); returns the script's exit code (``128 + n`` when a signal n ended
+    it)."""
+    return run_target("path", script, args, store, **kwargs).code
+
+
+def run_target(
+    kind: str,
+    target: str,
     args: list[str],
     store: str,
     *,
@@ -125,15 +207,15 @@ def run_script(
     cluster_options: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
     echo: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
-) -> int:
-    """Run ``script`` as ``__main__`` with ``args`` and collect it into ``store``.
+) -> Ended:
+    """Run a script (``kind`` ``path``: ``python SCRIPT``) or a module (``module``:
+    ``python -m MODULE``) as ``__main__`` with ``args`` and collect it into ``store``.
 
-    The script runs in a child process (:mod:`metacollect.launch.child`) that ends every
-    collection once the script's main code is done, however it ends; this process then seals
-    the store. Returns the script's exit code (``128 + n`` when a signal n ended it). The
-    store's status says how the run ended (:func:`run_status`).
+    It runs in a child process (:mod:`metacollect.launch.child`) that ends every collection
+    once the script's main code is done, however it ends; this process then seals the
+    store. The store's status says how the run ended (:func:`run_status`).
     """
-    path, source = read_script(script)
+    path, source = read_script(target) if kind == "path" else read_module(target)
     if cluster is not None and cluster not in CLUSTERS:
         raise UsageError(
             f"unknown --cluster {cluster!r}; choose one of {', '.join(sorted(CLUSTERS))}"
@@ -152,16 +234,17 @@ def run_script(
         )
         write_script(launch.writer, path, source, args)
         launch.writer.flush()
-    echo(f"metacollect: running {script} (store {store})")
+    shown = target if kind == "path" else f"-m {target}"
+    echo(f"metacollect: running {shown} (store {store})")
     started = time.time()
-    code, outcome = run_child("path", script, args, launch.env)
+    code, outcome, signum = run_child(kind, target, args, launch.env)
     status, missing = launch.finish(
         outcome, code, outcome_attrs(outcome, code, time.time() - started)
     )
     echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
     for reason in missing:
         echo(f"metacollect: missing from the record: {reason}")
-    return code
+    return Ended(code, signum)
 
 
 class AttachedLaunch:
@@ -228,10 +311,10 @@ class ClusterLaunch:
 
 def run_child(
     kind: str, target: str, args: list[str], env: dict[str, str]
-) -> tuple[int, Outcome | None]:
+) -> tuple[int, Outcome | None, int | None]:
     """Run the script in its own process (``kind``: ``path`` or ``module``); return its exit
-    code (``128 + n`` for a death by signal n) and how it ended (``None``: the process died
-    before it could say, e.g. SIGKILL).
+    code (``128 + n`` for a death by signal n), how it ended (``None``: the process died
+    before it could say, e.g. SIGKILL) and the signal its process died of, if it did.
 
     Ctrl-C reaches the script's process directly (the terminal signals the whole foreground
     process group), so this process ignores SIGINT while it waits; a SIGTERM sent to this
@@ -252,7 +335,7 @@ def run_child(
         if os.path.exists(outcome_path):
             with open(outcome_path, encoding="utf-8") as f:
                 outcome = Outcome.from_dict(json.load(f))
-    return (128 - code if code < 0 else code), outcome
+    return (128 - code if code < 0 else code), outcome, (-code if code < 0 else None)
 
 
 def run_status(outcome: Outcome | None, code: int, store: str | None) -> tuple[str, list[str]]:
@@ -297,6 +380,7 @@ def outcome_attrs(outcome: Outcome | None, code: int, seconds: float) -> dict[st
     if outcome is not None:
         attrs["script_ended"] = outcome.how
         attrs["script_signal"] = outcome.signal
+        attrs["script_exception_type"] = outcome.exception_type  # kept whatever the switch
         attrs["script_exception"] = config.exception_text(outcome.exception)
         keep = config.get("capture.exception-text")
         attrs["script_traceback"] = config.exception_text(outcome.traceback) if keep else None

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_rgba_array
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
@@ -108,11 +109,26 @@ def bars(
     stop = np.asarray(stop, dtype=float)
     rows = np.asarray(rows, dtype=float)
     h = height / 2
-    verts = [
-        [(a, r - h), (b, r - h), (b, r + h), (a, r + h)]
-        for a, b, r in zip(start, stop, rows, strict=False)
-    ]
-    ax.add_collection(PolyCollection(verts, facecolors=colours, edgecolors=colours, linewidths=0.3))
+    # one (n, 4, 2) array: matplotlib's fast path (a list of lists costs 25 us a bar)
+    verts = np.stack(
+        [
+            np.column_stack([start, rows - h]),
+            np.column_stack([stop, rows - h]),
+            np.column_stack([stop, rows + h]),
+            np.column_stack([start, rows + h]),
+        ],
+        axis=1,
+    )
+    # each distinct colour converted once, not once per bar
+    index, names = pd.factorize(pd.Series(list(colours), dtype=object))
+    rgba = to_rgba_array(list(names))[index] if len(names) else np.zeros((0, 4))
+    polygons = PolyCollection(
+        verts,  # type: ignore[arg-type]  # an (n, 4, 2) array is what the fast path takes
+        facecolors=rgba,
+        edgecolors=rgba,
+        linewidths=0.3,
+    )
+    ax.add_collection(polygons)
     if len(start):
         ax.set_xlim(min(0.0, float(np.nanmin(start))), float(np.nanmax(stop)) * 1.02 + 1e-6)
 

@@ -163,11 +163,13 @@ def critical_path(run: Run, graph: int | None = None) -> Figure:
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[3, 1])
     bars(ax1, ts["t_start"], ts["t_stop"], ts["row"], ["#dddddd"] * len(ts))
     on = ts[
-        ts["key"].isin(set(cp["key"]))
+        ts["key"].isin(cp["key"])
         & ts["execution"].eq(ts.groupby("key")["execution"].transform("max"))
     ]
     bars(ax1, on["t_start"], on["t_stop"], on["row"], [color_of(p) for p in on["prefix"]])
-    rows = on.set_index("key").loc[[k for k in cp["key"] if k in set(on["key"])]]
+    # the path's tasks in path order (a set built once: linear in the path's length)
+    executed = set(on["key"])
+    rows = on.set_index("key").loc[[k for k in cp["key"] if k in executed]]
     ax1.plot((rows["t_start"] + rows["t_stop"]) / 2, rows["row"], "k-", lw=0.8)
     nrows = int(ts["row"].max()) + 1
     ax1.set_yticks(

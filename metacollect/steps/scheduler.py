@@ -45,6 +45,10 @@ logger = logging.getLogger(__name__)
 #: keep their own collector
 NAME = "metacollect-scheduler"
 
+#: the key a task outcome's transition kwargs carry its retries made under (see
+#: ``SchedulerCollector._count_retries``); never a name Dask passes
+RETRIES_MADE = "metacollect_retries_made"
+
 _now = time.time  # a global lookup, not an attribute lookup, on the transition hot path
 
 #: collectors started in this process and not yet finished, whether or not their scheduler
@@ -99,6 +103,9 @@ class SchedulerCollector(SchedulerPlugin):
         self.errors = ErrorRecorder(lambda: self.group, "scheduler")
         #: parts of flushes that failed to convert: their rows are missing from the store
         self.losses = 0
+        #: key -> the task's ``retries`` (Dask's retries *left*) when it first went to
+        #: processing; only tasks that may be retried, until their outcome or forgetting
+        self._retries_at_start: dict[Any, int] = {}
 
     # -- pickling: only the parameters travel ---------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -262,8 +269,13 @@ class SchedulerCollector(SchedulerPlugin):
         try:  # a try block is free in 3.11; a failure is recorded, never raised into Dask
             if finish == "processing":
                 ts = self._tasks.get(key)
-                if ts is not None and ts.processing_on is not None:
-                    kwargs = ts.processing_on.address  # type: ignore[assignment]  # a str: no dict
+                if ts is not None:
+                    if ts.retries and key not in self._retries_at_start:
+                        self._retries_at_start[key] = ts.retries
+                    if ts.processing_on is not None:
+                        kwargs = ts.processing_on.address  # type: ignore[assignment]  # a str
+            elif self._retries_at_start:  # some task may be retried: count its retries
+                self._count_retries(key, start, finish, kwargs)
             now = _now()
             # one list per column: appending creates no new GC-tracked object (a row tuple per
             # transition would, and the cyclic GC it triggers costs more than the hook itself);
@@ -277,6 +289,17 @@ class SchedulerCollector(SchedulerPlugin):
             add_time(now)
         except Exception as e:
             self._on_error("transition", e)
+
+    def _count_retries(self, key: Any, start: str, finish: str, kwargs: dict[str, Any]) -> None:
+        """On a task's outcome, the retries Dask made before it (its ``retries`` annotation
+        minus the retries it has left), into the hook's own ``kwargs`` (a fresh dict)."""
+        if start == "processing" and finish in ("memory", "erred"):
+            first = self._retries_at_start.pop(key, None)
+            ts = self._tasks.get(key)
+            if first is not None and ts is not None:
+                kwargs[RETRIES_MADE] = first - ts.retries
+        elif finish == "forgotten":
+            self._retries_at_start.pop(key, None)
 
     def update_graph(
         self,
@@ -597,7 +620,7 @@ class SchedulerCollector(SchedulerPlugin):
             nbytes = kw.get("nbytes")
             cols["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
             cols["typename"].append(kw.get("typename"))
-            cols["retries"].append(ts.retries if ts is not None else -1)
+            cols["retries"].append(kw.get(RETRIES_MADE, 0))
             text = kw.get("exception_text") or ""
             cols["exception"].append(
                 config.exception_text(text, self._exception_text) if text else ""

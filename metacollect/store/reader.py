@@ -399,6 +399,10 @@ class StoreReader:
         Columns: cluster, key, execution, prefix, group, graph, span (the id of the Dask span
         the task belongs to, ``""`` for tasks submitted before the collection), state, worker,
         thread, start, stop, duration, nbytes, typename, retries, exception, time.
+
+        ``retries`` counts the retries Dask made before the outcome: 0 when the first attempt
+        succeeded (or failed for good), 2 for a task under ``retries=2`` that failed twice and
+        then succeeded. A failed attempt that Dask retried has no row of its own.
         """
         df = self._concat("scheduler", "tasks")
         df = df.sort_values(["time"], kind="stable", ignore_index=True)

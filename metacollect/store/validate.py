@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,14 +27,20 @@ _ATTR_TYPES: dict[str, tuple[type, ...]] = {
 _COMMON = ("kind", "step", "level", "category", "schema_version")
 
 
-def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -> list[str]:
+def validate_store(
+    path: str | os.PathLike[str],
+    schema: Schema | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[str]:
     """Problems of a store, one line each (empty: the store holds against the schema).
 
     Beyond the metadata (groups, attrs, variables, dtypes, dimensions) every array is decoded
     up to its table's committed rows, a slice at a time, and the tables are checked against
     each other: ``rows`` commit points, codes within their group's strings table, ids that
-    join (``joins`` in the schema), and a sealed store against its seal.
+    join (``joins`` in the schema), and a sealed store against its seal. ``progress`` is
+    called with what is being checked now (the CLI shows it on a terminal).
     """
+    say = progress or (lambda text: None)
     schema = schema or load_schema()
     try:
         root = zarrio.open_group(path, mode="r")
@@ -45,6 +52,7 @@ def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -
         whole=root.attrs.get("status") != "incomplete",
         targets=_join_targets(schema),
         root=root,
+        progress=say,
     )
     _check_group("", root, schema.groups["root"], schema, problems)
     from metacollect.store.reader import walk
@@ -52,6 +60,7 @@ def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -
     for path, member in walk(root, on_error=problems.append):
         if not zarrio.is_group(member):
             continue
+        say(f"validating {path}")
         owner = schema.table_owner(path)
         if owner is not None:
             _check_table(path, member, owner[1], state, problems)
@@ -61,6 +70,7 @@ def validate_store(path: str | os.PathLike[str], schema: Schema | None = None) -
             problems.append(f"{path}: group not described by the schema")
             continue
         _check_group(path, member, spec, schema, problems)
+    say("validating the codes and ids across tables")
     problems.extend(state.cross_problems())
     return problems
 
@@ -236,6 +246,8 @@ class _Facts:
     strings: dict[str, str] = field(default_factory=dict)
     root: Any = None
     _text_of: dict[str, np.ndarray] = field(default_factory=dict)
+    #: told which rows of a large table are being decoded
+    progress: Callable[[str], None] = lambda text: None
 
     def decode(
         self,
@@ -257,6 +269,8 @@ class _Facts:
         step = max(1, SLICE_ROWS // chunk) * chunk
         todo = dict(arrays)
         for start in range(0, n, step):
+            if n > step:
+                self.progress(f"validating {table}: rows {start:,} of {n:,}")
             found = zarrio.read_slices(list(todo.values()), start, min(n, start + step))
             for var, data in zip(list(todo), found, strict=True):
                 if isinstance(data, StoreError):

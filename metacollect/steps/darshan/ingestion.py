@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +92,7 @@ def ingest(
     writer: StoreWriter | None = None,
     timeout: float = 120.0,
     echo: Any = None,
+    progress: Callable[[str], None] | None = None,
 ) -> IngestResult:
     """Ingest every Darshan log below ``log_dir`` into the store.
 
@@ -116,7 +117,10 @@ def ingest(
     timeout
         Seconds reading a single log may take.
     echo
-        Called with a progress line now and then (the CLI prints them).
+        Called with what was found and, at the end, what became of it (the CLI prints them).
+    progress
+        Called with what is being done now (the CLI shows it on a terminal); without it,
+        ``echo`` is told once how many logs are read.
 
     Returns
     -------
@@ -138,11 +142,15 @@ def ingest(
     run = _Ingestion(writer, _darshan_attrs(store, log_dir), known, groups, len(logs))
     run.skip_ingested(lg for lg in logs if lg.path in already)
     todo = [lg for lg in logs if lg.path not in already]
-    if echo and todo:
-        echo(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
-    read = read_logs([lg.path for lg in todo], timeout=timeout)
+    say = progress or echo
+    if say and todo:
+        say(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
+    read = read_logs([lg.path for lg in todo], timeout=timeout, progress=progress)
     # final logs first: a worker's own group takes its complete log over an mmap copy
-    for i in sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path)):
+    order = sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path))
+    for n, i in enumerate(order):
+        if progress:
+            progress(f"writing Darshan log {n + 1} of {len(todo)}: {todo[i].path}")
         run.add(todo[i], read[i])
     run.finish()
     writer.flush()

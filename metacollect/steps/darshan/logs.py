@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,7 +167,10 @@ def _signal_name(code: int) -> str:
 
 
 def read_logs(
-    paths: Sequence[str], timeout: float = 120.0, workers: int | None = None
+    paths: Sequence[str],
+    timeout: float = 120.0,
+    workers: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[ReadResult]:
     """Read Darshan logs with pydarshan in child processes, so that a log that crashes
     libdarshan-util (truncated logs do: segfaults, failed asserts) costs only that log.
@@ -180,6 +183,8 @@ def read_logs(
         Seconds a single log may take.
     workers
         Child processes reading in parallel (default: up to 4).
+    progress
+        Told now and then how many logs have been read.
 
     Returns
     -------
@@ -205,7 +210,11 @@ def read_logs(
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive():
+                t.join(0.2)
+                if progress:  # each log read is one file the reader wrote
+                    read = sum(name.endswith(".npz") for name in os.listdir(out_dir))
+                    progress(f"reading Darshan logs: {read} of {len(paths)}")
     return results
 
 
