@@ -207,6 +207,13 @@ class _Ingestion:
     def add(self, lg: LogFile, res: ReadResult) -> None:
         """One log read by the child process: into its process group, or a row saying why
         not."""
+        if res.error is not None and lg.kind == "mmap" and not os.path.exists(lg.path):
+            # Darshan removes a process's mmap log once its final log is written: the
+            # process exited between the listing and the reading (ingest again for it)
+            reason = "gone before it was read: its process wrote its final log meanwhile"
+            self.row(lg, lg.host, "", "", "skipped", reason, 0, res.seconds)
+            self.result.skipped += 1
+            return
         if res.error is not None:
             self._unreadable(lg, res)
             return
