@@ -190,7 +190,7 @@ def _check_record_whole(live) -> None:
     assert set(logs["kind"]) == {"final"}  # every process's log was complete when read
     workers = logs[logs["role"] == "worker"]
     assert len(workers) == 2
-    assert live["seconds"] < 30
+    assert live["seconds"] < 55  # no shutdown-timeout (60 s) was waited out
     assert validate_store(live["store"]) == []
 
 

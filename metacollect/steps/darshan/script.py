@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import metacollect.config as config
 from metacollect.steps.darshan.capture import wait_processes_gone
 from metacollect.steps.darshan.environment import darshan_environment
-from metacollect.steps.darshan.ingestion import darshan_group_attrs, ingest
+from metacollect.steps.darshan.ingestion import darshan_group_attrs, ingest, missing_worker_logs
 from metacollect.steps.darshan.logs import LogFile, find_logs
-from metacollect.steps.darshan.matching import known_processes
 from metacollect.steps.darshan.runtime import DarshanNotFoundError, default_log_dir, find_library
-from metacollect.store.zarrio import open_group
 
 if TYPE_CHECKING:
     from metacollect.store.writer import StoreWriter
@@ -76,31 +74,6 @@ def await_logs(log_dir: str, timeout: float, host: str | None = None) -> list[in
     final = {lg.pid for lg in logs if lg.kind == "final"}
     running = {lg.pid for lg in logs if lg.kind == "mmap" and lg.pid not in final}
     return wait_processes_gone(sorted(p for p in running if p is not None), timeout)
-
-
-def missing_worker_logs(store: str, alive: Sequence[int] = ()) -> list[str]:
-    """What the store lacks of each worker process of the run, from its ``process``
-    group: none (no Darshan log: never under Darshan, or its log lost), or partial (an
-    mmap log of a killed process, a process still running at ingestion, records dropped
-    by Darshan - the group's ``partial_reason`` says which)."""
-    known, groups = known_processes(store)
-    root = open_group(store, mode="r")
-    problems = []
-    for k in known:
-        if k.role != "worker" or not k.group:
-            continue
-        who = f"darshan: worker {k.worker} (host {k.host}, pid {k.pid})"
-        path = f"{k.group}/process"
-        if path not in groups:
-            problems.append(f"{who} has no Darshan log: its I/O is not in the store")
-            continue
-        attrs = dict(root[path].attrs)
-        if attrs.get("partial"):
-            still = " (it was still running when the logs were read)" if k.pid in alive else ""
-            problems.append(
-                f"{who}: its Darshan record is partial{still}: {attrs.get('partial_reason')}"
-            )
-    return problems
 
 
 def finish_script(store: str, writer: StoreWriter, echo: Callable[[str], None]) -> list[str]:
