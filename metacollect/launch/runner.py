@@ -257,20 +257,28 @@ class AttachedLaunch:
         init_root(self.writer, uuid.uuid4().hex)
         write_job(self.writer, JobInfo.capture("run", cluster_type="script"))
         self.env = {**os.environ, **attach_environment(store, opts)}
+        self.darshan = False
         if opts["darshan"]["enabled"]:  # every process the script starts runs under Darshan
-            self.env.update(_darshan_environment(store, self.writer, echo))
+            from metacollect.steps.darshan.script import script_environment
+
+            darshan_env = script_environment(store, self.writer, echo)
+            self.env.update(darshan_env)
+            self.darshan = bool(darshan_env)
 
     def finish(
         self, outcome: Outcome | None, code: int, attrs: dict[str, Any]
     ) -> tuple[str, list[str]]:
-        """Ingest Darshan's logs (the processes have exited), then seal the store."""
-        if self.opts["darshan"]["enabled"]:
-            from metacollect.steps import darshan
+        """Ingest Darshan's logs once every process under Darshan has exited (the
+        script's children may outlive it), then seal the store."""
+        problems: list[str] = []
+        if self.darshan:
+            from metacollect.steps.darshan.script import finish_script
 
-            log_dir = darshan.default_log_dir(self.store)
-            darshan.ingest(self.store, log_dir, writer=self.writer, echo=self.echo)
-            self.writer.flush()
-        status, missing = run_status(outcome, code, self.store)
+            try:
+                problems = finish_script(self.store, self.writer, self.echo)
+            except Exception as e:  # the run's record is sealed all the same
+                problems = [f"ingest darshan logs: {type(e).__name__}: {e}"]
+        status, missing = run_status(outcome, code, self.store, problems)
         finalize(self.store, status, missing=missing, **attrs)
         return status, missing
 
@@ -338,7 +346,9 @@ def run_child(
     return (128 - code if code < 0 else code), outcome, (-code if code < 0 else None)
 
 
-def run_status(outcome: Outcome | None, code: int, store: str | None) -> tuple[str, list[str]]:
+def run_status(
+    outcome: Outcome | None, code: int, store: str | None, problems: list[str] | None = None
+) -> tuple[str, list[str]]:
     """The run's status and what its record is missing, and why.
 
     ``complete``: everything up to the script's end is recorded and the script exited 0;
@@ -346,7 +356,7 @@ def run_status(outcome: Outcome | None, code: int, store: str | None) -> tuple[s
     (Ctrl-C, SIGTERM) ended the script, and the record holds everything up to then;
     ``incomplete``: something is missing, and ``missing`` says what.
     """
-    missing: list[str] = []
+    missing: list[str] = list(problems or [])
     if outcome is None:
         missing.append(
             f"the script's process died (exit code {code}) before it could end its "
@@ -386,17 +396,3 @@ def outcome_attrs(outcome: Outcome | None, code: int, seconds: float) -> dict[st
         attrs["script_traceback"] = config.exception_text(outcome.traceback) if keep else None
         attrs["ended_by"] = outcome.ended
     return attrs
-
-
-def _darshan_environment(
-    store: str, writer: StoreWriter, echo: Callable[[str], None]
-) -> dict[str, str]:
-    """Darshan's environment for the script, or nothing (recorded) when no runtime is found."""
-    from metacollect.steps import darshan
-
-    try:
-        return darshan.darshan_environment(store)
-    except darshan.DarshanNotFoundError as e:
-        echo(f"metacollect: {e}; collecting without Darshan")
-        writer.group("job").record_error("darshan", str(e))
-        return {}

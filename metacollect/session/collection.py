@@ -310,7 +310,8 @@ class Collection:
         darshan = self.darshan
         if darshan is not None:  # step 5: the workers' Darshan logs, now that they have exited
             try:
-                darshan.ingest()
+                ingested = darshan.ingest()
+                problems += ingested.problems if ingested is not None else []
             except Exception as e:  # unreadable logs are recorded by ingest; this is worse
                 problems.append(f"ingest darshan logs: {type(e).__name__}: {e}")
                 logger.warning("metacollect: ingesting the Darshan logs failed: %s", e)

@@ -139,6 +139,8 @@ class WorkerCollector(WorkerPlugin):
         self.cycles = (
             dask_profile.ProfileCycles(worker) if config.get("capture.dask-profile") else None
         )
+        if config.get("darshan.enabled"):  # step 5, Darshan: place its clock on ours
+            _darshan_clock_mark()
         self.profile = None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
         if config.get("yappi.enabled"):
             from metacollect.steps import yappi
@@ -403,3 +405,17 @@ class WorkerCollector(WorkerPlugin):
 
     def _on_error(self, where: str, exc: BaseException | str) -> None:
         self.errors(where, exc)
+
+
+def _darshan_clock_mark() -> None:
+    """The timed write that places this process's Darshan times on its clock
+    (:func:`metacollect.steps.darshan.clock.clock_mark`), when it runs under Darshan:
+    under ``metacollect run --darshan`` no session makes it for the workers."""
+    from metacollect.steps.darshan.clock import clock_mark
+    from metacollect.steps.darshan.environment import has_darshan
+
+    if has_darshan(os.environ):
+        try:
+            clock_mark()
+        except OSError as e:  # the times fall back to the job start, which says so
+            logger.warning("metacollect: Darshan clock mark failed: %s", e)

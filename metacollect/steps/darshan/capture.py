@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 import metacollect.config as config
 from metacollect.errors import ConfigError
 from metacollect.steps.darshan.clock import clock_mark
-from metacollect.steps.darshan.ingestion import IngestResult, darshan_group_attrs, ingest
+from metacollect.steps.darshan.ingestion import (
+    IngestResult,
+    darshan_group_attrs,
+    ingest,
+    missing_worker_logs,
+)
 from metacollect.steps.darshan.nanny import (
     PLUGIN_NAME,
     DarshanEnviron,
@@ -309,6 +314,10 @@ class DarshanCapture:
         for directory in self.log_dirs:
             if os.path.isdir(directory):
                 result.merge(ingest(self.store, directory, writer=self.writer))
+        # what the record lacks of each worker's I/O (killed: a partial mmap log)
+        result.problems += missing_worker_logs(self.store)
+        self._darshan_group().set_attrs(missing_logs=result.problems)
+        self.writer.flush()
         return result
 
 

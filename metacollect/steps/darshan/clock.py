@@ -26,14 +26,19 @@ MARK_PREFIX = "clock-mark-"
 def clock_mark() -> dict[str, Any] | None:
     """In a worker under Darshan: one timed 1-byte write to
     ``<its log dir>/clock-mark-<pid>.json``, then the epoch times around it as JSON in
-    the same file (``client.run(clock_mark)``)."""
+    the same file (``client.run(clock_mark)``, or the worker collector as it starts).
+    Once per process: ``None`` when the mark is there already, or there is no log
+    directory."""
     from metacollect.steps.darshan.environment import log_dir_of
 
     directory = log_dir_of(os.environ)
     if not directory or not os.path.isdir(directory):
         return None
     path = os.path.join(directory, f"{MARK_PREFIX}{os.getpid()}.json")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:  # once per process: a second write would move Darshan's first write time
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return None
     try:
         before = time.time()
         os.write(fd, b"\n")

@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +81,7 @@ def darshan_group_attrs(
         "environment": {},
         "config_file": None,
         "delivery": "none",
+        "missing_logs": [],
     }
 
 
@@ -165,6 +166,31 @@ def ingest(
     return result
 
 
+def missing_worker_logs(store: str, alive: Sequence[int] = ()) -> list[str]:
+    """What the store lacks of each worker process of the run, from its ``process``
+    group: none (no Darshan log: never under Darshan, or its log lost), or partial (an
+    mmap log of a killed process, a process still running at ingestion, records dropped
+    by Darshan - the group's ``partial_reason`` says which)."""
+    known, groups = known_processes(store)
+    root = open_group(store, mode="r")
+    problems = []
+    for k in known:
+        if k.role != "worker" or not k.group:
+            continue
+        who = f"darshan: worker {k.worker} (host {k.host}, pid {k.pid})"
+        path = f"{k.group}/process"
+        if path not in groups:
+            problems.append(f"{who} has no Darshan log: its I/O is not in the store")
+            continue
+        attrs = dict(root[path].attrs)
+        if attrs.get("partial"):
+            still = " (it was still running when the logs were read)" if k.pid in alive else ""
+            problems.append(
+                f"{who}: its Darshan record is partial{still}: {attrs.get('partial_reason')}"
+            )
+    return problems
+
+
 class _Ingestion:
     """One ingestion under way: the groups taken, the ``darshan/logs`` rows, the counts."""
 
@@ -199,6 +225,17 @@ class _Ingestion:
     ) -> None:
         """Add a log's row to ``darshan/logs``."""
         pid = lg.pid if lg.pid is not None else -1
+        if lg.apparent_size > lg.size >= 0:  # a sparse mmap log: say why size is less
+            reason = "; ".join(
+                r
+                for r in (
+                    reason,
+                    f"size is the {lg.size} B the log holds on disk; its apparent size, "
+                    f"{lg.apparent_size} B, is Darshan's whole record mapping (MODMEM + "
+                    "NAMEMEM), mostly holes",
+                )
+                if r
+            )
         values = (
             *(time.time(), lg.path, host, pid, lg.jobid, lg.kind, role, group, status),
             *(reason, lg.size, records, seconds),
@@ -215,6 +252,13 @@ class _Ingestion:
     def add(self, lg: LogFile, res: ReadResult) -> None:
         """One log read by the child process: into its process group, or a row saying why
         not."""
+        if res.error is not None and lg.kind == "mmap" and not os.path.exists(lg.path):
+            # Darshan removes a process's mmap log once its final log is written: the
+            # process exited between the listing and the reading (ingest again for it)
+            reason = "gone before it was read: its process wrote its final log meanwhile"
+            self.row(lg, lg.host, "", "", "skipped", reason, 0, res.seconds)
+            self.result.skipped += 1
+            return
         if res.error is not None:
             self._unreadable(lg, res)
             return

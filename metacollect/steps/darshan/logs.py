@@ -40,8 +40,12 @@ class LogFile:
     pid: int | None
     jobid: int
     exe: str
+    #: bytes the log holds on disk (for a sparse mmap log, less than its apparent size)
     size: int
     pid_source: str = "name"
+    #: the file's apparent size (``st_size``): an mmap log's is Darshan's whole mapping,
+    #: MODMEM + NAMEMEM (80 MiB by default), mostly holes
+    apparent_size: int = -1
 
     @property
     def label(self) -> str:
@@ -117,9 +121,13 @@ def _host_dir(root: str, dirpath: str) -> str | None:
 def _log_file(path: str, info: Mapping[str, Any], host: str | None) -> LogFile:
     """A log found at ``path``, with what its name says (:func:`parse_log_name`)."""
     try:
-        size = os.path.getsize(path)
+        st = os.stat(path)
+        apparent = st.st_size
+        # an mmap log is a sparse file the size of Darshan's mapping: what it holds is
+        # what is allocated (never more than the apparent size)
+        size = min(apparent, st.st_blocks * 512) if info["kind"] == "mmap" else apparent
     except OSError:
-        size = -1
+        size = apparent = -1
     return LogFile(
         path=path,
         kind=info["kind"],
@@ -129,6 +137,7 @@ def _log_file(path: str, info: Mapping[str, Any], host: str | None) -> LogFile:
         exe=info["exe"],
         size=size,
         pid_source=info["pid_source"],
+        apparent_size=apparent,
     )
 
 

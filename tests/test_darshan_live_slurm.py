@@ -1,0 +1,107 @@
+"""Workers on Slurm jobs (dask-jobqueue) under the REAL Darshan runtime.
+
+``jobqueue_cluster("slurm", darshan_store=store)`` puts Darshan's environment in the job
+script prologue, so the workers start under it; ``collect`` retires them with their
+jobs (Darshan writes a log at process exit) and ingests the logs. Ground truth, recorded
+here: ``os.path.getsize`` of every file the tasks write and the exact bytes they read.
+Needs the single-node Slurm of ``.ci/slurm-up`` (marker ``slurm``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import cloudpickle
+import dask.config
+import numpy as np
+import pytest
+from distributed import Client
+
+from metacollect import collect, open_run
+from metacollect.launch.batch import jobqueue_cluster
+from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
+from tests.test_jobqueue import KW, require_slurm, squeue_ids
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write_npy(path: str, n: int) -> int:
+    np.save(path, np.arange(n, dtype=np.float64))
+    return os.getpid()
+
+
+def write_open(path: str, n: int) -> int:
+    with open(path, "wb") as f:
+        f.write(os.urandom(n))
+    return os.getpid()
+
+
+def read_open(path: str) -> int:
+    with open(path, "rb") as f:
+        return len(f.read())
+
+
+@pytest.mark.slurm
+def test_slurm_workers_under_darshan_are_byte_exact(darshan_library, tmp_path):  # noqa: F811
+    require_slurm()
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "in.bin").write_bytes(os.urandom(54_321))
+    store = str(tmp_path / "run.zarr")
+    t0 = time.perf_counter()
+    with (
+        dask.config.set(
+            {"metacollect.darshan.enabled": True, "metacollect.darshan.library": darshan_library}
+        ),
+        jobqueue_cluster(
+            "slurm",
+            darshan_store=store,
+            log_directory=str(tmp_path / "logs"),
+            # the tasks are this module's functions, pickled by reference (plain pickle
+            # first): the job's workers import it, as a user's workers import their code
+            job_script_prologue=[f"export PYTHONPATH={HERE}${{PYTHONPATH:+:$PYTHONPATH}}"],
+            **KW,
+        ) as cluster,
+    ):
+        cluster.scale(jobs=2)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            ids = {str(j.job_id) for j in cluster.workers.values()}
+            a, b = sorted(client.scheduler_info()["workers"])
+            with collect(client, store, flush_interval="0.5s"):
+                futs = [
+                    client.submit(write_open, str(data / "a.bin"), 250_001, workers=[a]),
+                    client.submit(write_npy, str(data / "b.npy"), 12_345, workers=[b]),
+                ]
+                pids = client.gather(futs)
+                got = client.submit(read_open, str(data / "in.bin"), workers=[a]).result()
+                assert got == 54_321
+                # results held by the client keep their workers from retiring (the jobs
+                # would not end): release them, as a script done with them does
+                del futs
+            assert ids.isdisjoint(squeue_ids())  # the jobs ended: their logs are written
+    seconds = time.perf_counter() - t0
+    sizes = {str(data / n): os.path.getsize(data / n) for n in ("a.bin", "b.npy")}
+    run = open_run(store)
+    assert run.attrs["status"] == "complete", run.attrs.get("missing")
+    assert run.groups["darshan"]["missing_logs"] == []
+    logs = run.table("darshan", "logs")
+    workers = logs[logs["role"] == "worker"]
+    assert len(workers) == 2 and set(workers["kind"]) == {"final"}
+    assert set(workers["pid"]) == set(pids)
+    io = run.io()
+    mine = io[io["file"].astype(str).str.startswith(str(data))]
+    assert mine["process"].str.contains("/workers/").all()
+    per_file = mine.groupby("file")[["bytes_written", "bytes_read"]].sum()
+    for path, size in sizes.items():
+        assert per_file.loc[path, "bytes_written"] == size, path
+    assert per_file.loc[str(data / "in.bin"), "bytes_read"] == 54_321
+    assert per_file.loc[str(data / "in.bin"), "bytes_written"] == 0
+    assert set(per_file.index) == {*sizes, str(data / "in.bin")}
+    # per worker: one file each written, on the worker that ran the task
+    by_proc = mine.groupby("process")["bytes_written"].sum()
+    assert sorted(by_proc) == sorted(sizes.values())
+    assert seconds < 60
