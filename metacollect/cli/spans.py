@@ -63,8 +63,7 @@ def lines(store: str, top: int = 3) -> list[str]:
     cols = [
         c
         for c in _COLUMNS
-        if c[0] in summary
-        and (c[0] not in optional or (summary[c[0]].fillna(0) != 0).any())
+        if c[0] in summary and (c[0] not in optional or (summary[c[0]].fillna(0) != 0).any())
     ]
     out = ["span".ljust(width) + "".join(f"{h:>12}" for _, h, _ in cols)]
     for name, (_, row) in zip(names, summary.iterrows(), strict=True):

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dask.utils import key_split
@@ -649,7 +649,7 @@ class SchedulerCollector(SchedulerPlugin):
         self.errors(where, exc)
 
 
-def _reply_error(reply: dict[str, Any]) -> str:
+def _reply_error(reply: Mapping[str, Any]) -> str:
     """A worker's error reply as text (its ``exception`` is a Serialized object)."""
     return str(reply.get("exception_text") or reply.get("exception"))
 
