@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dask.array as da
+import numpy as np
 from reference import wait_idle
 
 from metacollect import collect, open_run
@@ -35,6 +36,11 @@ def test_worker_groups_hold_their_executions(client, store):
     metrics = run.worker_table("metrics")
     assert metrics.groupby("worker_group").size().min() >= 2
     assert metrics.memory.gt(0).all()
+    # one clock: the timeline on Dask's clock is the worker's plus the offset it had then
+    timeline = run.worker_metrics()
+    assert timeline.clock_delay.notna().all() and timeline.clock_delay.abs().lt(1).all()
+    assert np.allclose(timeline.time - timeline.worker_time, timeline.clock_delay, atol=1e-9)
+    assert timeline.time.min() <= wt.stop.max() <= timeline.time.max() + 1
     wtr = run.worker_table("transitions")
     assert {"executing", "memory"} <= set(wtr.finish)
     for _path, attrs in run.worker_groups().items():

@@ -37,7 +37,7 @@ _RUNNING = frozenset({"executing", "long-running"})
 _TASKS = ("key", "state", "thread", "start", "stop", "nbytes", "typename", "clock_delay")
 _METRICS = (
     "time", "cpu", "memory", "managed", "spilled", "unmanaged", "read_bytes", "write_bytes",
-    "disk_read", "disk_write", "executing", "ready", "in_memory",
+    "disk_read", "disk_write", "executing", "ready", "in_memory", "clock_delay",
 )  # fmt: skip
 _TRANSFERS = ("direction", "peer", "start", "stop", "n_keys", "keys", "total", "compressed")
 
@@ -249,6 +249,9 @@ class WorkerCollector(WorkerPlugin):
                     len(w.state.executing),
                     len(w.state.ready),
                     len(w.data),
+                    # the offset of this worker's clock to Dask's at the sample (heartbeats
+                    # move it): monitor times are the worker's own, task times Dask's
+                    float(getattr(w, "scheduler_delay", 0.0) or 0.0),
                 )
             )
             self._transfers()

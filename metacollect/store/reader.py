@@ -310,6 +310,18 @@ class StoreReader:
         """A step-4 table (tasks, startstops, transitions, transfers, metrics) of every worker."""
         return self._concat("worker", table)
 
+    def worker_metrics(self) -> pd.DataFrame:
+        """Each worker's resource timeline (CPU, memory, spilled, network and disk rates) with
+        ``time`` on Dask's clock - the scheduler's, on which task and transition times are -
+        and ``worker_time`` the worker's own: they differ by the worker's ``clock_delay``
+        (distributed's ``scheduler_delay``, re-estimated at every heartbeat)."""
+        df = self.worker_table("metrics")
+        if "clock_delay" not in df:  # stores written before the offset was recorded
+            df["clock_delay"] = 0.0
+        df.insert(df.columns.get_loc("time") + 1, "worker_time", df["time"])
+        df["time"] = df["worker_time"] + df["clock_delay"].fillna(0.0)
+        return df
+
     def errors(self) -> pd.DataFrame:
         """Every collector failure recorded in the store, with the group it belongs to."""
         frames = []
