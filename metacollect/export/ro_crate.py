@@ -110,6 +110,12 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
     from rocrate.rocrate import ROCrate
 
     target = check_target(directory)
+    remote = "://" in str(run.path)
+    if remote and copy_store:
+        raise UsageError(
+            f"cannot copy the store {run.path} into the RO-Crate: it is not a local directory; "
+            "pass --reference-store (copy_store=False) to reference it by its URL"
+        )
     attrs = dict(run.attrs)
     job = _attrs(run, "job")
     script = _attrs(run, "script")
@@ -174,8 +180,6 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
         "description": "The run's profile: one Zarr v3 store, organised by metacollect's "
         "metadata map (job, client, scheduler, worker levels). Open it with "
         "metacollect.open_run or xarray.open_datatree(path, engine='zarr').",
-        "encodingFormat": "application/x-zarr",
-        "conformsTo": {"@id": "https://zarr-specs.readthedocs.io/en/latest/v3/core/v3.0.html"},
         "about": {"@id": action.id},
         "identifier": run_id,
     }
@@ -187,7 +191,7 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
         store = crate.add(
             ContextEntity(
                 crate,
-                _file_uri(str(run.path)) + "/",
+                str(run.path).rstrip("/") + "/" if remote else _file_uri(str(run.path)) + "/",
                 properties={"@type": "Dataset", **store_props},
             )
         )
