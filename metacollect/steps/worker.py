@@ -114,8 +114,13 @@ class WorkerCollector(WorkerPlugin):
         #: Worker.scheduler_delay when each running task started (heartbeats change it)
         self._delays: dict[Any, float] = {}
         self._samples: list[tuple[Any, ...]] = []
-        self._last_in: Any = None
-        self._last_out: Any = None
+        # the transfer logs outlive a session: entries from before this one are not its own
+        self._last_in: Any = (
+            worker.transfer_incoming_log[-1] if worker.transfer_incoming_log else None
+        )
+        self._last_out: Any = (
+            worker.transfer_outgoing_log[-1] if worker.transfer_outgoing_log else None
+        )
         attrs = {
             "address": worker.address,
             "name": str(worker.name),
