@@ -80,6 +80,9 @@ print(f"{len(tasks)} tasks in {window:.2f} s on {threads} threads: "
       f"{busy:.2f} thread-seconds of compute = {busy / (threads * window):.0%} of the thread time")
 per_worker = tasks.groupby("worker").agg(tasks=("key", "size"), busy=("duration", "sum"))
 per_worker["busy_fraction"] = per_worker.busy / (window * run.workers().groupby("address").nthreads.max())
+print(f"balance: the busiest worker ran {per_worker.busy.max() / busy:.0%} of the compute seconds, "
+      f"its threads busy {per_worker.busy_fraction.max():.0%} of the window against "
+      f"{per_worker.busy_fraction.min():.0%} for the least busy")
 per_worker""",
         ),
         ("code", "plot.task_stream(run)"),
