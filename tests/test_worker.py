@@ -38,7 +38,7 @@ def test_worker_groups_hold_their_executions(client, store):
     assert metrics.memory.gt(0).all()
     # one clock: the timeline on Dask's clock is the worker's plus the offset it had then
     timeline = run.worker_metrics()
-    assert timeline.clock_delay.notna().all() and timeline.clock_delay.abs().lt(1).all()
+    assert timeline.clock_delay.notna().all()  # its size is distributed's estimate (load)
     assert np.allclose(timeline.time - timeline.worker_time, timeline.clock_delay, atol=1e-9)
     assert timeline.time.min() <= wt.stop.max() <= timeline.time.max() + 1
     wtr = run.worker_table("transitions")
