@@ -150,7 +150,8 @@ def read_profile(
         return _empty(edges)
     out = pd.concat(frames, ignore_index=True)
     if task is not None:
-        out = out[out["key"].isin(matching_keys(task, tag_keys(run, worker), run.path))]
+        known, per_prefix = tag_keys(run, worker)
+        out = out[out["key"].isin(matching_keys(task, known, run.path, per_prefix))]
     if thread is not None:
         out = out[out["thread"] == int(thread)]
     return _ordered(out, edges)
@@ -169,12 +170,15 @@ def _ordered(df: pd.DataFrame, edges: bool) -> pd.DataFrame:
     )
 
 
-def tag_keys(run: Run, worker: str | None = None) -> set[str]:
-    """What the tags of the run's profiles stand for: task keys (or task prefixes)."""
+def tag_keys(run: Run, worker: str | None = None) -> tuple[set[str], bool]:
+    """What the tags of the run's profiles stand for: task keys (or task prefixes), and
+    whether some profile has a tag per task prefix."""
     keys: set[str] = set()
-    for tpath, _, _ in profile_groups(run, worker):
+    per_prefix = False
+    for tpath, _, attrs in profile_groups(run, worker):
         keys.update(str(k) for k in _table(run, tpath, "tags")["key"].dropna())
-    return keys
+        per_prefix |= attrs.get("tags") == "prefix"
+    return keys, per_prefix
 
 
 def _prefix(key: str) -> str:
@@ -187,14 +191,16 @@ def _prefix(key: str) -> str:
     return key_split(key)
 
 
-def matching_keys(task: Any, known: set[str], where: str = "the run") -> set[str]:
+def matching_keys(
+    task: Any, known: set[str], where: str = "the run", per_prefix: bool = False
+) -> set[str]:
     """The keys of ``known`` that ``task`` selects (``Run.profile(task=...)``).
 
     ``task`` is a task key, a task prefix (``"sum"`` selects ``('sum-ab12', 0)``, as
     ``dask.utils.key_split`` names it) or a shell-style glob matched on the key's text
     (``fnmatch``: ``"probe-*"``, ``"('sum-*', 1*)"``), or a list of those. Raises
     :class:`~metacollect.errors.StoreError` when it selects nothing, naming the prefixes
-    the profile has.
+    the profile has (``per_prefix``: its tags stand for prefixes, keys are not known).
     """
     from metacollect.errors import StoreError
 
@@ -211,9 +217,14 @@ def matching_keys(task: Any, known: set[str], where: str = "the run") -> set[str
     if not out:
         names = sorted(set(prefixes.values()))
         shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+        mode = (
+            " (a tag per task prefix: set metacollect.yappi.tasks: key to select keys)"
+            if per_prefix
+            else ""
+        )
         raise StoreError(
             f"profile(task={task!r}): no profiled task in {where} matches (a key, a task "
-            "prefix or a glob like 'sum-*'); "
+            f"prefix or a glob like 'sum-*'){mode}; "
             + (
                 f"prefixes profiled: {shown}"
                 if names
