@@ -259,6 +259,15 @@ def lanes(title: str, values: pd.Series, y_label: str) -> tuple[Any, dict[str, i
     return p, y
 
 
+def on_lanes(df: pd.DataFrame, lane: dict[str, int]) -> dict[str, np.ndarray]:
+    """The ``left``, ``right`` (epoch ms) and ``y`` (the worker's lane) of intervals."""
+    return {
+        "left": ms(df["start"]),
+        "right": ms(df["stop"]),
+        "y": np.array([lane[str(w)] for w in df["worker"]], dtype=np.int32),
+    }
+
+
 def worker_label(run: Any, df: pd.DataFrame) -> list[str]:
     """Worker address of each row of a step-4 table (by cluster and worker group)."""
     addr = worker_addresses(run)
@@ -706,9 +715,7 @@ def critical_path(ctx: Context) -> Layout:
     labels = ctx.label(s["prefix"])
     src = ColumnDataSource(
         {
-            "left": ms(s["start"]),
-            "right": ms(s["stop"]),
-            "y": np.array([y[str(w)] for w in s["worker"]], dtype=np.int32),
+            **on_lanes(s, y),
             "key": s["key"].astype(str).to_numpy(),
             "prefix": s["prefix"].astype(str).to_numpy(),
             "worker": s["worker"].astype(str).to_numpy(),
@@ -1132,9 +1139,7 @@ def io(ctx: Context) -> Layout:
         )
         src = ColumnDataSource(
             {
-                "left": ms(s["start"]),
-                "right": ms(s["stop"]),
-                "y": np.array([y[str(w)] for w in s["worker"]], dtype=np.int32),
+                **on_lanes(s, y),
                 "file": s["file"].astype(str).to_numpy(),
                 "op": s["op"].astype(str).to_numpy(),
                 "length": s["length"].to_numpy(float),
