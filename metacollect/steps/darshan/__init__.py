@@ -75,6 +75,7 @@ from metacollect.steps.darshan.environment import (
 from metacollect.steps.darshan.ingestion import (
     LOG_COLUMNS,
     IngestResult,
+    batch_job_ids,
     darshan_group_attrs,
     ingest,
 )
@@ -123,10 +124,12 @@ from metacollect.steps.darshan.runtime import (
     ROOT_VARIABLES,
     DarshanNotFoundError,
     Library,
+    RuntimeBuild,
     default_log_dir,
     find_library,
     host_log_dir,
     make_log_dir,
+    runtime_build,
     site_log_variables,
 )
 
@@ -155,7 +158,9 @@ __all__ = [
     "Library",
     "LogFile",
     "ReadResult",
+    "RuntimeBuild",
     "attribute_segments",
+    "batch_job_ids",
     "darshan_config_text",
     "darshan_environment",
     "darshan_group_attrs",
@@ -185,6 +190,7 @@ __all__ = [
     "read_io",
     "read_logs",
     "read_records",
+    "runtime_build",
     "site_log_variables",
     "start",
     "table_columns",

@@ -25,7 +25,13 @@ from metacollect.steps.darshan.nanny import (
     nanny_status,
     worker_identity,
 )
-from metacollect.steps.darshan.runtime import DarshanNotFoundError, default_log_dir, find_library
+from metacollect.steps.darshan.runtime import (
+    DarshanNotFoundError,
+    default_log_dir,
+    find_library,
+    preloaded_library,
+    runtime_build,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -90,7 +96,8 @@ class DarshanCapture:
         workers = self._workers()
         already = self._started_under_darshan(workers)
         if workers and len(already) == len(workers):
-            group.set_attrs(delivery="already", environment=next(iter(workers.values()))["env"])
+            env = next(iter(workers.values()))["env"]
+            group.set_attrs(delivery="already", environment=env, runtime=_runtime_of(env))
             self.active = True
         else:
             statuses = self._restart_workers(group, log_dir, already)
@@ -137,7 +144,9 @@ class DarshanCapture:
         except DarshanNotFoundError as e:
             self._fail("library", str(e))
             return None
-        group.set_attrs(library=lib.path, library_source=lib.source)
+        group.set_attrs(
+            library=lib.path, library_source=lib.source, runtime=runtime_build(lib.path).as_dict()
+        )
         try:
             plugin = DarshanEnviron(log_dir, lib.path, self.options, self.store, skip=already)
             self.client.register_plugin(plugin, name=PLUGIN_NAME)
@@ -279,16 +288,8 @@ class DarshanCapture:
         nanny = [a for a in darshan if info[a].get("nanny")]
         problems: list[str] = []
         if nanny:
-            scheduler: Any = self.client.scheduler
-            statuses = self.client.sync(
-                scheduler.restart_workers,
-                workers=nanny,
-                timeout=timeout,
-                wait_for_workers=False,
-                on_error="return",
-                stimulus_id=f"metacollect-darshan-{time.time()}",
-            )
-            bad = {a: s for a, s in (statuses or {}).items() if s != "OK"}
+            nannies = {a: info[a]["nanny"] for a in nanny}
+            bad = self.client.sync(_stop_through_nannies, self.client, nannies, timeout)
             if bad:
                 problems.append(f"darshan: restarting workers: {bad}")
         lone = [a for a in darshan if a not in nanny]
@@ -352,6 +353,38 @@ def _delivery(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
         }
     already = any(r.get("status") == "already" for r in rows)
     return {"delivery": "already" if already else "none"}
+
+
+async def _stop_through_nannies(
+    client: Client, nannies: Mapping[str, str], timeout: float
+) -> dict[str, str]:
+    """Stop each worker through its nanny, which then starts a new one (its status is
+    running): what ``Scheduler.restart_workers`` does, but with ``timeout`` for the
+    graceful stop. The scheduler's call gives the nanny its default 5 s, of which the
+    worker has 4 to exit before it is SIGKILLed: a loaded host takes longer to end a
+    worker (and Darshan writes the log last), and a killed worker leaves only its mmap
+    log, partial. Returns the workers whose nanny failed, with why."""
+    import asyncio
+
+    stimulus = f"metacollect-darshan-{time.time()}"
+
+    async def stop(nanny: str) -> None:
+        await asyncio.wait_for(
+            client.rpc(nanny).kill(timeout=timeout, reason=stimulus), 2 * timeout + 5
+        )
+
+    results = await asyncio.gather(*(stop(n) for n in nannies.values()), return_exceptions=True)
+    return {
+        a: f"{type(r).__name__}: {r}"
+        for a, r in zip(nannies, results, strict=True)
+        if isinstance(r, BaseException)
+    }
+
+
+def _runtime_of(env: Mapping[str, str]) -> dict[str, Any]:
+    """The build of the Darshan library a worker's ``LD_PRELOAD`` names."""
+    found = preloaded_library(env)
+    return runtime_build(found.path if found else None).as_dict()
 
 
 def start(client: Client, store: str, writer: StoreWriter) -> DarshanCapture | None:

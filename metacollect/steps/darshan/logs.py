@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +53,15 @@ class LogFile:
         return os.path.basename(self.path)
 
 
-def parse_log_name(name: str) -> dict[str, Any] | None:
+def parse_log_name(name: str, batch_ids: Collection[int] = ()) -> dict[str, Any] | None:
     """What a Darshan log file name says: kind, jobid, pid, exe (``None``: not a log
     name).
+
+    The job id in a name is the batch job's (the build's ``--with-jobid-env``,
+    ``SLURM_JOB_ID``, ``PBS_JOBID``) when that variable was set, else the pid (always
+    under metacollect's environment, which points ``DARSHAN_JOBID`` at a variable never
+    set). An mmap log's name has no other pid: its job id is taken for the pid unless it
+    is one of ``batch_ids`` (the run's batch job ids), then the pid is unknown.
 
     Final logs are ``<user>_<exe>_id<jobid>-<pid>_<M>-<D>-<secs>-<hash>_<n>.darshan``
     (MPI and older builds: no ``-<pid>``); a log being written ends in
@@ -64,11 +70,13 @@ def parse_log_name(name: str) -> dict[str, Any] | None:
     under metacollect's environment."""
     m = _MMAP.match(name)
     if m:
+        jobid = int(m["jobid"])
+        batch = jobid in batch_ids
         return {
             "kind": "mmap",
-            "jobid": int(m["jobid"]),
-            "pid": int(m["jobid"]),
-            "pid_source": "jobid",
+            "jobid": jobid,
+            "pid": None if batch else jobid,
+            "pid_source": "none" if batch else "jobid",
             "exe": m["prefix"].split("_", 1)[-1],
         }
     m = _FINAL.match(name)
@@ -92,18 +100,23 @@ def parse_log_name(name: str) -> dict[str, Any] | None:
     return None
 
 
-def find_logs(log_dir: str, host: str | None = None) -> list[LogFile]:
-    """Every Darshan log below ``log_dir`` (final, ``*.darshan_partial`` and mmap logs).
+def find_logs(
+    log_dir: str, host: str | None = None, batch_ids: Collection[int] = ()
+) -> list[LogFile]:
+    """Every Darshan log below ``log_dir`` (final, ``*.darshan_partial`` and mmap logs),
+    in either layout a build writes: flat (``--with-log-path-by-env``) or dated
+    (``YYYY/M/D`` below ``DARSHAN_LOGPATH`` or ``--with-log-path``).
 
     The host of a log is ``host`` when given, else the first directory below ``log_dir``
-    (metacollect's ``<log_dir>/<host>/`` layout; ``YYYY`` dates are not hosts)."""
+    (metacollect's ``<log_dir>/<host>/`` layout; ``YYYY`` dates are not hosts).
+    ``batch_ids``: job ids that are not pids (:func:`parse_log_name`)."""
     out = []
     root = os.path.abspath(log_dir)
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         where = host or _host_dir(root, dirpath)
         for name in sorted(filenames):
-            info = parse_log_name(name)
+            info = parse_log_name(name, batch_ids)
             if info is not None:
                 out.append(_log_file(os.path.join(dirpath, name), info, where))
     return out
