@@ -90,6 +90,7 @@ from metacollect.steps.darshan.logs import (
     find_logs,
     parse_log_name,
     read_logs,
+    remove_old_logs,
 )
 from metacollect.steps.darshan.matching import (
     Known,
@@ -190,6 +191,7 @@ __all__ = [
     "read_io",
     "read_logs",
     "read_records",
+    "remove_old_logs",
     "runtime_build",
     "site_log_variables",
     "start",

@@ -85,6 +85,7 @@ def darshan_group_attrs(
         "config_file": None,
         "delivery": "none",
         "missing_logs": [],
+        "seconds": {},
     }
 
 

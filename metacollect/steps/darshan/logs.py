@@ -4,10 +4,12 @@ that crashes libdarshan-util costs only that log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -120,6 +122,62 @@ def find_logs(
             if info is not None:
                 out.append(_log_file(os.path.join(dirpath, name), info, where))
     return out
+
+
+def remove_old_logs(store: str | os.PathLike[str]) -> list[str]:
+    """Remove what an earlier run left in the store's own log directory
+    (``<store>.darshan``), before a new run of that store path starts: its Darshan logs
+    and clock marks, then the directories left empty. Returns the paths removed.
+
+    Run after the store is prepared (its lock held, an old store overwritten), so no
+    other run logs there. Only metacollect's files go: other files stay, as does a log
+    directory set with ``metacollect.darshan.log-dir`` (it may be shared). Kept too: the
+    mmap logs and clock marks of processes of this host that still run (workers started
+    under this store's environment before the session, ``delivery: already``)."""
+    from metacollect.steps.darshan.clock import MARK_PREFIX
+
+    path = os.fspath(store)
+    if "://" in path:
+        return []
+    base = os.path.abspath(path).rstrip("/") + ".darshan"
+    if not os.path.isdir(base):
+        return []
+    here = socket.gethostname()
+    removed: list[str] = []
+    for dirpath, _dirnames, filenames in os.walk(base, topdown=False):
+        local = _host_dir(base, dirpath) == here
+        for name in filenames:
+            info = parse_log_name(name)
+            mark = re.fullmatch(re.escape(MARK_PREFIX) + r"(\d+)\.json", name)
+            if info is not None and info["kind"] != "final" and info["pid"] is not None:
+                pid: int | None = int(info["pid"])
+            elif mark:
+                pid = int(mark[1])
+            elif info is not None:
+                pid = None  # a final log: its process has ended
+            else:
+                continue  # not ours
+            if local and pid is not None and _running(pid):
+                continue
+            try:
+                os.remove(os.path.join(dirpath, name))
+                removed.append(os.path.join(dirpath, name))
+            except OSError:
+                pass  # gone already, or not ours to remove: a later ingest lists it
+        if dirpath != base:
+            with contextlib.suppress(OSError):  # only an empty directory goes
+                os.rmdir(dirpath)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process of this host runs (a zombie has exited)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def _host_dir(root: str, dirpath: str) -> str | None:
