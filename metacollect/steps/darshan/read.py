@@ -272,10 +272,12 @@ def read_io(run: Run, by: str = "file", scope: str = "user") -> pd.DataFrame:
         (:mod:`~metacollect.steps.darshan.attribution`). ``"segment"``: the DXT
         segments and STDIO windows themselves, with their task or candidates.
     scope
-        Whose files: ``"user"`` (default), ``"metacollect"`` (the store and the logs),
-        ``"python"`` (the interpreter and its packages), ``"system"`` (/proc, /usr,
-        ...), or ``"all"``. Darshan records them all (an excluded file can be counted on
-        another file's record, see :func:`~metacollect.steps.darshan.darshan_config_text`).
+        Whose files: ``"user"`` (default), ``"metacollect"`` (the store, the logs,
+        metacollect's scratch directories), ``"dask"`` (the workers' scratch space:
+        lock files, spilled data), ``"python"`` (the interpreter and its packages),
+        ``"system"`` (/proc, /usr, ...), or ``"all"``. Darshan records them all (an
+        excluded file can be counted on another file's record, see
+        :func:`~metacollect.steps.darshan.darshan_config_text`).
 
     Returns
     -------
