@@ -205,3 +205,31 @@ def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_docto
     pd.testing.assert_frame_equal(open_run(store).transitions(), expected)
     assert validate_store(store) == []
     check_against_reader(store)
+
+
+def test_a_writer_after_the_seal_appends_strings_and_the_next_seal_compacts_them(tmp_path):
+    """``metacollect ingest`` writes into a sealed store: its codes land in columns the seal
+    turned into strings, and the seal it ends with compacts what it added."""
+    store = str(tmp_path / "s.zarr")
+    _many_flushes(store, flushes=2, rows=10)
+    finalize(store)
+    g = StoreWriter(store).group("scheduler", cluster="c1")
+    g.append(
+        "transitions",
+        {
+            "key": ["late", None],
+            "start": ["a", "b"],
+            "finish": ["c", ""],
+            "time": [1.8e9, 1.8e9 + 1],
+            "stimulus_id": ["x", "y"],
+            "worker": [None, ""],
+        },
+    )
+    assert g.flush() == 2
+    finalize(store)
+    tail = open_run(store).transitions().tail(2)
+    assert tail.key.tolist() == ["late", None] and tail.finish.tolist() == ["c", ""]
+    assert tail.worker.tolist() == [None, ""]
+    assert validate_store(store) == []
+    assert not os.path.exists(os.path.join(store, "clusters/c1/scheduler/strings"))
+    check_against_reader(store)

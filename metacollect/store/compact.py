@@ -31,6 +31,7 @@ import shutil
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
@@ -56,8 +57,9 @@ def text_values(data: np.ndarray, none: Any) -> np.ndarray:
     ``None`` (``none``: the array's :data:`NONE_ATTR`, ``None`` when it has none)."""
     out = np.asarray(data, dtype=object)
     if isinstance(none, str) and len(out):
-        # compared as Python strings: numpy's own strings drop trailing NULs ("\0" == "")
-        missing = np.fromiter((v == none for v in out), bool, len(out))
+        # compared as Python strings (pandas' object comparison): numpy's own strings drop
+        # trailing NULs, so numpy would find "\0" equal to ""
+        missing = (pd.Series(out, copy=False) == none).to_numpy()
         if missing.any():
             out = out.copy()
             out[missing] = None

@@ -410,7 +410,12 @@ class GroupWriter:
                 text = self.strings.strings_of(data)
                 none = arr.metadata.attributes.get(NONE_ATTR)
                 missing = np.fromiter((v is None for v in text), bool, len(text))
-                text[missing] = "" if none is None else none
+                if none is None and missing.any():  # its first "no value": a string that
+                    # stands for it, which the column's other strings (names) do not hold
+                    none = "\0"
+                    arr = await arr.update_attributes({NONE_ATTR: none})
+                    self._arrays[table][name] = arr
+                text[missing] = none
                 data = text
             await self._appender(table, name, arr).write(start, data)
 
