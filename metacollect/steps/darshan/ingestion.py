@@ -401,9 +401,9 @@ def _ingested(store: str) -> set[str]:
     """Logs already ingested into the store."""
     ingested: set[str] = set()
     with contextlib.suppress(Exception):
-        (paths, status), codes = table_columns(open_group(store), "logs", ("path", "status"))
+        paths, status = table_columns(open_group(store), "logs", ("path", "status"))
         for p, st in zip(paths, status, strict=True):
-            if 0 <= st < len(codes) and codes[st] == "ingested":
+            if st == "ingested":
                 ingested.add(str(p))
     return ingested
 
