@@ -307,3 +307,66 @@ def test_the_flat_build_is_recorded_and_its_logs_found_flat(live):
 def test_no_darshan_left_in_this_process(live):
     assert "LD_PRELOAD" not in os.environ or "libdarshan" not in os.environ["LD_PRELOAD"]
     assert threading.active_count() < 50
+
+
+# -- the report ------------------------------------------------------------------------
+def test_the_report_shows_io_per_task_and_the_dxt_timeline(live, tmp_path):
+    """The report's I/O tab on real Darshan data: each task's bytes as run.io(by="task")
+    gives them, the attribution and its ambiguity said, and a DXT timeline whose segments
+    are the run's (or a sample that says so)."""
+    import json
+    import re
+
+    from metacollect.report import write_html
+
+    out = write_html(live["store"], tmp_path / "io.html")
+    with open(out) as f:
+        text = f.read()
+    assert re.findall(r"This view failed to build: ([^&<]*)", text) == []
+    start = text.index('<script type="application/json"')
+    doc = json.loads(text[text.index(">", start) + 1 : text.index("</script>", start)])
+    objects: dict[str, dict] = {}  # every model by id (later uses refer to it by id)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "id" in node and "name" in node:
+                objects[node["id"]] = node
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    def columns(source) -> dict:
+        data = objects[source["id"]].get("attributes", {}).get("data", {})
+        return dict(data.get("entries", [])) if isinstance(data, dict) else {}
+
+    walk(doc)
+    said = " ".join(
+        str(o.get("attributes", {}).get("text", ""))
+        for o in objects.values()
+        if o["name"] in ("Title", "Div")
+    )
+    assert "I/O per task" in said and "ambiguous" in said
+    assert "Darshan DXT timeline" in said
+    run = open_run(live["store"])
+    seg = run.io(by="segment")
+    sources = [columns(o) for o in objects.values() if o["name"] == "ColumnDataSource"]
+    timeline = [s for s in sources if {"file", "op", "length", "ambiguous"} <= set(s)]
+    assert len(timeline) == 1
+    drawn = timeline[0]["length"]
+    n = len(drawn) if isinstance(drawn, list) else drawn["shape"][0]
+    assert n == len(seg)  # a small run: every segment drawn
+    # the per-task table: one row per task, as run.io(by="task") gives them
+    by_task = run.io(by="task")
+    tables = []
+    for o in objects.values():
+        if o["name"] != "DataTable":
+            continue
+        cols = [objects[c["id"]]["attributes"] for c in o["attributes"]["columns"]]
+        titles = {c["title"]: c["field"] for c in cols}
+        if {"key", "bytes_written", "ambiguous_bytes"} <= set(titles):
+            tables.append({t: columns(o["attributes"]["source"])[f] for t, f in titles.items()})
+    assert len(tables) == 1
+    shown = tables[0]
+    assert sorted(shown["key"]) == sorted(by_task["key"].fillna("").astype(str).map(str))

@@ -215,7 +215,10 @@ def data_table(df: pd.DataFrame, height: int = 360, max_rows: int = MAX_ROWS) ->
                 TableColumn(field=key, title=str(name), formatter=NumberFormatter(format=fmt))
             )
         else:
-            data[key] = [str(v)[:400] if v is not None else "" for v in s]
+            # a missing value (None, or NaN in an object column) is an empty cell, not "nan"
+            data[key] = [
+                "" if v is None or (isinstance(v, float) and v != v) else str(v)[:400] for v in s
+            ]
             cols.append(TableColumn(field=key, title=str(name)))
     table = DataTable(
         source=ColumnDataSource(data),
