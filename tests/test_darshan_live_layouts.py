@@ -140,6 +140,17 @@ def write_npy(path: str, n: int) -> int:
     return n
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """distributed's Nanny writes pre-spawn-environ into this process's environment
+    (``os.environ.update``): put it back after each test, or a later ``srun`` of another
+    test takes this module's SLURM_JOB_ID for its allocation."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def test_dated_layout_session_is_found_mapped_and_exact(dated_library, tmp_path):
     store = str(tmp_path / "run.zarr")
     data = tmp_path / "data"

@@ -167,13 +167,17 @@ def spans_store() -> str:
 LONG_CHAIN = 200_000
 
 
-@functools.cache
 def chain_store(n: int = LONG_CHAIN) -> str:
     """Path of a store holding one graph: a chain of ``n`` tasks, ``inc-0`` .. ``inc-{n-1}``,
     each depending on the one before, executed one after another (1 ms apart, 0.5 ms each)
     on two workers. Written as the collectors write (their StoreWriter and schema) but
     without a cluster: a real chain this long takes a LocalCluster many minutes. Only the
     tables the graph views read are there (no cluster attrs, no transitions)."""
+    return _chain_store(n)  # one store per n, however it is asked for (n given or not)
+
+
+@functools.cache
+def _chain_store(n: int) -> str:
     import numpy as np
 
     from metacollect.session import init_root
