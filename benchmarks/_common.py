@@ -82,6 +82,31 @@ def paired_ratio(times: dict[str, list[float]], num: str, den: str = "bare") -> 
     return statistics.median(a / b for a, b in zip(times[num], times[den], strict=False))
 
 
+def ratio_spread(
+    times: dict[str, list[float]], num: str, den: str = "bare", resamples: int = 2000
+) -> dict[str, float]:
+    """Median, quartiles, IQR and a 95% bootstrap interval of the median of the per-repeat
+    ratios ``num / den`` (each repeat runs every mode back to back, so a ratio pairs runs
+    that shared the machine's state). The interval's half-width is the difference this
+    many repeats can resolve."""
+    import numpy as np
+
+    r = np.array([a / b for a, b in zip(times[num], times[den], strict=False)], dtype=float)
+    q1, med, q3 = np.percentile(r, [25, 50, 75])
+    rng = np.random.default_rng(0)
+    meds = np.median(rng.choice(r, size=(resamples, len(r)), replace=True), axis=1)
+    lo, hi = np.percentile(meds, [2.5, 97.5])
+    return {
+        "n": len(r),
+        "median": float(med),
+        "q1": float(q1),
+        "q3": float(q3),
+        "iqr": float(q3 - q1),
+        "ci95_low": float(lo),
+        "ci95_high": float(hi),
+    }
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -7,10 +7,12 @@ The ratio includes the session's start and final flush; ``ratio_collected_inner`
 workload alone inside the session; ``ratio_cpu_*`` are the same ratios of CPU seconds used by
 the client/scheduler process and the workers (less swayed by other tenants of the machine).
 One cluster per workload, shared by its three modes; repeats interleaved with a rotating
-order; the ratio is the median of per-repeat ratios. Also records store size per task
-(figure 3) next to the performance_report HTML size of the same workload.
+order; the ratio is the median of per-repeat ratios, with its quartiles (IQR) and a 95%
+bootstrap interval of the median: with >= 15 repeats the interval's half-width says
+whether 1% is resolved on this machine. Also records store size per task (figure 3) next
+to the performance_report HTML size of the same workload.
 
-    python benchmarks/overhead.py [--repeats 5] [--tiny 30000]
+    python benchmarks/overhead.py [--repeats 15] [--tiny 30000] [--array-size 8000]
 """
 
 from __future__ import annotations
@@ -114,6 +116,16 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
             {"inner": inner, "bare": times["bare"]}, "inner"
         ),
         "ratio_performance_report": _common.paired_ratio(times, "performance_report"),
+        # spread of the per-repeat ratios: median, quartiles, 95% interval of the median
+        "spread": {
+            "collected": _common.ratio_spread(times, "collected"),
+            "performance_report": _common.ratio_spread(times, "performance_report"),
+            "collected_vs_performance_report": _common.ratio_spread(
+                times, "collected", "performance_report"
+            ),
+            "cpu_collected": _common.ratio_spread(cpu, "collected"),
+            "cpu_performance_report": _common.ratio_spread(cpu, "performance_report"),
+        },
         # CPU seconds of the client/scheduler process and the workers, per run
         "cpu_s": cpu,
         "ratio_cpu_collected": _common.paired_ratio(cpu, "collected"),
@@ -127,7 +139,7 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--array-size", type=int, default=8000)
     p.add_argument("--tiny", type=int, default=30_000)
     p.add_argument("--only", choices=["tiny", "array"])
@@ -143,7 +155,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             _common.save("overhead_array", out["array"])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    print(table(out))
     return out
+
+
+def table(out: dict[str, Any]) -> str:
+    """Per workload and ratio: median, IQR and the 95% interval of the median."""
+    lines = [
+        "| workload | tasks | bare median s | ratio | median | q1 - q3 (IQR) | 95% CI of median |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in out.items():
+        bare = r["median_s"]["bare"]
+        for label, s in r["spread"].items():
+            lines.append(
+                f"| {name} | {r['tasks_in_graph']} | {bare:.2f} | {label} | "
+                f"{s['median']:.4f}x | {s['q1']:.4f} - {s['q3']:.4f} ({s['iqr']:.4f}) | "
+                f"{s['ci95_low']:.4f} - {s['ci95_high']:.4f} (n={s['n']}) |"
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

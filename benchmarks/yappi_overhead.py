@@ -1,10 +1,15 @@
 """Figure 5: Yappi on. Wall-time ratio yappi-collected / bare on the demo image pipeline, and
 on call-dense pure-Python tasks (ns added per Python call), LocalCluster with 2 workers; with
-the default settings (a tag per task, event loops profiled), with event loops left out
-(``metacollect.yappi.event-loop: false``, a tag per task still) and the light ones (a tag per
-task prefix, event loops left out: ``metacollect.yappi.tasks: prefix``, ``event-loop: false``).
+the default settings (builtins on, a tag per task prefix, only the task threads, event loops
+left out), with a tag per task (``metacollect.yappi.tasks: key``), and with the event loops
+profiled too (``event-loop: true``, as the old default did). Ratios are medians of the
+per-repeat ratios of interleaved runs (every mode once per repeat, rotating order).
 
-    python benchmarks/yappi_overhead.py [--repeats 3]
+Also the share of the profile in metacollect's own code or threads (rows whose module is
+``metacollect*`` - but ``metacollect.demo``, the workload - or whose thread is one of
+metacollect's), and the share of idle waits, from the store of one more default run.
+
+    python benchmarks/yappi_overhead.py [--repeats 5] [--workloads image_pipeline]
 """
 
 from __future__ import annotations
@@ -21,12 +26,12 @@ import _common
 import dask
 from distributed import Client
 
-from metacollect import collect
+from metacollect import collect, open_run
 
-#: a tag per task, event loops not profiled
-NO_LOOP = {"enabled": True, "event_loop": False}
-#: the light settings: a tag per task prefix, event loops not profiled
-LIGHT = {"enabled": True, "tasks": "prefix", "event_loop": False}
+#: the defaults, with a tag per task instead of per task prefix
+KEY = {"enabled": True, "tasks": "key"}
+#: the defaults, with the event loops profiled too (the old default, builtins now on)
+LOOP = {"enabled": True, "event_loop": True}
 
 
 def _leaf(x: int) -> int:
@@ -54,13 +59,61 @@ def _n_tasks(dask_scheduler: Any) -> int:
     return len(dask_scheduler.tasks)
 
 
+def own_share(store: str) -> dict[str, float]:
+    """Shares in a default run's profile's self time (``tsub``): metacollect's code or
+    threads (``metacollect.demo``, the workload, is not ours), and idle waits."""
+    from metacollect.steps.yappi.harness import is_harness_name
+
+    run = open_run(store)
+    prof = run.profile()
+    module = prof["module"].fillna("")
+    # metacollect.demo is the workload (the user's code here), not the collector
+    ours = (
+        module.str.startswith("metacollect") & ~module.str.startswith("metacollect.demo")
+    ) | prof["thread_name"].map(is_harness_name)
+    total = float(prof["tsub"].sum())
+    return {
+        "profile_tsub_s": total,
+        "own_share_of_profile": float(prof[ours]["tsub"].sum()) / total if total else 0.0,
+        "idle_share_of_profile": float(prof[prof["idle"]]["tsub"].sum()) / total if total else 0.0,
+    }
+
+
+def table(out: dict[str, Any]) -> str:
+    """The figures of each workload measured, as a markdown table."""
+    lines = [
+        "| workload | bare s | steps 1-4 | Yappi defaults | vs steps 1-4 | key tags | "
+        "event loop on | own share of profile | idle share |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in out.items():
+        if not isinstance(r, dict) or "ratio_yappi" not in r:
+            continue
+        lines.append(
+            f"| {name} | {_common.median(r['times_s']['bare']):.2f} | "
+            f"{r['ratio_collected']:.3f}x | {r['ratio_yappi']:.3f}x | "
+            f"{r.get('ratio_yappi_vs_collected', float('nan')):.3f}x | "
+            f"{r.get('ratio_yappi_key', float('nan')):.3f}x | "
+            f"{r.get('ratio_yappi_loop', float('nan')):.3f}x | "
+            f"{r.get('own_share_of_profile', float('nan')):.2%} | "
+            f"{r.get('idle_share_of_profile', float('nan')):.1%} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--images", type=int, default=16)
     p.add_argument("--size", type=int, default=1024, help="image side in pixels")
     p.add_argument("--calls", type=int, default=5_000_000)
     p.add_argument("--tasks", type=int, default=20)
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=["bare", "collected", "yappi", "yappi_key", "yappi_loop"],
+        help="bare, collected and yappi always run; yappi_key, yappi_loop optional",
+    )
     p.add_argument(
         "--workloads",
         nargs="+",
@@ -68,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=["image_pipeline", "call_dense"],
     )
     a = p.parse_args(argv)
+    a.modes = {"bare", "collected", "yappi", *a.modes}
     if importlib.util.find_spec("metacollect.steps.yappi") is None:
         out = {"status": "not measured: yappi collector not landed"}
         _common.save("yappi", out)
@@ -93,12 +147,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     with collect(client, store, overwrite=True, yappi=True):
                         dask.compute(graph)
 
-                def yappi_no_loop(graph: Any = graph) -> None:
-                    with collect(client, store, overwrite=True, yappi=NO_LOOP):
+                def yappi_key(graph: Any = graph) -> None:
+                    with collect(client, store, overwrite=True, yappi=KEY):
                         dask.compute(graph)
 
-                def yappi_light(graph: Any = graph) -> None:
-                    with collect(client, store, overwrite=True, yappi=LIGHT):
+                def yappi_loop(graph: Any = graph) -> None:
+                    with collect(client, store, overwrite=True, yappi=LOOP):
                         dask.compute(graph)
 
                 def steps14(graph: Any = graph) -> None:
@@ -111,9 +165,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "bare": bare,
                     "collected": steps14,
                     "yappi": yappi_on,
-                    "yappi_no_loop": yappi_no_loop,
-                    "yappi_light": yappi_light,
+                    "yappi_key": yappi_key,
+                    "yappi_loop": yappi_loop,
                 }
+                runs = {m: f for m, f in runs.items() if m in a.modes}
                 times = _common.interleaved(
                     runs,
                     a.repeats,
@@ -123,10 +178,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 res = {
                     "times_s": times,
                     "ratio_yappi": _common.paired_ratio(times, "yappi"),
-                    "ratio_yappi_no_loop": _common.paired_ratio(times, "yappi_no_loop"),
-                    "ratio_yappi_light": _common.paired_ratio(times, "yappi_light"),
+                    **{
+                        f"ratio_{m}": _common.paired_ratio(times, m)
+                        for m in ("yappi_key", "yappi_loop")
+                        if m in times
+                    },
                     "ratio_collected": _common.paired_ratio(times, "collected"),
+                    "ratio_yappi_vs_collected": _common.paired_ratio(times, "yappi", "collected"),
                 }
+                yappi_on()  # a last default run: what its store holds
+                res.update(own_share(store))
                 if name == "call_dense":
                     calls = (
                         a.calls * a.tasks
@@ -143,6 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     earlier = _common.load().get("yappi", {})
     out = {**{w: earlier[w] for w in workloads if w not in out and w in earlier}, **out}
     _common.save("yappi", out)
+    print(table(out))
     return out
 
 

@@ -157,6 +157,14 @@ CASES = [
     ("export-max-events-word", ["export", S, "--perfetto", f"{T}/x.json", "--max-events", "ten"]),
     ("export-pstat-is-file", ["export", S, "--pstat", F]),
     ("export-pstat-no-profile", ["export", S, "--pstat", f"{T}/prof"]),
+    ("export-crate-not-empty", ["export", S, "--ro-crate", T]),
+    ("export-crate-is-file", ["export", S, "--ro-crate", F]),
+    ("export-crate-below-file", ["export", S, "--ro-crate", f"{F}/crate"]),
+    ("export-crate-missing-store", ["export", f"{T}/missing.zarr", "--ro-crate", f"{T}/c"]),
+    (
+        "export-reference-without-crate",
+        ["export", S, "--perfetto", f"{T}/x.json", "--reference-store"],
+    ),
     # ingest
     ("ingest-no-source", ["ingest"]),
     ("ingest-no-store", ["ingest", "darshan"]),

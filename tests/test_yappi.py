@@ -42,6 +42,11 @@ async def _async_noop() -> int:
     return 1
 
 
+#: the settings of the tests that check yappi's exact counts: a tag per task, Python calls
+#: only (no C functions)
+EXACT = {"metacollect.yappi.tasks": "key", "metacollect.yappi.builtins": False}
+
+
 @pytest.fixture
 def fast_profile():
     with dask.config.set({"metacollect.yappi.flush-interval": "500ms"}):
@@ -68,10 +73,46 @@ def profiled(module_client, tmp_path_factory):
     store = str(tmp_path_factory.mktemp("yappi") / "run.zarr")
     with (
         dask.config.set({"metacollect.yappi.flush-interval": "500ms"}),
-        collect(module_client, store, yappi=True, flush_interval="200ms"),
+        collect(
+            module_client,
+            store,
+            yappi={"enabled": True, "event_loop": True, "tasks": "key"},
+            flush_interval="200ms",
+        ),
     ):
         _run_probes(module_client)
     return store
+
+
+SORT_ROWS = 3_000_000
+
+
+def _sort_task(seed: int) -> float:
+    """Sort a big array in place (``ndarray.sort``, a C function); return the wall time
+    the sort itself took, measured here: the ground truth for the profile."""
+    import numpy as np
+
+    a = np.random.default_rng(seed).random(SORT_ROWS)
+    t0 = time.perf_counter()
+    a.sort(kind="quicksort")
+    return time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def defaults_run(module_client, tmp_path_factory):
+    """A run profiled with Yappi's defaults (builtins on, a tag per task prefix, task
+    threads only, event loop left out): two sorts of ~0.3 s, small probes, and a pause in
+    which the task threads wait for work."""
+    store = str(tmp_path_factory.mktemp("yappi-defaults") / "run.zarr")
+    with (
+        dask.config.set({"metacollect.yappi.flush-interval": "500ms"}),
+        collect(module_client, store, yappi=True, flush_interval="200ms"),
+    ):
+        sorts = module_client.map(_sort_task, range(2), key=["sortbig-0", "sortbig-1"])
+        took = dict(zip(["sortbig-0", "sortbig-1"], module_client.gather(sorts), strict=True))
+        time.sleep(1.0)  # the task threads idle
+        _run_probes(module_client)
+    return store, took
 
 
 def test_every_worker_profiled(profiled):
@@ -88,6 +129,81 @@ def test_every_worker_profiled(profiled):
         assert snaps["final"].iloc[-1] and snaps["full"].iloc[-1] and snaps["final"].sum() == 1
     assert set(run.levels()) >= {"thread", "coroutine"}
     assert validate_store(profiled) == []
+
+
+SORT = "<method 'sort' of 'numpy.ndarray' objects>"
+
+
+def test_defaults_attribute_time_in_c_functions(defaults_run):
+    """Builtins are on by default: a task's time in a numpy C function is that function's."""
+    store, took = defaults_run
+    run = open_run(store)
+    assert run.errors().empty, run.errors()
+    prof = run.profile()
+    sort = prof[prof["name"] == SORT]
+    assert set(sort["key"]) == {"sortbig"} and sort["builtin"].all()  # tags per prefix
+    assert sort["ncall"].sum() == 2
+    seconds, measured = sum(took.values()), sort["tsub"].sum()
+    assert seconds > 0.1 and abs(measured - seconds) <= 0.1 * seconds + 0.01, (took, measured)
+    assert validate_store(store) == []
+
+
+def test_defaults_profile_task_threads_only(defaults_run):
+    """Only the threads that ran tasks are in the profile: no metacollect thread or code,
+    no event loop, no other helper thread of Dask."""
+    store, _ = defaults_run
+    run = open_run(store)
+    prof = run.profile()
+    tasks = run.worker_table("tasks")
+    assert set(prof["level"]) == {"thread"}
+    assert set(prof["thread"]) <= set(tasks["thread"])
+    assert not prof["thread_name"].str.startswith("metacollect").any()
+    assert not prof["module"].fillna("").str.startswith("metacollect").any()
+    for path in run.worker_groups():
+        threads = run.table(f"{path}/threads", "threads")
+        own = threads[threads["name"].str.startswith("metacollect")]
+        # the flush thread ran (the run flushed every 200 ms) and is named: left out
+        assert len(own) and set(own["role"]) == {"metacollect"}
+        assert run.groups[f"{path}/threads"]["threads"] == "tasks"
+
+
+def test_idle_waits_kept_apart_from_work(defaults_run):
+    """The task threads' wait for their next task is marked idle, and comes last: the top
+    of the profile is the tasks' own frames."""
+    store, _ = defaults_run
+    prof = open_run(store).profile()
+    idle = prof[prof["idle"]]
+    assert len(idle) and (idle["tag"] == 0).all() and idle["builtin"].any()
+    # a pause of one second: each worker's task threads wait (a wait still running at
+    # the final snapshot has not returned: yappi counts a call when it returns)
+    per_worker = idle[idle["builtin"]].groupby("worker")["tsub"].sum()
+    assert len(per_worker) == 2 and (per_worker > 0.8).all(), per_worker
+    assert not prof[prof["key"].notna()]["idle"].any()
+    first_idle = prof.index[prof["idle"]][0]
+    assert prof["key"].iloc[:first_idle].notna().iloc[0]
+    assert prof.index[prof["key"].isna()][0] > prof.index[prof["key"].notna()][-1]
+    assert first_idle > prof.index[prof["key"].isna() & ~prof["idle"]][-1]
+
+
+def test_task_selected_by_prefix_or_glob(profiled, defaults_run):
+    """``task=`` takes a key, a prefix or a glob; what selects nothing names the prefixes."""
+    run = open_run(profiled)  # a tag per task
+    assert set(run.profile(task="probe")["key"]) == {f"probe-{i}" for i in range(12)}
+    assert set(run.profile(task="probe-1*")["key"]) == {"probe-1", "probe-10", "probe-11"}
+    assert set(run.profile(task=["probe-3", "probe-1?"])["key"]) == {
+        "probe-3",
+        "probe-10",
+        "probe-11",
+    }
+    assert set(run.profile_edges(task="probe-?")["key"]) == {f"probe-{i}" for i in range(10)}
+    with pytest.raises(StoreError, match=r"no profiled task .*prefixes profiled: probe$"):
+        run.profile(task="prob")
+    store, _ = defaults_run  # a tag per task prefix: the key column holds prefixes
+    run = open_run(store)
+    assert set(run.profile(task="sortbig")["key"]) == {"sortbig"}
+    assert set(run.profile(task="sort*")["key"]) == {"sortbig"}
+    with pytest.raises(StoreError, match=r"prefixes profiled: probe, sortbig$"):
+        run.profile(task="sortbig-0")
 
 
 def _executions(run, keys) -> dict[tuple[str, int, str], int]:
@@ -116,6 +232,7 @@ def test_task_tags_reproduce_which_tasks_called_a_function(profiled):
 
 
 def test_event_loop_kept_apart_from_task_time(profiled):
+    """With ``event_loop: true`` the event loop is profiled, in its own group."""
     prof = open_run(profiled).profile()
     loop = prof[prof["level"] == "coroutine"]
     assert len(loop) and (loop["tag"] == 0).all() and loop["coroutine"].any()
@@ -205,13 +322,15 @@ def _snapshots_of(store: str, pid: int) -> int:
 
 
 def test_killed_worker_keeps_profile_of_last_snapshot(client, store, fast_profile):
-    with collect(client, store, yappi=True, flush_interval="100ms"):
+    with collect(client, store, yappi={"enabled": True, "tasks": "key"}, flush_interval="100ms"):
         _run_probes(client)
         pids = client.run(os.getpid)
         victim_addr, victim_pid = next(iter(pids.items()))
         deadline = time.time() + 20
-        # a second snapshot begun: the first one (tables flushed before it) is complete
-        while _snapshots_of(store, victim_pid) < 2 and time.time() < deadline:
+        # a second snapshot begun since the probes ran: the first one (tables flushed before
+        # it) is complete and holds them (only the task threads are profiled)
+        seen = _snapshots_of(store, victim_pid)
+        while _snapshots_of(store, victim_pid) < seen + 2 and time.time() < deadline:
             time.sleep(0.2)
         os.kill(victim_pid, signal.SIGKILL)
         while victim_addr in client.scheduler_info()["workers"]:
@@ -235,7 +354,11 @@ def test_killed_worker_keeps_profile_of_last_snapshot(client, store, fast_profil
 
 def test_scheduler_and_client_profiles(module_client, store):
     client = module_client
-    with collect(client, store, yappi={"enabled": True, "scheduler": True, "client": True}):
+    with collect(
+        client,
+        store,
+        yappi={"enabled": True, "scheduler": True, "client": True, "event_loop": True},
+    ):
         client.gather(client.map(_probe_task, range(4)))
     assert not yappi.is_running() and ystep.running_profiler() is None
     run = open_run(store)
@@ -294,7 +417,7 @@ def test_workers_sharing_a_process_have_one_profile(store, fast_profile):
             n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as client,
-        collect(client, store, yappi=True),
+        collect(client, store, yappi={"enabled": True, "tasks": "key"}),
     ):
         _run_probes(client)
         assert client.submit(_async_noop).result() == 1
@@ -424,7 +547,7 @@ def test_incremental_snapshots_rebuild_the_full_profile(tmp_path):
     writer = StoreWriter(path)
     init_root(writer, "incremental")
     worker = _TaskThreads()
-    with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
+    with dask.config.set({**EXACT, "metacollect.yappi.flush-interval": "0s"}):
         sink = ystep.attach(writer, "worker", dask_worker=worker, cluster="c", worker="w")
     assert sink is not None
     try:
@@ -475,6 +598,7 @@ def test_idle_tags_keep_callee_lists_short_and_count_as_tag_0(tmp_path, tag_by):
             done.put(len(batch))
 
     settings = {
+        **EXACT,
         "metacollect.yappi.flush-interval": "0s",
         "metacollect.yappi.tasks": tag_by,
     }
@@ -576,7 +700,7 @@ def test_snapshots_taken_mid_call_change_no_count_or_self_time(tmp_path):
     ]
 
     worker = _TaskThreads()
-    with dask.config.set({"metacollect.yappi.flush-interval": "0s"}):
+    with dask.config.set({**EXACT, "metacollect.yappi.flush-interval": "0s"}):
         sink = ystep.attach(writer, "worker", dask_worker=worker, cluster="c", worker="w")
     assert sink is not None
     t = threading.Thread(

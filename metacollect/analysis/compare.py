@@ -113,12 +113,15 @@ def compare_profiles(
 
     Index ``module:name``; one ``tsub`` column per run (seconds, summed over processes and
     threads), then ``delta_<label>`` (that run minus the first) for the others; the ``top``
-    functions by their largest self time in any run (``None``: all of them).
+    functions by their largest self time in any run (``None``: all of them). Idle waits
+    (``Run.profile``'s ``idle`` rows: threads waiting for work) are left out.
     """
     labs = _labels(runs, labels)
     per_run = {}
     for lab, r in zip(labs, runs, strict=True):
         prof = r.profile()
+        if "idle" in prof.columns:
+            prof = prof[~prof["idle"].astype(bool)]
         if len(prof):
             name = prof["module"].astype(str) + ":" + prof["name"].astype(str)
             per_run[lab] = prof["tsub"].groupby(name).sum()

@@ -144,8 +144,11 @@ class Run(StoreReader):
             Worker group name, address or name; ``"scheduler"`` or ``"client"`` for those
             processes' profiles. Default: every profiled process.
         task
-            A task key (or list of keys): only time spent inside that task (a task
-            prefix, for a run profiled with ``metacollect.yappi.tasks: prefix``).
+            Only time spent inside the tasks it selects: a task key, a task prefix
+            (``"sum"`` selects ``('sum-ab12', 0)``, as ``dask.utils.key_split`` names it),
+            a shell-style glob on the key's text (``fnmatch``: ``"sum-*"``,
+            ``"('sum-*', 1*)"``), or a list of those. A run profiled with
+            ``metacollect.yappi.tasks: prefix`` has prefixes for keys.
         thread
             A thread id (``threading.get_ident``, as in ``worker_table("tasks").thread``).
 
@@ -155,12 +158,20 @@ class Run(StoreReader):
             cluster, worker, level (``thread`` or ``coroutine`` - the event loop), thread,
             thread_name, tag, key (``None`` outside tasks; the task prefix when the run
             had ``metacollect.yappi.tasks: prefix``), name, module, file, line, builtin,
-            coroutine, ncall (returned calls), nactualcall, ttot, tsub (seconds), snapshot;
-            heaviest first.
+            coroutine, ncall (returned calls), nactualcall, ttot, tsub (seconds), snapshot,
+            idle (a wait outside any task - a task thread waiting for its next task, an
+            event loop in ``epoll``: not work). Rows inside tasks come first, then the
+            other rows, then the idle ones; each heaviest (``ttot``) first.
+
+        Raises
+        ------
+        StoreError
+            ``task`` selects no task the profile has (the message names its prefixes).
 
         Examples
         --------
-        >>> run.profile(task="('sum-abc', 0)").groupby("name").tsub.sum()   # doctest: +SKIP
+        >>> run.profile(task="sum").groupby("name").tsub.sum()   # doctest: +SKIP
+        >>> run.profile(task="('sum-*', 1*)")                    # doctest: +SKIP
         """
         from metacollect.steps.yappi import read_profile
 

@@ -25,6 +25,7 @@ COMMANDS = [
     "metacollect.cli.info",
     "metacollect.cli.spans",
     "metacollect.cli.validate",
+    "metacollect.cli.gather",
     "metacollect.cli.doctor",
     "metacollect.cli.jobscript",
     "metacollect.cli.report",

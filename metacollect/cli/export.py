@@ -1,5 +1,5 @@
-"""``metacollect export STORE --perfetto out.json [--pstat DIR]``: traces and profiles for
-other tools."""
+"""``metacollect export STORE --perfetto out.json [--pstat DIR] [--ro-crate DIR]``: traces,
+profiles and provenance for other tools."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from metacollect.files import check_dir_target, check_file_target
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("export", help="export a store to Perfetto / pstats", description=__doc__)
+    p = sub.add_parser(
+        "export", help="export a store to Perfetto / pstats / RO-Crate", description=__doc__
+    )
     p.add_argument("store", help="path of the store")
     p.add_argument(
         "--perfetto",
@@ -33,19 +35,42 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="write Yappi profiles as pstats files (one per worker) into DIR",
     )
+    p.add_argument(
+        "--ro-crate",
+        metavar="DIR",
+        default=None,
+        help="write the run as a Workflow Run RO-Crate into DIR (new or empty), the store "
+        "copied inside",
+    )
+    p.add_argument(
+        "--reference-store",
+        action="store_true",
+        help="with --ro-crate: reference the store by its path instead of copying it",
+    )
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from metacollect.analysis.run import open_run
 
-    if args.perfetto is None and args.pstat is None:
-        raise UsageError("nothing to export; pass --perfetto out.json and/or --pstat DIR")
+    if args.perfetto is None and args.pstat is None and args.ro_crate is None:
+        raise UsageError(
+            "nothing to export; pass --perfetto out.json, --pstat DIR and/or --ro-crate DIR"
+        )
+    if args.reference_store and args.ro_crate is None:
+        raise UsageError(
+            "--reference-store only applies to --ro-crate; pass --ro-crate DIR as well, "
+            "or drop --reference-store"
+        )
     run_ = open_run(args.store)
     if args.perfetto is not None:  # a bad output path fails before any work
         check_file_target(args.perfetto, "the trace")
     if args.pstat is not None:
         check_dir_target(args.pstat, "the profiles")
+    if args.ro_crate is not None:
+        from metacollect.export import ro_crate
+
+        ro_crate.check_target(args.ro_crate)
     if args.perfetto is not None:
         from metacollect.export import perfetto
 
@@ -69,4 +94,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"metacollect export: profiles written to {args.pstat}", file=sys.stderr)
         if result is not None:
             print(result)
+    if args.ro_crate is not None:
+        meta = ro_crate.write(run_, args.ro_crate, copy_store=not args.reference_store)
+        print(
+            f"metacollect export: RO-Crate written to {args.ro_crate} ({meta['inputs']} files "
+            f"read, {meta['outputs']} written, store {meta['store']})",
+            file=sys.stderr,
+        )
+        print(meta["metadata"])
     return 0

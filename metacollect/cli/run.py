@@ -90,6 +90,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--flush-interval", type=t.duration, help="how often collectors flush (e.g. 2s)")
     p.add_argument(
+        "--node-local",
+        type=t.line,
+        metavar="DIR",
+        help="workers write their record to DIR on their node (e.g. '$TMPDIR', quoted: "
+        "expanded on each node) and copy it into the store at their end",
+    )
+    p.add_argument(
         "--yappi",
         action="store_true",
         default=None,
@@ -121,6 +128,8 @@ def collect_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if args.flush_interval:
         opts["flush-interval"] = args.flush_interval
+    if args.node_local:
+        opts["store.local-dir"] = args.node_local
     if args.yappi:
         opts["yappi.enabled"] = True
     if args.darshan:

@@ -279,8 +279,7 @@ class AttachedLaunch:
             except Exception as e:  # the run's record is sealed all the same
                 problems = [f"ingest darshan logs: {type(e).__name__}: {e}"]
         status, missing = run_status(outcome, code, self.store, problems)
-        finalize(self.store, status, missing=missing, **attrs)
-        return status, missing
+        return finalize(self.store, status, missing=missing, **attrs)
 
 
 class ClusterLaunch:

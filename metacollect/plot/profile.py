@@ -47,6 +47,8 @@ def profile(run: Run, top: int = 15) -> Figure:
     if not {"name", "tsub"} <= set(df.columns):
         return empty_figure("Profile", f"unexpected Run.profile() columns {list(df.columns)}")
     df = latest_rows(df, [*PROFILE_ID, "func"])
+    if "idle" in df.columns:  # threads waiting for work: not where time went
+        df = df[~df["idle"].astype(bool)]
     intask = df[df["key"].notna()] if "key" in df.columns else df.iloc[:0]
     fig = new_figure(12, 9)
     gs = fig.add_gridspec(2, 2)

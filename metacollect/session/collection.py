@@ -330,8 +330,7 @@ class Collection:
         missing = [*extra.pop("missing", []), *self.left_out, *problems]
         if missing and status in ("complete", "failed"):
             status = "incomplete"
-        finalize(self.store, status, missing=missing, **extra)
-        return status, missing
+        return finalize(self.store, status, missing=missing, **extra)
 
 
 @contextlib.contextmanager
@@ -341,6 +340,7 @@ def collect(
     *,
     overwrite: bool | None = None,
     run_id: str | None = None,
+    local_dir: str | None = None,
     **options: Any,
 ) -> Iterator[Collection]:
     """Collect a Dask run into a Zarr store.
@@ -355,6 +355,10 @@ def collect(
         Replace an existing store (default ``metacollect.store.overwrite``).
     run_id
         Id of the run (a new uuid by default).
+    local_dir
+        A node-local directory (e.g. ``"$TMPDIR"``, expanded on each node) where each worker
+        writes its group during the run and copies it into the store at its end, so the
+        shared filesystem sees no flush (default ``metacollect.store.local-dir``).
     **options
         Overrides of the ``metacollect`` config for this run, e.g. ``flush_interval="1s"``.
 
@@ -366,6 +370,8 @@ def collect(
     """
     if not hasattr(client, "register_plugin"):
         raise UsageError("collect() needs a connected distributed.Client as its first argument")
+    if local_dir is not None:
+        options["store.local-dir"] = os.fspath(local_dir)
     session = Collection(client, os.fspath(store), run_id=run_id, overwrite=overwrite, **options)
     try:
         session.start()

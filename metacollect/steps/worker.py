@@ -7,6 +7,7 @@ that join later). Each worker writes only its own group ``clusters/<id>/workers/
 from __future__ import annotations
 
 import array
+import asyncio
 import json
 import logging
 import math
@@ -19,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import metacollect.config as config
+from metacollect.errors import StoreError
 from metacollect.steps import dask_profile, finemetrics
 from metacollect.steps.base import ErrorRecorder, Recording, write_parts
+from metacollect.store import local, lock
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
 from metacollect.store.writer import GroupWriter, StoreWriter
@@ -111,24 +114,36 @@ class WorkerCollector(WorkerPlugin):
         #: Worker.scheduler_delay when each running task started (heartbeats change it)
         self._delays: dict[Any, float] = {}
         self._samples: list[tuple[Any, ...]] = []
-        self._last_in: Any = None
-        self._last_out: Any = None
-        self.writer = StoreWriter(self.store_path)
-        self.group: GroupWriter = self.writer.group(
-            "worker",
-            attrs={
-                "address": worker.address,
-                "name": str(worker.name),
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "nthreads": worker.state.nthreads,
-                "memory_limit": worker.memory_manager.memory_limit,
-                "started": time.time(),
-                "profile_interval": dask_profile.profile_interval(),
-            },
-            cluster=self.cluster,
-            worker=self.id,
+        # the transfer logs outlive a session: entries from before this one are not its own
+        self._last_in: Any = (
+            worker.transfer_incoming_log[-1] if worker.transfer_incoming_log else None
         )
+        self._last_out: Any = (
+            worker.transfer_outgoing_log[-1] if worker.transfer_outgoing_log else None
+        )
+        attrs = {
+            "address": worker.address,
+            "name": str(worker.name),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "nthreads": worker.state.nthreads,
+            "memory_limit": worker.memory_manager.memory_limit,
+            "started": time.time(),
+            "profile_interval": dask_profile.profile_interval(),
+        }
+        #: the node-local store this worker writes its group to (None: the run's store)
+        self.local, local_failed = self._local_store(attrs)
+        if self.local is not None:
+            attrs[local.LOCAL_ATTR] = f"{attrs['host']}:{self.local}"
+        #: the run held its store's lock as this worker started: it must not gather into it
+        #: once the run is sealed
+        self._in_locked_run = lock.held(self.store_path)
+        self.writer = StoreWriter(self.local or self.store_path)
+        self.group: GroupWriter = self.writer.group(
+            "worker", attrs=attrs, cluster=self.cluster, worker=self.id
+        )
+        if local_failed is not None:
+            self._on_error("node-local store", local_failed)
         #: Dask's own instrumentation, read at every flush: its fine performance metrics
         #: (deltas of digests_total) and its statistical profile (the cycles completed)
         self.digests = (
@@ -171,7 +186,10 @@ class WorkerCollector(WorkerPlugin):
         if self.cycles is not None:
             self.cycles.close()  # the cycle in progress, copied on the loop that fills it
         await self.recording.finish()
+        gathered = await self._gather() if self.local is not None else None
         config.restore(self._config_before)
+        if gathered is not None:
+            raise gathered
         if self.losses:  # the scheduler's end reports it; the store's status says incomplete
             raise RuntimeError(
                 f"worker {worker.address}: {self.losses} parts of its flushes failed to "
@@ -182,6 +200,44 @@ class WorkerCollector(WorkerPlugin):
                 f"worker {worker.address}: Dask's {' and '.join(sorted(self._unread))} could "
                 "not be read at its final flush; what they gained since the last good read "
                 "is missing (see its errors table)"
+            )
+
+    def _local_store(self, attrs: dict[str, Any]) -> tuple[str | None, Exception | None]:
+        """With ``metacollect.store.local-dir``: the node-local store this worker writes, and
+        its group's placeholder in the run's store, which says where the rows are until the
+        worker gathers them (a worker that never does is named when the store is sealed)."""
+        local_dir = config.get("store.local-dir")
+        if not local_dir:
+            return None, None
+        try:
+            path = local.local_store_path(local_dir, self.store_path, f"{self.cluster}-{self.id}")
+            shared = StoreWriter(self.store_path)
+            spec = shared.schema.groups["worker"]
+            where = spec.format(cluster=self.cluster, worker=self.id)
+            placeholder = {**attrs, local.LOCAL_ATTR: f"{attrs['host']}:{path}"}
+            shared.ensure_group(where, spec, placeholder)
+        except Exception as e:  # the run's store then gets this worker's rows directly
+            logger.warning("metacollect: worker %s writes to the store itself: %s", self.id, e)
+            return None, e
+        return path, None
+
+    async def _gather(self) -> RuntimeError | None:
+        """Copy this worker's group from node-local disk into the run's store (off the event
+        loop: a long run's group is many files); the error to report if that failed."""
+        assert self.local is not None
+        try:
+            if self._in_locked_run and not lock.held(self.store_path):
+                raise StoreError(f"the run into {self.store_path} has ended (its store is sealed)")
+            self.group.set_attrs(**{local.GATHERED_ATTR: time.time()})
+            files = await asyncio.to_thread(
+                local.gather, self.local, self.store_path, self.group.path
+            )
+            logger.debug("metacollect: worker %s gathered %d files", self.id, files)
+            return None
+        except Exception as e:
+            return RuntimeError(
+                f"worker {self.id}: its rows on node-local disk ({self.local}) could not be "
+                f"gathered into the store: {type(e).__name__}: {e}"
             )
 
     # -- hooks (event loop) -------------------------------------------------------------------

@@ -9,6 +9,7 @@ back to their committed rows, consolidated metadata for plain Zarr/xarray reader
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
+from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
 from metacollect.store.writer import read_nodes, seal, trim
 
 __all__ = [
@@ -181,8 +183,13 @@ def consolidate(
         seal(root, nodes, attrs or {})
 
 
-def finalize(store: str, status: str = "complete", **extra: Any) -> None:
-    """Write the levels index and final status on the root, then consolidate the metadata.
+def finalize(
+    store: str, status: str = "complete", missing: list[str] | None = None, **extra: Any
+) -> tuple[str, list[str]]:
+    """Write the levels index and final status on the root, then consolidate the metadata;
+    returns the status and ``missing`` written: groups a worker kept on node-local disk and
+    never gathered (:func:`~metacollect.store.local.ungathered`) are added to what the caller
+    knows is missing, and make a ``complete`` or ``failed`` run ``incomplete``.
 
     Consolidated metadata lets ``xarray.open_datatree(path, engine="zarr")`` open the run in one
     read; metacollect's own readers ignore it (they read the truth), and any writer after the
@@ -197,16 +204,21 @@ def finalize(store: str, status: str = "complete", **extra: Any) -> None:
         root = _run_root(store)
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
+        missing = [*(missing or []), *ungathered(nodes)]
+        if missing and status in ("complete", "failed"):
+            status = "incomplete"
         consolidate(
             root,
             nodes,
             {
                 "levels": levels_index(root, nodes),
                 "status": status,
+                "missing": missing,
                 "ended": time.time(),
                 **extra,
             },
         )
+        return status, missing
     except StoreError:
         raise
     except Exception as e:  # the store became unwritable mid-run
@@ -267,3 +279,55 @@ def unended_clusters(store: str) -> list[str]:
 def clusters_ended(store: str) -> bool:
     """Whether every cluster (scheduler) that collected into ``store`` recorded its end."""
     return all(ended is not None for ended in cluster_ends(store).values())
+
+
+def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], str]:
+    """Add the groups that workers left on node-local disk (killed before they could gather
+    them) to a sealed ``store``, then seal it again: each gathered group leaves ``missing``,
+    and a run nothing else is missing from reads as it ended. Returns the groups gathered
+    and the status written."""
+    lock.acquire(store)  # a run still writing the store holds it: one line says so
+    try:
+        root = _run_root(store)
+        nodes = read_nodes(root)
+        waiting = {
+            path: doc["attributes"][LOCAL_ATTR].split(":", 1)[-1]
+            for path, doc in nodes.items()
+            if LOCAL_ATTR in (doc.get("attributes") or {})
+            and GATHERED_ATTR not in doc["attributes"]
+        }
+        done = []
+        for path, left_at in sorted(waiting.items()):
+            source = next((s for s in local_stores if _same(s, left_at)), None)
+            if source is None or not os.path.isdir(os.path.join(source, path)):
+                continue
+            _mark_gathered(os.path.join(source, path))
+            gather(source, store, path)
+            done.append(path)
+        attrs: dict[str, Any] = dict(root.attrs)
+        missing = [str(m) for m in attrs.get("missing") or [] if not str(m).startswith(tuple(done))]
+        status = str(attrs.get("status", "incomplete"))
+        if done and not missing and status == "incomplete":
+            failed = attrs.get("script_exit_code") not in (None, 0) or any(
+                k in attrs for k in ("script_exception_type", "workflow_error")
+            )
+            status = "failed" if failed else "complete"
+        consolidate(root, read_nodes(root), {"status": status, "missing": missing})
+        return done, status
+    finally:
+        lock.release(store)
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b) or os.path.basename(a) == os.path.basename(b)
+
+
+def _mark_gathered(group_dir: str) -> None:
+    """Set the gathered attribute in a node-local group's ``zarr.json``."""
+    doc_path = os.path.join(group_dir, "zarr.json")
+    with open(doc_path) as f:
+        doc = json.load(f)
+    doc.setdefault("attributes", {})[GATHERED_ATTR] = time.time()
+    with open(doc_path + ".partial", "w") as f:
+        json.dump(doc, f)
+    os.replace(doc_path + ".partial", doc_path)

@@ -231,5 +231,5 @@ def batch_finalize(store: str, exit_code: int = 0) -> str:
     run = open_run(store)  # a clear error when STORE is not a metacollect store
     missing = [*(run.attrs.get("shutdown_problems") or []), *unended_clusters(store)]
     status = "incomplete" if missing else ("complete" if exit_code == 0 else "failed")
-    finalize(store, status, missing=missing, script_exit_code=exit_code)
+    status, _ = finalize(store, status, missing=missing, script_exit_code=exit_code)
     return status

@@ -151,6 +151,11 @@ class _Snapshot:
         #: yappi context -> thread id
         self.ctx_tid: dict[int, int] = {r[1]: r[2] for r in threads}
         self.loops = {s.loop for s in profiler.sinks}
+        self.own = profiler.own_threads()
+        #: contexts whose rows are written (metacollect's own threads never: see
+        #: ``ProcessProfiler.kept_threads``); a context without a known thread is kept
+        kept = profiler.kept_threads(self.ctx_tid.values())
+        self.dropped_ctx = {c for c, t in self.ctx_tid.items() if t not in kept}
         self.stacks = Stacks(self.ctx_tid)
         # a task's tag lives under one idle tag; a prefix's (or tag 0) under many, and
         # the edges from idle frames to it are summed over them
@@ -169,12 +174,13 @@ class _Snapshot:
         p, pit, known = self.p, self.pit, self.p.known_pits
         unfinished, func_id = p.unfinished, p.func_id
         idle, frozen_tags, sum_callees = p.tags.idle, p.frozen_tags, self.sum_callees
+        dropped = self.dropped_ctx
         kept = []
         for r in rows:
             name, module, line, ncall, nactual, builtin, ttot, tsub, index, children = r[:10]
             ctx, tag, desc = r[10], r[12], r[13]
-            if module in HIDDEN_FILES:
-                continue  # yappi's (get_func_stats hides them too) and ours
+            if module in HIDDEN_FILES or ctx in dropped:
+                continue  # yappi's (get_func_stats hides them too), ours, threads left out
             # frozen: enumerated by full snapshots only, their sums are in frozen_*
             frozen, final = tag in frozen_tags, tag in final_now
             if tag in idle:
@@ -363,7 +369,7 @@ class _Snapshot:
         for t in threading.enumerate():
             if t.ident is not None:
                 names[t.ident] = t.name
-        executor = self.p.executor_threads()
+        executor, own = self.p.executor_threads(), self.own
         return as_columns(
             THREAD_COLUMNS,
             [
@@ -372,7 +378,13 @@ class _Snapshot:
                     ctx,
                     tid,
                     names.get(tid, name),
-                    "loop" if tid in loops else "executor" if tid in executor else "other",
+                    "loop"
+                    if tid in loops
+                    else "executor"
+                    if tid in executor
+                    else "metacollect"
+                    if tid in own
+                    else "other",
                     ttot,
                     sched,
                 )

@@ -15,6 +15,7 @@ import yappi
 from dask.utils import key_split
 
 from metacollect.steps.yappi.columns import build_columns
+from metacollect.steps.yappi.harness import harness_threads, is_harness_name
 from metacollect.steps.yappi.tags import TaggingThreads, Tags, tag_now, thread_name
 
 if TYPE_CHECKING:
@@ -28,16 +29,33 @@ _ROW_PER_TAG_VISIT = 300
 
 LOCK = threading.RLock()
 
+#: values of ``metacollect.yappi.threads``: only the threads that run tasks (and the event
+#: loop with ``event-loop: true``), or every thread but metacollect's own
+THREAD_SETTINGS = ("tasks", "all")
+
 
 # -- the process-wide profiler ---------------------------------------------------------
 class ProcessProfiler:
     """The one owner of ``yappi.start``/``yappi.stop`` in this process."""
 
     def __init__(
-        self, clock: str, builtins: bool, tags: str = "key", event_loop: bool = True
+        self,
+        clock: str,
+        builtins: bool,
+        tags: str = "key",
+        event_loop: bool = True,
+        threads: str = "all",
     ) -> None:
+        if threads not in THREAD_SETTINGS:
+            raise ValueError(
+                f"metacollect.yappi.threads: {threads!r}; use one of {', '.join(THREAD_SETTINGS)}"
+            )
         self.clock = clock
         self.builtins = builtins
+        #: whose rows are written: "tasks" (task threads, plus the loop with event_loop)
+        #: or "all" (every thread); metacollect's own threads never
+        self.threads_kept = threads
+        self.own_seen: set[int] = set()
         #: what a tag stands for: "key" (a task), "prefix" (a task prefix), "" (none)
         self.tag_by = tags
         #: task key -> what its tag stands for (None: the key itself)
@@ -265,6 +283,29 @@ class ProcessProfiler:
             retiring[t] -= 1
             if not retiring[t]:
                 del retiring[t]
+
+    def own_threads(self) -> set[int]:
+        """metacollect's threads seen so far in this process (by :func:`harness_threads`
+        now, or by the name yappi gave their context): those that ended too."""
+        self.own_seen |= harness_threads()
+        self.own_seen.update(r[2] for r in self.threads if is_harness_name(r[0]))
+        return self.own_seen
+
+    def kept_threads(self, tids: Iterable[int]) -> set[int]:
+        """Of the threads ``tids``, those whose rows go into the profile.
+
+        Never metacollect's own (:meth:`own_threads`). With ``threads: tasks`` in a
+        worker process, only the threads that run tasks, and the event loop when it is
+        profiled; a process without a worker (scheduler, client) keeps every other one.
+        """
+        own = self.own_threads()
+        kept = {t for t in tids if t not in own}
+        if self.threads_kept == "tasks" and any(s.worker is not None for s in self.sinks):
+            wanted = self.executor_threads()
+            if self.event_loop:
+                wanted |= {s.loop for s in self.sinks}
+            kept &= wanted
+        return kept
 
     def executor_threads(self) -> set[int]:
         """Threads that run tasks: those that ran one, and the workers' executors'."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+from dask.utils import key_split
 
 from metacollect.steps.yappi.columns import (
     EDGE_COLUMNS,
@@ -18,6 +21,34 @@ if TYPE_CHECKING:
 
 STAT_KEY = ["context", "tag", "func"]
 EDGE_KEY = ["context", "tag", "caller", "callee_tag", "callee"]
+
+#: functions in which a thread waits for something to do, as yappi names them: C
+#: functions (``builtins: true``) and the Python waits around them. Outside a task
+#: (tag 0) their time is a thread idling (a task thread waiting for its next task, an
+#: event loop in ``epoll``), not work: ``Run.profile`` marks it ``idle``
+WAITS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("<method 'acquire' of '_thread.lock' objects>", "builtins"),
+        ("<method 'acquire' of '_thread.RLock' objects>", "builtins"),
+        ("<method 'get' of '_queue.SimpleQueue' objects>", "builtins"),
+        ("<method 'poll' of 'select.epoll' objects>", "builtins"),
+        ("<method 'poll' of 'select.poll' objects>", "builtins"),
+        ("<method 'control' of 'select.kqueue' objects>", "builtins"),
+        ("<method 'select' of 'select.devpoll' objects>", "builtins"),
+        ("select", "select"),
+        ("sleep", "time"),
+        ("Condition.wait", "threading"),
+        ("Condition.wait_for", "threading"),
+        ("Event.wait", "threading"),
+        ("Semaphore.acquire", "threading"),
+        ("Thread.join", "threading"),
+        ("Queue.get", "queue"),
+        ("EpollSelector.select", "selectors"),
+        ("PollSelector.select", "selectors"),
+        ("SelectSelector.select", "selectors"),
+        ("KqueueSelector.select", "selectors"),
+    }
+)
 
 
 def profile_groups(run: Run, worker: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
@@ -119,11 +150,88 @@ def read_profile(
         return _empty(edges)
     out = pd.concat(frames, ignore_index=True)
     if task is not None:
-        wanted = {str(t) for t in task} if isinstance(task, (list, set, frozenset)) else {str(task)}
-        out = out[out["key"].isin(wanted)]
+        known, per_prefix = tag_keys(run, worker)
+        out = out[out["key"].isin(matching_keys(task, known, run.path, per_prefix))]
     if thread is not None:
         out = out[out["thread"] == int(thread)]
-    return out.sort_values("ttot", ascending=False, ignore_index=True)
+    return _ordered(out, edges)
+
+
+def _ordered(df: pd.DataFrame, edges: bool) -> pd.DataFrame:
+    """Rows in tasks first, then the rest of the work, then idle waits; each heaviest first
+    (a frame outside tasks, ``Thread.run``, holds the idle time below it: it comes after
+    every task's frames)."""
+    rank = df["key"].isna().astype(int) + (df["idle"].astype(int) if not edges else 0)
+    return (
+        df.assign(_rank=rank)
+        .sort_values(["_rank", "ttot"], ascending=[True, False], kind="stable")
+        .drop(columns="_rank")
+        .reset_index(drop=True)
+    )
+
+
+def tag_keys(run: Run, worker: str | None = None) -> tuple[set[str], bool]:
+    """What the tags of the run's profiles stand for: task keys (or task prefixes), and
+    whether some profile has a tag per task prefix."""
+    keys: set[str] = set()
+    per_prefix = False
+    for tpath, _, attrs in profile_groups(run, worker):
+        keys.update(str(k) for k in _table(run, tpath, "tags")["key"].dropna())
+        per_prefix |= attrs.get("tags") == "prefix"
+    return keys, per_prefix
+
+
+def _prefix(key: str) -> str:
+    """The task prefix of a key as stored (the text of a tuple key: ``"('sum-ab', 0)"``)."""
+    if key.startswith("("):
+        try:
+            return key_split(ast.literal_eval(key))
+        except (ValueError, SyntaxError):
+            pass
+    return key_split(key)
+
+
+def matching_keys(
+    task: Any, known: set[str], where: str = "the run", per_prefix: bool = False
+) -> set[str]:
+    """The keys of ``known`` that ``task`` selects (``Run.profile(task=...)``).
+
+    ``task`` is a task key, a task prefix (``"sum"`` selects ``('sum-ab12', 0)``, as
+    ``dask.utils.key_split`` names it) or a shell-style glob matched on the key's text
+    (``fnmatch``: ``"probe-*"``, ``"('sum-*', 1*)"``), or a list of those. Raises
+    :class:`~metacollect.errors.StoreError` when it selects nothing, naming the prefixes
+    the profile has (``per_prefix``: its tags stand for prefixes, keys are not known).
+    """
+    from metacollect.errors import StoreError
+
+    wanted = list(task) if isinstance(task, (list, tuple, set, frozenset)) else [task]
+    if isinstance(task, tuple) and len(task) == 2 and isinstance(task[0], str):
+        wanted = [task]  # a tuple key, not a list of keys
+    prefixes = {k: _prefix(k) for k in known}
+    out: set[str] = set()
+    for w in wanted:
+        text = str(w)
+        out.update(
+            k for k, p in prefixes.items() if k == text or p == text or fnmatch.fnmatchcase(k, text)
+        )
+    if not out:
+        names = sorted(set(prefixes.values()))
+        shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+        mode = (
+            " (a tag per task prefix: set metacollect.yappi.tasks: key to select keys)"
+            if per_prefix
+            else ""
+        )
+        raise StoreError(
+            f"profile(task={task!r}): no profiled task in {where} matches (a key, a task "
+            f"prefix or a glob like 'sum-*'){mode}; "
+            + (
+                f"prefixes profiled: {shown}"
+                if names
+                else "the profile has no task tags (collected with metacollect.yappi.tasks: false)"
+            )
+        )
+    return out
 
 
 def _process_frames(
@@ -176,6 +284,8 @@ def _add_names(df: pd.DataFrame, funcs: pd.DataFrame, tag_key: dict[Any, Any], e
     else:
         for col in ("name", "module", "file", "line", "builtin", "coroutine"):
             df[col] = df["func"].map(funcs[col])
+        waits = [(n, m) in WAITS for n, m in zip(df["name"], df["module"], strict=True)]
+        df["idle"] = (df["tag"] == 0).to_numpy() & pd.array(waits, dtype=bool)
 
 
 def _empty(edges: bool) -> pd.DataFrame:
@@ -187,5 +297,5 @@ def _empty(edges: bool) -> pd.DataFrame:
         ]
         cols = [*process, *EDGE_COLUMNS, "thread_name", "key", "callee_key", *sides]
     else:
-        cols = [*process, *STAT_COLUMNS, "thread_name", "key", *FUNCTION_COLUMNS[1:]]
+        cols = [*process, *STAT_COLUMNS, "thread_name", "key", *FUNCTION_COLUMNS[1:], "idle"]
     return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})

@@ -7,7 +7,6 @@ around every write.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import logging
@@ -21,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import metacollect.config as config
 from metacollect.steps.yappi.columns import KINDS
+from metacollect.steps.yappi.harness import io_loops
 from metacollect.steps.yappi.profiler import LOCK, ProcessProfiler, yappi_version
 from metacollect.steps.yappi.tags import tag_tasks
-from metacollect.store.zarrio import IO_THREAD_NAMES
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -88,6 +87,7 @@ class ProfileSink:
             "per_task": p.per_task,
             "tags": p.tag_by,
             "event_loop": p.event_loop,
+            "threads": p.threads_kept,
             "loop_threads": sorted({s.loop for s in p.sinks} | {self.loop}),
             "yappi_version": p.version,
         }
@@ -153,26 +153,11 @@ class ProfileSink:
             logger.exception("metacollect: could not record a profiler error")
 
 
-def _io_loops() -> list[asyncio.AbstractEventLoop]:
-    """Event loops of the store's I/O threads, found by name (``IO_THREAD_NAMES``).
-
-    Both (metacollect's and Zarr's) run ``loop.run_forever`` as their thread's target,
-    which a ``threading.Thread`` keeps while it runs.
-    """
-    loops = []
-    for t in threading.enumerate():
-        if t.name in IO_THREAD_NAMES:
-            loop = getattr(getattr(t, "_target", None), "__self__", None)
-            if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_closed():
-                loops.append(loop)
-    return loops
-
-
 def unprofile_io_threads() -> None:
     """Take the store's I/O threads out of the profile (store writes run there): yappi
     profiles every thread it finds when it starts, and under it the I/O's asyncio
     machinery would cost several times more and dominate the profile."""
-    for loop in _io_loops():
+    for loop in io_loops():
         with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing runs there
             loop.call_soon_threadsafe(sys.setprofile, None)
 
@@ -268,6 +253,7 @@ def _start_profiler() -> ProcessProfiler:
         bool(config.get("yappi.builtins")),
         tags,
         bool(config.get("yappi.event-loop")),
+        str(config.get("yappi.threads")),
     )
 
 
@@ -311,6 +297,7 @@ def _failed_attrs() -> dict[str, Any]:
         "per_task": False,
         "tags": "",
         "event_loop": bool(config.get("yappi.event-loop")),
+        "threads": str(config.get("yappi.threads")),
         "loop_threads": [],
         "yappi_version": yappi_version(),
     }

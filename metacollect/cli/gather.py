@@ -1,0 +1,48 @@
+"""``metacollect gather STORE LOCAL...``: add the worker groups a run left on node-local disk
+(``metacollect.store.local-dir``) to its store, when a worker was killed before it could copy
+them itself. LOCAL is a node-local store (``<dir>/metacollect-<run>/<worker>.zarr``) or the run's
+directory holding several; run it on the node that has them."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+from typing import Any
+
+from metacollect.errors import NotAStoreError
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "gather",
+        help="add worker groups left on node-local disk to their store",
+        description=__doc__,
+    )
+    p.add_argument("store", help="path of the run's store")
+    p.add_argument("local", nargs="+", help="node-local store(s) or run directories to gather")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from metacollect.analysis.run import open_run
+    from metacollect.store.lifecycle import gather_leftovers
+
+    if not os.path.isdir(args.store):
+        raise NotAStoreError(f"{args.store} does not exist; give the path of a metacollect store")
+    open_run(args.store)  # a clear error when STORE is not a metacollect store
+    local_stores = []
+    for path in args.local:
+        if not os.path.isdir(path):
+            raise NotAStoreError(f"{path} does not exist; give a node-local store or run directory")
+        found = (
+            [path] if path.endswith(".zarr") else sorted(glob.glob(os.path.join(path, "*.zarr")))
+        )
+        if not found:
+            raise NotAStoreError(f"{path} holds no node-local store (*.zarr) to gather")
+        local_stores += found
+    done, status = gather_leftovers(args.store, local_stores)
+    for group in done:
+        print(f"gathered {group}")
+    print(f"{args.store}: {len(done)} group(s) gathered, status {status}")
+    return 0 if done else 1
