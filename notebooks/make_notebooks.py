@@ -159,8 +159,8 @@ print(f"context: {threads} worker threads on {os.cpu_count()} cores "
         (
             "md",
             "## Take it further\n"
-            "`metacollect report STORE -o DIR` draws every view of this store into one offline "
-            "page; `metacollect export STORE --perfetto trace.json` opens it in ui.perfetto.dev; "
+            "`metacollect report STORE -o run.html` draws every view of this store into one "
+            "interactive HTML file that opens offline; `metacollect export STORE --perfetto trace.json` opens it in ui.perfetto.dev; "
             "`--ro-crate DIR` packages the run for sharing.",
         ),
     ],
@@ -627,9 +627,7 @@ def figures(path):
     run = metacollect.open_run(path)
     tasks = run.tasks()
     tr = run.worker_table("transfers")
-    # transfers of this session only: a store of a later session on the same cluster also
-    # holds the workers' earlier transfers (a metacollect bug, reported)
-    tr = tr[(tr.direction == "in") & (tr.start >= run.attrs["started"])]
+    tr = tr[tr.direction == "in"]  # each session's store holds its own transfers only
     return pd.Series({"tasks": len(tasks), "window_s": tasks.stop.max() - tasks.start.min(),
                       "compute_s": tasks.duration.sum(), "transfer_MiB": tr.total.sum() / 2**20})
 table = pd.concat([runs, runs.store.apply(figures)], axis=1)

@@ -124,7 +124,7 @@ CASES = [
     ("demo-store-below-file", ["demo", "--store", f"{F}/x.zarr"]),
     ("demo-store-exists", ["demo", "--store", S]),
     ("demo-report-below-file", ["demo", "--store", f"{T}/d6.zarr", "--report", f"{F}/r"]),
-    ("demo-report-is-file", ["demo", "--store", f"{T}/d7.zarr", "--report", F]),
+    ("demo-report-is-dir", ["demo", "--store", f"{T}/d7.zarr", "--report", D]),
     ("demo-extra-positional", ["demo", "extra"]),
     # info, validate
     ("info-no-store", ["info"]),
@@ -140,12 +140,15 @@ CASES = [
     ("report-no-store", ["report"]),
     ("report-missing", ["report", f"{T}/missing.zarr", "-o", f"{T}/r0"]),
     ("report-file", ["report", F, "-o", f"{T}/r1"]),
-    ("report-dpi-0", ["report", S, "--dpi", "0"]),
-    ("report-dpi-neg", ["report", S, "--dpi", "-50"]),
-    ("report-dpi-huge", ["report", S, "--dpi", "100000"]),
-    ("report-dpi-word", ["report", S, "--dpi", "high"]),
-    ("report-out-is-file", ["report", S, "-o", F]),
-    ("report-out-below-file", ["report", S, "-o", f"{F}/sub"]),
+    ("report-dpi-0", ["report", S, "--png", f"{T}/p0", "--dpi", "0"]),
+    ("report-dpi-neg", ["report", S, "--png", f"{T}/p0", "--dpi", "-50"]),
+    ("report-dpi-huge", ["report", S, "--png", f"{T}/p0", "--dpi", "100000"]),
+    ("report-dpi-word", ["report", S, "--png", f"{T}/p0", "--dpi", "high"]),
+    ("report-dpi-without-png", ["report", S, "-o", f"{T}/r.html", "--dpi", "90"]),
+    ("report-out-is-dir", ["report", S, "-o", D]),
+    ("report-out-below-file", ["report", S, "-o", f"{F}/sub.html"]),
+    ("report-out-no-dir", ["report", S, "-o", f"{T}/nodir/run.html"]),
+    ("report-png-is-file", ["report", S, "--png", F]),
     # export
     ("export-no-store", ["export"]),
     ("export-nothing", ["export", S]),
@@ -354,16 +357,16 @@ def _outputs(tmp_path) -> dict[str, bytes]:
 
 def test_report_failing_midway_leaves_previous_report(places, tmp_path, monkeypatch, capsys):
     out = tmp_path / "report"
-    assert main(["report", places["store"], "-o", str(out), "--dpi", "20"]) == 0
+    assert main(["report", places["store"], "--png", str(out), "--dpi", "20"]) == 0
     previous = _outputs(tmp_path)
     assert "report/index.html" in previous and any(k.endswith(".png") for k in previous)
-    import metacollect.report as report
+    import metacollect.report.png as report
 
     def fail(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(report, "_document", fail)  # after every PNG is drawn
-    assert main(["report", places["store"], "-o", str(out), "--dpi", "20"]) != 0
+    assert main(["report", places["store"], "--png", str(out), "--dpi", "20"]) != 0
     line = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
     assert line and "No space left on device" in line[-1]
     assert _outputs(tmp_path) == previous
@@ -557,7 +560,7 @@ def test_run_without_store_names_a_new_store_per_run_and_says_where(tmp_path):
     ("argv", "shown"),
     [
         (["validate", "{store}"], "validating "),
-        (["report", "{store}", "-o", "{tmp}/progress-report", "--dpi", "20"], "drawing the views"),
+        (["report", "{store}", "-o", "{tmp}/progress.html"], "drawing the views"),
     ],
     ids=["validate", "report"],
 )

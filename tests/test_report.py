@@ -20,7 +20,7 @@ def store():
 
 def test_report_cli_writes_every_view(store, tmp_path, capsys):
     out = tmp_path / "report"
-    assert main(["report", store, "-o", str(out), "--dpi", "40"]) == 0
+    assert main(["report", store, "--png", str(out), "--dpi", "40"]) == 0
     index = out / "index.html"
     assert capsys.readouterr().out.strip() == str(index)
     text = index.read_text()

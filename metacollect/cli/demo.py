@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import tempfile
 from typing import Any
 
 from metacollect.cli import options as t
-from metacollect.files import check_dir_target
+from metacollect.files import check_file_target
 
 #: smallest image side the pipeline's 1-pixel overlap and thresholds make sense for
 MIN_SIZE = 16
@@ -27,7 +26,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--report",
         "-o",
         default=None,
-        help="also write the HTML report here (default <store>-report)",
+        help="also write the interactive HTML report here (default <store without .zarr>.html)",
     )
     p.add_argument("--no-report", action="store_true", help="skip the report")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
@@ -59,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
     # fail fast, before starting a cluster
     store = check_store(args.store, args.overwrite or None)
-    out = args.report or os.path.splitext(store)[0] + "-report"
+    out = args.report or os.path.splitext(store)[0] + ".html"
     if not args.no_report:
-        check_dir_target(out, "the report")
+        check_file_target(out, "the report")
     options = {"yappi.enabled": True} if args.yappi else {}
     print(
         f"metacollect demo: {args.images} images of {args.size}px on {args.workers} workers",
@@ -90,11 +89,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"metacollect demo: store written to {store}")
     if not args.no_report:
-        try:
-            report = importlib.import_module("metacollect.report")
-        except ImportError:
-            report = None
-        if report is not None:
-            index = report.write_report(store, out)
-            print(f"metacollect demo: report written to {index}")
+        from metacollect.report import write_html
+
+        print(f"metacollect demo: report written to {write_html(store, out)}")
     return 0

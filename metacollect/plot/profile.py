@@ -124,9 +124,9 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
         ax.text(0.5, 0.5, "no call edges inside tasks", ha="center", transform=ax.transAxes)
         return
     edges = latest_rows(edges, [*PROFILE_ID, "caller", "callee_tag", "callee"])
-    children, roots = _call_tree(edges.groupby(["caller_name", "callee_name"])["ttot"].sum())
+    children, roots = call_tree(edges.groupby(["caller_name", "callee_name"])["ttot"].sum())
     total = sum(t for _, t in roots) or 1.0
-    boxes = _icicle(children, roots, total, max_depth, min_fraction)
+    boxes = icicle(children, roots, total, max_depth, min_fraction)
     for x0, depth, width, name in boxes:
         ax.add_patch(Rectangle((x0, depth), width, 0.9, fc=color_of(name), ec="white", lw=0.3))
         if width / total > 0.06:
@@ -137,7 +137,7 @@ def _flame(ax: Any, run: Run, max_depth: int = 14, min_fraction: float = 0.01) -
     ax.set_xlabel("inclusive time (s), summed over threads")
 
 
-def _call_tree(
+def call_tree(
     agg: pd.Series,
 ) -> tuple[dict[str, list[tuple[str, float]]], list[tuple[str, float]]]:
     """Callees of each caller with their time, and the roots (callers no one calls; else
@@ -154,7 +154,7 @@ def _call_tree(
     return children, roots
 
 
-def _icicle(
+def icicle(
     children: dict[str, list[tuple[str, float]]],
     roots: list[tuple[str, float]],
     total: float,

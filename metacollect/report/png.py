@@ -64,7 +64,7 @@ _MEMO = {
 }
 
 
-class _Memo:
+class Memo:
     """A read-through cache of a :class:`Run`'s tables for one report (the store is not written
     meanwhile); every call returns a copy, so views may modify what they get."""
 
@@ -117,7 +117,7 @@ def write_report(
     >>> write_report("runs/a.zarr", "runs/a-report")   # doctest: +SKIP
     'runs/a-report/index.html'
     """
-    run: Any = _Memo(store if isinstance(store, Run) else open_run(store))
+    run: Any = Memo(store if isinstance(store, Run) else open_run(store))
     out = os.fspath(out_dir)
     with staged_dir(out, what="the report") as stage:
         problems: list[str] = []

@@ -1,0 +1,189 @@
+"""The interactive one-file HTML report: on a real collected run (its task stream holds exactly
+the run's tasks, with hover), on a 200k-task synthetic run (bounded, and it says so), with a
+view that fails (reported, the others render), and through the CLI."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+from views_runs import basic_store, chain_store, script_store
+
+import metacollect
+from metacollect.cli import main
+from metacollect.report import views, write_html
+
+#: the tabs the report always has (a view without data says so inside its tab)
+TABS = [
+    "Summary",
+    "Task stream",
+    "Progress",
+    "Memory",
+    "CPU and network",
+    "Transfers",
+    "Graphs",
+    "Critical path",
+    "Yappi profile",
+    "Dask profile",
+    "Spans and fine metrics",
+    "I/O (Darshan)",
+    "Events and logs",
+    "System",
+]
+
+
+def _objects(text: str) -> list[dict]:
+    """Every Bokeh model of the page's embedded document, as ``{"name", "attributes"}``."""
+    start = text.index('<script type="application/json"')
+    body = text.index(">", start) + 1
+    doc = text[body : text.index("</script>", body)]
+    found: list[dict] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "name" in node:
+                found.append(node)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(doc))
+    return found
+
+
+def _column(value: object) -> list:
+    """A ColumnDataSource column: a list, or an ndarray (a list, or base64 bytes that Bokeh
+    may have gzipped)."""
+    if isinstance(value, list):
+        return value
+    assert isinstance(value, dict) and value.get("type") == "ndarray", value
+    array = value["array"]
+    if isinstance(array, list):
+        return array
+    raw = base64.b64decode(array["data"])
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return np.frombuffer(raw, dtype=value["dtype"]).tolist()
+
+
+def _sources(objs: list[dict], *columns: str) -> list[dict[str, list]]:
+    """The data of every ColumnDataSource holding all of ``columns``."""
+    out = []
+    for o in objs:
+        if o["name"] != "ColumnDataSource":
+            continue
+        data = o.get("attributes", {}).get("data", {})
+        entries = dict(data.get("entries", [])) if isinstance(data, dict) else {}
+        if set(columns) <= set(entries):
+            out.append({c: _column(entries[c]) for c in columns})
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("html") / "run.html"
+    assert write_html(basic_store(), out) == str(out)
+    return out
+
+
+def test_one_offline_file_with_every_tab(report):
+    assert os.listdir(report.parent) == ["run.html"]  # one file, nothing beside it
+    text = report.read_text()
+    assert not re.search(r"<script[^>]*\ssrc=", text)  # every script inline
+    assert not re.search(r"<link[^>]*\shref=", text)  # no stylesheet to fetch
+    objs = _objects(text)
+    tabs = [o["attributes"]["title"] for o in objs if o["name"] == "TabPanel"]
+    assert tabs == TABS
+    failed = re.findall(r"This view failed to build: ([^&<]*)", text)
+    assert failed == []
+    titles = " ".join(str(o["attributes"].get("text", "")) for o in objs if o["name"] == "Title")
+    n = len(metacollect.open_run(basic_store()).tasks())
+    for expected in [
+        f"Task stream: all {n} task executions",
+        "Progress per task prefix",
+        "Memory of all workers",
+        "CPU per worker process",
+        "Critical path of graph",
+        "Yappi flame view: every worker",
+        "Dask statistical profile",
+    ]:
+        found = expected in titles
+        assert found, expected
+    divs = " ".join(str(o["attributes"].get("text", "")) for o in objs if o["name"] == "Div")
+    says = ["No Darshan I/O" in divs, "nframes" in divs]
+    assert says == [True, True]  # a view without data says so; why the code table is empty
+
+
+def test_task_stream_holds_every_task_with_hover(report):
+    objs = _objects(report.read_text())
+    tasks = metacollect.open_run(basic_store()).tasks()
+    stream = _sources(objs, "key", "worker", "thread", "nbytes", "left", "right")
+    keys = [k for s in stream for k in s["key"]]
+    assert sorted(keys) == sorted(tasks["key"].astype(str))
+    starts = sorted(v for s in stream for v in s["left"])
+    assert starts == pytest.approx(sorted(tasks["start"] * 1000.0))  # wall clock, in ms
+    # one colour (one renderer, one legend entry) per prefix
+    prefixes = {p for s in _sources(objs, "key", "prefix", "thread") for p in set(s["prefix"])}
+    assert prefixes == set(tasks["prefix"])
+    hovers = [o["attributes"].get("tooltips") for o in objs if o["name"] == "HoverTool"]
+    fields = [{t[0] for t in h} for h in hovers if isinstance(h, list)]
+    assert any({"key", "worker", "thread", "start", "duration", "bytes"} <= f for f in fields)
+
+
+def test_200k_tasks_bounded_and_said(tmp_path):
+    out = tmp_path / "big.html"
+    write_html(chain_store(), out)
+    n = 200_000
+    assert os.path.getsize(out) < 1000 * n
+    objs = _objects(out.read_text())
+    stream = _sources(objs, "key", "worker", "thread", "nbytes", "duration")
+    drawn = sum(len(s["key"]) for s in stream)
+    assert drawn == views.MAX_GLYPHS
+    titles = [str(o["attributes"].get("text", "")) for o in objs if o["name"] == "Title"]
+    assert f"Task stream: {drawn:,} of {n:,} task executions drawn" in " ".join(titles)
+
+
+def test_a_failing_view_is_reported_and_the_rest_render(tmp_path, monkeypatch):
+    def broken(ctx):
+        raise RuntimeError("the memory view broke")
+
+    monkeypatch.setitem(views.VIEWS, "Memory", broken)
+    out = tmp_path / "r.html"
+    write_html(script_store(), out)
+    text = out.read_text()
+    reported = ["Views that failed to build" in text, "RuntimeError: the memory view broke" in text]
+    assert reported == [True, True]
+    objs = _objects(text)
+    assert [o["attributes"]["title"] for o in objs if o["name"] == "TabPanel"] == TABS
+    assert _sources(objs, "key", "worker", "thread", "nbytes")  # the task stream still there
+
+
+def test_cli_writes_the_file_and_says_where(tmp_path, capsys):
+    out = tmp_path / "x.html"
+    assert main(["report", script_store(), "-o", str(out), "-q"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["{tmp}/missing.zarr", "-o", "{tmp}/x.html"], "does not exist"),
+        (["{store}", "-o", "{tmp}/no/such/dir/x.html"], "does not exist; create it"),
+        (["{store}", "-o", "{tmp}"], "is a directory"),
+    ],
+    ids=["missing-store", "output-dir-missing", "output-is-a-dir"],
+)
+def test_cli_bad_paths_one_line(tmp_path, capsys, argv, says):
+    filled = [a.format(tmp=tmp_path, store=script_store()) for a in argv]
+    assert main(["report", *filled]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and says in err[0] and "Traceback" not in err[0], err
+    assert not list(tmp_path.glob("*.html"))
