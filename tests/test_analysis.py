@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pandas as pd
 import pytest
@@ -82,13 +81,12 @@ def test_critical_path_unknown_graph_says_which_exist(run):
         analysis.critical_path(run, graph=99)
 
 
-def test_critical_path_of_a_200k_task_chain_takes_seconds():
-    """Linear in the path's length (it was quadratic: 8 s at 10k tasks, no end at 200k)."""
+def test_critical_path_of_a_200k_task_chain():
+    """Linear in the path's length (it was quadratic: 8 s at 10k tasks, no end at 200k; the
+    suite's per-test timeout stops a quadratic one - no timing asserted here)."""
     long_run = metacollect.open_run(chain_store(LONG_CHAIN))
-    started = time.perf_counter()
     cp = analysis.critical_path(long_run)
     nodes, edges = analysis.graph_nodes(long_run)
-    took = time.perf_counter() - started
     assert len(cp) == LONG_CHAIN and cp["key"].iloc[0] == "inc-0"
     assert (cp["key"].to_numpy() == [f"inc-{i}" for i in range(LONG_CHAIN)]).all()
     assert cp.attrs["length"] == pytest.approx(LONG_CHAIN * 5e-4, rel=1e-3)
@@ -96,7 +94,6 @@ def test_critical_path_of_a_200k_task_chain_takes_seconds():
     depth = nodes.set_index("key")["depth"]
     assert depth["inc-0"] == 0 and depth[f"inc-{LONG_CHAIN - 1}"] == LONG_CHAIN - 1
     assert len(edges) == LONG_CHAIN - 1
-    assert took < 30, f"{took:.1f} s"  # about 4 s on a busy 2-core box
 
 
 def test_graph_nodes_depths(run):

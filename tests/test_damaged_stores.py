@@ -1,12 +1,15 @@
 """Damaged stores: ``validate`` names the damage, or the readers return exactly the undamaged data.
 
-A real store of a small run is damaged in every way we found stores get damaged (a group, an
-array or a chunk deleted, garbage or flipped bytes in a compressed chunk, a strings table
-cut short, a ``rows`` commit point of -5 or past the arrays, a broken ``zarr.json``, codes
-outside the strings table, ids that do not join), then at random (seeded). For each damaged
-copy: ``validate`` reports a problem naming what is damaged, or every public reader returns
-exactly what it returned on the undamaged store; a reader that meets damage raises a
-:class:`StoreError`, never returns wrong data and never another exception.
+A real store of a small run, sealed as ``finalize`` seals it (compacted: codes as strings,
+see :mod:`metacollect.store.compact`) and sealed without compaction (codes and strings
+tables, as a run's store holds them until its seal, and as an fsspec store keeps them), is
+damaged in every way we found stores get damaged (a group, an array or a chunk deleted,
+garbage or flipped bytes in a compressed chunk, a strings table cut short, a ``rows`` commit
+point of -5 or past the arrays, a broken ``zarr.json``, codes outside the strings table, ids
+that do not join), then at random (seeded). For each damaged copy: ``validate`` reports a
+problem naming what is damaged, or every public reader returns exactly what it returned on
+the undamaged store; a reader that meets damage raises a :class:`StoreError`, never returns
+wrong data and never another exception.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.errors import StoreError
+from metacollect.store import lifecycle
 from metacollect.store.validate import validate_store
 
 #: the public readers of a run that return tables (and ``config``)
@@ -47,10 +51,7 @@ READERS = (
 WORKER_TABLES = ("tasks", "startstops", "transitions", "transfers", "metrics")
 
 
-@pytest.fixture(scope="module")
-def good_store(tmp_path_factory):
-    """A real, sealed store of a small run on a process LocalCluster."""
-    path = str(tmp_path_factory.mktemp("damage") / "good.zarr")
+def _collected(path: str) -> str:
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
@@ -63,9 +64,29 @@ def good_store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def good_store(tmp_path_factory):
+    """A real, sealed store of a small run on a process LocalCluster."""
+    return _collected(str(tmp_path_factory.mktemp("damage") / "good.zarr"))
+
+
+@pytest.fixture(scope="module")
 def good_data(good_store):
     assert validate_store(good_store) == []
     return read_everything(good_store)
+
+
+@pytest.fixture(scope="module")
+def coded_store(tmp_path_factory):
+    """The same, sealed without compaction: codes into each group's strings table."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
+        return _collected(str(tmp_path_factory.mktemp("damage") / "coded.zarr"))
+
+
+@pytest.fixture(scope="module")
+def coded_data(coded_store):
+    assert validate_store(coded_store) == []
+    return read_everything(coded_store)
 
 
 def read_everything(store: str) -> dict[str, Any]:
@@ -275,12 +296,41 @@ DAMAGES: list[tuple[str, Callable[[str], str]]] = [
     ),
     ("codes below -1", lambda s: set_value(s, f"{S}/tasks/worker", 0, lambda a, p: -7)),
     ("task key not a transition", lambda s: set_value(s, f"{S}/tasks/key", 1, _code_not_a_key)),
+    (
+        "compacted task key not a transition",
+        lambda s: set_value(s, f"{S}/tasks/key", 1, lambda a, p: "('no-such-key', 0)"),
+    ),
+    ("compacted codes as ints", lambda s: edit_array_json(s, f"{S}/tasks/worker", _as_codes)),
+    (
+        "compacted units gone",
+        lambda s: edit_array_json(s, f"{S}/tasks/start", lambda d: d["attributes"].pop("units")),
+    ),
     ("graph id not a graph", lambda s: set_value(s, f"{C}/tasks/graph", 0, lambda a, p: 99)),
     (
         "dependency graph not a graph",
         lambda s: set_value(s, f"{C}/dependencies/graph", 0, lambda a, p: 7),
     ),
 ]
+
+
+def _as_codes(doc: dict[str, Any]) -> None:
+    doc.update(data_type="int32", fill_value=-1)
+
+
+#: damage to what only a store sealed without compaction holds (codes, strings tables)
+CODED = {
+    "delete strings group",
+    "delete chunk (codes)",
+    "delete chunk (strings)",
+    "garbage chunk (zstd)",
+    "flip bytes in blosc codes",
+    "flip bytes in zstd chunk",
+    "truncate strings table",
+    "truncate strings and codes",
+    "codes past the strings",
+    "codes below -1",
+    "task key not a transition",
+}
 
 
 def _rel_in(where: str, problems: list[str]) -> bool:
@@ -291,11 +341,19 @@ def _rel_in(where: str, problems: list[str]) -> bool:
 
 #: damage only a check across tables finds: each value is valid on its own, and a reader of
 #: one table does not read the table it joins (``validate`` does)
-JOINS_ONLY = {"task key not a transition", "graph id not a graph", "dependency graph not a graph"}
+JOINS_ONLY = {
+    "task key not a transition",
+    "compacted task key not a transition",
+    "graph id not a graph",
+    "dependency graph not a graph",
+}
 
 
 @pytest.mark.parametrize("name, damage", DAMAGES, ids=[n for n, _ in DAMAGES])
-def test_damage_is_named(name, damage, good_store, good_data, tmp_path):
+def test_damage_is_named(name, damage, request, tmp_path):
+    form = "coded" if name in CODED else "good"
+    good_store = request.getfixturevalue(f"{form}_store")
+    good_data = request.getfixturevalue(f"{form}_data")
     store = str(tmp_path / "damaged.zarr")
     shutil.copytree(good_store, store)
     where = damage(store)
@@ -341,7 +399,10 @@ def _fuzz_damage(store: str, rng: random.Random) -> str:
 FUZZ_CASES = 40
 
 
-def test_fuzz_damage_caught_or_harmless(good_store, good_data, tmp_path):
+@pytest.mark.parametrize("form", ["good", "coded"])
+def test_fuzz_damage_caught_or_harmless(form, request, tmp_path):
+    good_store = request.getfixturevalue(f"{form}_store")
+    good_data = request.getfixturevalue(f"{form}_data")
     rng = random.Random(20240924)
     failures = []
     for case in range(FUZZ_CASES):

@@ -291,6 +291,19 @@ def test_the_users_cluster_comes_back_as_it_was(live):
     assert len(workers) == 2 and set(workers["status"]) == {"ingested"}
 
 
+def test_the_flat_build_is_recorded_and_its_logs_found_flat(live):
+    darshan = open_run(live["store"]).groups["darshan"]
+    assert darshan["runtime"]["layout"] == "flat"  # /opt/darshan: --with-log-path-by-env
+    assert darshan["runtime"]["log_path_by_env"] == ["DARSHAN_LOG_DIR_PATH"]
+    logs = open_run(live["store"]).table("darshan", "logs")
+    for path in logs["path"]:  # straight in <log_dir>/<host>/, no YYYY/M/D
+        assert os.path.dirname(os.path.dirname(path)) == darshan["log_dir"], path
+    # where the session's time went, phase by phase
+    assert {"start: restart under Darshan", "end: ingest logs", "end: workers back"} <= set(
+        darshan["seconds"]
+    )
+
+
 def test_no_darshan_left_in_this_process(live):
     assert "LD_PRELOAD" not in os.environ or "libdarshan" not in os.environ["LD_PRELOAD"]
     assert threading.active_count() < 50

@@ -192,6 +192,12 @@ def _check_record_whole(live) -> None:
     assert len(workers) == 2
     assert live["seconds"] < 55  # no shutdown-timeout (60 s) was waited out
     assert validate_store(live["store"]) == []
+    # the launcher's own file (the script's outcome, written by the script's process
+    # under Darshan) is recorded, out of the user's view
+    every = run.io(scope="all")
+    ours = every[every["file"].astype(str).str.contains("/metacollect-run-")]
+    assert ours["file"].str.endswith("/outcome.json").any()
+    assert set(ours["scope"]) == {"metacollect"}
 
 
 # -- DXT on ------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ Needs the single-node Slurm of ``.ci/slurm-up`` (marker ``slurm``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-import time
+from collections.abc import Iterator
 
 import cloudpickle
 import dask.config
@@ -44,17 +45,12 @@ def read_open(path: str) -> int:
         return len(f.read())
 
 
-@pytest.mark.slurm
-def test_slurm_workers_under_darshan_are_byte_exact(darshan_library, tmp_path):  # noqa: F811
-    require_slurm()
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "in.bin").write_bytes(os.urandom(54_321))
-    store = str(tmp_path / "run.zarr")
-    t0 = time.perf_counter()
+@contextlib.contextmanager
+def darshan_jobs(library: str, store: str, tmp_path) -> Iterator:
+    """A Slurm jobqueue cluster whose workers start under Darshan (the prologue)."""
     with (
         dask.config.set(
-            {"metacollect.darshan.enabled": True, "metacollect.darshan.library": darshan_library}
+            {"metacollect.darshan.enabled": True, "metacollect.darshan.library": library}
         ),
         jobqueue_cluster(
             "slurm",
@@ -66,6 +62,17 @@ def test_slurm_workers_under_darshan_are_byte_exact(darshan_library, tmp_path): 
             **KW,
         ) as cluster,
     ):
+        yield cluster
+
+
+@pytest.mark.slurm
+def test_slurm_workers_under_darshan_are_byte_exact(darshan_library, tmp_path):  # noqa: F811
+    require_slurm()
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "in.bin").write_bytes(os.urandom(54_321))
+    store = str(tmp_path / "run.zarr")
+    with darshan_jobs(darshan_library, store, tmp_path) as cluster:
         cluster.scale(jobs=2)
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)
@@ -83,7 +90,6 @@ def test_slurm_workers_under_darshan_are_byte_exact(darshan_library, tmp_path): 
                 # would not end): release them, as a script done with them does
                 del futs
             assert ids.isdisjoint(squeue_ids())  # the jobs ended: their logs are written
-    seconds = time.perf_counter() - t0
     sizes = {str(data / n): os.path.getsize(data / n) for n in ("a.bin", "b.npy")}
     run = open_run(store)
     assert run.attrs["status"] == "complete", run.attrs.get("missing")
@@ -104,4 +110,32 @@ def test_slurm_workers_under_darshan_are_byte_exact(darshan_library, tmp_path): 
     # per worker: one file each written, on the worker that ran the task
     by_proc = mine.groupby("process")["bytes_written"].sum()
     assert sorted(by_proc) == sorted(sizes.values())
-    assert seconds < 60
+
+
+@pytest.mark.slurm
+def test_results_the_client_holds_do_not_hang_the_end(darshan_library, tmp_path):  # noqa: F811
+    """A script that still holds its futures when the session ends: the jobs' workers
+    cannot retire (no other worker may take the results); they are closed, their logs are
+    written at exit, and the record says which results were lost and how to avoid it."""
+    require_slurm()
+    store = str(tmp_path / "run.zarr")
+    path = str(tmp_path / "held.bin")
+    with darshan_jobs(darshan_library, store, tmp_path) as cluster:
+        cluster.scale(jobs=1)
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+            ids = {str(j.job_id) for j in cluster.workers.values()}
+            with collect(client, store, flush_interval="0.5s"):
+                held = client.submit(write_open, path, 4_321)
+                pid = held.result()
+            assert ids.isdisjoint(squeue_ids())  # the job ended
+    # the end waited only for tasks still to run (no 60 s wait for results held in memory,
+    # no failed retire): the held result is named as lost, and the worker's log is its final
+    run = open_run(store)
+    missing = " ".join(run.attrs.get("missing") or [])
+    assert "release futures" in missing and "1 results" in missing, missing
+    logs = run.table("darshan", "logs")
+    worker = logs[logs["role"] == "worker"]
+    assert list(worker["pid"]) == [pid] and list(worker["kind"]) == ["final"]
+    io = run.io().set_index("file")
+    assert io.loc[path, "bytes_written"] == os.path.getsize(path) == 4_321

@@ -599,7 +599,9 @@ def test_a_collector_removed_from_the_scheduler_stops_and_the_store_says_so(tmp_
         assert session.status == "incomplete"
         assert any("removed from the scheduler" in m for m in session.missing), session.missing
         assert _flush_threads() == before  # nothing left flushing in this process
-        left = client.run(lambda dask_worker: [n for n in dask_worker.plugins if "metacollect" in n])
+        left = client.run(
+            lambda dask_worker: [n for n in dask_worker.plugins if "metacollect" in n]
+        )
         assert all(v == [] for v in left.values()), left
     run = open_run(store)
     assert run.attrs["status"] == "incomplete"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 
 import pytest
 from matplotlib.collections import PolyCollection
@@ -90,12 +89,12 @@ def test_task_graph_aggregates_by_prefix(run):
     render(fig)
 
 
-def test_critical_path_of_a_200k_task_chain_takes_seconds():
-    """The view was quadratic in the path's length (a set rebuilt for every task on it)."""
+def test_critical_path_of_a_200k_task_chain():
+    """The view was quadratic in the path's length (a set rebuilt for every task on it): it
+    never ended at 200k tasks; linear, it takes seconds (no timing here - the suite's
+    per-test timeout stops a quadratic one, and benchmarks/report_scale.py measures it)."""
     long_run = metacollect.open_run(chain_store(LONG_CHAIN))
-    started = time.perf_counter()
     fig = plot.critical_path(long_run)
-    took = time.perf_counter() - started
     ax = fig.axes[0]
     assert f"{LONG_CHAIN} tasks" in ax.get_title() and "(50.0%)" in ax.get_title()
     grey, path = [c for c in ax.collections if isinstance(c, PolyCollection)]
@@ -103,7 +102,6 @@ def test_critical_path_of_a_200k_task_chain_takes_seconds():
     (line,) = ax.lines  # the path, through every task in order
     assert len(line.get_xdata()) == LONG_CHAIN
     assert (line.get_xdata()[1:] > line.get_xdata()[:-1]).all()
-    assert took < 60, f"{took:.1f} s"  # about 10 s on a busy 2-core box
 
 
 def test_critical_path_title_has_the_fraction(run):
@@ -208,3 +206,27 @@ def test_perfetto_has_dxt_segments(run, tmp_path):
         doc = json.load(f)
     io = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "io"]
     assert len(io) == 2 * WIDE and {e["name"] for e in io} == {"read", "write"}
+
+
+def test_flame_root_that_never_returned_is_as_wide_as_what_ran_under_it():
+    """A worker thread's loop never returns while profiled: yappi gives ``run -> _worker`` no
+    time. The flame view's root still spans what ran under it (not a zero-width root)."""
+    import pandas as pd
+
+    from metacollect.plot.profile import call_tree, icicle
+
+    agg = pd.Series(
+        {
+            ("run", "_worker"): 0.0,
+            ("_worker", "task"): 2.0,
+            ("_worker", "get"): 1.0,  # idle waits between tasks
+            ("task", "sort"): 1.5,
+            ("helper", "sort"): 0.5,  # sort has two callers: its edges keep their own time
+        }
+    )
+    children, roots = call_tree(agg)
+    assert sorted(roots) == [("helper", 0.5), ("run", 3.0)]
+    assert children["run"] == [("_worker", 3.0)]
+    assert dict(children["_worker"]) == {"task": 2.0, "get": 1.0}
+    boxes = icicle(children, roots, 3.5, 10, 0.0)
+    assert {name for *_, name in boxes} == {"run", "_worker", "task", "get", "sort", "helper"}

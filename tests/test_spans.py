@@ -115,15 +115,18 @@ def workload(client):
 def spilling_cluster():
     # results beyond 20 MiB a worker go to disk at once (execute's disk-write), and are
     # read back by their dependents (disk-read); the memory monitor stays out of it
-    with dask.config.set(
-        {"distributed.worker.memory.target": 0.05, "distributed.worker.memory.spill": False}
-    ), LocalCluster(
-        n_workers=2,
-        threads_per_worker=2,
-        memory_limit="400MiB",
-        dashboard_address=":0",
-        processes=True,
-    ) as cluster:
+    with (
+        dask.config.set(
+            {"distributed.worker.memory.target": 0.05, "distributed.worker.memory.spill": False}
+        ),
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=2,
+            memory_limit="400MiB",
+            dashboard_address=":0",
+            processes=True,
+        ) as cluster,
+    ):
         yield cluster
 
 
@@ -311,7 +314,9 @@ def test_a_failing_fine_metrics_read_is_recorded_and_costs_nothing_else(client, 
     assert len(where) >= 2 and set(where["what"]) == {"RuntimeError: digests unreadable"}
     # the metrics never became readable again: the store says what it lacks
     assert run.attrs["status"] == "incomplete"
-    assert any("fine metrics could not be read at its final flush" in m for m in run.attrs["missing"])
+    assert any(
+        "fine metrics could not be read at its final flush" in m for m in run.attrs["missing"]
+    )
 
 
 def test_metacollect_spans_prints_the_tree_with_its_activities(client, store, capsys):
@@ -330,5 +335,7 @@ def test_metacollect_spans_prints_the_tree_with_its_activities(client, store, ca
     assert rows["outer"].startswith("outer") and rows["inner"].startswith("  inner")
     summary = open_run(store).span_summary().set_index("name")
     assert rows["inner"].split()[2] == "3"  # its own tasks
-    assert float(rows["outer"].split()[3]) == pytest.approx(summary.loc["outer", "thread-cpu"], abs=0.01)
+    assert float(rows["outer"].split()[3]) == pytest.approx(
+        summary.loc["outer", "thread-cpu"], abs=0.01
+    )
     assert main(["spans", store + ".missing"]) != 0

@@ -51,8 +51,9 @@ class Run(StoreReader):
             ``"task"`` (DXT segments summed per task whose compute interval contains them) or
             ``"segment"`` (the DXT segments, on Dask's clock, with their task).
         scope
-            ``"user"`` (default: the workload's files), ``"metacollect"`` (the store and
-            logs), ``"python"``, ``"system"`` or ``"all"``.
+            ``"user"`` (default: the workload's files), ``"metacollect"`` (the store,
+            logs and metacollect's scratch), ``"dask"`` (the workers' scratch space),
+            ``"python"``, ``"system"`` or ``"all"``.
 
         Examples
         --------

@@ -30,6 +30,7 @@ from metacollect.errors import UsageError
 from metacollect.launch.child import Outcome
 from metacollect.launch.preload import attach_environment
 from metacollect.session.collection import Collection, init_root
+from metacollect.steps.darshan.logs import remove_old_logs
 from metacollect.steps.job import JobInfo, write_job
 from metacollect.store.lifecycle import cluster_ends, finalize, prepare_store, unended_clusters
 from metacollect.store.writer import StoreWriter
@@ -226,6 +227,7 @@ def run_target(
         # a copy: dask.config.set restores the live dicts in place when the block ends
         opts = copy.deepcopy(dask.config.get("metacollect"))
     store = prepare_store(store, overwrite)
+    remove_old_logs(store)  # an earlier run's Darshan logs would pass for this run's
     with dask.config.set(overrides):
         launch = (
             AttachedLaunch(store, opts, echo)

@@ -141,15 +141,39 @@ def call_tree(
     agg: pd.Series,
 ) -> tuple[dict[str, list[tuple[str, float]]], list[tuple[str, float]]]:
     """Callees of each caller with their time, and the roots (callers no one calls; else
-    the heaviest caller)."""
+    the heaviest caller).
+
+    A frame that had not returned when the profile was taken (a worker thread's loop, whose
+    ``run`` never returns) has no time of its own: yappi counts a call when it returns. An
+    edge to a callee that has only that caller is given at least the time of the callee's
+    own callees, so such a root is as wide as what ran under it."""
     children: dict[str, list[tuple[str, float]]] = {}
+    callers: dict[str, set[str]] = {}
     for (a, b), t in agg.items():
         if a != b:
             children.setdefault(a, []).append((b, float(t)))
-    callees = {b for _, b in agg.index}
-    roots = [(a, sum(t for _, t in ch)) for a, ch in children.items() if a not in callees]
+            callers.setdefault(b, set()).add(a)
+    below: dict[str, float] = {}
+
+    def under(name: str, path: frozenset[str]) -> float:
+        if name in below:
+            return below[name]
+        if name in path:  # recursion: its time is counted where the cycle was entered
+            return 0.0
+        path = path | {name}
+        edges = []
+        for b, t in children.get(name, []):
+            if len(callers[b]) == 1:
+                t = max(t, under(b, path))
+            edges.append((b, t))
+        if name in children:
+            children[name] = edges
+        below[name] = sum(t for _, t in edges)
+        return below[name]
+
+    roots = [(a, under(a, frozenset())) for a in list(children) if a not in callers]
     if not roots:
-        every = ((a, sum(t for _, t in ch)) for a, ch in children.items())
+        every = ((a, under(a, frozenset())) for a in list(children))
         roots = sorted(every, key=lambda r: -r[1])[:1]
     return children, roots
 

@@ -24,6 +24,7 @@ import dask.config
 import metacollect.config as config
 from metacollect.errors import UsageError
 from metacollect.session.shutdown import retire_and_wait, retire_batch
+from metacollect.steps.darshan.logs import remove_old_logs
 from metacollect.steps.job import JobInfo, versions, write_job
 from metacollect.steps.scheduler import SchedulerCollector, active_stores, end_collection
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
@@ -170,6 +171,8 @@ class Collection:
         self.options = options
         # ``prepared``: the caller (a launcher) prepared the store and holds its lock
         self.store = store if prepared else prepare_store(store, overwrite)
+        if not prepared:  # an earlier run's Darshan logs would pass for this run's
+            remove_old_logs(self.store)
         self.run_id = run_id or uuid.uuid4().hex
         self.launcher = launcher
         # set by start(); None until then (a start that failed half way still stops cleanly)

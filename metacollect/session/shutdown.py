@@ -96,16 +96,27 @@ def retire_and_wait(
     job_ids = [str(j) for j in job_ids if j]
 
     def n_tasks() -> int:
-        return int(client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)))
+        return int(client.run_on_scheduler(_unfinished))
 
     if not _wait(lambda: n_tasks() == 0, timeout, poll):
         problems.append(
-            f"scheduler still held {n_tasks()} tasks after {timeout:g} s; retired anyway"
+            f"scheduler still had {n_tasks()} tasks to run after {timeout:g} s; retired anyway"
         )
+    retired: set[str] = set()
     try:
-        client.retire_workers(close_workers=True)
+        retired = set(client.sync(_retire, client, timeout) or {})
     except Exception as e:  # a worker that dies while retiring: keep waiting for the rest
         problems.append(f"retire_workers: {type(e).__name__}: {e}")
+    kept = sorted(set(client.scheduler_info(n_workers=-1).get("workers") or {}) - retired)
+    if kept:
+        # they hold results no other worker could take (every worker retires): the
+        # client's futures keep them; close them so their processes (and jobs) end
+        held = client.run_on_scheduler(_close_workers, kept)
+        problems.append(
+            f"workers {kept} held {held} results the client still holds, which no other "
+            "worker could take, so they could not retire; they were closed and those "
+            "futures are lost: release futures (del, client.cancel) before the session ends"
+        )
     if not _wait(lambda: not client.scheduler_info(n_workers=-1).get("workers"), timeout, poll):
         problems.append(f"workers still connected {timeout:g} s after retire_workers")
     if job_ids and not _wait(lambda: not jobs_in_queue(job_ids), timeout, poll):
@@ -115,6 +126,43 @@ def retire_and_wait(
     for p in problems:
         logger.warning("metacollect: graceful shutdown: %s", p)
     return problems
+
+
+def _unfinished(dask_scheduler: Any) -> int:
+    """Tasks the scheduler still has to run (results held in memory do not count: the
+    client's futures keep them as long as it likes)."""
+    todo = ("waiting", "processing", "queued", "no-worker")
+    return sum(1 for ts in dask_scheduler.tasks.values() if ts.state in todo)
+
+
+async def _retire(client: Client, timeout: float) -> dict[str, Any]:
+    """``retire_workers(close_workers=True)`` of every worker, at most ``timeout`` s."""
+    import asyncio
+
+    scheduler: Any = client.scheduler
+    info = await scheduler.identity(n_workers=-1)
+    return dict(
+        await asyncio.wait_for(
+            scheduler.retire_workers(
+                workers=list(info.get("workers") or {}),
+                close_workers=True,
+                stimulus_id=f"metacollect-retire-{time.time()}",
+            ),
+            timeout,
+        )
+    )
+
+
+async def _close_workers(workers: list[str], dask_scheduler: Any = None) -> int:
+    """Ask these workers to close (gracefully: their processes exit); return how many
+    results they held."""
+    held = 0
+    for address in workers:
+        ws = dask_scheduler.workers.get(address)
+        if ws is not None:
+            held += len(ws.has_what)
+            dask_scheduler.close_worker(address)
+    return held
 
 
 def graceful_close(

@@ -20,6 +20,7 @@ import numpy as np
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
+from metacollect.store.compact import NEW, NONE_ATTR, OLD, text_values
 from metacollect.store.integrity import rows_problem, seal_problems
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.schema import GroupSpec, TableSpec, load_schema
@@ -173,7 +174,7 @@ def _read_table(
     """The decoded columns of one table and which rows decode whole (``None``: no table)."""
     where = f"{path}/{name}" if path else name
     try:
-        tg = zarrio.group_at(group, name)
+        tg = _table_group(group, name)
     except KeyError:
         if where in report.sealed:
             report.notes.append(f"table {where}: listed in the store's seal but gone")
@@ -190,7 +191,9 @@ def _read_table(
         _strings(group, path) if any(tspec.variables[v].dtype == "code" for v in arrays) else None
     )
     for v, data in list(columns.items()):
-        if tspec.variables[v].dtype == "code":
+        if tspec.variables[v].dtype == "code" and data.dtype.kind not in "iu":  # compacted
+            columns[v] = text_values(data, arrays[v].attrs.get(NONE_ATTR))
+        elif tspec.variables[v].dtype == "code":
             columns[v], ok = _decode(data, strings)
             _drop(report, where, good & ~ok, "string codes outside a readable strings table")
             good &= ok
@@ -200,6 +203,18 @@ def _read_table(
         _drop(report, where, good, f"its column {', '.join(gone)} is gone or damaged")
         good[:] = False
     return columns, good
+
+
+def _table_group(group: zarrio.Group, name: str) -> zarrio.Group:
+    """A table's group; of a compaction a killed process left half-swapped (see
+    :func:`metacollect.store.compact.recover`), the new table when it was written whole,
+    else the old one (``KeyError``: none)."""
+    for candidate in (name, name + NEW, name + OLD):
+        try:
+            return zarrio.group_at(group, candidate)
+        except KeyError:
+            continue
+    raise KeyError(name)
 
 
 def _arrays(

@@ -21,6 +21,7 @@ import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
+from metacollect.store.compact import compact
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
 from metacollect.store.writer import read_nodes, seal, trim
 
@@ -169,17 +170,20 @@ def consolidate(
     nodes: dict[str, dict[str, Any]] | None = None,
     attrs: Mapping[str, Any] | None = None,
 ) -> None:
-    """Seal a store no process writes any more: cut its arrays back to their committed rows
-    (writers keep room ahead), then write the root's metadata once - ``attrs`` added to its
-    attributes, and the consolidated metadata of every node (after any write that adds
-    groups), so plain Zarr and xarray readers see exactly the rows written. ``store``: its
-    path or root group; ``nodes``: its :func:`~metacollect.store.writer.read_nodes` when
-    already read (one read of the store serves the caller and the seal)."""
+    """Seal a store no process writes any more: compact its tables (see
+    :mod:`metacollect.store.compact`: large chunks, codes as strings, cut to their committed
+    rows; an interrupted compaction is finished first), then write the root's metadata
+    once - ``attrs`` added to its attributes, and the consolidated metadata of every node
+    (after any write that adds groups), so plain Zarr and xarray readers see exactly the
+    rows written. ``store``: its path or root group; ``nodes``: its
+    :func:`~metacollect.store.writer.read_nodes` when already read (one read of the store
+    serves the caller and the seal)."""
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
     with zarrio.compact_json():
         if nodes is None:
             nodes = read_nodes(root)
-        trim(root, nodes)
+        compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
+        trim(root, nodes)  # what compaction left (fsspec stores): cut to the rows written
         seal(root, nodes, attrs or {})
 
 

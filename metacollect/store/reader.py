@@ -18,6 +18,7 @@ import xarray as xr
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
+from metacollect.store.compact import NONE_ATTR, text_values
 from metacollect.store.integrity import check_codes, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
 
@@ -186,10 +187,12 @@ class StoreReader:
                 {v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype)) for v in wanted}
             )
         try:
-            data_of, n = self._read_columns(tg, tspec, wanted, distinct)
+            data_of, n, nones = self._read_columns(tg, tspec, wanted, distinct)
             strings = _GroupStrings(self.root, group)  # read only if a code column needs it
             arrays = {
-                v: self._column(tspec.variables[v], data_of.get(v), n, strings, f"{tg.path}/{v}")
+                v: self._column(
+                    tspec.variables[v], data_of.get(v), n, strings, f"{tg.path}/{v}", nones.get(v)
+                )
                 for v in wanted
             }
         except StoreError:
@@ -204,9 +207,10 @@ class StoreReader:
     @staticmethod
     def _read_columns(
         tg: zarrio.Group, tspec: Any, wanted: list[str], distinct: bool
-    ) -> tuple[dict[str, np.ndarray], int]:
+    ) -> tuple[dict[str, np.ndarray], int, dict[str, Any]]:
         """The committed rows of the wanted variables the table holds, all in one batch of
-        Zarr reads (they decode side by side); with ``distinct``, repeated rows dropped."""
+        Zarr reads (they decode side by side); with ``distinct``, repeated rows dropped; and
+        the string that stands for no value in each compacted ``code`` column."""
         present = {
             v: a for v, a in zarrio.members(tg) if v in tspec.variables and zarrio.is_array(a)
         }
@@ -220,18 +224,27 @@ class StoreReader:
             keep = ~frame.duplicated().to_numpy()
             data_of = {v: d[keep] for v, d in data_of.items()}
             n = int(keep.sum())
-        return data_of, n
+        nones = {v: present[v].attrs.get(NONE_ATTR) for v in names}
+        return data_of, n, nones
 
     @staticmethod
     def _column(
-        vspec: Any, data: np.ndarray | None, n: int, strings: _GroupStrings, where: str
+        vspec: Any,
+        data: np.ndarray | None,
+        n: int,
+        strings: _GroupStrings,
+        where: str,
+        none: Any = None,
     ) -> Any:
-        """One variable as a DataFrame column: codes decoded, strings as objects, a variable
-        the table lacks (added by a newer schema) as ``n`` fill values."""
+        """One variable as a DataFrame column: codes decoded (a sealed store holds them as
+        strings already, ``none`` standing for no value), strings as objects, a variable the
+        table lacks (added by a newer schema) as ``n`` fill values."""
         if data is None:
             fill = None if vspec.dtype in ("str", "code") else FILL[vspec.dtype]
             return pd.Series(np.full(n, fill, dtype=_pandas_dtype(vspec.dtype)))
-        if vspec.dtype == "code":
+        if vspec.dtype == "code" and data.dtype.kind not in "iu":
+            data = text_values(data, none)
+        elif vspec.dtype == "code":
             check_codes(where, data, strings.n)
             data = _decode(strings, data)
         elif vspec.dtype == "str":

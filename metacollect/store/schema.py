@@ -28,6 +28,14 @@ DTYPES: dict[str, Any] = {
     "uint64": np.uint64,
     "float64": np.float64,
 }
+#: ``unit`` of the variables that hold times, in seconds since the epoch (UTC, as
+#: ``time.time()``): the CF units under which xarray decodes them to datetime64
+EPOCH = "seconds since 1970-01-01"
+#: CF calendar written beside :data:`EPOCH`
+CALENDAR = "proleptic_gregorian"
+#: CF ``units`` of a variable without a unit (counts, ids, names): dimensionless
+DIMENSIONLESS = "1"
+
 #: fill used when a writer has no value for a column
 FILL: dict[str, Any] = {
     "str": "",
@@ -55,6 +63,17 @@ class VariableSpec:
     @property
     def numpy_dtype(self) -> Any:
         return DTYPES[self.dtype]
+
+    @property
+    def cf_attrs(self) -> dict[str, str]:
+        """The CF attributes of the variable's array: ``long_name`` (its description),
+        ``units`` (its unit, ``"1"`` without one), and for a time since the epoch the
+        ``calendar`` that lets xarray decode it to datetime64. Durations keep the unit
+        ``s``, which xarray leaves as numbers."""
+        attrs = {"long_name": self.description or self.name, "units": self.unit or DIMENSIONLESS}
+        if self.unit == EPOCH:
+            attrs["calendar"] = CALENDAR
+        return attrs
 
 
 @dataclass(frozen=True)

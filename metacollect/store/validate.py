@@ -12,6 +12,7 @@ import pandas as pd
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
+from metacollect.store.compact import COMPACTED, NONE_ATTR, text_values
 from metacollect.store.integrity import code_problem, rows_problem, seal_problems
 from metacollect.store.schema import DTYPES, GroupSpec, Schema, VariableSpec, load_schema
 
@@ -165,20 +166,36 @@ def _check_table(
         if var is None:
             problems.append(f"{path}/{name}: variable not in the schema of table {tspec.name!r}")
             continue
-        problems.extend(_variable_problems(f"{path}/{name}", arr, var, tspec.dim))
+        problems.extend(
+            _variable_problems(f"{path}/{name}", arr, var, tspec.dim, group.attrs.get(COMPACTED))
+        )
         arrays[name] = arr
     n = _check_rows(path, group, {v: a.shape[0] for v, a in arrays.items()}, facts, problems)
     facts.decode(path, {tspec.variables[v]: a for v, a in arrays.items()}, n, problems)
 
 
-def _variable_problems(where: str, arr: zarrio.Array, var: Any, dim: str) -> list[str]:
-    """A variable's first dimension and dtype against the schema."""
+def _variable_problems(
+    where: str, arr: zarrio.Array, var: Any, dim: str, compacted: Any = False
+) -> list[str]:
+    """A variable's first dimension and dtype against the schema; in a table the seal
+    compacted, codes as strings and the CF attributes (``units``, ``long_name``, the
+    ``calendar`` of times) that let plain xarray read it."""
     problems = []
     dims = zarrio.dimension_names(arr)
     if not dims or dims[0] != dim:
         problems.append(f"{where}: first dimension {dims[:1]} should be {dim!r}")
+    if compacted:
+        attrs = dict(arr.attrs)
+        problems.extend(
+            f"{where}: attr {k}={attrs.get(k)!r}, the schema says {v!r}"
+            for k, v in var.cf_attrs.items()
+            if attrs.get(k) != v
+        )
     expected = np.dtype(DTYPES[var.dtype])
-    if var.dtype != "str":
+    if var.dtype == "code" and (compacted or zarrio.holds_text(arr)):
+        if not zarrio.holds_text(arr):
+            problems.append(f"{where}: codes in a compacted table; it should hold strings")
+    elif var.dtype != "str":
         if np.dtype(arr.dtype) != expected:
             problems.append(f"{where}: dtype {arr.dtype} should be {expected}")
     elif arr.dtype.kind not in ("T", "O", "U"):
@@ -246,6 +263,8 @@ class _Facts:
     strings: dict[str, str] = field(default_factory=dict)
     root: Any = None
     _text_of: dict[str, np.ndarray] = field(default_factory=dict)
+    #: ``code`` arrays a seal compacted to strings
+    text: set[str] = field(default_factory=set)
     #: told which rows of a large table are being decoded
     progress: Callable[[str], None] = lambda text: None
 
@@ -276,8 +295,12 @@ class _Facts:
                 if isinstance(data, StoreError):
                     problems.append(str(data))
                     del todo[var]
-                else:
-                    self._note(f"{table}/{var.name}", var, name, group, data)
+                    continue
+                if var.dtype == "code" and data.dtype.kind not in "iu":  # compacted
+                    self.text.add(f"{table}/{var.name}")
+                    data = text_values(data, arrays[var].attrs.get(NONE_ATTR))
+                    data = np.array([v for v in data if v is not None], dtype=str)
+                self._note(f"{table}/{var.name}", var, name, group, data)
         for var in todo:
             self._settle(f"{table}/{var.name}", var, name, group)
 
@@ -285,7 +308,7 @@ class _Facts:
         """What the checks across tables need of one slice of an array."""
         if table == "strings":
             self.strings[group] = where
-        if var.dtype == "code" and len(data):
+        if var.dtype == "code" and where not in self.text and len(data):
             _, lo, hi = self.codes.get(where, (group, 0, -1))
             self.codes[where] = (group, min(lo, int(data.min())), max(hi, int(data.max())))
         if var.joins is not None or f"{table}.{var.name}" in self.targets:
@@ -293,7 +316,7 @@ class _Facts:
 
     def _settle(self, where: str, var: VariableSpec, table: str, group: str) -> None:
         """An array decoded whole: its code range and distinct ids are final."""
-        if var.dtype == "code":
+        if var.dtype == "code" and where not in self.text:
             self.codes.setdefault(where, (group, 0, -1))
         parts = self._parts.pop(where, None)
         if var.joins is not None or f"{table}.{var.name}" in self.targets:
@@ -322,9 +345,11 @@ class _Facts:
         if values is None:  # not decoded: its own problem is reported
             return np.array([])
         known = self.ids.get(target, np.array([], values.dtype))
-        if source in self.codes:
-            group = source.rsplit("/", 2)[0]
-            values, known = self._text(group, values), self._text(group, known)
+        group = source.rsplit("/", 2)[0]
+        if source in self.codes:  # codes join by the strings they stand for
+            values = self._text(group, values)
+        if target in self.codes:
+            known = self._text(group, known)
         return np.asarray(pd.Index(values).difference(pd.Index(known)))
 
     def _text(self, group: str, codes: np.ndarray) -> np.ndarray:

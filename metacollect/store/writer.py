@@ -25,6 +25,7 @@ import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import lock
 from metacollect.store.chunks import ChunkAppender
+from metacollect.store.compact import NONE_ATTR
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,13 @@ class StringTable:
             mapped[:-1] = np.array(known, dtype=np.int32)  # every code now known
             mapped[-1] = -1  # local code -1 (None) indexes the last slot
         return mapped[local]
+
+    def strings_of(self, codes: np.ndarray) -> np.ndarray:
+        """The strings of codes this table gave out while its cache holds them (-1:
+        ``None``), for an array the seal turned into strings that a later writer appends to."""
+        with self._lock:
+            back = {c: s for s, c in self._codes.items()}
+        return np.array([back.get(int(c)) for c in codes], dtype=object)
 
     def take_new(self) -> list[str]:
         with self._lock:
@@ -397,6 +405,18 @@ class GroupWriter:
             end = start + len(data)
             if arr.shape[0] < end:
                 await arr.resize((_capacity(end, arr.shape[0], arr.chunks[0]), *arr.shape[1:]))
+            if data.dtype.kind in "iu" and zarrio.holds_text(arr):  # codes, into a column
+                # the seal turned into strings (a writer after it: ``metacollect ingest``)
+                text = self.strings.strings_of(data)
+                none = arr.metadata.attributes.get(NONE_ATTR)
+                missing = np.fromiter((v is None for v in text), bool, len(text))
+                if none is None and missing.any():  # its first "no value": a string that
+                    # stands for it, which the column's other strings (names) do not hold
+                    none = "\0"
+                    arr = await arr.update_attributes({NONE_ATTR: none})
+                    self._arrays[table][name] = arr
+                text[missing] = none
+                data = text
             await self._appender(table, name, arr).write(start, data)
 
         async def commit(table: str, n: int) -> None:
@@ -537,9 +557,7 @@ class StoreWriter:
         dims = [spec.dim] + (
             [var.dim2] if var.dim2 else [f"{name}_dim{i}" for i in range(len(extra))]
         )
-        attrs = {"description": var.description, "dtype": var.dtype}
-        if var.unit:
-            attrs["unit"] = var.unit
+        attrs = {"description": var.description, "dtype": var.dtype, **var.cf_attrs}
         # a 2-D variable (e.g. Darshan's counter axis) keeps chunks about as big as a 1-D one's:
         # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
         width = int(np.prod(extra)) if extra else 1

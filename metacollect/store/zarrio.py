@@ -29,7 +29,7 @@ from zarr.api.asynchronous import create_array
 from zarr.buffer import default_buffer_prototype
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, VLenUTF8Codec, ZstdCodec
 from zarr.errors import ContainsGroupError
-from zarr.storage import MemoryStore
+from zarr.storage import LocalStore, MemoryStore
 
 from metacollect.errors import StoreError
 
@@ -288,6 +288,17 @@ def async_group(group: Group) -> Any:
 def async_arrays(group: Group) -> dict[str, Any]:
     """The asynchronous handles of a group's arrays, by name."""
     return {n: a.async_array for n, a in group.arrays()}
+
+
+def sync_array(handle: Any) -> Array:
+    """The array of an asynchronous handle."""
+    return zarr.Array(handle)
+
+
+def local_root(group: Group) -> str | None:
+    """The directory of a group's store when it is a local one (``None``: any other)."""
+    store = group.store_path.store
+    return str(store.root) if isinstance(store, LocalStore) else None
 
 
 def async_array(where: Any, doc: Mapping[str, Any]) -> Any:

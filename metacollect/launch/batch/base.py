@@ -124,11 +124,13 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
     import uuid
 
     from metacollect.session import init_root
+    from metacollect.steps.darshan.logs import remove_old_logs
     from metacollect.steps.job import JobInfo, write_job
     from metacollect.store.lifecycle import prepare_store
     from metacollect.store.writer import StoreWriter
 
     store = prepare_store(store, overwrite)
+    remove_old_logs(store)  # an earlier run's Darshan logs would pass for this run's
     job_id, detected = allocation_id()
     system = system or detected
     writer = StoreWriter(store)

@@ -75,6 +75,7 @@ from metacollect.steps.darshan.environment import (
 from metacollect.steps.darshan.ingestion import (
     LOG_COLUMNS,
     IngestResult,
+    batch_job_ids,
     darshan_group_attrs,
     ingest,
 )
@@ -89,6 +90,7 @@ from metacollect.steps.darshan.logs import (
     find_logs,
     parse_log_name,
     read_logs,
+    remove_old_logs,
 )
 from metacollect.steps.darshan.matching import (
     Known,
@@ -123,10 +125,12 @@ from metacollect.steps.darshan.runtime import (
     ROOT_VARIABLES,
     DarshanNotFoundError,
     Library,
+    RuntimeBuild,
     default_log_dir,
     find_library,
     host_log_dir,
     make_log_dir,
+    runtime_build,
     site_log_variables,
 )
 
@@ -155,7 +159,9 @@ __all__ = [
     "Library",
     "LogFile",
     "ReadResult",
+    "RuntimeBuild",
     "attribute_segments",
+    "batch_job_ids",
     "darshan_config_text",
     "darshan_environment",
     "darshan_group_attrs",
@@ -185,6 +191,8 @@ __all__ = [
     "read_io",
     "read_logs",
     "read_records",
+    "remove_old_logs",
+    "runtime_build",
     "site_log_variables",
     "start",
     "table_columns",

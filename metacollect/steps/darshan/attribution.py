@@ -19,6 +19,7 @@ of a worker's clock to the scheduler's matters only when joining with scheduler 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,7 +27,13 @@ import numpy as np
 from metacollect.steps.darshan.conffile import DARSHAN_DEFAULT_EXCLUDES
 
 #: file scopes, from the user's own files to the system's
-SCOPES = ("user", "metacollect", "python", "system")
+SCOPES = ("user", "metacollect", "dask", "python", "system")
+#: metacollect's own scratch directories, wherever their temp directory is: the launcher's
+#: (``metacollect run``: the script's outcome file), the log reader's, the demo's
+OWN_SCRATCH = re.compile(r"(^|/)metacollect-(run|darshan|demo)-[^/]*(/|$)")
+#: Dask's worker scratch space (``<temporary-directory>/dask-scratch-space``: the
+#: workers' directories and lock files, spilled data)
+DASK_SCRATCH = re.compile(r"(^|/)dask-scratch-space(/|$)")
 
 
 def _under(name: str, prefixes: Sequence[str]) -> bool:
@@ -35,12 +42,15 @@ def _under(name: str, prefixes: Sequence[str]) -> bool:
 
 
 def file_scope(name: object, own: Sequence[str], python: Sequence[str]) -> str:
-    """The scope of one file name: ``metacollect`` (the store, the logs), ``python``
-    (the interpreter, its packages, ``__pycache__``), ``system`` (what Darshan excludes by
-    default: /proc, /usr, /etc, ...) or ``user``."""
+    """The scope of one file name: ``metacollect`` (the store, the logs, its scratch
+    directories: :data:`OWN_SCRATCH`), ``dask`` (the workers' scratch space:
+    :data:`DASK_SCRATCH`), ``python`` (the interpreter, its packages, ``__pycache__``),
+    ``system`` (what Darshan excludes by default: /proc, /usr, /etc, ...) or ``user``."""
     path = str(name)
-    if _under(path, own):
+    if _under(path, own) or OWN_SCRATCH.search(path):
         return "metacollect"
+    if DASK_SCRATCH.search(path):
+        return "dask"
     if _under(path, python) or "/__pycache__/" in path:
         return "python"
     if any(path.startswith(p) for p in DARSHAN_DEFAULT_EXCLUDES):

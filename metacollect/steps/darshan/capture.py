@@ -7,7 +7,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import metacollect.config as config
@@ -25,7 +25,13 @@ from metacollect.steps.darshan.nanny import (
     nanny_status,
     worker_identity,
 )
-from metacollect.steps.darshan.runtime import DarshanNotFoundError, default_log_dir, find_library
+from metacollect.steps.darshan.runtime import (
+    DarshanNotFoundError,
+    default_log_dir,
+    find_library,
+    preloaded_library,
+    runtime_build,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -77,6 +83,20 @@ class DarshanCapture:
         self.expected: int | None = None
         #: the processes that ran under Darshan and were restarted or retired (not back)
         self.restarted_pids: set[int] = set()
+        #: :func:`patient_cluster` from :meth:`start` to :meth:`wait_restored`
+        self._patience: Any = None
+        #: seconds each phase of the capture took (the ``darshan`` group's ``seconds``)
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Add the time the block takes to ``seconds[phase]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - t0
+            self.seconds[phase] = round(self.seconds.get(phase, 0.0) + took, 6)
 
     def start(self) -> None:
         """Give the workers the environment (restarting them when they lack it)."""
@@ -86,20 +106,28 @@ class DarshanCapture:
             self._fail("log directory", str(e))
             return
         self.log_dirs = [log_dir]
+        # from the first restart to the last worker back (wait_restored): a worker that
+        # leaves in between (restarted here, killed in the session) must not have its
+        # nanny closed by the cluster object while its new process starts
+        self._patience = patient_cluster()
         group = self._darshan_group()
         workers = self._workers()
         already = self._started_under_darshan(workers)
         if workers and len(already) == len(workers):
-            group.set_attrs(delivery="already", environment=next(iter(workers.values()))["env"])
+            env = next(iter(workers.values()))["env"]
+            group.set_attrs(delivery="already", environment=env, runtime=_runtime_of(env))
             self.active = True
         else:
-            statuses = self._restart_workers(group, log_dir, already)
+            with self._timed("start: restart under Darshan"):
+                statuses = self._restart_workers(group, log_dir, already)
             if statuses is None:
                 return
-            self._record_nannies(statuses)
-            self._check_workers(group)
+            with self._timed("start: check workers"):
+                self._record_nannies(statuses)
+                self._check_workers(group)
         if self.active:
-            self._mark_clocks(group)
+            with self._timed("start: clock mark"):
+                self._mark_clocks(group)
         self.writer.flush()
 
     def _mark_clocks(self, group: GroupWriter) -> None:
@@ -137,7 +165,9 @@ class DarshanCapture:
         except DarshanNotFoundError as e:
             self._fail("library", str(e))
             return None
-        group.set_attrs(library=lib.path, library_source=lib.source)
+        group.set_attrs(
+            library=lib.path, library_source=lib.source, runtime=runtime_build(lib.path).as_dict()
+        )
         try:
             plugin = DarshanEnviron(log_dir, lib.path, self.options, self.store, skip=already)
             self.client.register_plugin(plugin, name=PLUGIN_NAME)
@@ -243,18 +273,22 @@ class DarshanCapture:
         timeout = config.interval("darshan.shutdown-timeout")
         problems: list[str] = []
         try:
-            identities = self.client.run(worker_identity) if retire is not None else {}
+            with self._timed("end: identify workers"):
+                identities = self.client.run(worker_identity) if retire is not None else {}
         except Exception as e:
             identities = {}
             problems.append(f"darshan: worker pids: {type(e).__name__}: {e}")
-        self._unregister()  # the nannies' environment as before: restarts come back clean
+        with self._timed("end: remove plugin"):
+            self._unregister()  # the nannies' environment as before: restarts come back clean
         if retire is not None:
-            problems.extend(self._restart(identities, timeout))
+            with self._timed("end: stop workers (logs written)"):
+                problems.extend(self._restart(identities, timeout))
         here = socket.gethostname()
         local = [
             w["pid"] for w in identities.values() if w["host"] == here and w["pid"] != os.getpid()
         ]
-        alive = wait_processes_gone(local, timeout)
+        with self._timed("end: wait for exits"):
+            alive = wait_processes_gone(local, timeout)
         if alive:
             problems.append(
                 f"darshan: worker processes {alive} still alive {timeout:g} s after "
@@ -279,16 +313,8 @@ class DarshanCapture:
         nanny = [a for a in darshan if info[a].get("nanny")]
         problems: list[str] = []
         if nanny:
-            scheduler: Any = self.client.scheduler
-            statuses = self.client.sync(
-                scheduler.restart_workers,
-                workers=nanny,
-                timeout=timeout,
-                wait_for_workers=False,
-                on_error="return",
-                stimulus_id=f"metacollect-darshan-{time.time()}",
-            )
-            bad = {a: s for a, s in (statuses or {}).items() if s != "OK"}
+            nannies = {a: info[a]["nanny"] for a in nanny}
+            bad = self.client.sync(_stop_through_nannies, self.client, nannies, timeout)
             if bad:
                 problems.append(f"darshan: restarting workers: {bad}")
         lone = [a for a in darshan if a not in nanny]
@@ -302,6 +328,19 @@ class DarshanCapture:
         them a process that ran under Darshan: counting workers alone, the old ones the
         scheduler has not yet removed pass for the new ones (the count is right a moment,
         then drops while the new processes start)."""
+        try:
+            with self._timed("end: workers back"):
+                return self._wait_restored()
+        finally:
+            if self._patience is not None:
+                self._patience.__exit__(None, None, None)
+                self._patience = None
+            if self.group is not None:
+                self.group.set_attrs(seconds=dict(self.seconds))
+                self.writer.flush()
+
+    def _wait_restored(self) -> list[str]:
+        """:meth:`wait_restored` itself."""
         if self.expected is None:
             return []
         timeout = config.interval("darshan.shutdown-timeout")
@@ -329,12 +368,13 @@ class DarshanCapture:
             return None
         self.writer.flush()
         result = IngestResult()
-        for directory in self.log_dirs:
-            if os.path.isdir(directory):
-                result.merge(ingest(self.store, directory, writer=self.writer))
+        with self._timed("end: ingest logs"):
+            for directory in self.log_dirs:
+                if os.path.isdir(directory):
+                    result.merge(ingest(self.store, directory, writer=self.writer))
         # what the record lacks of each worker's I/O (killed: a partial mmap log)
         result.problems += missing_worker_logs(self.store)
-        self._darshan_group().set_attrs(missing_logs=result.problems)
+        self._darshan_group().set_attrs(missing_logs=result.problems, seconds=dict(self.seconds))
         self.writer.flush()
         return result
 
@@ -352,6 +392,56 @@ def _delivery(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
         }
     already = any(r.get("status") == "already" for r in rows)
     return {"delivery": "already" if already else "none"}
+
+
+def patient_cluster() -> Any:
+    """A config in which a cluster object of this process (``LocalCluster``, a
+    dask-jobqueue cluster) waits for restarted workers: a ``SpecCluster`` closes a
+    worker's nanny for good when no worker of its name is back within
+    ``distributed.deploy.lost-worker-timeout`` (15 s) of the old one leaving. A worker
+    under Darshan takes longer to stop (the log is written at exit) and a loaded host
+    longer to start one: the restart's nannies were closed and the user's cluster left
+    without workers. Waits up to ``metacollect.darshan.shutdown-timeout`` (and never less
+    than the user's setting)."""
+    import dask
+
+    ours = config.interval("darshan.shutdown-timeout") + 10
+    theirs = dask.utils.parse_timedelta(
+        dask.config.get("distributed.deploy.lost-worker-timeout", "15s")
+    )
+    return dask.config.set({"distributed.deploy.lost-worker-timeout": max(ours, theirs or 0)})
+
+
+async def _stop_through_nannies(
+    client: Client, nannies: Mapping[str, str], timeout: float
+) -> dict[str, str]:
+    """Stop each worker through its nanny, which then starts a new one (its status is
+    running): what ``Scheduler.restart_workers`` does, but with ``timeout`` for the
+    graceful stop. The scheduler's call gives the nanny its default 5 s, of which the
+    worker has 4 to exit before it is SIGKILLed: a loaded host takes longer to end a
+    worker (and Darshan writes the log last), and a killed worker leaves only its mmap
+    log, partial. Returns the workers whose nanny failed, with why."""
+    import asyncio
+
+    stimulus = f"metacollect-darshan-{time.time()}"
+
+    async def stop(nanny: str) -> None:
+        await asyncio.wait_for(
+            client.rpc(nanny).kill(timeout=timeout, reason=stimulus), 2 * timeout + 5
+        )
+
+    results = await asyncio.gather(*(stop(n) for n in nannies.values()), return_exceptions=True)
+    return {
+        a: f"{type(r).__name__}: {r}"
+        for a, r in zip(nannies, results, strict=True)
+        if isinstance(r, BaseException)
+    }
+
+
+def _runtime_of(env: Mapping[str, str]) -> dict[str, Any]:
+    """The build of the Darshan library a worker's ``LD_PRELOAD`` names."""
+    found = preloaded_library(env)
+    return runtime_build(found.path if found else None).as_dict()
 
 
 def start(client: Client, store: str, writer: StoreWriter) -> DarshanCapture | None:

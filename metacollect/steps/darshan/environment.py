@@ -102,7 +102,7 @@ def darshan_environment(
         # misattribution as NAME_EXCLUDE (see darshan_config_text): record everything
         "DARSHAN_EXCLUDE_DIRS": NO_EXCLUDED_DIRS,
     }
-    for name in site_log_variables(env_in):
+    for name in site_log_variables(env_in, lib):
         env[name] = directory
     if config.get("darshan.dxt", dxt):
         env["DARSHAN_MOD_ENABLE"] = ",".join(DXT_MODULES)
@@ -146,7 +146,7 @@ def job_script_prologue(
         "unset DARSHAN_LOGFILE",
         "export DARSHAN_ENABLE_NONMPI=1",
     ]
-    for name in ["DARSHAN_LOGPATH", "DARSHAN_MMAP_LOGPATH", *site_log_variables()]:
+    for name in ["DARSHAN_LOGPATH", "DARSHAN_MMAP_LOGPATH", *site_log_variables(library=lib)]:
         lines.append(f"export {name}={d}")
     lines.append(f"export DARSHAN_CONFIG_PATH={shlex.quote(conf)}")
     lines.append(f"export DARSHAN_JOBID={NO_JOBID_VARIABLE}")

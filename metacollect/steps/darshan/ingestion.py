@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.logs import LogFile, ReadResult, find_logs, read_logs
 from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
 from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
+from metacollect.steps.darshan.runtime import NO_JOBID_VARIABLE
 from metacollect.store.schema import safe_name
 from metacollect.store.zarrio import open_group
 
@@ -76,12 +78,14 @@ def darshan_group_attrs(
         "enabled": enabled,
         "library": None,
         "library_source": "",
+        "runtime": {},
         "log_dir": log_dir,
         "dxt": dxt,
         "environment": {},
         "config_file": None,
         "delivery": "none",
         "missing_logs": [],
+        "seconds": {},
     }
 
 
@@ -137,7 +141,7 @@ def ingest(
     store = os.fspath(store)
     log_dir = os.fspath(log_dir)
     writer = writer or StoreWriter(store)
-    logs = find_logs(log_dir, host)
+    logs = find_logs(log_dir, host, batch_job_ids(store))
     already = _ingested(store)
     known, groups = known_processes(store)
     run = _Ingestion(writer, _darshan_attrs(store, log_dir), known, groups, len(logs))
@@ -397,11 +401,37 @@ def _ingested(store: str) -> set[str]:
     """Logs already ingested into the store."""
     ingested: set[str] = set()
     with contextlib.suppress(Exception):
-        (paths, status), codes = table_columns(open_group(store), "logs", ("path", "status"))
+        paths, status = table_columns(open_group(store), "logs", ("path", "status"))
         for p, st in zip(paths, status, strict=True):
-            if 0 <= st < len(codes) and codes[st] == "ingested":
+            if st == "ingested":
                 ingested.add(str(p))
     return ingested
+
+
+def batch_job_ids(store: str) -> set[int]:
+    """The run's batch job ids that can stand in Darshan log names instead of pids
+    (:func:`~metacollect.steps.darshan.logs.parse_log_name`): none when the logs were
+    written under metacollect's environment (job id = pid, ``DARSHAN_JOBID``), else the
+    jobs of ``job/batch`` and the workers' ``SLURM_JOB_ID`` / ``PBS_JOBID`` (``1234.server``
+    counts as 1234, as Darshan reads it)."""
+    try:
+        root = open_group(store, mode="r")
+    except Exception:
+        return set()
+    with contextlib.suppress(KeyError):
+        env: Any = dict(root["darshan"].attrs).get("environment") or {}
+        if isinstance(env, dict) and env.get("DARSHAN_JOBID") == NO_JOBID_VARIABLE:
+            return set()
+    from metacollect.store.reader import StoreReader
+
+    ids: set[int] = set()
+    for table in ("jobs", "environment"):
+        with contextlib.suppress(Exception):  # no batch jobs: none
+            for value in StoreReader(store).table("job/batch", table, ["job_id"])["job_id"]:
+                m = re.match(r"\s*(\d+)", str(value))
+                if m:
+                    ids.add(int(m[1]))
+    return ids
 
 
 def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:

@@ -4,16 +4,18 @@ that crashes libdarshan-util costs only that log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +55,15 @@ class LogFile:
         return os.path.basename(self.path)
 
 
-def parse_log_name(name: str) -> dict[str, Any] | None:
+def parse_log_name(name: str, batch_ids: Collection[int] = ()) -> dict[str, Any] | None:
     """What a Darshan log file name says: kind, jobid, pid, exe (``None``: not a log
     name).
+
+    The job id in a name is the batch job's (the build's ``--with-jobid-env``,
+    ``SLURM_JOB_ID``, ``PBS_JOBID``) when that variable was set, else the pid (always
+    under metacollect's environment, which points ``DARSHAN_JOBID`` at a variable never
+    set). An mmap log's name has no other pid: its job id is taken for the pid unless it
+    is one of ``batch_ids`` (the run's batch job ids), then the pid is unknown.
 
     Final logs are ``<user>_<exe>_id<jobid>-<pid>_<M>-<D>-<secs>-<hash>_<n>.darshan``
     (MPI and older builds: no ``-<pid>``); a log being written ends in
@@ -64,11 +72,13 @@ def parse_log_name(name: str) -> dict[str, Any] | None:
     under metacollect's environment."""
     m = _MMAP.match(name)
     if m:
+        jobid = int(m["jobid"])
+        batch = jobid in batch_ids
         return {
             "kind": "mmap",
-            "jobid": int(m["jobid"]),
-            "pid": int(m["jobid"]),
-            "pid_source": "jobid",
+            "jobid": jobid,
+            "pid": None if batch else jobid,
+            "pid_source": "none" if batch else "jobid",
             "exe": m["prefix"].split("_", 1)[-1],
         }
     m = _FINAL.match(name)
@@ -92,21 +102,82 @@ def parse_log_name(name: str) -> dict[str, Any] | None:
     return None
 
 
-def find_logs(log_dir: str, host: str | None = None) -> list[LogFile]:
-    """Every Darshan log below ``log_dir`` (final, ``*.darshan_partial`` and mmap logs).
+def find_logs(
+    log_dir: str, host: str | None = None, batch_ids: Collection[int] = ()
+) -> list[LogFile]:
+    """Every Darshan log below ``log_dir`` (final, ``*.darshan_partial`` and mmap logs),
+    in either layout a build writes: flat (``--with-log-path-by-env``) or dated
+    (``YYYY/M/D`` below ``DARSHAN_LOGPATH`` or ``--with-log-path``).
 
     The host of a log is ``host`` when given, else the first directory below ``log_dir``
-    (metacollect's ``<log_dir>/<host>/`` layout; ``YYYY`` dates are not hosts)."""
+    (metacollect's ``<log_dir>/<host>/`` layout; ``YYYY`` dates are not hosts).
+    ``batch_ids``: job ids that are not pids (:func:`parse_log_name`)."""
     out = []
     root = os.path.abspath(log_dir)
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         where = host or _host_dir(root, dirpath)
         for name in sorted(filenames):
-            info = parse_log_name(name)
+            info = parse_log_name(name, batch_ids)
             if info is not None:
                 out.append(_log_file(os.path.join(dirpath, name), info, where))
     return out
+
+
+def remove_old_logs(store: str | os.PathLike[str]) -> list[str]:
+    """Remove what an earlier run left in the store's own log directory
+    (``<store>.darshan``), before a new run of that store path starts: its Darshan logs
+    and clock marks, then the directories left empty. Returns the paths removed.
+
+    Run after the store is prepared (its lock held, an old store overwritten), so no
+    other run logs there. Only metacollect's files go: other files stay, as does a log
+    directory set with ``metacollect.darshan.log-dir`` (it may be shared). Kept too: the
+    mmap logs and clock marks of processes of this host that still run (workers started
+    under this store's environment before the session, ``delivery: already``)."""
+    from metacollect.steps.darshan.clock import MARK_PREFIX
+
+    path = os.fspath(store)
+    if "://" in path:
+        return []
+    base = os.path.abspath(path).rstrip("/") + ".darshan"
+    if not os.path.isdir(base):
+        return []
+    here = socket.gethostname()
+    removed: list[str] = []
+    for dirpath, _dirnames, filenames in os.walk(base, topdown=False):
+        local = _host_dir(base, dirpath) == here
+        for name in filenames:
+            info = parse_log_name(name)
+            mark = re.fullmatch(re.escape(MARK_PREFIX) + r"(\d+)\.json", name)
+            if info is not None and info["kind"] != "final" and info["pid"] is not None:
+                pid: int | None = int(info["pid"])
+            elif mark:
+                pid = int(mark[1])
+            elif info is not None:
+                pid = None  # a final log: its process has ended
+            else:
+                continue  # not ours
+            if local and pid is not None and _running(pid):
+                continue
+            try:
+                os.remove(os.path.join(dirpath, name))
+                removed.append(os.path.join(dirpath, name))
+            except OSError:
+                pass  # gone already, or not ours to remove: a later ingest lists it
+        if dirpath != base:
+            with contextlib.suppress(OSError):  # only an empty directory goes
+                os.rmdir(dirpath)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process of this host runs (a zombie has exited)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def _host_dir(root: str, dirpath: str) -> str | None:

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from metacollect.steps.darshan.logs import LogFile
+from metacollect.store.compact import column_values
+from metacollect.store.schema import load_schema
 from metacollect.store.writer import committed_rows
 from metacollect.store.zarrio import Group, open_group, subgroups
 
@@ -42,16 +44,25 @@ def _pid_of(attrs: Mapping[str, Any]) -> int | None:
     return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
 
 
-def table_columns(
-    root: Group, table: str, columns: Sequence[str]
-) -> tuple[list[np.ndarray], np.ndarray]:
-    """The committed rows of ``columns`` of the ``darshan/<table>`` table, and the string
-    lookup its codes index (``KeyError`` when either is missing)."""
+def table_columns(root: Group, table: str, columns: Sequence[str]) -> list[np.ndarray]:
+    """The committed rows of ``columns`` of the ``darshan/<table>`` table, ``code`` columns
+    as strings (``None``: no value) whether the seal compacted them or not (``KeyError``
+    when the table is missing)."""
     tgroup: Any = root[f"darshan/{table}"]
-    strings: Any = root["darshan/strings/value"]
+    spec = load_schema().groups["darshan"].tables[table]
     data = [np.asarray(tgroup[c][:]) for c in columns]
     n = committed_rows(tgroup, (len(d) for d in data))  # no half-landed append
-    return [d[:n] for d in data], np.asarray(strings[:])
+    strings: np.ndarray | None = None
+    out = []
+    for c, d in zip(columns, data, strict=True):
+        d = d[:n]
+        if spec.variables[c].dtype == "code":
+            if strings is None and d.dtype.kind in "iu":
+                value: Any = root["darshan/strings/value"]
+                strings = np.asarray(value[:], dtype=object)
+            d = column_values(d, tgroup[c].attrs, strings if strings is not None else d[:0])
+        out.append(d)
+    return out
 
 
 def _client(root: Group) -> list[Known]:
@@ -96,11 +107,10 @@ def _nannies(root: Group) -> list[Known]:
     """The nannies the capture session recorded in ``darshan/nannies``."""
     out: list[Known] = []
     with contextlib.suppress(KeyError, ValueError):
-        (hosts, pids), codes = table_columns(root, "nannies", ("host", "pid"))
-        for h, p in zip(hosts, pids, strict=True):
+        hosts, pids = table_columns(root, "nannies", ("host", "pid"))
+        for host, p in zip(hosts, pids, strict=True):
             if int(p) > 0:
-                host = str(codes[h]) if 0 <= h < len(codes) else None
-                out.append(Known("nanny", host, int(p)))
+                out.append(Known("nanny", None if host is None else str(host), int(p)))
     return out
 
 

@@ -14,6 +14,7 @@ from metacollect.errors import StoreError
 from metacollect.steps.darshan.attribution import SCOPES, attribute_segments, file_scopes
 from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.log_reader import RECORD_TABLES
+from metacollect.store.compact import codes_to_text, column_values
 from metacollect.store.writer import committed_rows
 
 if TYPE_CHECKING:
@@ -98,16 +99,13 @@ def _array(root: Any, path: str) -> np.ndarray | None:
         return None
 
 
-def _file_names(root: Any, path: str, codes: np.ndarray) -> np.ndarray:
-    """The file names of a process group's string codes (``None`` for a code that names
-    no string)."""
-    strings = _array(root, f"{path}/strings/value")
-    if strings is None:
-        strings = np.empty(0, dtype=object)
-    lookup = np.concatenate([strings.astype(object), np.array([None], dtype=object)])
-    codes = np.asarray(codes, dtype=np.int64)
-    codes = np.where((codes < 0) | (codes >= len(strings)), len(strings), codes)
-    return lookup[codes]
+def _file_names(root: Any, path: str, codes: np.ndarray, where: str) -> np.ndarray:
+    """The file names of a process group's ``file`` column ``where``, codes or (in a
+    sealed store) strings (``None`` for a code that names no string)."""
+    if np.asarray(codes).dtype.kind in "iu":
+        strings = _array(root, f"{path}/strings/value")
+        return codes_to_text(codes, strings if strings is not None else np.empty(0, object))
+    return column_values(codes, root[where].attrs, np.empty(0, object))
 
 
 def read_records(run: Run, path: str, module: str) -> pd.DataFrame | None:
@@ -127,7 +125,7 @@ def read_records(run: Run, path: str, module: str) -> pd.DataFrame | None:
     lengths = (len(ids), len(files), len(counters), len(ranks if ranks is not None else ids))
     n = committed_rows(root[prefix], lengths)
     out: dict[str, Any] = {
-        "file": _file_names(root, path, files[:n]),
+        "file": _file_names(root, path, files[:n], f"{prefix}/file"),
         "rank": ranks[:n] if ranks is not None else np.zeros(n, np.int64),
         "id": ids[:n],
     }
@@ -272,10 +270,12 @@ def read_io(run: Run, by: str = "file", scope: str = "user") -> pd.DataFrame:
         (:mod:`~metacollect.steps.darshan.attribution`). ``"segment"``: the DXT
         segments and STDIO windows themselves, with their task or candidates.
     scope
-        Whose files: ``"user"`` (default), ``"metacollect"`` (the store and the logs),
-        ``"python"`` (the interpreter and its packages), ``"system"`` (/proc, /usr,
-        ...), or ``"all"``. Darshan records them all (an excluded file can be counted on
-        another file's record, see :func:`~metacollect.steps.darshan.darshan_config_text`).
+        Whose files: ``"user"`` (default), ``"metacollect"`` (the store, the logs,
+        metacollect's scratch directories), ``"dask"`` (the workers' scratch space:
+        lock files, spilled data), ``"python"`` (the interpreter and its packages),
+        ``"system"`` (/proc, /usr, ...), or ``"all"``. Darshan records them all (an
+        excluded file can be counted on another file's record, see
+        :func:`~metacollect.steps.darshan.darshan_config_text`).
 
     Returns
     -------

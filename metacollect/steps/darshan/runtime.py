@@ -4,8 +4,8 @@ directories) and the per-run, per-host log directories its logs go to."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
+import functools
 import glob
 import os
 import re
@@ -15,6 +15,7 @@ import subprocess
 import sysconfig
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import metacollect.config as config
 from metacollect.errors import ConfigError
@@ -124,7 +125,7 @@ def _configured(library: str) -> Library:
     )
 
 
-def _in_preload(env: Mapping[str, str]) -> Library | None:
+def preloaded_library(env: Mapping[str, str]) -> Library | None:
     """A Darshan library ``LD_PRELOAD`` names already."""
     for entry in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")):
         if "libdarshan" in os.path.basename(entry) and os.path.isfile(entry):
@@ -183,7 +184,7 @@ def _in_system(env: Mapping[str, str]) -> Library | None:
 
 #: where :func:`find_library` looks, in order, and how its message names each place
 _SEARCHES: tuple[tuple[Callable[[Mapping[str, str]], Library | None], str], ...] = (
-    (_in_preload, "LD_PRELOAD"),
+    (preloaded_library, "LD_PRELOAD"),
     (
         _in_roots,
         "$" + "/$".join(v.removeprefix("DARSHAN_") for v in ROOT_VARIABLES[:2]) + "...",
@@ -194,25 +195,117 @@ _SEARCHES: tuple[tuple[Callable[[Mapping[str, str]], Library | None], str], ...]
 )
 
 
-def site_log_variables(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Flat log-directory variables of the site's build (``darshan-config
-    --log-path-by-env``), plus the common ``DARSHAN_LOG_DIR_PATH``."""
-    env = os.environ if environ is None else environ
+#: what ``darshan-config`` is asked, one value per line in this order
+_BUILD_OPTIONS = ("--version", "--log-path", "--log-path-by-env", "--jobid-env")
+
+
+@dataclass(frozen=True)
+class RuntimeBuild:
+    """How a Darshan runtime was configured (``darshan-config``): where its logs go and
+    what job id their names carry.
+
+    ``layout`` is ``flat`` for a ``--with-log-path-by-env`` build (logs straight into the
+    directory the first set variable of ``log_path_by_env`` names), ``dated`` for one
+    without (``DARSHAN_LOGPATH`` or ``--with-log-path``, then ``YYYY/M/D`` below it), and
+    ``unknown`` when no ``darshan-config`` was found (metacollect then sets both, and
+    finds logs in either). ``jobid_env`` is the variable the job id in log names comes
+    from (``SLURM_JOB_ID``, ``PBS_JOBID``; ``NONE``: the pid).
+    """
+
+    version: str = ""
+    log_path: str = ""
+    log_path_by_env: tuple[str, ...] = ()
+    jobid_env: str = ""
+    darshan_config: str | None = None
+
+    @property
+    def layout(self) -> str:
+        """``flat``, ``dated`` or ``unknown`` (see the class)."""
+        if self.darshan_config is None:
+            return "unknown"
+        return "flat" if self.log_path_by_env else "dated"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The build as the ``darshan`` group's ``runtime`` attr."""
+        return {
+            "version": self.version,
+            "layout": self.layout,
+            "log_path": self.log_path,
+            "log_path_by_env": list(self.log_path_by_env),
+            "jobid_env": self.jobid_env,
+            "darshan_config": self.darshan_config,
+        }
+
+
+def darshan_config_of(library: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The ``darshan-config`` of the install ``library`` belongs to
+    (``<prefix>/bin/darshan-config``), else the one on ``PATH``."""
+    if library:
+        prefix = os.path.dirname(os.path.dirname(os.path.realpath(library)))
+        candidate = os.path.join(prefix, "bin", "darshan-config")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return _darshan_config_bin(os.environ if environ is None else environ)
+
+
+@functools.lru_cache(maxsize=16)
+def _ask_darshan_config(path: str, mtime: float) -> tuple[str, ...] | None:
+    """``darshan-config``'s answers to :data:`_BUILD_OPTIONS` (``None``: it failed)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    try:
+        out = subprocess.run(
+            [path, *_BUILD_OPTIONS],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            env={**env, "DARSHAN_DISABLE": "1"},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split("\n")
+    if out.returncode != 0 or len(lines) < len(_BUILD_OPTIONS):
+        return None
+    return tuple(line.strip() for line in lines[: len(_BUILD_OPTIONS)])
+
+
+def runtime_build(
+    library: str | None = None, environ: Mapping[str, str] | None = None
+) -> RuntimeBuild:
+    """How the runtime of ``library`` was built, from its ``darshan-config``
+    (:class:`RuntimeBuild`; ``layout`` ``unknown`` when there is none or it fails)."""
+    path = darshan_config_of(library, environ)
+    if path is None:
+        return RuntimeBuild()
+    try:
+        answers = _ask_darshan_config(path, os.stat(path).st_mtime)
+    except OSError:
+        answers = None
+    if answers is None:
+        return RuntimeBuild()
+    version, log_path, by_env, jobid_env = answers
+    names = tuple(
+        n for n in re.split(r"[,\s]+", by_env) if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)
+    )
+    return RuntimeBuild(
+        version=version.removeprefix("Darshan Runtime").strip(),
+        log_path=log_path,
+        log_path_by_env=names,
+        jobid_env=jobid_env,
+        darshan_config=path,
+    )
+
+
+def site_log_variables(
+    environ: Mapping[str, str] | None = None, library: str | None = None
+) -> list[str]:
+    """Flat log-directory variables of the runtime's build (``darshan-config
+    --log-path-by-env`` of ``library``'s install, else of the one on ``PATH``), plus the
+    common ``DARSHAN_LOG_DIR_PATH``."""
     names = list(FLAT_LOG_VARIABLES)
-    darshan_config = _darshan_config_bin(env)
-    if darshan_config:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(
-                [darshan_config, "--log-path-by-env"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-                env={**env, "DARSHAN_DISABLE": "1"},
-            )
-            for name in re.split(r"[,\s]+", out.stdout.strip()):
-                if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and name not in names:
-                    names.append(name)
+    for name in runtime_build(library, environ).log_path_by_env:
+        if name not in names:
+            names.append(name)
     return names
 
 

@@ -26,7 +26,12 @@ from metacollect.steps.darshan.capture import wait_processes_gone
 from metacollect.steps.darshan.environment import darshan_environment
 from metacollect.steps.darshan.ingestion import darshan_group_attrs, ingest, missing_worker_logs
 from metacollect.steps.darshan.logs import LogFile, find_logs
-from metacollect.steps.darshan.runtime import DarshanNotFoundError, default_log_dir, find_library
+from metacollect.steps.darshan.runtime import (
+    DarshanNotFoundError,
+    default_log_dir,
+    find_library,
+    runtime_build,
+)
 
 if TYPE_CHECKING:
     from metacollect.store.writer import StoreWriter
@@ -51,6 +56,7 @@ def script_environment(
     attrs.update(
         library=lib.path,
         library_source=lib.source,
+        runtime=runtime_build(lib.path).as_dict(),
         environment=env,
         config_file=env.get("DARSHAN_CONFIG_PATH"),
         delivery="script-environment",

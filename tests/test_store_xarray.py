@@ -1,0 +1,235 @@
+"""A sealed store read by plain xarray (no metacollect), and the seal's compaction."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import dask
+import dask.array as da
+import numpy as np
+import pandas as pd
+import pytest
+from distributed import Client, LocalCluster
+from test_store import CLUSTER_ATTRS
+
+import metacollect.store.compact as compact
+from metacollect import collect, open_run
+from metacollect.session import init_root
+from metacollect.store.doctor import salvage
+from metacollect.store.lifecycle import finalize, prepare_store
+from metacollect.store.validate import validate_store
+from metacollect.store.writer import StoreWriter
+
+#: run in a fresh interpreter: what a user without metacollect sees of a store
+PLAIN_XARRAY = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.simplefilter("error")  # xarray must decode the store without a warning
+    import xarray as xr
+    tree = xr.open_datatree(sys.argv[1], engine="zarr")
+    out = {"imported": "metacollect" in sys.modules, "vars": {}, "values": {}}
+    for node in tree.subtree:
+        for name, var in node.ds.data_vars.items():
+            where = f"{node.path.strip('/')}/{name}"
+            out["vars"][where] = {
+                "kind": var.dtype.kind,
+                # xarray moves the CF units of a time it decoded into its encoding
+                "units": var.attrs.get("units", var.encoding.get("units")),
+                "long_name": var.attrs.get("long_name"),
+                "none_value": var.attrs.get("none_value"),
+            }
+            if var.ndim == 1 and var.dtype.kind in "MOTU":
+                values = var.values
+                if var.dtype.kind == "M":
+                    # ns since the epoch (NaT: int64's min), whatever resolution xarray chose
+                    values = values.astype("datetime64[ns]").astype("int64").tolist()
+                else:
+                    values = [v if isinstance(v, str) else None for v in values.tolist()]
+                out["values"][where] = values
+    print(json.dumps(out))
+    """
+)
+
+
+def plain_xarray(store: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN_XARRAY, store],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=os.path.dirname(store),
+    )
+    return json.loads(done.stdout)
+
+
+def check_against_reader(store: str) -> dict:
+    """Everything plain xarray reads of ``store`` is what metacollect's reader reads."""
+    seen = plain_xarray(store)
+    assert not seen["imported"]
+    run = open_run(store)
+    schema = run.schema
+    checked = {"times": 0, "codes": 0}
+    for where, info in seen["vars"].items():
+        assert info["units"], f"{where} has no units"
+        assert info["long_name"], f"{where} has no long_name"
+        group, table, name = (
+            where.rsplit("/", 2) if where.count("/") >= 2 else ("", *where.split("/"))
+        )
+        spec = schema.match(group)
+        var = spec.tables[table].variables[name]
+        if var.unit == "s":  # a duration: numbers, never times
+            assert info["kind"] == "f", where
+        if where not in seen["values"]:
+            continue
+        frame = run.table(group, table, [name])
+        mine = frame[name]
+        theirs = seen["values"][where]
+        if info["kind"] == "M":
+            expected = pd.to_datetime(mine.to_numpy(), unit="s").to_numpy()
+            expected = expected.astype("datetime64[ns]").astype("int64")
+            got = np.asarray(theirs, dtype=np.int64)
+            nat = np.iinfo(np.int64).min
+            assert ((expected == nat) == (got == nat)).all(), where
+            assert np.abs(expected - got)[got != nat].max(initial=0) <= 1000, where  # <= 1 us
+            checked["times"] += 1
+        elif var.dtype == "code":
+            # a column holding "" as well writes "no value" as its none_value ("\0")
+            none = info["none_value"]
+            assert mine.tolist() == [None if v == none else v for v in theirs], where
+            checked["codes"] += 1
+    return checked
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("xr") / "run.zarr")
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        collect(client, path, flush_interval="0.2s"),
+    ):
+        x = da.random.RandomState(0).random((400, 400), chunks=50)
+        dask.compute((x + 1).sum(), (x @ x.T).mean())
+    return path
+
+
+def test_a_collected_run_reads_with_plain_xarray(collected):
+    checked = check_against_reader(collected)
+    assert checked["times"] >= 10 and checked["codes"] >= 20
+    assert validate_store(collected) == []
+    tasks = open_run(collected).tasks()
+    assert tasks["prefix"].notna().all() and tasks["worker"].str.startswith("tcp://").all()
+
+
+def test_the_sealed_store_has_no_strings_tables_and_large_chunks(collected):
+    for dirpath, dirs, _ in os.walk(collected):
+        assert "strings" not in dirs, dirpath
+        assert not any(d.endswith((compact.NEW, compact.OLD)) for d in dirs)
+
+
+def _many_flushes(store: str, flushes: int, rows: int) -> StoreWriter:
+    prepare_store(store)
+    w = StoreWriter(store)
+    init_root(w, "r1")
+    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+    g = w.group("scheduler", cluster="c1")
+    for f in range(flushes):
+        lo = f * rows
+        g.append(
+            "transitions",
+            {
+                "key": [f"('x', {i})" for i in range(lo, lo + rows)],
+                "start": ["released"] * rows,
+                "finish": ["waiting"] * rows,
+                "time": 1.7e9 + np.arange(lo, lo + rows, dtype=float),
+                "stimulus_id": [f"s{i % 7}" for i in range(lo, lo + rows)],
+                "worker": [None if i % 3 else "" for i in range(lo, lo + rows)],
+            },
+        )
+        g.flush()
+    return w
+
+
+def _files(path: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(path))
+
+
+def test_files_of_a_sealed_table_grow_with_rows_not_flushes(tmp_path):
+    store = str(tmp_path / "s.zarr")
+    _many_flushes(store, flushes=200, rows=500)  # 100k rows: two 65536-row chunks
+    table = os.path.join(store, "clusters/c1/scheduler/transitions")
+    before = _files(table)
+    finalize(store)
+    arrays = 6
+    assert _files(table) == 1 + arrays * (1 + 2)  # zarr.json of the table, each array's
+    assert before > _files(table)
+    tr = open_run(store).transitions()
+    assert len(tr) == 100_000
+    # no value and an empty string stay apart through the seal
+    assert tr.worker.iloc[0] == "" and tr.worker.iloc[1:3].isna().all()
+    assert validate_store(store) == []
+    check_against_reader(store)
+
+
+def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_doctor(
+    tmp_path, monkeypatch
+):
+    store = str(tmp_path / "s.zarr")
+    _many_flushes(store, flushes=5, rows=100)
+    expected = open_run(store).transitions()
+
+    def killed(directory: str, path: str) -> None:
+        base = os.path.join(directory, *path.split("/"))
+        os.rename(base, base + compact.OLD)  # the first rename, then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compact, "_swap", killed)
+    with pytest.raises(KeyboardInterrupt):
+        finalize(store)
+    monkeypatch.undo()
+    # the doctor salvages the half-swapped store (read only) whole
+    fixed = salvage(store, str(tmp_path / "fixed.zarr"))
+    assert fixed.rows_dropped == 0
+    pd.testing.assert_frame_equal(open_run(fixed.target).transitions(), expected)
+    check_against_reader(fixed.target)
+    # sealing again finishes the swap
+    finalize(store)
+    pd.testing.assert_frame_equal(open_run(store).transitions(), expected)
+    assert validate_store(store) == []
+    check_against_reader(store)
+
+
+def test_a_writer_after_the_seal_appends_strings_and_the_next_seal_compacts_them(tmp_path):
+    """``metacollect ingest`` writes into a sealed store: its codes land in columns the seal
+    turned into strings, and the seal it ends with compacts what it added."""
+    store = str(tmp_path / "s.zarr")
+    _many_flushes(store, flushes=2, rows=10)
+    finalize(store)
+    g = StoreWriter(store).group("scheduler", cluster="c1")
+    g.append(
+        "transitions",
+        {
+            "key": ["late", None],
+            "start": ["a", "b"],
+            "finish": ["c", ""],
+            "time": [1.8e9, 1.8e9 + 1],
+            "stimulus_id": ["x", "y"],
+            "worker": [None, ""],
+        },
+    )
+    assert g.flush() == 2
+    finalize(store)
+    tail = open_run(store).transitions().tail(2)
+    assert tail.key.tolist() == ["late", None] and tail.finish.tolist() == ["c", ""]
+    assert tail.worker.tolist() == [None, ""]
+    assert validate_store(store) == []
+    assert not os.path.exists(os.path.join(store, "clusters/c1/scheduler/strings"))
+    check_against_reader(store)
