@@ -876,3 +876,33 @@ def test_jobqueue_prologue_starts_workers_under_darshan(stub_runtime, tmp_path):
     assert any("DARSHAN_ENABLE_NONMPI=1" in line for line in exports)
     assert exports[-1].startswith("export LD_PRELOAD=") and stub_runtime in exports[-1]
     assert lines.index("module load mine") < lines.index(exports[0])
+
+
+def test_await_logs_waits_for_a_process_writing_its_final_log(tmp_path):
+    """Darshan removes a process's mmap log when its shutdown starts and then writes
+    ``*.darshan_partial``: a process seen only through its partial log still runs and
+    is waited for (CI once read a partial log renamed under it)."""
+    from metacollect.steps.darshan.script import await_logs
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    host = socket.gethostname()
+    where = tmp_path / host
+    where.mkdir()
+    name = f"root_python3_id{child.pid}-{child.pid}_11-25-1-42.darshan_partial"
+    (where / name).write_bytes(b"\0" * 8)
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()  # a process killed mid-shutdown: its partial log stays, nothing to wait
+    gone = f"root_python3_id{killed.pid}-{killed.pid}_11-25-1-43.darshan_partial"
+    (where / gone).write_bytes(b"\0" * 8)
+    t0 = time.monotonic()
+    assert await_logs(str(tmp_path), timeout=30) == []
+    assert child.poll() is not None  # it returned only once the writer had exited
+    assert time.monotonic() - t0 < 25
+    child.wait()
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    (where / f"root_python3_id{late.pid}-{late.pid}_11-25-1-44.darshan_partial").write_bytes(b"")
+    try:
+        assert await_logs(str(tmp_path), timeout=0.5) == [late.pid]
+    finally:
+        late.kill()
+        late.wait()

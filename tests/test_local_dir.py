@@ -48,9 +48,7 @@ def test_workers_write_node_local_and_gather_at_their_end(tmp_path, monkeypatch)
     store, node = str(tmp_path / "run.zarr"), tmp_path / "node"
     monkeypatch.setenv("NODE_SCRATCH", str(node))  # expanded on the node, like $TMPDIR
     with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(
-            client, store, flush_interval="0.2s", local_dir="$NODE_SCRATCH/mc"
-        ) as session:
+        with collect(client, store, flush_interval="0.2s", local_dir="$NODE_SCRATCH/mc") as session:
             futures = client.map(slow_inc, range(30), pure=False)
             assert sum(client.gather(futures)) == sum(range(1, 31))
             time.sleep(0.6)  # a few flushes
@@ -105,9 +103,7 @@ def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
     assert len(lines) == 1 and "never gathered" in lines[0] and "metacollect gather" in lines[0]
     run = open_run(store)
     assert run.attrs["missing"] == session.missing
-    (victim_group,) = [
-        p for p, a in run.worker_groups().items() if a["address"] == victim
-    ]
+    (victim_group,) = [p for p, a in run.worker_groups().items() if a["address"] == victim]
     assert victim_group in lines[0]
     victim_id = victim_group.rsplit("/", 1)[1]
     assert len(run.worker_table("tasks").query("worker_group == @victim_id")) == 0

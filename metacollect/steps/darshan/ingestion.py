@@ -65,6 +65,22 @@ class IngestResult:
         self.problems += other.problems
 
 
+def _ingest_logs(
+    run: _Ingestion,
+    todo: list[LogFile],
+    timeout: float,
+    progress: Callable[[str], None] | None,
+) -> None:
+    """Read ``todo`` in child processes and write each into the store, final logs first
+    (a worker's own group takes its complete log over an mmap copy)."""
+    read = read_logs([lg.path for lg in todo], timeout=timeout, progress=progress)
+    order = sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path))
+    for n, i in enumerate(order):
+        if progress:
+            progress(f"writing Darshan log {n + 1} of {len(todo)}: {todo[i].path}")
+        run.add(todo[i], read[i])
+
+
 def darshan_group_attrs(
     log_dir: str | None, *, enabled: bool, dxt: bool, store: str | None = None
 ) -> dict[str, Any]:
@@ -150,13 +166,15 @@ def ingest(
     say = progress or echo
     if say and todo:
         say(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
-    read = read_logs([lg.path for lg in todo], timeout=timeout, progress=progress)
-    # final logs first: a worker's own group takes its complete log over an mmap copy
-    order = sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path))
-    for n, i in enumerate(order):
-        if progress:
-            progress(f"writing Darshan log {n + 1} of {len(todo)}: {todo[i].path}")
-        run.add(todo[i], read[i])
+    seen = {lg.path for lg in logs}
+    for _ in range(3):  # a log renamed while read is found again by the next listing
+        run.vanished = 0
+        _ingest_logs(run, todo, timeout, progress)
+        if not run.vanished:
+            break
+        todo = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in seen]
+        seen |= {lg.path for lg in todo}
+        run.result.found += len(todo)
     run.finish()
     writer.flush()
     _update_levels(store)
@@ -215,6 +233,8 @@ class _Ingestion:
         self.taken: dict[tuple[str | None, int], str] = {}
         self.rows: dict[str, list[Any]] = {k: [] for k in LOG_COLUMNS}
         self.result = IngestResult(found=found)
+        #: logs gone between the listing and the reading (renamed to their final name)
+        self.vanished = 0
 
     def row(
         self,
@@ -256,12 +276,14 @@ class _Ingestion:
     def add(self, lg: LogFile, res: ReadResult) -> None:
         """One log read by the child process: into its process group, or a row saying why
         not."""
-        if res.error is not None and lg.kind == "mmap" and not os.path.exists(lg.path):
-            # Darshan removes a process's mmap log once its final log is written: the
-            # process exited between the listing and the reading (ingest again for it)
+        if res.error is not None and lg.kind != "final" and not os.path.exists(lg.path):
+            # Darshan removes a process's mmap log when it starts writing its final log
+            # and renames the ``.darshan_partial`` when done: the process exited between
+            # the listing and the reading; its final log is read by the next listing
             reason = "gone before it was read: its process wrote its final log meanwhile"
             self.row(lg, lg.host, "", "", "skipped", reason, 0, res.seconds)
             self.result.skipped += 1
+            self.vanished += 1
             return
         if res.error is not None:
             self._unreadable(lg, res)

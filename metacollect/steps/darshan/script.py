@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -71,15 +72,30 @@ def _here(lg: LogFile, host: str) -> bool:
 
 def await_logs(log_dir: str, timeout: float, host: str | None = None) -> list[int]:
     """Wait until every process of this host that runs under Darshan into ``log_dir``
-    (it has an mmap log there and no final log yet) has exited; return the pids still
-    alive after ``timeout`` seconds."""
+    has exited; return the pids still alive after ``timeout`` seconds.
+
+    A process runs under Darshan while it has an mmap log and no final log, and also
+    while it writes its final log: Darshan removes the mmap log when its shutdown starts
+    and writes ``*.darshan_partial``, renamed to the final name at the end. So both kinds
+    name a process to wait for; the directory is listed again after each wait until no
+    new process shows up (a killed process's partial log stays: its pid is gone)."""
     host = host or socket.gethostname()
     if not os.path.isdir(log_dir):
         return []
-    logs = [lg for lg in find_logs(log_dir) if _here(lg, host)]
-    final = {lg.pid for lg in logs if lg.kind == "final"}
-    running = {lg.pid for lg in logs if lg.kind == "mmap" and lg.pid not in final}
-    return wait_processes_gone(sorted(p for p in running if p is not None), timeout)
+    deadline = time.monotonic() + timeout
+    waited: set[int] = set()
+    while True:
+        logs = [lg for lg in find_logs(log_dir) if _here(lg, host)]
+        final = {lg.pid for lg in logs if lg.kind == "final"}
+        running = {
+            lg.pid
+            for lg in logs
+            if lg.kind in ("mmap", "partial") and lg.pid is not None and lg.pid not in final
+        }
+        alive = wait_processes_gone(sorted(running), max(0.0, deadline - time.monotonic()))
+        if alive or running <= waited:
+            return alive
+        waited |= running
 
 
 def finish_script(store: str, writer: StoreWriter, echo: Callable[[str], None]) -> list[str]:
