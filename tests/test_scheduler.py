@@ -224,3 +224,27 @@ def test_dependencies_stay_with_their_tasks_across_slices(client, store, monkeyp
     leaves = set(gt.key[gt.n_dependencies == 0])  # the 60 chunks (fused with ones)
     assert len(leaves) == 60
     assert sorted(deps.dependency[deps.dependency.isin(leaves)]) == sorted(leaves)
+
+
+def test_the_session_end_keeps_what_the_released_results_set_off(client, store):
+    """A session ended right after ``dask.compute`` returns: the client has just released
+    the results, and the scheduler forgets every task of the graph on those messages. The
+    end must wait until the scheduler has handled them (a 1M-task run once lost every
+    ``released -> forgotten``: the end overtook the client's releases)."""
+    client.register_plugin(TransitionRecorder())
+    x = da.ones((400, 400), chunks=(4, 4))  # 10,000 chunks
+    with collect(client, store, flush_interval="30s"):
+        total = client.compute((x + 1).sum())
+        assert total.result() == 2 * 400 * 400
+        del total  # released now; the graph's tasks are forgotten on that message
+    wait_idle(client)  # everything the graph set off has happened
+    reference = client.run_on_scheduler(recorded)
+    client.unregister_scheduler_plugin(TransitionRecorder.name)
+    run = open_run(store)
+    assert run.attrs["status"] == "complete", run.attrs.get("missing")
+    tr = run.transitions()
+    got = list(zip(tr.key, tr.start, tr.finish, tr.stimulus_id, strict=False))
+    assert len(got) == len(reference)
+    assert got == reference
+    forgotten = tr[tr.finish == "forgotten"]
+    assert set(forgotten.key) == set(tr.key)  # every task of the graph, to its end

@@ -23,10 +23,10 @@ import dask.config
 
 import metacollect.config as config
 from metacollect.errors import UsageError
-from metacollect.session.shutdown import retire_and_wait, retire_batch
+from metacollect.session.shutdown import end_through, retire_and_wait, retire_batch
 from metacollect.steps.darshan.logs import remove_old_logs
 from metacollect.steps.job import JobInfo, versions, write_job
-from metacollect.steps.scheduler import SchedulerCollector, active_stores, end_collection
+from metacollect.steps.scheduler import SchedulerCollector, active_stores
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.writer import StoreWriter
 
@@ -270,7 +270,7 @@ class Collection:
     def _end_collection(self) -> list[str]:
         address = getattr(self.client.scheduler, "address", None)
         try:
-            ended = self.client.run_on_scheduler(end_collection, store=self.store)
+            ended = end_through(self.client, self.store)
         except Exception as e:
             if self.client.status == "running":
                 raise

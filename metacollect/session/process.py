@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from metacollect.steps.scheduler import active_collectors, end_collection
+from metacollect.session.shutdown import end_through
+from metacollect.steps.scheduler import active_collectors
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -85,9 +86,9 @@ def _end_remote(
         "the script's client releasing its keys, is not recorded)",
         ended,
         problems,
-        client.run_on_scheduler,
-        end_collection,
-        store=store,
+        end_through,
+        client,
+        store,
     )
     problems.extend(result or [])
 

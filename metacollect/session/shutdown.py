@@ -13,6 +13,7 @@ import logging
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +22,45 @@ if TYPE_CHECKING:
 
     from metacollect.steps.batch import BatchRecorder
 
+import metacollect.config as config
+from metacollect.steps.scheduler import DRAIN_OP, accept_drain_marks, end_collection
+
 logger = logging.getLogger(__name__)
 
 #: seconds the end waits for results a client has just released to reach the scheduler
 RELEASE_GRACE = 5.0
 
-__all__ = ["cluster_job_ids", "graceful_close", "jobs_in_queue", "retire_and_wait", "retire_batch"]
+__all__ = [
+    "cluster_job_ids",
+    "end_through",
+    "graceful_close",
+    "jobs_in_queue",
+    "retire_and_wait",
+    "retire_batch",
+]
+
+
+def end_through(client: Client, store: str | None = None) -> list[str] | None:
+    """End the collection into ``store`` (every one if ``None``) on ``client``'s scheduler,
+    once the scheduler has handled every message the client sent before (see
+    :func:`~metacollect.steps.scheduler.end_collection`); its problems, or ``None`` when the
+    scheduler holds no such collection.
+
+    A result released just before the end (``del future``, or ``dask.compute`` returning)
+    travels on the client's stream; the scheduler forgets the result's whole graph when it
+    handles it. A mark sent after it on the same stream says when that has happened."""
+    if not client.run_on_scheduler(accept_drain_marks, store=store):
+        return None
+    token: str | None = None
+    if client.loop is not None:  # a client always has one once started
+        token = uuid.uuid4().hex
+        # a release takes two hops on the client's loop (Future.release -> Client._dec_ref
+        # -> Client._send_to_scheduler): the mark takes two as well, so it follows every
+        # release made before this call (Dask has no public call to send on the stream)
+        client.loop.add_callback(client._send_to_scheduler, {"op": DRAIN_OP, "token": token})
+    timeout = config.interval("end-timeout")
+    ended = client.run_on_scheduler(end_collection, store=store, drain=token, drain_timeout=timeout)
+    return None if ended is None else list(ended)
 
 
 def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:

@@ -57,6 +57,13 @@ _now = time.time  # a global lookup, not an attribute lookup, on the transition 
 _LIVE: weakref.WeakSet[SchedulerCollector] = weakref.WeakSet()
 
 
+#: the stream op a client sends after its last messages, so that the end of a session waits
+#: until the scheduler has handled them (:func:`end_collection`'s ``drain``)
+DRAIN_OP = "metacollect-drain"
+#: drain marks this scheduler process has handled, until :func:`end_collection` takes them
+_DRAINED: set[str] = set()
+
+
 _WORKER_STATE = (
     "time", "worker", "nthreads", "processing", "executing", "occupancy", "memory_process",
     "memory_managed", "memory_unmanaged", "memory_spilled", "nbytes", "n_in_memory",
@@ -676,16 +683,57 @@ def active_stores(dask_scheduler: Scheduler) -> list[str]:
     return [p.store_path for p in active_collectors(dask_scheduler)]
 
 
-async def end_collection(dask_scheduler: Scheduler, store: str | None = None) -> list[str] | None:
+def _drain_mark(token: str, **_: Any) -> None:
+    """Stream handler of :data:`DRAIN_OP`: the scheduler has handled every message the
+    client sent before this one (a client's stream is handled in order)."""
+    _DRAINED.add(token)
+
+
+def accept_drain_marks(dask_scheduler: Scheduler, store: str | None = None) -> bool:
+    """Let this scheduler handle :data:`DRAIN_OP` (an op it does not know would break the
+    client's stream); whether it holds a collection into ``store`` (any if ``None``). Run
+    it with ``run_on_scheduler`` before sending the mark."""
+    dask_scheduler.stream_handlers.setdefault(DRAIN_OP, _drain_mark)
+    return bool(collectors(dask_scheduler, store))
+
+
+async def _drained(token: str, timeout: float) -> bool:
+    """Wait until the drain mark ``token`` has been handled; whether it was in time."""
+    deadline = time.monotonic() + timeout
+    while token not in _DRAINED and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    found = token in _DRAINED
+    _DRAINED.discard(token)
+    return found
+
+
+async def end_collection(
+    dask_scheduler: Scheduler,
+    store: str | None = None,
+    drain: str | None = None,
+    drain_timeout: float = 60.0,
+) -> list[str] | None:
     """End the scheduler's collection into ``store`` (every collection if ``None``; see
     :meth:`SchedulerCollector.end`); run it on the scheduler with
     ``client.run_on_scheduler(end_collection, store=...)``. A scheduler collected into other
     stores only is left alone. Returns the problems met, or ``None`` when there was nothing to
-    end."""
+    end.
+
+    ``drain``: the token of a mark the client sent through its stream after its last
+    messages (:func:`metacollect.session.shutdown.end_through`): the end waits, up to
+    ``drain_timeout`` seconds, until the scheduler has handled them. A result the client
+    released just before sets off the forgetting of its whole graph, which this RPC
+    (another connection) would otherwise overtake."""
     found = collectors(dask_scheduler, store)
     if not found:
         return None
     problems: list[str] = []
+    if drain is not None and not await _drained(drain, drain_timeout):
+        problems.append(
+            f"scheduler: it had not handled the client's last messages {drain_timeout:g} s "
+            "after the session ended (metacollect.end-timeout): what they set off, such as "
+            "the forgetting of released results, is not in the store"
+        )
     for plugin in found:
         problems += await plugin.end()
     return problems

@@ -23,7 +23,7 @@ import dask.config
 
 import metacollect.config as config
 from metacollect.errors import UsageError
-from metacollect.session.shutdown import retire_and_wait
+from metacollect.session.shutdown import end_through, retire_and_wait
 from metacollect.steps.batch import (
     BATCH_PREFIXES,
     allocation_id,
@@ -165,7 +165,6 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
     """End a batch wrapper's cluster: record the workers' environment, retire them, wait until
     they left, flush and shut down the scheduler. Returns the problems met (also kept for
     :func:`batch_finalize` in the root attrs)."""
-    from metacollect.steps.scheduler import end_collection
     from metacollect.store.writer import StoreWriter
 
     if not os.path.exists(scheduler_file):
@@ -188,7 +187,7 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
         group.flush()
         problems += retire_and_wait(client, (), timeout=timeout)
         try:
-            problems += client.run_on_scheduler(end_collection) or []
+            problems += end_through(client) or []
         except Exception as e:
             problems.append(f"end collection: {type(e).__name__}: {e}")
         try:
