@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -21,9 +22,12 @@ import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
-from metacollect.store.compact import compact
+from metacollect.store import segments
+from metacollect.store.compact import compact, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.writer import read_nodes, seal, trim
+from metacollect.store.writer import fold_segments, read_nodes, seal, trim
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "abandon",
@@ -180,6 +184,11 @@ def consolidate(
     serves the caller and the seal)."""
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
     with zarrio.compact_json():
+        directory = local_dir(root)
+        if directory is not None and segments.groups_with_segments(directory):
+            for lost in fold_segments(directory):  # finalize folds first, and says so
+                logger.warning("metacollect: %s", lost)
+            nodes = None  # the fold added tables and rows
         if nodes is None:
             nodes = read_nodes(root)
         compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
@@ -206,9 +215,11 @@ def finalize(
                     if f.endswith(".partial"):
                         os.remove(os.path.join(dirpath, f))
         root = _run_root(store)
+        # the flushes written as segments appended to the tables (before anything reads them)
+        lost = [] if _is_url(store) else fold_segments(store)
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
-        missing = [*(missing or []), *ungathered(nodes)]
+        missing = [*(missing or []), *ungathered(nodes), *lost]
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         consolidate(

@@ -18,7 +18,8 @@ import xarray as xr
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
-from metacollect.store.compact import NONE_ATTR, text_values
+from metacollect.store import segments
+from metacollect.store.compact import NONE_ATTR, codes_to_text, text_values
 from metacollect.store.integrity import check_codes, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
 
@@ -183,12 +184,17 @@ class StoreReader:
         try:
             tg = zarrio.group_at(self.root, f"{group}/{name}" if group else name)
         except KeyError:
+            tg = None
+        strings = _GroupStrings(self.root, group)  # read only if a code column needs it
+        later = self._segment_frame(group, name, tspec, wanted, tg, strings)
+        if tg is None:
+            if later is not None:
+                return later
             return pd.DataFrame(
                 {v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype)) for v in wanted}
             )
         try:
             data_of, n, nones = self._read_columns(tg, tspec, wanted, distinct)
-            strings = _GroupStrings(self.root, group)  # read only if a code column needs it
             arrays = {
                 v: self._column(
                     tspec.variables[v], data_of.get(v), n, strings, f"{tg.path}/{v}", nones.get(v)
@@ -202,7 +208,45 @@ class StoreReader:
                 f"cannot read table {group}/{name}: {type(e).__name__}: {e} "
                 "(the store may be damaged)"
             ) from e
-        return pd.DataFrame(arrays)
+        frame = pd.DataFrame(arrays)
+        if later is None or not len(later):
+            return frame
+        if not len(frame):
+            return later
+        return pd.concat([frame, later], ignore_index=True)
+
+    def _segment_frame(
+        self,
+        group: str,
+        name: str,
+        tspec: Any,
+        wanted: list[str],
+        tg: zarrio.Group | None,
+        strings: _GroupStrings,
+    ) -> pd.DataFrame | None:
+        """A table's rows that a store not sealed yet holds in its group's segments (see
+        :mod:`metacollect.store.segments`) and not in Zarr, decoded (``None``: none). Torn
+        segments are skipped: ``metacollect validate`` names them."""
+        if "://" in self.path or not os.path.isdir(segments.directory(self.path, group)):
+            return None
+        found = segments.load(self.path, group)
+        folded = tg.attrs.get(segments.FOLDED, -1) if tg is not None else -1
+        columns = found.rows(name, folded if isinstance(folded, int) else -1)
+        if columns is None:
+            return None
+        n = len(next(iter(columns.values())))
+        lookup: np.ndarray | None = None
+        out = {}
+        for v in wanted:
+            vspec, data = tspec.variables[v], columns.get(v)
+            if data is not None and vspec.dtype == "code":
+                if lookup is None:  # the group's strings: in Zarr, then in its segments
+                    lookup = np.concatenate([strings.every(), found.strings(strings.folded())])
+                out[v] = pd.Series(codes_to_text(data, lookup), dtype=object, copy=False)
+            else:
+                where = f"{group}/{name}/{v}"
+                out[v] = self._column(vspec, data, n, strings, where)
+        return pd.DataFrame(out)
 
     @staticmethod
     def _read_columns(
@@ -521,6 +565,23 @@ class _GroupStrings:
                 shapes = {"value": self.value.shape[0]}
                 self._n = table_rows(strings.path, strings.attrs.get("rows"), shapes)
         return self._n
+
+    def every(self) -> np.ndarray:
+        """All the committed strings in Zarr."""
+        if self.n == 0 or self.value is None:
+            return np.empty(0, dtype=object)
+        if self.all is None:
+            self.all = np.asarray(zarrio.read_slice(self.value, 0, self.n), dtype=object)
+        return self.all
+
+    def folded(self) -> int:
+        """The last segment whose strings are in Zarr (-1: none)."""
+        path = f"{self.group}/strings" if self.group else "strings"
+        try:
+            found = zarrio.group_at(self.root, path).attrs.get(segments.FOLDED, -1)
+        except KeyError:
+            return -1
+        return found if isinstance(found, int) else -1
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """Strings at ``idx`` (valid, sorted codes); all of them are read once more than a
