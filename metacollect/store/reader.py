@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -74,8 +75,13 @@ class StoreReader:
 
     @functools.cached_property
     def tree(self) -> xr.DataTree:
-        """The whole run as an :class:`xarray.DataTree` (lazily loaded)."""
-        return xr.open_datatree(self.path, engine="zarr", consolidated=False, chunks=None)
+        """The whole run as an :class:`xarray.DataTree` (lazily loaded). Of a store not
+        sealed yet, only what is in Zarr: rows still in segments (see
+        :mod:`metacollect.store.segments`) are in the tables this reader reads, and in the
+        tree once the store is sealed."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=zarrio.UNRECOGNIZED)  # segments
+            return xr.open_datatree(self.path, engine="zarr", consolidated=False, chunks=None)
 
     @functools.cached_property
     def groups(self) -> dict[str, dict[str, Any]]:

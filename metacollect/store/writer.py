@@ -12,10 +12,10 @@ sealed store) appended to the Zarr arrays directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 import traceback
@@ -731,6 +731,8 @@ class StoreWriter:
 
 #: rows of a table the fold appends to Zarr at a time (whole segments: at least this many)
 FOLD_ROWS = 1_048_576
+#: rows per chunk of the arrays the fold makes
+FOLD_CHUNK_ROWS = 65_536
 
 
 def fold_segments(path: str, schema: Schema | None = None) -> list[str]:
@@ -761,6 +763,11 @@ def fold_segments(path: str, schema: Schema | None = None) -> list[str]:
         if found.segments:
             if writer is None:
                 writer = StoreWriter(path, schema, segments=False)
+                # the compaction that follows rewrites every table it folds into: large
+                # chunks, compressed fast (a table that stays as folded still reads)
+                writer.chunk_rows = FOLD_CHUNK_ROWS
+                writer._numeric = zarrio.codecs("numeric", 1)
+                writer._text = zarrio.codecs("text", 1)
             gw = GroupWriter(writer, spec, group, {})
             if gw.group is None:  # could not make it: the store cannot be written
                 raise StoreError(f"cannot fold the segments of {group or '/'} into {path}")
@@ -771,7 +778,15 @@ def fold_segments(path: str, schema: Schema | None = None) -> list[str]:
             for table in names:
                 if table in spec.tables:
                     _fold_table(gw, found, table)
-        shutil.rmtree(seg.directory(path, group))
+        # the files folded (and the torn ones), not the directory: a segment a late flush
+        # wrote meanwhile stays, for validate to name, instead of vanishing
+        segdir = seg.directory(path, group)
+        for s in found.segments:
+            os.remove(os.path.join(segdir, seg.file_name(s.seq)))
+        for file in found.torn:
+            os.remove(file)
+        with contextlib.suppress(OSError):
+            os.rmdir(segdir)
     return lost
 
 
