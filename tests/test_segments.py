@@ -88,6 +88,11 @@ def test_one_file_per_flush_read_live_and_sealed_as_plain_zarr(store):
     assert events.msg.tolist() == [f"m{i}" for i in range(100 * flushes)]
     assert events.topic.tolist() == [f"topic-{i % 7}" for i in range(100 * flushes)]
     assert run.transitions().key.tolist() == [str(("x", i)) for i in range(100 * flushes)]
+    # the same reader sees a later flush (live reading)
+    _flush_events(g, 100 * flushes, 100)
+    flushes += 1
+    events = run.table(GROUP, "events")
+    assert events.msg.tolist() == [f"m{i}" for i in range(100 * flushes)]
     assert validate_store(store) == []
 
     status, missing = finalize(store)

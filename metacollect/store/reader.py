@@ -34,6 +34,8 @@ class StoreReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        #: each group's segments as last read, by the sequence numbers then found
+        self._segment_cache: dict[str, tuple[tuple[int, ...], segments.GroupSegments]] = {}
         if "://" not in self.path and not os.path.isdir(self.path):
             raise NotAStoreError(
                 f"{self.path} does not exist or is not a directory; "
@@ -233,9 +235,11 @@ class StoreReader:
         """A table's rows that a store not sealed yet holds in its group's segments (see
         :mod:`metacollect.store.segments`) and not in Zarr, decoded (``None``: none). Torn
         segments are skipped: ``metacollect validate`` names them."""
-        if "://" in self.path or not os.path.isdir(segments.directory(self.path, group)):
+        if "://" in self.path:
             return None
-        found = segments.load(self.path, group)
+        found = self._segments_of(group)
+        if found is None:
+            return None
         folded = tg.attrs.get(segments.FOLDED, -1) if tg is not None else -1
         columns = found.rows(name, folded if isinstance(folded, int) else -1)
         if columns is None:
@@ -276,6 +280,17 @@ class StoreReader:
             n = int(keep.sum())
         nones = {v: present[v].attrs.get(NONE_ATTR) for v in names}
         return data_of, n, nones
+
+    def _segments_of(self, group: str) -> segments.GroupSegments | None:
+        """A group's segments (``None``: it has none), read again only when its files
+        changed: a run's readers read several tables of a group, one after the other."""
+        seqs = tuple(segments.seqs(segments.directory(self.path, group)))
+        if not seqs:
+            return None
+        held = self._segment_cache.get(group)
+        if held is None or held[0] != seqs:
+            held = self._segment_cache[group] = (seqs, segments.load(self.path, group))
+        return held[1]
 
     @staticmethod
     def _column(
