@@ -105,6 +105,13 @@ def test_one_file_per_flush_read_live_and_sealed_as_plain_zarr(store):
     sealed = open_run(store).table(GROUP, "events")
     assert sealed.equals(events)
     assert validate_store(store) == []
+    # a segment written after the seal (a writer that ignored it) is named
+    late = segments.encode({"errors": {"time": np.array([1.0])}})
+    os.makedirs(segments.directory(store, GROUP))
+    segments.write(segments.directory(store, GROUP), 0, late)
+    assert any("left in a sealed store" in p for p in validate_store(store))
+    os.remove(os.path.join(segments.directory(store, GROUP), segments.file_name(0)))
+    os.rmdir(segments.directory(store, GROUP))
     # as many files as a store written in one flush
     one = store + "-one"
     _, g1 = _run(one)
