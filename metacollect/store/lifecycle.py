@@ -173,8 +173,10 @@ def consolidate(
     store: str | zarrio.Group,
     nodes: dict[str, dict[str, Any]] | None = None,
     attrs: Mapping[str, Any] | None = None,
+    fold: bool = True,
 ) -> None:
-    """Seal a store no process writes any more: compact its tables (see
+    """Seal a store no process writes any more: fold its segments into its tables (unless
+    ``fold`` is false: the caller just did), compact its tables (see
     :mod:`metacollect.store.compact`: large chunks, codes as strings, cut to their committed
     rows; an interrupted compaction is finished first), then write the root's metadata
     once - ``attrs`` added to its attributes, and the consolidated metadata of every node
@@ -185,7 +187,7 @@ def consolidate(
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
     with zarrio.compact_json():
         directory = local_dir(root)
-        if directory is not None and segments.groups_with_segments(directory):
+        if fold and directory is not None and segments.groups_with_segments(directory):
             for lost in fold_segments(directory):  # finalize folds first, and says so
                 logger.warning("metacollect: %s", lost)
             nodes = None  # the fold added tables and rows
@@ -232,6 +234,7 @@ def finalize(
                 "ended": time.time(),
                 **extra,
             },
+            fold=False,  # folded above (a second walk of the whole store finds nothing)
         )
         return status, missing
     except StoreError:
