@@ -24,7 +24,12 @@ does not exist; only the syscalls between two markers count towards that phase.
 - opens: every other ``open``/``openat`` (reads of metadata, ...)
 - bytes: bytes written by ``write``/``pwrite64``/``writev`` to files
 
+Then, untraced, the CPU time of a flush (all the process's threads, ``process_time``) of a
+worker group with ``--cpu-tasks`` tasks' rows pending (100 tasks: 707 rows over 6 tables),
+median of ``--cpu-flushes`` flushes in one process.
+
     python benchmarks/metadata_ops.py [--processes 2 16 64] [--flushes 5] [--tasks 20]
+        [--cpu-tasks 100] [--cpu-flushes 60]
 """
 
 from __future__ import annotations
@@ -152,6 +157,36 @@ def writer_process(store: str, i: int, flushes: int, tasks: int) -> None:
         _mark(f"flush-end-{f}")
 
 
+def flush_cpu(workdir: str, flushes: int, tasks: int) -> dict[str, Any]:
+    """CPU time per flush of a worker group holding one flush interval's rows (untraced):
+    median and quartiles over ``flushes`` flushes, after a first one that makes the group."""
+    import statistics
+
+    from metacollect.store.writer import StoreWriter
+
+    store = os.path.join(workdir, "cpu.zarr")
+    writer = StoreWriter(store)
+    group = writer.group("worker", attrs={"name": "0", "pid": os.getpid()}, cluster="b", worker="w")
+    times, rows = [], 0
+    for f in range(flushes + 1):
+        batch = worker_rows(0, f, tasks)
+        rows = sum(len(next(iter(cols.values()))) for cols in batch.values())
+        for table, cols in batch.items():
+            group.append(table, cols)
+        c0 = time.process_time()
+        group.flush()
+        if f:  # the first flush makes the group's first segment directory entry
+            times.append(time.process_time() - c0)
+    q = statistics.quantiles(times, n=4)
+    return {
+        "rows_per_flush": rows,
+        "flushes": flushes,
+        "cpu_ms_median": 1e3 * statistics.median(times),
+        "cpu_ms_q1": 1e3 * q[0],
+        "cpu_ms_q3": 1e3 * q[2],
+    }
+
+
 def seal_process(store: str) -> None:
     from metacollect.store.lifecycle import finalize
 
@@ -269,7 +304,7 @@ def _count(trace: str) -> list[dict[str, dict[str, float]]]:
                     child = int(ret)
                     if "CLONE_THREAD" in args:
                         owner[child] = proc
-                    else:
+                    elif child not in owner:  # a child's first lines may come before this
                         owner[child] = procs[child] = _Process()
                 continue
             if MARK in args:
@@ -422,6 +457,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--processes", type=int, nargs="+", default=[2, 16, 64])
     p.add_argument("--flushes", type=int, default=5)
     p.add_argument("--tasks", type=int, default=20, help="tasks per worker between flushes")
+    p.add_argument("--cpu-tasks", type=int, default=100, help="tasks per flush, CPU table")
+    p.add_argument("--cpu-flushes", type=int, default=60)
     a = p.parse_args(argv)
     if not os.path.exists(STRACE):
         raise SystemExit("metadata_ops: strace not found; install it (apt-get install strace)")
@@ -431,13 +468,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for n in a.processes:
             print(f"metadata_ops: {n} writer processes, {a.flushes} flushes each", file=sys.stderr)
             results.append(measure(n, a.flushes, a.tasks, workdir))
+        cpu = flush_cpu(workdir, a.cpu_flushes, a.cpu_tasks)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(table(results))
+    print()
+    print("| rows per flush | flushes | CPU per flush, median (ms) | quartiles (ms) |")
+    print("|---|---|---|---|")
+    print(
+        f"| {cpu['rows_per_flush']} | {cpu['flushes']} | {cpu['cpu_ms_median']:.2f} | "
+        f"{cpu['cpu_ms_q1']:.2f}-{cpu['cpu_ms_q3']:.2f} |"
+    )
     try:
         import _common
 
-        _common.save("metadata_ops", {"results": results})
+        _common.save("metadata_ops", {"results": results, "flush_cpu": cpu})
     except Exception as e:  # the table is printed all the same
         print(f"metadata_ops: results not saved ({e})", file=sys.stderr)
     return results

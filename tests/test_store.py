@@ -236,7 +236,7 @@ def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
     duplicated and every code still finds its string."""
     from zarr.storage import LocalStore
 
-    w = StoreWriter(store)
+    w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     g.flush()
@@ -267,7 +267,7 @@ def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
 
 def _events_flushed_one_by_one(store: str, n: int) -> StoreWriter:
     """A run's store with ``n`` scheduler events, each appended by a flush of its own."""
-    w = StoreWriter(store)
+    w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
     init_root(w, "r")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     g = w.group("scheduler", cluster="c1")
@@ -407,7 +407,7 @@ def test_a_failed_array_template_is_made_again_by_the_next_flush(store, monkeypa
         return await real_make(*args, **kwargs)
 
     monkeypatch.setattr(zarrio, "array_template", fail_once)
-    w = StoreWriter(store)
+    w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     assert g.flush() == 0 and g.tables["events"].pending == 1
@@ -443,7 +443,7 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(s
 
     from metacollect.store import zarrio
 
-    w = StoreWriter(store)
+    w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
     g = w.group("scheduler", cluster="c1")
     real_write = zarrio.write_doc
     outage = {"creates": 1}
@@ -490,7 +490,7 @@ def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
     them), codes past the committed strings read as missing, and ``distinct`` keeps one row
     per distinct value, also when a cache restart gave a string a second code."""
     with dask.config.set({"metacollect.strings.cache-size": 3000}):
-        w = StoreWriter(store)
+        w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
         g = w.group("scheduler", cluster="c1")
     n = 4000
     topics = ["a", "b", None, "a"] * (n // 4)

@@ -20,7 +20,8 @@ import numpy as np
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store.compact import NEW, NONE_ATTR, OLD, text_values
+from metacollect.store import segments
+from metacollect.store.compact import NEW, NONE_ATTR, OLD, local_dir, text_values
 from metacollect.store.integrity import rows_problem, seal_problems
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.schema import GroupSpec, TableSpec, load_schema
@@ -130,11 +131,27 @@ def _groups(src: zarrio.Group, source: str, report: Salvage) -> list[tuple[str, 
 def _copy_group(
     node: zarrio.Group, path: str, spec: GroupSpec, gw: GroupWriter, report: Salvage
 ) -> None:
-    """Append every table's rows that decode whole, and whose ids join, to ``gw``."""
+    """Append every table's rows that decode whole, and whose ids join, to ``gw``: those in
+    Zarr, then those of the group's segments (a store never sealed; a torn one is noted)."""
+    directory = local_dir(node)
+    later = segments.load(directory, "") if directory is not None else segments.GroupSegments()
+    report.notes.extend(
+        f"{path or '/'}: segment {os.path.basename(f)} is torn ({why}); its rows are lost"
+        for f, why in sorted(later.torn.items())
+    )
     tables: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
     for name, tspec in spec.tables.items():
         if name != "strings":  # the writer makes the new store's own
             found = _read_table(node, path, name, tspec, report)
+            more = _segment_rows(node, name, tspec, later)
+            if found is not None and more is not None:
+                columns, good = found
+                found = (
+                    {v: np.concatenate([d, more[v]]) for v, d in columns.items() if v in more},
+                    np.concatenate([good, np.ones(len(next(iter(more.values()))), bool)]),
+                )
+            elif more is not None:
+                found = (more, np.ones(len(next(iter(more.values()))), bool))
             if found is not None:
                 tables[name] = found
     _join(spec, path, tables, report)
@@ -145,6 +162,34 @@ def _copy_group(
             kept = {v: d[good] for v, d in columns.items()}
             gw.append(name, {v: list(d) if d.ndim > 1 else d for v, d in kept.items()})
     gw.flush()
+
+
+def _segment_rows(
+    group: zarrio.Group, name: str, tspec: TableSpec, found: segments.GroupSegments
+) -> dict[str, np.ndarray] | None:
+    """A table's rows in the group's segments past those in Zarr, codes decoded with the
+    group's strings in Zarr and then in its segments (``None``: no such rows)."""
+    if not found.segments:
+        return None
+
+    def folded(table: str) -> int:
+        try:
+            at = zarrio.group_at(group, table).attrs.get(segments.FOLDED, -1)
+        except (KeyError, StoreError):
+            return -1
+        return at if isinstance(at, int) else -1
+
+    columns = found.rows(name, folded(name))
+    if columns is None:
+        return None
+    lookup = np.concatenate([_strings(group, ""), found.strings(folded("strings"))])
+    out = {}
+    for v, data in columns.items():
+        var = tspec.variables.get(v)
+        if var is None:
+            continue
+        out[v] = _decode(data, lookup)[0] if var.dtype == "code" else data
+    return out
 
 
 def _join(

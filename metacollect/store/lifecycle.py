@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -21,9 +22,12 @@ import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
-from metacollect.store.compact import compact
+from metacollect.store import segments
+from metacollect.store.compact import compact, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.writer import read_nodes, seal, trim
+from metacollect.store.writer import fold_segments, read_nodes, seal, trim
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "abandon",
@@ -169,8 +173,10 @@ def consolidate(
     store: str | zarrio.Group,
     nodes: dict[str, dict[str, Any]] | None = None,
     attrs: Mapping[str, Any] | None = None,
+    fold: bool = True,
 ) -> None:
-    """Seal a store no process writes any more: compact its tables (see
+    """Seal a store no process writes any more: fold its segments into its tables (unless
+    ``fold`` is false: the caller just did), compact its tables (see
     :mod:`metacollect.store.compact`: large chunks, codes as strings, cut to their committed
     rows; an interrupted compaction is finished first), then write the root's metadata
     once - ``attrs`` added to its attributes, and the consolidated metadata of every node
@@ -180,6 +186,11 @@ def consolidate(
     serves the caller and the seal)."""
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
     with zarrio.compact_json():
+        directory = local_dir(root)
+        if fold and directory is not None and segments.groups_with_segments(directory):
+            for lost in fold_segments(directory):  # finalize folds first, and says so
+                logger.warning("metacollect: %s", lost)
+            nodes = None  # the fold added tables and rows
         if nodes is None:
             nodes = read_nodes(root)
         compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
@@ -206,9 +217,11 @@ def finalize(
                     if f.endswith(".partial"):
                         os.remove(os.path.join(dirpath, f))
         root = _run_root(store)
+        # the flushes written as segments appended to the tables (before anything reads them)
+        lost = [] if _is_url(store) else fold_segments(store)
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
-        missing = [*(missing or []), *ungathered(nodes)]
+        missing = [*(missing or []), *ungathered(nodes), *lost]
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         consolidate(
@@ -221,6 +234,7 @@ def finalize(
                 "ended": time.time(),
                 **extra,
             },
+            fold=False,  # folded above (a second walk of the whole store finds nothing)
         )
         return status, missing
     except StoreError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -18,7 +19,8 @@ import xarray as xr
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
-from metacollect.store.compact import NONE_ATTR, text_values
+from metacollect.store import segments
+from metacollect.store.compact import NONE_ATTR, codes_to_text, text_values
 from metacollect.store.integrity import check_codes, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
 
@@ -32,6 +34,8 @@ class StoreReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        #: each group's segments as last read, by the sequence numbers then found
+        self._segment_cache: dict[str, tuple[tuple[int, ...], segments.GroupSegments]] = {}
         if "://" not in self.path and not os.path.isdir(self.path):
             raise NotAStoreError(
                 f"{self.path} does not exist or is not a directory; "
@@ -73,8 +77,13 @@ class StoreReader:
 
     @functools.cached_property
     def tree(self) -> xr.DataTree:
-        """The whole run as an :class:`xarray.DataTree` (lazily loaded)."""
-        return xr.open_datatree(self.path, engine="zarr", consolidated=False, chunks=None)
+        """The whole run as an :class:`xarray.DataTree` (lazily loaded). Of a store not
+        sealed yet, only what is in Zarr: rows still in segments (see
+        :mod:`metacollect.store.segments`) are in the tables this reader reads, and in the
+        tree once the store is sealed."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=zarrio.UNRECOGNIZED)  # segments
+            return xr.open_datatree(self.path, engine="zarr", consolidated=False, chunks=None)
 
     @functools.cached_property
     def groups(self) -> dict[str, dict[str, Any]]:
@@ -183,12 +192,17 @@ class StoreReader:
         try:
             tg = zarrio.group_at(self.root, f"{group}/{name}" if group else name)
         except KeyError:
+            tg = None
+        strings = _GroupStrings(self.root, group)  # read only if a code column needs it
+        later = self._segment_frame(group, name, tspec, wanted, tg, strings)
+        if tg is None:
+            if later is not None:
+                return later
             return pd.DataFrame(
                 {v: pd.Series(dtype=_pandas_dtype(tspec.variables[v].dtype)) for v in wanted}
             )
         try:
             data_of, n, nones = self._read_columns(tg, tspec, wanted, distinct)
-            strings = _GroupStrings(self.root, group)  # read only if a code column needs it
             arrays = {
                 v: self._column(
                     tspec.variables[v], data_of.get(v), n, strings, f"{tg.path}/{v}", nones.get(v)
@@ -202,7 +216,47 @@ class StoreReader:
                 f"cannot read table {group}/{name}: {type(e).__name__}: {e} "
                 "(the store may be damaged)"
             ) from e
-        return pd.DataFrame(arrays)
+        frame = pd.DataFrame(arrays)
+        if later is None or not len(later):
+            return frame
+        if not len(frame):
+            return later
+        return pd.concat([frame, later], ignore_index=True)
+
+    def _segment_frame(
+        self,
+        group: str,
+        name: str,
+        tspec: Any,
+        wanted: list[str],
+        tg: zarrio.Group | None,
+        strings: _GroupStrings,
+    ) -> pd.DataFrame | None:
+        """A table's rows that a store not sealed yet holds in its group's segments (see
+        :mod:`metacollect.store.segments`) and not in Zarr, decoded (``None``: none). Torn
+        segments are skipped: ``metacollect validate`` names them."""
+        if "://" in self.path:
+            return None
+        found = self._segments_of(group)
+        if found is None:
+            return None
+        folded = tg.attrs.get(segments.FOLDED, -1) if tg is not None else -1
+        columns = found.rows(name, folded if isinstance(folded, int) else -1)
+        if columns is None:
+            return None
+        n = len(next(iter(columns.values())))
+        lookup: np.ndarray | None = None
+        out = {}
+        for v in wanted:
+            vspec, data = tspec.variables[v], columns.get(v)
+            if data is not None and vspec.dtype == "code":
+                if lookup is None:  # the group's strings: in Zarr, then in its segments
+                    lookup = np.concatenate([strings.every(), found.strings(strings.folded())])
+                out[v] = pd.Series(codes_to_text(data, lookup), dtype=object, copy=False)
+            else:
+                where = f"{group}/{name}/{v}"
+                out[v] = self._column(vspec, data, n, strings, where)
+        return pd.DataFrame(out)
 
     @staticmethod
     def _read_columns(
@@ -226,6 +280,17 @@ class StoreReader:
             n = int(keep.sum())
         nones = {v: present[v].attrs.get(NONE_ATTR) for v in names}
         return data_of, n, nones
+
+    def _segments_of(self, group: str) -> segments.GroupSegments | None:
+        """A group's segments (``None``: it has none), read again only when its files
+        changed: a run's readers read several tables of a group, one after the other."""
+        seqs = tuple(segments.seqs(segments.directory(self.path, group)))
+        if not seqs:
+            return None
+        held = self._segment_cache.get(group)
+        if held is None or held[0] != seqs:
+            held = self._segment_cache[group] = (seqs, segments.load(self.path, group))
+        return held[1]
 
     @staticmethod
     def _column(
@@ -521,6 +586,23 @@ class _GroupStrings:
                 shapes = {"value": self.value.shape[0]}
                 self._n = table_rows(strings.path, strings.attrs.get("rows"), shapes)
         return self._n
+
+    def every(self) -> np.ndarray:
+        """All the committed strings in Zarr."""
+        if self.n == 0 or self.value is None:
+            return np.empty(0, dtype=object)
+        if self.all is None:
+            self.all = np.asarray(zarrio.read_slice(self.value, 0, self.n), dtype=object)
+        return self.all
+
+    def folded(self) -> int:
+        """The last segment whose strings are in Zarr (-1: none)."""
+        path = f"{self.group}/strings" if self.group else "strings"
+        try:
+            found = zarrio.group_at(self.root, path).attrs.get(segments.FOLDED, -1)
+        except KeyError:
+            return -1
+        return found if isinstance(found, int) else -1
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """Strings at ``idx`` (valid, sorted codes); all of them are read once more than a

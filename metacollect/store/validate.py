@@ -12,7 +12,8 @@ import pandas as pd
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store.compact import COMPACTED, NONE_ATTR, text_values
+from metacollect.store import segments
+from metacollect.store.compact import COMPACTED, NONE_ATTR, local_dir, text_values
 from metacollect.store.integrity import code_problem, rows_problem, seal_problems
 from metacollect.store.schema import DTYPES, GroupSpec, Schema, VariableSpec, load_schema
 
@@ -73,6 +74,59 @@ def validate_store(
         _check_group(path, member, spec, schema, problems)
     say("validating the codes and ids across tables")
     problems.extend(state.cross_problems())
+    directory = local_dir(root)
+    if directory is not None:
+        say("validating the segments")
+        problems.extend(segment_problems(directory, root, schema, state.sealed))
+    return problems
+
+
+def segment_problems(directory: str, root: zarrio.Group, schema: Schema, sealed: bool) -> list[str]:
+    """The segments of a store not sealed yet (see :mod:`metacollect.store.segments`): each
+    whole (a torn one is a flush a killed process was writing), of tables the schema knows,
+    its codes within its group's strings as far as that segment; a sealed store has none."""
+    problems = []
+    for group in segments.groups_with_segments(directory):
+        where = group or "/"
+        found = segments.load(directory, group)
+        if sealed and (found.segments or found.torn):
+            problems.append(
+                f"{where}: {len(found.segments) + len(found.torn)} segment(s) left in a sealed "
+                "store (its seal should have folded them into its tables)"
+            )
+        problems.extend(
+            f"{where}: segment {os.path.basename(f)} is torn ({why}); its rows are not read"
+            for f, why in sorted(found.torn.items())
+        )
+        spec = schema.match(group)
+        if spec is None:
+            problems.append(f"{where}: segments of a group not described by the schema")
+            continue
+        try:
+            attrs = dict(zarrio.group_at(root, f"{group}/strings" if group else "strings").attrs)
+        except KeyError:
+            attrs = {}
+        folded = attrs.get(segments.FOLDED, -1)
+        folded = folded if isinstance(folded, int) else -1
+        strings = attrs.get("rows", 0)
+        strings = strings if isinstance(strings, int) else 0
+        for s in found.segments:
+            if s.seq > folded and "strings" in s.tables:
+                strings += len(s.tables["strings"]["value"])
+            for table, columns in s.tables.items():
+                tspec = spec.tables.get(table)
+                if tspec is None:
+                    problems.append(
+                        f"{where}: segment {s.seq} holds table {table!r}, not in the schema"
+                    )
+                    continue
+                for name, data in columns.items():
+                    var = tspec.variables.get(name)
+                    if var is None or var.dtype != "code" or not len(data):
+                        continue
+                    problem = code_problem(int(data.min()), int(data.max()), strings)
+                    if problem is not None:
+                        problems.append(f"{where}: segment {s.seq}, {table}/{name}: {problem}")
     return problems
 
 

@@ -3,12 +3,17 @@
 Each process that collects owns a :class:`StoreWriter` and the groups it writes; distinct
 processes never append to the same array, so no locking is needed on a shared filesystem.
 Collectors append rows to in-memory tables (cheap); :meth:`GroupWriter.flush` turns them into
-arrays and appends them to Zarr - from a thread or at the end, never on a hot path.
+arrays and writes them - from a thread or at the end, never on a hot path: into a store on a
+filesystem as one segment file per flush (:mod:`metacollect.store.segments`, folded into Zarr
+by :func:`fold_segments` when the store is sealed), elsewhere (fsspec URLs, and writers into a
+sealed store) appended to the Zarr arrays directly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import threading
@@ -24,6 +29,7 @@ import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import lock
+from metacollect.store import segments as seg
 from metacollect.store.chunks import ChunkAppender
 from metacollect.store.compact import NONE_ATTR
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
@@ -34,6 +40,8 @@ logger = logging.getLogger(__name__)
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
 
+#: columns of at most this many values are encoded without pandas (see StringTable)
+SMALL_ENCODE = 4096
 #: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
 UNRECOGNIZED = zarrio.UNRECOGNIZED
 compact_json = zarrio.compact_json
@@ -63,6 +71,8 @@ class StringTable:
         """
         if len(values) == 0:
             return np.empty(0, np.int32)
+        if len(values) <= SMALL_ENCODE:
+            return self._encode_small(values)
         local, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=True)
         uniq = uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
         uniq = [u if type(u) is str else str(u) for u in uniq]
@@ -85,6 +95,30 @@ class StringTable:
             mapped[:-1] = np.array(known, dtype=np.int32)  # every code now known
             mapped[-1] = -1  # local code -1 (None) indexes the last slot
         return mapped[local]
+
+    def _encode_small(self, values: Sequence[Any]) -> np.ndarray:
+        """:meth:`encode` of a few values, one dictionary look-up each: a flush of a worker's
+        few hundred rows has a dozen code columns, and pandas' factorize costs ~100 us a
+        call however short the column. ``None`` and NaN are no value, as there."""
+        out: list[int] = []
+        add = out.append
+        with self._lock:
+            if len(self._codes) + len(values) > self.cache_size:
+                self._codes.clear()
+            codes = self._codes
+            get = codes.get
+            for v in values:
+                if v is None or (type(v) is float and v != v):
+                    add(-1)
+                    continue
+                s = v if type(v) is str else str(v)
+                c = get(s)
+                if c is None:
+                    c = codes[s] = self._next
+                    self._next += 1
+                    self._new.append(s)
+                add(c)
+        return np.array(out, dtype=np.int32)
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:
         """The strings of codes this table gave out while its cache holds them (-1:
@@ -185,6 +219,12 @@ class GroupWriter:
         self._appenders: dict[tuple[str, str], ChunkAppender] = {}
         #: the group's attrs until it is made (then written on it)
         self._attrs = dict(attrs)
+        #: where this group's flushes go as segments (``None``: appended to Zarr), and the
+        #: ``seq`` of the next one
+        self._segdir: str | None = None
+        self._seq = 0
+        #: attributes a table's next commit writes with its rows (the fold's progress)
+        self._commit_attrs: dict[str, dict[str, Any]] = {}
         self.group: zarrio.Group | None = None
         try:
             self.create()
@@ -206,9 +246,33 @@ class GroupWriter:
         it; raises when the store cannot be written."""
         if self.group is None:
             self.group = self.store.ensure_group(self.path, self.spec, self._attrs)
-            # a group written before (by another writer): new codes continue its strings
-            self.strings._next = self._rows_in_store("strings")
+            try:
+                # a group written before (by another writer): new codes continue its
+                # strings, those in Zarr, then those of its segments not folded into Zarr yet
+                strings = self._rows_in_store("strings")
+                if self.store.segments:
+                    segdir = seg.directory(self.store.path, self.path)
+                    os.makedirs(segdir, exist_ok=True)
+                    found = seg.seqs(segdir)
+                    if found:
+                        after = self._folded("strings")
+                        strings += seg.load(self.store.path, self.path).string_count(after)
+                        self._seq = found[-1] + 1
+                    self._segdir = segdir
+                self.strings._next = strings
+            except BaseException:  # made again, whole, by the next flush that can
+                self.group = None
+                raise
         return self.group
+
+    def _folded(self, table: str) -> int:
+        """The last segment whose rows of ``table`` are in Zarr (-1: none)."""
+        try:
+            tgroup = self.create()[table]
+        except KeyError:
+            return -1
+        found = tgroup.attrs.get(seg.FOLDED, -1)
+        return found if isinstance(found, int) else -1
 
     # -- collecting -------------------------------------------------------------------
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
@@ -321,6 +385,16 @@ class GroupWriter:
             raise
         return sum(n for chunks in taken.values() for n, _ in chunks)
 
+    def _write_segment(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Write these rows as the group's next segment: one file, made with one create and
+        one write (see :mod:`metacollect.store.segments`)."""
+        # a store removed under the run must fail the flush (rows kept, reported once)
+        if not os.path.exists(os.path.join(self.store.path, "zarr.json")):
+            raise self.store.removed()
+        self.store.check_run_open()
+        assert self._segdir is not None
+        self._seq = seg.write(self._segdir, self._seq, seg.encode(tables)) + 1
+
     def _write_errors_alone(self) -> None:
         """After a failed flush, try the errors table by itself: a failure that stays with
         one table (an array it cannot write) must not keep the group's report of it out of
@@ -370,6 +444,13 @@ class GroupWriter:
         return committed_rows(tgroup)  # type: ignore[arg-type]
 
     def _append_tables(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Write these rows: as the group's next segment, or appended to Zarr."""
+        if self._segdir is not None:
+            self._write_segment(tables)
+        else:
+            self._append_zarr(tables)
+
+    def _append_zarr(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
         """Append rows to every variable of these tables in one batch of Zarr writes.
 
         Zarr's cost is per array written (its async machinery, one chunk encoded, metadata
@@ -420,7 +501,9 @@ class GroupWriter:
             await self._appender(table, name, arr).write(start, data)
 
         async def commit(table: str, n: int) -> None:
-            await self._tgroups[table].update_attributes({"rows": self._committed[table] + n})
+            await self._tgroups[table].update_attributes(
+                {"rows": self._committed[table] + n, **self._commit_attrs.get(table, {})}
+            )
 
         _raise_first(
             await asyncio.gather(
@@ -467,8 +550,16 @@ class GroupWriter:
 class StoreWriter:
     """One process's writer of a store: it creates and appends only the groups it owns."""
 
-    def __init__(self, path: str | os.PathLike[str], schema: Schema | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        schema: Schema | None = None,
+        segments: bool | None = None,
+    ) -> None:
         self.path = os.fspath(path)
+        #: flushes written as segment files (see :mod:`metacollect.store.segments`): a store
+        #: on a filesystem that is not sealed yet (``None``: decided so when first needed)
+        self._segments = segments if "://" not in self.path else False
         self.schema = schema or load_schema()
         self._root: zarrio.Group | None = None
         #: the run held the store's lock when this writer started: it ends with the seal,
@@ -483,6 +574,20 @@ class StoreWriter:
         self._templates: dict[tuple[Any, ...], Any] = {}
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
+
+    @property
+    def segments(self) -> bool:
+        """Whether this writer's flushes go to segment files: a store on a filesystem, not
+        sealed (a writer after the seal - ``metacollect ingest`` - appends to Zarr, and the
+        seal it ends with is the same as before)."""
+        if self._segments is None:
+            try:
+                with open(os.path.join(self.path, "zarr.json"), "rb") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError):
+                doc = {}
+            self._segments = not (isinstance(doc, dict) and doc.get("consolidated_metadata"))
+        return self._segments
 
     @property
     def root(self) -> zarrio.Group:
@@ -622,6 +727,87 @@ class StoreWriter:
             f"store {self.path} was removed during the run; rows are kept in memory "
             "(up to metacollect.buffer-limit per table) and written if it comes back"
         )
+
+
+#: rows of a table the fold appends to Zarr at a time (whole segments: at least this many)
+FOLD_ROWS = 1_048_576
+#: rows per chunk of the arrays the fold makes
+FOLD_CHUNK_ROWS = 65_536
+
+
+def fold_segments(path: str, schema: Schema | None = None) -> list[str]:
+    """Append every group's segments (:mod:`metacollect.store.segments`) to its Zarr tables,
+    in ``seq`` order, the strings first, then remove them; for a store no process writes any
+    more, before it is compacted and sealed. Returns one line per torn segment (a process
+    killed while writing it: the rows of that flush are lost).
+
+    Each append commits its table's rows together with the last segment it holds
+    (``segments_folded``), so a fold cut short and run again appends nothing twice.
+    """
+    if "://" in path:
+        return []
+    schema = schema or load_schema()
+    lost: list[str] = []
+    writer: StoreWriter | None = None
+    for group in seg.groups_with_segments(path):
+        found = seg.load(path, group)
+        spec = schema.match(group)
+        for file, why in sorted(found.torn.items()):
+            lost.append(
+                f"{group or '/'}: segment {os.path.basename(file)} is torn ({why}): the rows "
+                "of the flush a killed process was writing are lost"
+            )
+        if spec is None:
+            logger.warning("metacollect: segments of %s left: no group of the schema", group)
+            continue
+        if found.segments:
+            if writer is None:
+                writer = StoreWriter(path, schema, segments=False)
+                # the compaction that follows rewrites every table it folds into: large
+                # chunks, compressed fast (a table that stays as folded still reads)
+                writer.chunk_rows = FOLD_CHUNK_ROWS
+                writer._numeric = zarrio.codecs("numeric", 1)
+                writer._text = zarrio.codecs("text", 1)
+            gw = GroupWriter(writer, spec, group, {})
+            if gw.group is None:  # could not make it: the store cannot be written
+                raise StoreError(f"cannot fold the segments of {group or '/'} into {path}")
+            names = [
+                "strings",
+                *sorted({t for s in found.segments for t in s.tables} - {"strings"}),
+            ]
+            for table in names:
+                if table in spec.tables:
+                    _fold_table(gw, found, table)
+        # the files folded (and the torn ones), not the directory: a segment a late flush
+        # wrote meanwhile stays, for validate to name, instead of vanishing
+        segdir = seg.directory(path, group)
+        for s in found.segments:
+            os.remove(os.path.join(segdir, seg.file_name(s.seq)))
+        for file in found.torn:
+            os.remove(file)
+        with contextlib.suppress(OSError):
+            os.rmdir(segdir)
+    return lost
+
+
+def _fold_table(gw: GroupWriter, found: seg.GroupSegments, table: str) -> None:
+    """Append a table's rows of the segments not folded yet, a batch of whole segments at a
+    time, each batch committed with the last segment it holds."""
+    after = gw._folded(table)
+    parts = [
+        (s.seq, s.tables[table]) for s in found.segments if s.seq > after and table in s.tables
+    ]
+    batch: list[Mapping[str, np.ndarray]] = []
+    rows = 0
+    for i, (seq, part) in enumerate(parts):
+        batch.append(part)
+        rows += len(next(iter(part.values())))
+        if rows >= FOLD_ROWS or i == len(parts) - 1:
+            columns = seg.concat(batch)
+            if columns:
+                gw._commit_attrs[table] = {seg.FOLDED: seq}
+                gw._append_zarr({table: columns})
+            batch, rows = [], 0
 
 
 def _capacity(needed: int, current: int, chunk: int) -> int:

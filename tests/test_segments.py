@@ -1,0 +1,248 @@
+"""Flushes as segment files: one file per flush, folded into Zarr at the seal.
+
+A writer of a store on a filesystem writes each flush of a group as one segment
+(``<group>/.segments/<seq>.seg``); readers fold them after the Zarr rows; the seal appends
+them to Zarr, compacts and removes them. These tests count the files, tear a segment, kill a
+real writing process, and open the sealed store with plain xarray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from metacollect import open_run
+from metacollect.session import init_root
+from metacollect.store import segments
+from metacollect.store.doctor import salvage
+from metacollect.store.lifecycle import finalize, prepare_store
+from metacollect.store.validate import validate_store
+from metacollect.store.writer import StoreWriter
+from tests.test_store import CLUSTER_ATTRS
+
+GROUP = "clusters/c1/scheduler"
+
+
+def _files(store: str) -> set[str]:
+    return {
+        os.path.relpath(os.path.join(d, f), store) for d, _, files in os.walk(store) for f in files
+    }
+
+
+def _flush_events(g, first: int, n: int) -> None:
+    g.append(
+        "events",
+        {
+            "time": np.arange(first, first + n, dtype=float),
+            "topic": [f"topic-{i % 7}" for i in range(first, first + n)],
+            "msg": [f"m{i}" for i in range(first, first + n)],
+        },
+    )
+    g.append(
+        "transitions",
+        {
+            "key": [("x", i) for i in range(first, first + n)],
+            "start": ["released"] * n,
+            "finish": ["waiting"] * n,
+            "time": np.arange(first, first + n, dtype=float),
+            "stimulus_id": ["s"] * n,
+            "worker": [None] * n,
+        },
+    )
+    assert g.flush() == 2 * n
+
+
+def _run(store: str) -> tuple[StoreWriter, object]:
+    prepare_store(store)
+    w = StoreWriter(store)
+    init_root(w, "r1")
+    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+    return w, w.group("scheduler", cluster="c1")
+
+
+def test_one_file_per_flush_read_live_and_sealed_as_plain_zarr(store):
+    """Each flush of a group writes exactly one new file, its segment, whatever its tables;
+    readers see the rows before the seal; the seal leaves plain Zarr (no segment) that
+    ``xarray.open_datatree`` opens, with as many files whatever the number of flushes."""
+    _, g = _run(store)
+    segdir = segments.directory(store, GROUP)
+    before = _files(store)
+    flushes = 12
+    for f in range(flushes):
+        _flush_events(g, 100 * f, 100)
+        now = _files(store)
+        assert now - before == {os.path.relpath(os.path.join(segdir, f"{f:09d}.seg"), store)}
+        before = now
+    assert len(os.listdir(segdir)) == flushes
+    run = open_run(store)
+    events = run.table(GROUP, "events")
+    assert events.msg.tolist() == [f"m{i}" for i in range(100 * flushes)]
+    assert events.topic.tolist() == [f"topic-{i % 7}" for i in range(100 * flushes)]
+    assert run.transitions().key.tolist() == [str(("x", i)) for i in range(100 * flushes)]
+    # the same reader sees a later flush (live reading)
+    _flush_events(g, 100 * flushes, 100)
+    flushes += 1
+    events = run.table(GROUP, "events")
+    assert events.msg.tolist() == [f"m{i}" for i in range(100 * flushes)]
+    assert validate_store(store) == []
+
+    status, missing = finalize(store)
+    assert (status, missing) == ("complete", [])
+    assert segments.groups_with_segments(store) == []
+    tree = xr.open_datatree(store, engine="zarr")
+    ds = tree[f"{GROUP}/events"].ds
+    assert ds.sizes["event"] == 100 * flushes
+    assert list(ds["msg"].values[:3]) == ["m0", "m1", "m2"]
+    sealed = open_run(store).table(GROUP, "events")
+    assert sealed.equals(events)
+    assert validate_store(store) == []
+    # a segment written after the seal (a writer that ignored it) is named
+    late = segments.encode({"errors": {"time": np.array([1.0])}})
+    os.makedirs(segments.directory(store, GROUP))
+    segments.write(segments.directory(store, GROUP), 0, late)
+    assert any("left in a sealed store" in p for p in validate_store(store))
+    os.remove(os.path.join(segments.directory(store, GROUP), segments.file_name(0)))
+    os.rmdir(segments.directory(store, GROUP))
+    # as many files as a store written in one flush
+    one = store + "-one"
+    _, g1 = _run(one)
+    _flush_events(g1, 0, 100 * flushes)
+    finalize(one)
+    assert len(_files(store)) == len(_files(one))
+
+
+def test_a_torn_last_segment_is_skipped_reported_and_the_rows_before_survive(store):
+    _, g = _run(store)
+    for f in range(3):
+        _flush_events(g, 10 * f, 10)
+    segdir = segments.directory(store, GROUP)
+    last = os.path.join(segdir, segments.file_name(2))
+    with open(last, "r+b") as f:  # a kill mid-write: the file is cut short
+        f.truncate(os.path.getsize(last) // 2)
+    run = open_run(store)
+    assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(20)]
+    problems = validate_store(store)
+    assert any("segment 000000002.seg is torn" in p for p in problems), problems
+    # a writer that starts the group again continues after it, codes included
+    w2 = StoreWriter(store)
+    g2 = w2.group("scheduler", cluster="c1")
+    _flush_events(g2, 1000, 5)
+    assert sorted(os.listdir(segdir))[-1] == segments.file_name(3)
+    events = open_run(store).table(GROUP, "events")
+    assert events.msg.tolist() == [f"m{i}" for i in range(20)] + [
+        f"m{i}" for i in range(1000, 1005)
+    ]
+    assert events.topic.tolist()[-5:] == [f"topic-{i % 7}" for i in range(1000, 1005)]
+    # a salvage of the unsealed store keeps those rows and notes the torn segment
+    report = salvage(store, store + "-salvaged")
+    assert any("000000002.seg is torn" in n for n in report.notes)
+    assert open_run(store + "-salvaged").table(GROUP, "events").msg.tolist()[-5:] == [
+        f"m{i}" for i in range(1000, 1005)
+    ]
+    status, missing = finalize(store, "complete")
+    assert status == "incomplete"
+    assert any("000000002.seg is torn" in m for m in missing)
+    assert open_run(store).table(GROUP, "events").msg.tolist() == events.msg.tolist()
+    assert validate_store(store) == []
+
+
+def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch):
+    """The seal commits each table's rows with the last segment it holds: a seal killed
+    after some tables were appended, and run again, appends the rest only."""
+    from metacollect.store import writer as writer_mod
+
+    _, g = _run(store)
+    for f in range(4):
+        _flush_events(g, 10 * f, 10)
+    real = writer_mod._fold_table
+    calls = {"n": 0}
+
+    def die_on_second(gw, found, table):
+        calls["n"] += 1
+        if calls["n"] == 3:  # strings and one table appended
+            raise KeyboardInterrupt("killed mid-fold")
+        return real(gw, found, table)
+
+    monkeypatch.setattr(writer_mod, "_fold_table", die_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        writer_mod.fold_segments(store)
+    monkeypatch.setattr(writer_mod, "_fold_table", real)
+    mid = open_run(store)  # readers see every row once in the meantime
+    assert mid.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(40)]
+    assert len(mid.transitions()) == 40
+    finalize(store)
+    run = open_run(store)
+    assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(40)]
+    assert run.transitions().key.tolist() == [str(("x", i)) for i in range(40)]
+    assert validate_store(store) == []
+
+
+_WRITER = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    from metacollect.session import init_root
+    from metacollect.store.writer import StoreWriter
+
+    store = sys.argv[1]
+    w = StoreWriter(store)
+    init_root(w, "killed")
+    w.group("cluster", attrs=json.loads(sys.argv[2]), cluster="c1")
+    g = w.group("scheduler", cluster="c1")
+    i = 0
+    while True:
+        n = 50
+        g.append("events", {"time": np.arange(i, i + n, dtype=float),
+                            "topic": [f"t{j % 5}" for j in range(i, i + n)],
+                            "msg": [f"m{j}" for j in range(i, i + n)]})
+        g.flush()
+        i += n
+        print(i, flush=True)  # rows whose flush returned
+        time.sleep(0.005)
+    """
+)
+
+
+def test_a_process_killed_mid_run_loses_nothing_flushed(store, tmp_path):
+    """SIGKILL a real process that flushes a store in a loop; the seal of what it left (as
+    ``metacollect batch finalize`` does) folds its segments: every row of every flush that
+    returned before the kill is in the sealed store, in order, and it validates."""
+    prepare_store(store)
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), store, json.dumps(CLUSTER_ATTRS)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    flushed = 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        flushed = int(line)
+        if flushed >= 2000:
+            break
+    time.sleep(0.02)  # mid-way through later flushes
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL  # killed, not ended by itself
+    assert flushed >= 2000
+    rest = proc.stdout.read().split()
+    proc.stdout.close()
+    flushed = int(rest[-1]) if rest else flushed
+    status, _ = finalize(store, "incomplete")
+    assert status == "incomplete"
+    assert segments.groups_with_segments(store) == []
+    msgs = open_run(store).table(GROUP, "events").msg.tolist()
+    assert len(msgs) >= flushed
+    assert msgs == [f"m{i}" for i in range(len(msgs))]
+    assert validate_store(store) == []
