@@ -1,12 +1,22 @@
 """Darshan's cost per collect() session on a LocalCluster (2 workers x 2 threads).
 
 Two tables, medians over ``--repeat`` sessions (Darshan off and on alternate, on one
-cluster):
+cluster per delivery):
 
-1. The fixed cost: seconds entering ``collect`` (start) and leaving it (end), off and
-   on, and where the time goes with Darshan on - the phases the capture records in the
-   ``darshan`` group's ``seconds`` (restart under Darshan, clock mark, stopping the
-   workers so their logs are written, reading the logs, the workers coming back).
+1. The fixed cost per delivery: seconds entering ``collect`` (start) and leaving it
+   (end), off and on, and where the time goes with Darshan on - the phases the capture
+   records in the ``darshan`` group's ``seconds`` (restart under Darshan, clock mark,
+   log readers started, stopping the workers so their logs are written, reading the
+   logs, the workers coming back). Two deliveries:
+
+   - ``restart``: ``collect()`` on a cluster that runs without Darshan: the nannies
+     restart the workers under it at the start (``LD_PRELOAD`` works only at process
+     start) and without it at the end;
+   - ``already``: the workers were started under Darshan (the nannies'
+     ``distributed.nanny.pre-spawn-environ``, as a jobqueue ``job_script_prologue`` or
+     ``metacollect run --darshan`` do): no restart at the start; at the end the workers
+     are still stopped (Darshan writes its log at process exit) and come back.
+     Its ``off`` is ``collect()`` without Darshan on that same cluster.
 2. The overhead on I/O-heavy tasks: each task writes ``--mb`` MiB in 64 KiB
    ``os.write`` calls and reads it back; the seconds each task took (measured inside
    it), Darshan off and on, and the ratio.
@@ -71,48 +81,100 @@ def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def darshan_cluster(library: str, store: str) -> dict[str, object]:
+    """The config of a LocalCluster whose workers start under Darshan, logging below
+    ``<store>.darshan``, and that log directory."""
+    import dask
+
+    from metacollect.steps.darshan import darshan_environment
+
+    with dask.config.set({"metacollect.darshan.dxt": True}):
+        env = darshan_environment(store, library=library)
+    return {"distributed.nanny.pre-spawn-environ": env}
+
+
+def forget_logs(store: str) -> None:
+    """Remove the final logs of the workers of the last session from the log directory
+    of a cluster started under Darshan (each session's store has ingested its own; they
+    would be ingested again by the next session's store)."""
+    from metacollect.steps.darshan.logs import parse_log_name
+
+    for dirpath, _dirs, files in os.walk(store + ".darshan"):
+        for name in files:
+            info = parse_log_name(name)
+            if info is not None and info["kind"] == "final":  # mmap logs: running workers
+                os.remove(os.path.join(dirpath, name))
+
+
+def sessions(args: argparse.Namespace, d: str, delivery: str, runs: dict[str, list[dict]]) -> None:
+    """``--repeat`` sessions off and on, alternating, on one cluster for ``delivery``."""
+    import dask
+
+    on = {"enabled": True, "library": args.library, "dxt": True}
+    workers_store = os.path.join(d, "workers.zarr")
+    cfg = darshan_cluster(args.library, workers_store) if delivery == "already" else {}
+    data = os.path.join(d, "data")
+    os.makedirs(data, exist_ok=True)
+    with (
+        dask.config.set(cfg),
+        LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        for i in range(args.repeat):
+            for name, opt in ((f"off ({delivery})", {"enabled": False}), (delivery, on)):
+                store = os.path.join(d, f"{delivery}-{name[:3]}{i}.zarr")
+                runs.setdefault(name, []).append(
+                    session(client, store, opt, data, args.tasks, args.mb)
+                )
+                if delivery == "already":
+                    forget_logs(workers_store)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--library", default="/opt/darshan/lib/libdarshan.so")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tasks", type=int, default=8, help="I/O tasks per session")
     ap.add_argument("--mb", type=int, default=32, help="MiB each task writes and reads")
+    ap.add_argument(
+        "--delivery",
+        choices=("restart", "already", "both"),
+        default="both",
+        help="how the workers come under Darshan (see the module's doc)",
+    )
     args = ap.parse_args()
-    on = {"enabled": True, "library": args.library, "dxt": True}
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
-    with (
-        tempfile.TemporaryDirectory() as d,
-        LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster,
-        Client(cluster) as client,
-    ):
-        data = os.path.join(d, "data")
-        os.makedirs(data)
-        for i in range(args.repeat):
-            for name, opt in (("off", {"enabled": False}), ("on", on)):
-                store = os.path.join(d, f"{name}{i}.zarr")
-                runs[name].append(session(client, store, opt, data, args.tasks, args.mb))
+    runs: dict[str, list[dict]] = {}
+    deliveries = ("restart", "already") if args.delivery == "both" else (args.delivery,)
+    with tempfile.TemporaryDirectory() as d:
+        for delivery in deliveries:
+            sessions(args, d, delivery, runs)
     n = args.repeat
     print(f"Fixed cost per session (medians of {n}; LocalCluster 2 workers x 2 threads)")
-    print(f"{'darshan':10} {'start (s)':>10} {'end (s)':>10} {'total (s)':>10}")
-    total = {}
-    for name, rows in runs.items():
-        s, e = med([r["start"] for r in rows]), med([r["end"] for r in rows])
-        total[name] = s + e
-        print(f"{name:10} {s:10.3f} {e:10.3f} {s + e:10.3f}")
-    print(f"{'cost':10} {'':10} {'':10} {total['on'] - total['off']:10.3f}   (target <= 0.5)")
+    print(f"{'darshan':18} {'start (s)':>10} {'end (s)':>10} {'total (s)':>10} {'cost (s)':>10}")
+    for delivery in deliveries:
+        total = {}
+        for name in (f"off ({delivery})", delivery):
+            rows = runs[name]
+            s, e = med([r["start"] for r in rows]), med([r["end"] for r in rows])
+            total[name] = s + e
+            cost = f"{s + e - total[f'off ({delivery})']:10.3f}" if name == delivery else ""
+            print(f"{name:18} {s:10.3f} {e:10.3f} {s + e:10.3f} {cost:>10}")
+    print(f"{'':18} {'':10} {'':10} {'':10} {'(target <= 0.5)':>10}")
+    for delivery in deliveries:
+        rows = runs[delivery]
+        print()
+        print(f"Where it goes, delivery {delivery} (darshan.seconds of each store)")
+        print(f"{'phase':36} {'median (s)':>11} {'min (s)':>9} {'max (s)':>9}")
+        names = list(dict.fromkeys(k for r in rows for k in r["phases"]))
+        for phase in names:
+            vals = [float(r["phases"].get(phase, 0.0)) for r in rows]
+            print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
     print()
-    print("Where it goes with Darshan on (darshan.seconds of each store)")
-    print(f"{'phase':36} {'median (s)':>11} {'min (s)':>9} {'max (s)':>9}")
-    names = list(dict.fromkeys(k for r in runs["on"] for k in r["phases"]))
-    for phase in names:
-        vals = [float(r["phases"].get(phase, 0.0)) for r in runs["on"]]
-        print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
-    print()
-    off = [t for r in runs["off"] for t in r["tasks"]]
-    on_ = [t for r in runs["on"] for t in r["tasks"]]
+    off = [t for r in runs[f"off ({deliveries[0]})"] for t in r["tasks"]]
+    on_ = [t for r in runs[deliveries[0]] for t in r["tasks"]]
     print(
         f"I/O-heavy tasks ({args.tasks} per session, each {args.mb} MiB written + read in "
-        f"64 KiB calls; medians of {len(off)} tasks)"
+        f"64 KiB calls; medians of {len(off)} tasks; delivery {deliveries[0]})"
     )
     print(f"{'darshan':10} {'task (s)':>10} {'MiB/s':>10}")
     for name, vals in (("off", off), ("on", on_)):
