@@ -17,7 +17,12 @@ cluster per delivery):
      ``metacollect run --darshan`` do): no restart at the start; at the end the workers
      are still stopped (Darshan writes its log at process exit) and come back.
      Its ``off`` is ``collect()`` without Darshan on that same cluster.
-2. The overhead on I/O-heavy tasks: each task writes ``--mb`` MiB in 64 KiB
+2. Reading the logs (the ingest's largest part), apart from the cluster's restarts: two
+   logs like a session's workers write (each process doing ``--tasks`` of the I/O
+   tasks below under Darshan with DXT) read ``--repeat`` times by new children (they
+   import pydarshan first) and by readers started ahead (``ReaderPool``, started a
+   workflow's worth of seconds before, ``--ahead``), alternating.
+3. The overhead on I/O-heavy tasks: each task writes ``--mb`` MiB in 64 KiB
    ``os.write`` calls and reads it back; the seconds each task took (measured inside
    it), Darshan off and on, and the ratio.
 
@@ -34,7 +39,7 @@ import tempfile
 import time
 
 import cloudpickle
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, wait
 
 from metacollect import collect, open_run
 
@@ -68,7 +73,12 @@ def session(
             client.submit(io_task, os.path.join(data, f"f{i}"), mb, pure=False)
             for i in range(tasks)
         ]
-        task_s = client.gather(futs)
+        try:  # a session whose cluster lost its workers must not hang the benchmark
+            wait(futs, timeout=300)
+            task_s = client.gather(futs)
+        except TimeoutError:
+            print("a session's tasks did not finish in 300 s: left out", file=sys.stderr)
+            task_s = []
         # held results would be recomputed when the workers restart at the end
         del futs
         t2 = time.perf_counter()
@@ -130,6 +140,55 @@ def sessions(args: argparse.Namespace, d: str, delivery: str, runs: dict[str, li
                     forget_logs(workers_store)
 
 
+LOG_WRITER = """
+import os, sys
+block = b"\\0" * 65536
+for t in range(int(sys.argv[2])):
+    p = os.path.join(sys.argv[1], f"f{t}")
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for _ in range(int(sys.argv[3]) * 16):
+        os.write(fd, block)
+    os.close(fd)
+    fd = os.open(p, os.O_RDONLY)
+    while os.read(fd, 65536):
+        pass
+    os.close(fd)
+    os.remove(p)
+"""
+
+
+def reading(args: argparse.Namespace, d: str) -> dict[str, list[float]]:
+    """Seconds to read two worker-like logs: new children vs readers started ahead."""
+    import subprocess
+
+    import dask
+
+    from metacollect.steps.darshan import darshan_environment, find_logs, read_logs
+    from metacollect.steps.darshan.logs import ReaderPool
+
+    store = os.path.join(d, "reading.zarr")
+    with dask.config.set({"metacollect.darshan.dxt": True}):
+        env = {**os.environ, **darshan_environment(store, library=args.library)}
+    data = os.path.join(d, "reading-data")
+    os.makedirs(data, exist_ok=True)
+    for _ in range(2):
+        cmd = [sys.executable, "-c", LOG_WRITER, data, str(args.tasks), str(args.mb)]
+        subprocess.run(cmd, env=env, check=True)
+    paths = [lg.path for lg in find_logs(store + ".darshan") if lg.kind == "final"]
+    out: dict[str, list[float]] = {"new children": [], "started ahead": []}
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        cold = read_logs(paths)
+        out["new children"].append(time.perf_counter() - t0)
+        with ReaderPool(len(paths)) as pool:
+            time.sleep(args.ahead)  # the workflow runs meanwhile
+            t0 = time.perf_counter()
+            warm = read_logs(paths, pool=pool)
+            out["started ahead"].append(time.perf_counter() - t0)
+        assert [r.error for r in cold] == [r.error for r in warm] == [None] * len(paths)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--library", default="/opt/darshan/lib/libdarshan.so")
@@ -142,12 +201,16 @@ def main() -> None:
         default="both",
         help="how the workers come under Darshan (see the module's doc)",
     )
+    ap.add_argument(
+        "--ahead", type=float, default=3.0, help="seconds the readers start before the logs"
+    )
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {}
     deliveries = ("restart", "already") if args.delivery == "both" else (args.delivery,)
     with tempfile.TemporaryDirectory() as d:
         for delivery in deliveries:
             sessions(args, d, delivery, runs)
+        read_s = reading(args, d)
     n = args.repeat
     print(f"Fixed cost per session (medians of {n}; LocalCluster 2 workers x 2 threads)")
     print(f"{'darshan':18} {'start (s)':>10} {'end (s)':>10} {'total (s)':>10} {'cost (s)':>10}")
@@ -169,6 +232,14 @@ def main() -> None:
         for phase in names:
             vals = [float(r["phases"].get(phase, 0.0)) for r in rows]
             print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
+    print()
+    print(
+        f"Reading two worker logs ({args.tasks} tasks x {args.mb} MiB each, DXT; medians "
+        f"of {n}; readers started {args.ahead:g} s ahead)"
+    )
+    print(f"{'readers':18} {'median (s)':>11} {'min (s)':>9} {'max (s)':>9}")
+    for name, vals in read_s.items():
+        print(f"{name:18} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
     print()
     off = [t for r in runs[f"off ({deliveries[0]})"] for t in r["tasks"]]
     on_ = [t for r in runs[deliveries[0]] for t in r["tasks"]]
