@@ -140,21 +140,14 @@ def sessions(args: argparse.Namespace, d: str, delivery: str, runs: dict[str, li
                     forget_logs(workers_store)
 
 
-LOG_WRITER = """
-import os, sys
-block = b"\\0" * 65536
-for t in range(int(sys.argv[2])):
-    p = os.path.join(sys.argv[1], f"f{t}")
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    for _ in range(int(sys.argv[3]) * 16):
-        os.write(fd, block)
-    os.close(fd)
-    fd = os.open(p, os.O_RDONLY)
-    while os.read(fd, 65536):
-        pass
-    os.close(fd)
-    os.remove(p)
-"""
+def log_writer() -> str:
+    """A script doing ``argv[2]`` :func:`io_task` of ``argv[3]`` MiB below ``argv[1]``."""
+    import inspect
+
+    calls = (
+        "for t in range(int(sys.argv[2])):\n    io_task(f'{sys.argv[1]}/f{t}', int(sys.argv[3]))"
+    )
+    return f"import os, sys, time\n{inspect.getsource(io_task)}\n{calls}\n"
 
 
 def reading(args: argparse.Namespace, d: str) -> dict[str, list[float]]:
@@ -171,8 +164,11 @@ def reading(args: argparse.Namespace, d: str) -> dict[str, list[float]]:
         env = {**os.environ, **darshan_environment(store, library=args.library)}
     data = os.path.join(d, "reading-data")
     os.makedirs(data, exist_ok=True)
+    script = os.path.join(d, "log_writer.py")  # a file: pydarshan could not decode the
+    with open(script, "w") as f:  # log of a long `python -c` (UnicodeDecodeError)
+        f.write(log_writer())
     for _ in range(2):
-        cmd = [sys.executable, "-c", LOG_WRITER, data, str(args.tasks), str(args.mb)]
+        cmd = [sys.executable, script, data, str(args.tasks), str(args.mb)]
         subprocess.run(cmd, env=env, check=True)
     paths = [lg.path for lg in find_logs(store + ".darshan") if lg.kind == "final"]
     out: dict[str, list[float]] = {"new children": [], "started ahead": []}
