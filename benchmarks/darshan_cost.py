@@ -1,13 +1,28 @@
 """Darshan's cost per collect() session on a LocalCluster (2 workers x 2 threads).
 
 Two tables, medians over ``--repeat`` sessions (Darshan off and on alternate, on one
-cluster):
+cluster per delivery):
 
-1. The fixed cost: seconds entering ``collect`` (start) and leaving it (end), off and
-   on, and where the time goes with Darshan on - the phases the capture records in the
-   ``darshan`` group's ``seconds`` (restart under Darshan, clock mark, stopping the
-   workers so their logs are written, reading the logs, the workers coming back).
-2. The overhead on I/O-heavy tasks: each task writes ``--mb`` MiB in 64 KiB
+1. The fixed cost per delivery: seconds entering ``collect`` (start) and leaving it
+   (end), off and on, and where the time goes with Darshan on - the phases the capture
+   records in the ``darshan`` group's ``seconds`` (restart under Darshan, clock mark,
+   log readers started, stopping the workers so their logs are written, reading the
+   logs, the workers coming back). Two deliveries:
+
+   - ``restart``: ``collect()`` on a cluster that runs without Darshan: the nannies
+     restart the workers under it at the start (``LD_PRELOAD`` works only at process
+     start) and without it at the end;
+   - ``already``: the workers were started under Darshan (the nannies'
+     ``distributed.nanny.pre-spawn-environ``, as a jobqueue ``job_script_prologue`` or
+     ``metacollect run --darshan`` do): no restart at the start; at the end the workers
+     are still stopped (Darshan writes its log at process exit) and come back.
+     Its ``off`` is ``collect()`` without Darshan on that same cluster.
+2. Reading the logs (the ingest's largest part), apart from the cluster's restarts: two
+   logs like a session's workers write (each process doing ``--tasks`` of the I/O
+   tasks below under Darshan with DXT) read ``--repeat`` times by new children (they
+   import pydarshan first) and by readers started ahead (``ReaderPool``, started a
+   workflow's worth of seconds before, ``--ahead``), alternating.
+3. The overhead on I/O-heavy tasks: each task writes ``--mb`` MiB in 64 KiB
    ``os.write`` calls and reads it back; the seconds each task took (measured inside
    it), Darshan off and on, and the ratio.
 
@@ -24,7 +39,7 @@ import tempfile
 import time
 
 import cloudpickle
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, wait
 
 from metacollect import collect, open_run
 
@@ -58,7 +73,12 @@ def session(
             client.submit(io_task, os.path.join(data, f"f{i}"), mb, pure=False)
             for i in range(tasks)
         ]
-        task_s = client.gather(futs)
+        try:  # a session whose cluster lost its workers must not hang the benchmark
+            wait(futs, timeout=300)
+            task_s = client.gather(futs)
+        except TimeoutError:
+            print("a session's tasks did not finish in 300 s: left out", file=sys.stderr)
+            task_s = []
         # held results would be recomputed when the workers restart at the end
         del futs
         t2 = time.perf_counter()
@@ -71,48 +91,157 @@ def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def darshan_cluster(library: str, store: str) -> dict[str, object]:
+    """The config of a LocalCluster whose workers start under Darshan, logging below
+    ``<store>.darshan``, and that log directory."""
+    import dask
+
+    from metacollect.steps.darshan import darshan_environment
+
+    with dask.config.set({"metacollect.darshan.dxt": True}):
+        env = darshan_environment(store, library=library)
+    return {"distributed.nanny.pre-spawn-environ": env}
+
+
+def forget_logs(store: str) -> None:
+    """Remove the final logs of the workers of the last session from the log directory
+    of a cluster started under Darshan (each session's store has ingested its own; they
+    would be ingested again by the next session's store)."""
+    from metacollect.steps.darshan.logs import parse_log_name
+
+    for dirpath, _dirs, files in os.walk(store + ".darshan"):
+        for name in files:
+            info = parse_log_name(name)
+            if info is not None and info["kind"] == "final":  # mmap logs: running workers
+                os.remove(os.path.join(dirpath, name))
+
+
+def sessions(args: argparse.Namespace, d: str, delivery: str, runs: dict[str, list[dict]]) -> None:
+    """``--repeat`` sessions off and on, alternating, on one cluster for ``delivery``."""
+    import dask
+
+    on = {"enabled": True, "library": args.library, "dxt": True}
+    workers_store = os.path.join(d, "workers.zarr")
+    cfg = darshan_cluster(args.library, workers_store) if delivery == "already" else {}
+    data = os.path.join(d, "data")
+    os.makedirs(data, exist_ok=True)
+    with (
+        dask.config.set(cfg),
+        LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        for i in range(args.repeat):
+            for name, opt in ((f"off ({delivery})", {"enabled": False}), (delivery, on)):
+                store = os.path.join(d, f"{delivery}-{name[:3]}{i}.zarr")
+                runs.setdefault(name, []).append(
+                    session(client, store, opt, data, args.tasks, args.mb)
+                )
+                if delivery == "already":
+                    forget_logs(workers_store)
+
+
+def log_writer() -> str:
+    """A script doing ``argv[2]`` :func:`io_task` of ``argv[3]`` MiB below ``argv[1]``."""
+    import inspect
+
+    calls = (
+        "for t in range(int(sys.argv[2])):\n    io_task(f'{sys.argv[1]}/f{t}', int(sys.argv[3]))"
+    )
+    return f"import os, sys, time\n{inspect.getsource(io_task)}\n{calls}\n"
+
+
+def reading(args: argparse.Namespace, d: str) -> dict[str, list[float]]:
+    """Seconds to read two worker-like logs: new children vs readers started ahead."""
+    import subprocess
+
+    import dask
+
+    from metacollect.steps.darshan import darshan_environment, find_logs, read_logs
+    from metacollect.steps.darshan.logs import ReaderPool
+
+    store = os.path.join(d, "reading.zarr")
+    with dask.config.set({"metacollect.darshan.dxt": True}):
+        env = {**os.environ, **darshan_environment(store, library=args.library)}
+    data = os.path.join(d, "reading-data")
+    os.makedirs(data, exist_ok=True)
+    script = os.path.join(d, "log_writer.py")  # a file: pydarshan could not decode the
+    with open(script, "w") as f:  # log of a long `python -c` (UnicodeDecodeError)
+        f.write(log_writer())
+    for _ in range(2):
+        cmd = [sys.executable, script, data, str(args.tasks), str(args.mb)]
+        subprocess.run(cmd, env=env, check=True)
+    paths = [lg.path for lg in find_logs(store + ".darshan") if lg.kind == "final"]
+    out: dict[str, list[float]] = {"new children": [], "started ahead": []}
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        cold = read_logs(paths)
+        out["new children"].append(time.perf_counter() - t0)
+        with ReaderPool(len(paths)) as pool:
+            time.sleep(args.ahead)  # the workflow runs meanwhile
+            t0 = time.perf_counter()
+            warm = read_logs(paths, pool=pool)
+            out["started ahead"].append(time.perf_counter() - t0)
+        assert [r.error for r in cold] == [r.error for r in warm] == [None] * len(paths)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--library", default="/opt/darshan/lib/libdarshan.so")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tasks", type=int, default=8, help="I/O tasks per session")
     ap.add_argument("--mb", type=int, default=32, help="MiB each task writes and reads")
+    ap.add_argument(
+        "--delivery",
+        choices=("restart", "already", "both"),
+        default="both",
+        help="how the workers come under Darshan (see the module's doc)",
+    )
+    ap.add_argument(
+        "--ahead", type=float, default=3.0, help="seconds the readers start before the logs"
+    )
     args = ap.parse_args()
-    on = {"enabled": True, "library": args.library, "dxt": True}
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
-    with (
-        tempfile.TemporaryDirectory() as d,
-        LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster,
-        Client(cluster) as client,
-    ):
-        data = os.path.join(d, "data")
-        os.makedirs(data)
-        for i in range(args.repeat):
-            for name, opt in (("off", {"enabled": False}), ("on", on)):
-                store = os.path.join(d, f"{name}{i}.zarr")
-                runs[name].append(session(client, store, opt, data, args.tasks, args.mb))
+    runs: dict[str, list[dict]] = {}
+    deliveries = ("restart", "already") if args.delivery == "both" else (args.delivery,)
+    with tempfile.TemporaryDirectory() as d:
+        for delivery in deliveries:
+            sessions(args, d, delivery, runs)
+        read_s = reading(args, d)
     n = args.repeat
     print(f"Fixed cost per session (medians of {n}; LocalCluster 2 workers x 2 threads)")
-    print(f"{'darshan':10} {'start (s)':>10} {'end (s)':>10} {'total (s)':>10}")
-    total = {}
-    for name, rows in runs.items():
-        s, e = med([r["start"] for r in rows]), med([r["end"] for r in rows])
-        total[name] = s + e
-        print(f"{name:10} {s:10.3f} {e:10.3f} {s + e:10.3f}")
-    print(f"{'cost':10} {'':10} {'':10} {total['on'] - total['off']:10.3f}   (target <= 0.5)")
+    print(f"{'darshan':18} {'start (s)':>10} {'end (s)':>10} {'total (s)':>10} {'cost (s)':>10}")
+    for delivery in deliveries:
+        total = {}
+        for name in (f"off ({delivery})", delivery):
+            rows = runs[name]
+            s, e = med([r["start"] for r in rows]), med([r["end"] for r in rows])
+            total[name] = s + e
+            cost = f"{s + e - total[f'off ({delivery})']:10.3f}" if name == delivery else ""
+            print(f"{name:18} {s:10.3f} {e:10.3f} {s + e:10.3f} {cost:>10}")
+    print(f"{'':18} {'':10} {'':10} {'':10} {'(target <= 0.5)':>10}")
+    for delivery in deliveries:
+        rows = runs[delivery]
+        print()
+        print(f"Where it goes, delivery {delivery} (darshan.seconds of each store)")
+        print(f"{'phase':36} {'median (s)':>11} {'min (s)':>9} {'max (s)':>9}")
+        names = list(dict.fromkeys(k for r in rows for k in r["phases"]))
+        for phase in names:
+            vals = [float(r["phases"].get(phase, 0.0)) for r in rows]
+            print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
     print()
-    print("Where it goes with Darshan on (darshan.seconds of each store)")
-    print(f"{'phase':36} {'median (s)':>11} {'min (s)':>9} {'max (s)':>9}")
-    names = list(dict.fromkeys(k for r in runs["on"] for k in r["phases"]))
-    for phase in names:
-        vals = [float(r["phases"].get(phase, 0.0)) for r in runs["on"]]
-        print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
+    print(
+        f"Reading two worker logs ({args.tasks} tasks x {args.mb} MiB each, DXT; medians "
+        f"of {n}; readers started {args.ahead:g} s ahead)"
+    )
+    print(f"{'readers':18} {'median (s)':>11} {'min (s)':>9} {'max (s)':>9}")
+    for name, vals in read_s.items():
+        print(f"{name:18} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
     print()
-    off = [t for r in runs["off"] for t in r["tasks"]]
-    on_ = [t for r in runs["on"] for t in r["tasks"]]
+    off = [t for r in runs[f"off ({deliveries[0]})"] for t in r["tasks"]]
+    on_ = [t for r in runs[deliveries[0]] for t in r["tasks"]]
     print(
         f"I/O-heavy tasks ({args.tasks} per session, each {args.mb} MiB written + read in "
-        f"64 KiB calls; medians of {len(off)} tasks)"
+        f"64 KiB calls; medians of {len(off)} tasks; delivery {deliveries[0]})"
     )
     print(f"{'darshan':10} {'task (s)':>10} {'MiB/s':>10}")
     for name, vals in (("off", off), ("on", on_)):

@@ -462,6 +462,51 @@ def test_truncated_logs_are_errors_and_the_rest_go_in(tmp_path):
     assert validate_store(store) == []
 
 
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_readers_started_ahead_read_the_logs_and_end(tmp_path):
+    """Reader children started ahead (pydarshan imported while a run goes on) read the
+    same as new ones; one that died before its logs came is not blamed for them; those
+    not used end with the pool."""
+    from metacollect.steps.darshan.logs import ReaderPool
+
+    paths = [get_log_path("dxt.darshan"), get_log_path("example.darshan")]
+    truth = dsh.read_logs(paths, workers=1)
+    assert [r.error for r in truth] == [None, None]
+
+    with ReaderPool(3) as pool:
+        pids = pool.pids
+        dead = pool._ready[0]
+        dead.kill()
+        dead.wait()
+        got = dsh.read_logs(paths, pool=pool)
+        assert len(pool) == 0  # the dead one passed over, the other two taken
+    assert [r.error for r in got] == [None, None]
+    for a, b in zip(truth, got, strict=True):
+        assert a.meta == b.meta and sorted(a.arrays) == sorted(b.arrays)
+        for k in a.arrays:
+            assert np.array_equal(a.arrays[k], b.arrays[k]), k
+    assert len(pids) == 3 and all(_gone(p) for p in pids)
+
+    crash = tmp_path / "crashes-reader.darshan"
+    truncate(get_log_path("ior_hdf5_example.darshan"), crash, 0.2)
+    with ReaderPool(1) as pool:  # a started-ahead child that crashes on a log blames it
+        got = dsh.read_logs([str(crash), paths[0]], workers=1, pool=pool)
+    assert re.search(r"crashed \(SIG(SEGV|ABRT)\)", got[0].error or "")
+    assert got[1].error is None
+
+    idle = ReaderPool(2)
+    idle.close()
+    assert all(_gone(p) for p in idle.pids)
+
+
 # -- a real run's layout ---------------------------------------------------------------
 def test_logs_named_with_real_worker_pids_map_to_their_workers(collected, tmp_path):
     store = copy_store(collected, tmp_path)

@@ -24,6 +24,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
+from metacollect.steps.darshan.nanny import worker_identity
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
@@ -135,14 +136,17 @@ def live(darshan_library, tmp_path_factory):
                 store,
                 darshan={"enabled": True, "library": darshan_library, "dxt": True},
                 flush_interval="200ms",
-            ):
+            ) as session:
                 started = time.perf_counter() - t0
+                readers = session.darshan.readers.pids
+                under = client.run(worker_identity)
                 a, b = sorted(client.scheduler_info()["workers"])
                 _phase_a(client, data, inputs, (a, b), truth)
                 _phase_b(client, data, a, truth)
                 t1 = time.perf_counter()
             ended = time.perf_counter() - t1
             workers_after = client.scheduler_info()["workers"]
+            identities_after = client.run(worker_identity)
             try:  # the cluster is usable as before
                 usable = client.submit(lambda: 6 * 7, pure=False).result(timeout=20) == 42
             except TimeoutError:
@@ -158,6 +162,8 @@ def live(darshan_library, tmp_path_factory):
         "truth": truth,
         "n_before": n_before,
         "workers_after": workers_after,
+        "identities": (under, identities_after),
+        "readers": readers,
         "usable": usable,
         "seconds": (started, ended),
     }
@@ -289,6 +295,26 @@ def test_the_users_cluster_comes_back_as_it_was(live):
     logs = run.table("darshan", "logs")
     workers = logs[(logs["role"] == "worker") & (logs["kind"] == "final")]
     assert len(workers) == 2 and set(workers["status"]) == {"ingested"}
+
+
+def test_the_workers_come_back_new_and_not_under_darshan(live):
+    during, after = live["identities"]
+    assert len(during) == len(after) == 2
+    assert all(w["darshan"] for w in during.values())
+    for w in after.values():
+        assert not w["darshan"] and not any(k.startswith("DARSHAN_") for k in w["env"]), w
+    assert not {w["pid"] for w in during.values()} & {w["pid"] for w in after.values()}
+
+
+def test_the_log_readers_started_with_the_session_are_gone(live):
+    """The readers importing pydarshan while the tasks ran read the logs, then ended."""
+    import psutil
+
+    assert 1 <= len(live["readers"]) <= 2
+    for pid in live["readers"]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).ppid() != os.getpid()
+    seconds = open_run(live["store"]).groups["darshan"]["seconds"]
+    assert "start: log readers" in seconds
 
 
 def test_the_flat_build_is_recorded_and_its_logs_found_flat(live):

@@ -266,6 +266,12 @@ class AttachedLaunch:
             darshan_env = script_environment(store, self.writer, echo)
             self.env.update(darshan_env)
             self.darshan = bool(darshan_env)
+        #: the log reader, importing pydarshan while the script runs (closed by finish)
+        self.readers: Any = None
+        if self.darshan:
+            from metacollect.steps.darshan.logs import ReaderPool
+
+            self.readers = ReaderPool(min(2, os.cpu_count() or 1))
 
     def finish(
         self, outcome: Outcome | None, code: int, attrs: dict[str, Any]
@@ -277,9 +283,11 @@ class AttachedLaunch:
             from metacollect.steps.darshan.script import finish_script
 
             try:
-                problems = finish_script(self.store, self.writer, self.echo)
+                problems = finish_script(self.store, self.writer, self.echo, self.readers)
             except Exception as e:  # the run's record is sealed all the same
                 problems = [f"ingest darshan logs: {type(e).__name__}: {e}"]
+            finally:
+                self.readers.close()
         status, missing = run_status(outcome, code, self.store, problems)
         return finalize(self.store, status, missing=missing, **attrs)
 

@@ -19,6 +19,7 @@ from metacollect.steps.darshan.ingestion import (
     ingest,
     missing_worker_logs,
 )
+from metacollect.steps.darshan.logs import ReaderPool, find_logs
 from metacollect.steps.darshan.nanny import (
     PLUGIN_NAME,
     DarshanEnviron,
@@ -87,6 +88,12 @@ class DarshanCapture:
         self._patience: Any = None
         #: seconds each phase of the capture took (the ``darshan`` group's ``seconds``)
         self.seconds: dict[str, float] = {}
+        #: log readers started when the workers run under Darshan: they import pydarshan
+        #: while the workflow runs, and read the logs at the end (closed by the end)
+        self.readers: ReaderPool | None = None
+        #: final logs in the log directories of workers started under Darshan when the
+        #: session started: an earlier session's, not ingested again
+        self.earlier: set[str] = set()
 
     @contextlib.contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
@@ -128,7 +135,31 @@ class DarshanCapture:
         if self.active:
             with self._timed("start: clock mark"):
                 self._mark_clocks(group)
+            with self._timed("start: log readers"):
+                self._start_readers(group)
+            self.earlier = {
+                lg.path
+                for d in self.log_dirs
+                if d != log_dir and os.path.isdir(d)
+                for lg in find_logs(d)
+                if lg.kind == "final"
+            }
         self.writer.flush()
+
+    def _start_readers(self, group: GroupWriter) -> None:
+        """Start the children that read the logs at the end: one per worker, up to the
+        CPUs (and 4); they import pydarshan now, not when the logs are waited for."""
+        try:
+            n = len(self.client.scheduler_info(n_workers=-1)["workers"])
+            self.readers = ReaderPool(min(n, os.cpu_count() or 1, 4))
+        except Exception as e:  # the end starts its readers then
+            group.record_error("log readers", e)
+
+    def close_readers(self) -> None:
+        """End the log readers not used (an ingest that did not run or needed fewer)."""
+        if self.readers is not None:
+            self.readers.close()
+            self.readers = None
 
     def _mark_clocks(self, group: GroupWriter) -> None:
         """One timed write in each worker, to place its Darshan times on its clock."""
@@ -332,6 +363,7 @@ class DarshanCapture:
             with self._timed("end: workers back"):
                 return self._wait_restored()
         finally:
+            self.close_readers()
             if self._patience is not None:
                 self._patience.__exit__(None, None, None)
                 self._patience = None
@@ -365,13 +397,25 @@ class DarshanCapture:
     def ingest(self) -> IngestResult | None:
         """Ingest the run's logs into the store (after :meth:`shutdown`)."""
         if not self.active or not self.log_dirs:
+            self.close_readers()
             return None
         self.writer.flush()
         result = IngestResult()
-        with self._timed("end: ingest logs"):
-            for directory in self.log_dirs:
-                if os.path.isdir(directory):
-                    result.merge(ingest(self.store, directory, writer=self.writer))
+        try:
+            with self._timed("end: ingest logs"):
+                for directory in self.log_dirs:
+                    if os.path.isdir(directory):
+                        result.merge(
+                            ingest(
+                                self.store,
+                                directory,
+                                writer=self.writer,
+                                readers=self.readers,
+                                earlier=self.earlier,
+                            )
+                        )
+        finally:
+            self.close_readers()
         # what the record lacks of each worker's I/O (killed: a partial mmap log)
         result.problems += missing_worker_logs(self.store)
         self._darshan_group().set_attrs(missing_logs=result.problems, seconds=dict(self.seconds))

@@ -9,13 +9,13 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from metacollect.steps.darshan.clock import time_origin
 from metacollect.steps.darshan.conffile import interpreter_paths
-from metacollect.steps.darshan.logs import LogFile, ReadResult, find_logs, read_logs
+from metacollect.steps.darshan.logs import LogFile, ReaderPool, ReadResult, find_logs, read_logs
 from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
 from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
 from metacollect.steps.darshan.runtime import NO_JOBID_VARIABLE
@@ -70,10 +70,12 @@ def _ingest_logs(
     todo: list[LogFile],
     timeout: float,
     progress: Callable[[str], None] | None,
+    readers: ReaderPool | None = None,
 ) -> None:
-    """Read ``todo`` in child processes and write each into the store, final logs first
-    (a worker's own group takes its complete log over an mmap copy)."""
-    read = read_logs([lg.path for lg in todo], timeout=timeout, progress=progress)
+    """Read ``todo`` in child processes (``readers`` started ahead first) and write each
+    into the store, final logs first (a worker's own group takes its complete log over
+    an mmap copy)."""
+    read = read_logs([lg.path for lg in todo], timeout=timeout, progress=progress, pool=readers)
     order = sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path))
     for n, i in enumerate(order):
         if progress:
@@ -114,6 +116,8 @@ def ingest(
     timeout: float = 120.0,
     echo: Any = None,
     progress: Callable[[str], None] | None = None,
+    readers: ReaderPool | None = None,
+    earlier: Collection[str] = (),
 ) -> IngestResult:
     """Ingest every Darshan log below ``log_dir`` into the store.
 
@@ -142,6 +146,12 @@ def ingest(
     progress
         Called with what is being done now (the CLI shows it on a terminal); without it,
         ``echo`` is told once how many logs are read.
+    readers
+        Reader children started ahead (:class:`~metacollect.steps.darshan.logs.ReaderPool`,
+        pydarshan imported while the run went on), used first; the caller closes it.
+    earlier
+        Logs to leave out: in a directory the workers of several sessions log into, the
+        final logs that were there when this session started (an earlier session's).
 
     Returns
     -------
@@ -157,7 +167,7 @@ def ingest(
     store = os.fspath(store)
     log_dir = os.fspath(log_dir)
     writer = writer or StoreWriter(store)
-    logs = find_logs(log_dir, host, batch_job_ids(store))
+    logs = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in earlier]
     already = _ingested(store)
     known, groups = known_processes(store)
     run = _Ingestion(writer, _darshan_attrs(store, log_dir), known, groups, len(logs))
@@ -169,7 +179,7 @@ def ingest(
     seen = {lg.path for lg in logs}
     for _ in range(3):  # a log renamed while read is found again by the next listing
         run.vanished = 0
-        _ingest_logs(run, todo, timeout, progress)
+        _ingest_logs(run, todo, timeout, progress, readers)
         if not run.vanished:
             break
         todo = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in seen]

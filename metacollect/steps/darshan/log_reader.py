@@ -1,12 +1,16 @@
 """Reading one Darshan log into plain arrays - the child-process half of
 :func:`metacollect.steps.darshan.read_logs`.
 
-Run as a script (``python -P log_reader.py OUT_DIR``, the logs as JSON on stdin) so
-that the child imports only NumPy and pydarshan: a truncated log can crash
-libdarshan-util (a segfault, a failed assert), and then only this child dies. For each
-log it writes ``OUT_DIR/<i>.npz`` (plain arrays, no pickles; metadata as JSON) and
-prints ``ok <i>`` or ``err <i> <json reason>`` on stdout; on stderr a marker line
-precedes what the library prints while reading log ``i``."""
+Run as a script (``python -P log_reader.py``, the work as JSON on stdin:
+``{"out_dir": OUT_DIR, "logs": [[i, path], ...]}``) so that the child imports only NumPy
+and pydarshan: a truncated log can crash libdarshan-util (a segfault, a failed assert),
+and then only this child dies. It imports pydarshan first, then waits for its stdin: a
+reader started when a session starts (:class:`~metacollect.steps.darshan.logs.ReaderPool`)
+has paid for its imports (most of what reading a log costs) by the time the logs are
+written. For each log it writes ``OUT_DIR/<i>.npz`` (plain arrays, no pickles; metadata
+as JSON) and prints ``ok <i>`` or ``err <i> <json reason>`` on stdout; on stderr a
+marker line precedes what the library prints while reading log ``i``. An empty stdin
+(a reader not needed) ends it."""
 
 from __future__ import annotations
 
@@ -119,18 +123,19 @@ def _read_dxt(
     report: Any, modules: Mapping[str, Any], arrays: dict[str, np.ndarray]
 ) -> dict[str, int]:
     """The DXT segments of every DXT module as ``dxt.<column>`` arrays; records read per
-    module."""
+    module. The records are taken as pydarshan reads them (lists of segments), not
+    through ``to_df()``, which deep-copies every segment and builds two DataFrames per
+    record - most of what reading a DXT log costs once pydarshan is imported."""
     dxt: dict[str, list[Any]] = {k: [] for k in _DXT_COLUMNS}
     read = {}
     for mod in DXT_MODULES:
         if mod not in modules:
             continue
-        report.mod_read_all_dxt_records(mod, warnings=False)
-        recs = _module_df(report, mod)
-        recs = [] if recs is None else recs
+        report.mod_read_all_dxt_records(mod, warnings=False, dtype="dict")
+        recs = report.records.get(mod) or []
         read[mod] = len(recs)
-        for rec in recs:
-            _dxt_segments(dxt, mod, rec)
+        for r in range(len(recs)):
+            _dxt_segments(dxt, mod, recs[r])
     if dxt["module"]:
         for k, parts in dxt.items():
             arrays[f"dxt.{k}"] = np.concatenate(parts)
@@ -138,22 +143,30 @@ def _read_dxt(
     return read
 
 
-def _dxt_segments(dxt: dict[str, list[Any]], mod: str, rec: Mapping[str, Any]) -> None:
-    """Add one DXT record's read and write segments to the ``dxt`` columns."""
+_SEGMENT = np.dtype(
+    [("offset", np.int64), ("length", np.int64), ("start", np.float64), ("stop", np.float64)]
+)
+
+
+def _dxt_segments(dxt: dict[str, list[Any]], mod: str, rec: Any) -> None:
+    """Add one DXT record's read and write segments (pydarshan's dicts) to the ``dxt``
+    columns."""
     for op, key in (("read", "read_segments"), ("write", "write_segments")):
-        seg = rec.get(key)
+        seg = rec[key]
         if seg is None or not len(seg):
             continue
         n = len(seg)
+        table = np.array(
+            [(s["offset"], s["length"], s["start_time"], s["end_time"]) for s in seg],
+            dtype=_SEGMENT,
+        )
         dxt["module"].append(np.full(n, mod))
         dxt["id"].append(np.full(n, int(rec["id"]), dtype=np.uint64))
-        dxt["rank"].append(np.full(n, int(rec.get("rank", 0)), dtype=np.int64))
-        dxt["hostname"].append(np.full(n, str(rec.get("hostname", ""))))
+        dxt["rank"].append(np.full(n, int(rec["rank"]), dtype=np.int64))
+        dxt["hostname"].append(np.full(n, str(rec["hostname"])))
         dxt["op"].append(np.full(n, op))
-        dxt["offset"].append(seg["offset"].to_numpy(dtype=np.int64))
-        dxt["length"].append(seg["length"].to_numpy(dtype=np.int64))
-        dxt["start"].append(seg["start_time"].to_numpy(dtype=np.float64))
-        dxt["stop"].append(seg["end_time"].to_numpy(dtype=np.float64))
+        for column in _SEGMENT.names or ():
+            dxt[column].append(table[column])
 
 
 def _read_heatmaps(
@@ -197,12 +210,27 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-def _reader_main(argv: list[str]) -> int:
-    """Child process: read the logs listed on stdin, one ``<i>.npz`` each into
-    ``argv[0]``."""
-    out_dir = argv[0]
-    items = json.loads(sys.stdin.read())
-    for i, path in items:
+def _warm() -> None:
+    """Import what reading a log needs, before the logs are asked for (an import that
+    fails is reported by each log's own read)."""
+    try:
+        import darshan  # noqa: F401
+        import pandas  # noqa: F401
+        from darshan.backend import cffi_backend  # noqa: F401
+    except Exception:  # each log's read fails the same way and says why
+        return
+
+
+def _reader_main() -> int:
+    """Child process: read the logs listed on stdin, one ``<i>.npz`` each into its
+    ``out_dir``."""
+    _warm()
+    text = sys.stdin.read()
+    if not text.strip():  # not needed: nothing to read
+        return 0
+    work = json.loads(text)
+    out_dir = work["out_dir"]
+    for i, path in work["logs"]:
         print(f"\n{LOG_MARK}{i}", file=sys.stderr, flush=True)
         try:
             arrays, meta = _convert(path)
@@ -217,4 +245,4 @@ def _reader_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_reader_main(sys.argv[1:]))
+    sys.exit(_reader_main())

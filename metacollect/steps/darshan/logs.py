@@ -246,11 +246,98 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def _reader_command() -> list[str]:
+    """The command of a reader child (:mod:`.log_reader` as a script)."""
+    from metacollect.steps.darshan import log_reader
+
+    # -P: the script's directory (this package's modules) must not shadow pydarshan's
+    return [sys.executable, "-P", os.path.abspath(log_reader.__file__)]
+
+
+def _spawn_reader() -> subprocess.Popen[bytes]:
+    """A reader child, importing pydarshan while it waits for its logs on stdin."""
+    return subprocess.Popen(
+        _reader_command(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_reader_env(),
+    )
+
+
+class ReaderPool:
+    """Reader children started ahead of the logs: each imports pydarshan (most of what
+    reading a log costs: ~1 s of CPU, several seconds on a loaded host) while the
+    workflow runs, then waits for its logs on stdin. :func:`read_logs` takes them;
+    :meth:`close` ends those not taken (an empty stdin: the child exits). A child that
+    died meanwhile is not used (a new one is started instead).
+
+    Parameters
+    ----------
+    n
+        Children to start (one per log expected, up to the CPUs; at least one).
+    """
+
+    def __init__(self, n: int = 1) -> None:
+        self._ready: list[subprocess.Popen[bytes]] = []
+        #: every child started, for :meth:`close` and :attr:`pids`
+        self._all: list[subprocess.Popen[bytes]] = []
+        for _ in range(max(1, n)):
+            proc = _spawn_reader()
+            self._ready.append(proc)
+            self._all.append(proc)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the children started."""
+        return [p.pid for p in self._all]
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def take(self) -> subprocess.Popen[bytes] | None:
+        """A child ready for its logs (``None``: none left, or all died)."""
+        while self._ready:
+            proc = self._ready.pop(0)
+            if proc.poll() is None:
+                return proc
+            _end(proc)
+        return None
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the children not taken and reap them all (the taken ones have ended)."""
+        self._ready = []
+        for proc in self._all:
+            _end(proc, timeout)
+
+    def __enter__(self) -> ReaderPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _end(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    """End a reader child: an empty stdin (it exits), then a kill if it does not."""
+    if proc.returncode is None:
+        with contextlib.suppress(OSError, ValueError):
+            proc.communicate(b"", timeout=timeout)
+        if proc.poll() is None:
+            proc.kill()
+    with contextlib.suppress(Exception):
+        proc.wait(timeout)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
 def read_logs(
     paths: Sequence[str],
     timeout: float = 120.0,
     workers: int | None = None,
     progress: Callable[[str], None] | None = None,
+    pool: ReaderPool | None = None,
 ) -> list[ReadResult]:
     """Read Darshan logs with pydarshan in child processes, so that a log that crashes
     libdarshan-util (truncated logs do: segfaults, failed asserts) costs only that log.
@@ -262,9 +349,13 @@ def read_logs(
     timeout
         Seconds a single log may take.
     workers
-        Child processes reading in parallel (default: up to 4).
+        Child processes reading in parallel (default: the children of ``pool``, else up
+        to 4).
     progress
         Told now and then how many logs have been read.
+    pool
+        Children started ahead (:class:`ReaderPool`), taken first; new ones are started
+        for the rest, and after a child died on a log.
 
     Returns
     -------
@@ -275,13 +366,14 @@ def read_logs(
     results = [ReadResult() for _ in paths]
     if not paths:
         return results
-    n = max(1, min(workers or min(4, os.cpu_count() or 1), len(paths)))
+    default = len(pool) if pool is not None and len(pool) else min(4, os.cpu_count() or 1)
+    n = max(1, min(workers or default, len(paths)))
     chunks = [list(range(len(paths)))[k::n] for k in range(n)]
     with tempfile.TemporaryDirectory(prefix="metacollect-darshan-") as out_dir:
         threads = [
             threading.Thread(
                 target=_read_chunk_guarded,
-                args=(paths, c, results, out_dir, timeout),
+                args=(paths, c, results, out_dir, timeout, pool.take() if pool else None),
                 daemon=True,
             )
             for c in chunks
@@ -304,14 +396,18 @@ def _read_chunk_guarded(
     results: list[ReadResult],
     out_dir: str,
     timeout: float,
+    warm: subprocess.Popen[bytes] | None = None,
 ) -> None:
     """:func:`_read_chunk` in a thread: a failure marks the chunk's logs unread, with why."""
     try:
-        _read_chunk(paths, todo, results, out_dir, timeout)
+        _read_chunk(paths, todo, results, out_dir, timeout, warm)
     except Exception as e:  # e.g. no Python to start: every log of the chunk says why
         for i in todo:
             if results[i].error == "not read":
                 results[i].error = f"the reader could not run: {type(e).__name__}: {e}"
+    finally:
+        if warm is not None:
+            _end(warm)
 
 
 def _text(data: bytes | str | None) -> str:
@@ -327,19 +423,21 @@ def _read_chunk(
     results: list[ReadResult],
     out_dir: str,
     timeout: float,
+    warm: subprocess.Popen[bytes] | None = None,
 ) -> None:
-    """Read the logs ``todo`` in one child; when it dies (or hangs) on a log, blame that
-    log and start another child on the rest."""
-    from metacollect.steps.darshan import log_reader
-
-    # -P: the script's directory (this package's modules) must not shadow pydarshan's
-    cmd = [sys.executable, "-P", os.path.abspath(log_reader.__file__), out_dir]
+    """Read the logs ``todo`` in one child (``warm``, started ahead, first); when it
+    dies (or hangs) on a log, blame that log and start another child on the rest."""
     while todo:
         started = time.monotonic()
-        payload = json.dumps([(i, paths[i]) for i in todo]).encode()
-        stdout, stderr, code, timed_out = _run_reader(cmd, payload, timeout * len(todo) + 30)
+        payload = json.dumps({"out_dir": out_dir, "logs": [(i, paths[i]) for i in todo]})
+        proc, warm = warm, None
+        stdout, stderr, code, timed_out = _run_reader(
+            payload.encode(), timeout * len(todo) + 30, proc
+        )
         elapsed = time.monotonic() - started
         done = _collect_reports(stdout, results, out_dir)
+        if proc is not None and not done and not timed_out:
+            continue  # the child started ahead died before it was given a log: not theirs
         _collect_messages(stderr, results)
         rest = [i for i in todo if i not in done]
         per_log = elapsed / max(len(done) + (1 if rest else 0), 1)
@@ -354,21 +452,19 @@ def _read_chunk(
         todo = rest
 
 
-def _run_reader(cmd: list[str], payload: bytes, timeout: float) -> tuple[str, str, int, bool]:
-    """Run the reader child: its stdout, stderr, exit status and whether it timed out
-    (then it was killed)."""
+def _run_reader(
+    payload: bytes, timeout: float, proc: subprocess.Popen[bytes] | None = None
+) -> tuple[str, str, int, bool]:
+    """Give a reader child (``proc``, or a new one) its logs: its stdout, stderr, exit
+    status and whether it timed out (then it was killed)."""
+    proc = proc or _spawn_reader()
     try:
-        proc = subprocess.run(
-            cmd,
-            input=payload,
-            capture_output=True,
-            timeout=timeout,
-            env=_reader_env(),
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        return _text(e.stdout), _text(e.stderr), -signal.SIGKILL, True
-    return _text(proc.stdout), _text(proc.stderr), proc.returncode, False
+        stdout, stderr = proc.communicate(payload, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        return _text(stdout), _text(stderr), -signal.SIGKILL, True
+    return _text(stdout), _text(stderr), proc.returncode, False
 
 
 def _collect_reports(stdout: str, results: list[ReadResult], out_dir: str) -> set[int]:

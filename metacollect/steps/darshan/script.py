@@ -26,7 +26,7 @@ import metacollect.config as config
 from metacollect.steps.darshan.capture import wait_processes_gone
 from metacollect.steps.darshan.environment import darshan_environment
 from metacollect.steps.darshan.ingestion import darshan_group_attrs, ingest, missing_worker_logs
-from metacollect.steps.darshan.logs import LogFile, find_logs
+from metacollect.steps.darshan.logs import LogFile, ReaderPool, find_logs
 from metacollect.steps.darshan.runtime import (
     DarshanNotFoundError,
     default_log_dir,
@@ -98,9 +98,16 @@ def await_logs(log_dir: str, timeout: float, host: str | None = None) -> list[in
         waited |= running
 
 
-def finish_script(store: str, writer: StoreWriter, echo: Callable[[str], None]) -> list[str]:
+def finish_script(
+    store: str,
+    writer: StoreWriter,
+    echo: Callable[[str], None],
+    readers: ReaderPool | None = None,
+) -> list[str]:
     """After the script's process exited: wait for the logs (:func:`await_logs`), ingest
-    them, and return what is missing (also the ``darshan`` group's ``missing_logs``)."""
+    them (``readers``: log readers started with the script, see
+    :class:`~metacollect.steps.darshan.logs.ReaderPool`; the caller closes them), and
+    return what is missing (also the ``darshan`` group's ``missing_logs``)."""
     log_dir = default_log_dir(store)
     timeout = config.interval("darshan.shutdown-timeout")
     alive = await_logs(log_dir, timeout)
@@ -110,7 +117,7 @@ def finish_script(store: str, writer: StoreWriter, echo: Callable[[str], None]) 
             f"darshan: processes {alive} still ran {timeout:g} s after the script ended "
             "(metacollect.darshan.shutdown-timeout): their logs are mmap copies (partial)"
         )
-    result = ingest(store, log_dir, writer=writer, echo=echo)
+    result = ingest(store, log_dir, writer=writer, echo=echo, readers=readers)
     problems += result.problems
     problems += missing_worker_logs(store, alive)
     writer.group("darshan").set_attrs(missing_logs=problems)
