@@ -190,7 +190,8 @@ def _check_record_whole(live) -> None:
     assert set(logs["kind"]) == {"final"}  # every process's log was complete when read
     workers = logs[logs["role"] == "worker"]
     assert len(workers) == 2
-    assert live["seconds"] < 55  # no shutdown-timeout (60 s) was waited out
+    # no process outlived the wait (it would be named in missing_logs, checked above): a
+    # wall-clock bound here failed on a loaded machine without telling anything more
     assert validate_store(live["store"]) == []
     # the launcher's own file (the script's outcome, written by the script's process
     # under Darshan) is recorded, out of the user's view
