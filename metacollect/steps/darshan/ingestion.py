@@ -176,7 +176,7 @@ def ingest(
     say = progress or echo
     if say and todo:
         say(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
-    seen = {lg.path for lg in logs}
+    seen = {lg.path for lg in logs} | set(earlier)  # a new listing never takes them either
     for _ in range(3):  # a log renamed while read is found again by the next listing
         run.vanished = 0
         _ingest_logs(run, todo, timeout, progress, readers)
