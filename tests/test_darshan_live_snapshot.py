@@ -1,0 +1,293 @@
+"""Sessions that end without stopping their workers (method ``live-snapshot``), with the
+REAL Darshan runtime: workers started under Darshan (the nannies' pre-spawn
+environment), DXT off; each session's records are what changed in the workers' live
+mmap logs between its start and its end.
+
+One LocalCluster (2 worker processes x 1 thread), two ``collect`` sessions. Session 1:
+a task writes ``a.bin`` with ``os.write``, one saves ``b.npy`` with ``numpy.save``
+(POSIX header + STDIO data), one appends to ``shared.bin``, one opens ``held.bin``,
+writes and keeps it open in its worker. Session 2: a task writes ``c.bin``, one reads
+``a.bin`` whole, one appends to ``shared.bin`` again, one writes more to ``held.bin``
+through the fd opened in session 1 and closes it. Ground truth recorded here: the bytes
+each task wrote or read, ``os.path.getsize`` of every file, the workers' pids before,
+during and after each session. A second cluster with DXT on ends the old way
+(``exit-log``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Iterator
+
+import cloudpickle
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, get_worker
+
+from metacollect import collect, open_run
+from metacollect.steps import darshan as dsh
+from metacollect.steps.darshan.nanny import worker_identity
+from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+
+SHARED_1, SHARED_2 = 1_000, 2_500
+HELD_1, HELD_2 = 100, 400
+
+
+def os_write(path: str, n: int) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for k in range(0, n, 4096):
+        os.write(fd, b"w" * min(4096, n - k))
+    os.close(fd)
+    return n
+
+
+def np_save(path: str, n: int) -> int:
+    np.save(path, np.arange(n, dtype=np.float64))
+    return os.path.getsize(path)
+
+
+def append(path: str, n: int) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, b"s" * n)
+    os.close(fd)
+    return n
+
+
+def os_read(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    got = 0
+    while chunk := os.read(fd, 65536):
+        got += len(chunk)
+    os.close(fd)
+    return got
+
+
+def hold_open(path: str, n: int) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b"h" * n)
+    get_worker()._metacollect_test_fd = fd  # kept open across sessions
+    return n
+
+
+def write_held(n: int) -> int:
+    fd = get_worker()._metacollect_test_fd
+    os.write(fd, b"H" * n)
+    os.close(fd)
+    return n
+
+
+def _pids(client: Client) -> dict[str, int]:
+    return {a: w["pid"] for a, w in client.run(worker_identity).items()}
+
+
+def _session(client, store, lib, calls) -> dict:
+    """One session: ``calls`` are (key, function, args, worker index), run one at a time."""
+    before = _pids(client)
+    workers = sorted(before)
+    done = {}
+    with collect(client, store, darshan={"enabled": True, "library": lib}):
+        during = _pids(client)
+        for key, fn, args, w in calls:
+            fut = client.submit(fn, *args, key=key, workers=[workers[w]], pure=False)
+            done[key] = fut.result()
+            del fut
+    return {"before": before, "during": during, "after": _pids(client), "done": done}
+
+
+@contextlib.contextmanager
+def cluster_under_darshan(
+    library: str, workers_store: str, *, dxt: bool = False, n_workers: int = 2
+) -> Iterator[Client]:
+    """A client of a LocalCluster whose workers start under Darshan (the nannies'
+    pre-spawn environment, as a jobqueue ``job_script_prologue`` gives it), 1 thread
+    each, logging below ``<workers_store>.darshan``."""
+    with dask.config.set({"metacollect.darshan.dxt": dxt}):
+        env = dsh.darshan_environment(workers_store, library=library)
+    before = dict(os.environ)
+    try:
+        with (
+            dask.config.set({"distributed.nanny.pre-spawn-environ": env}),
+            LocalCluster(
+                n_workers=n_workers, threads_per_worker=1, dashboard_address=":0"
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            yield client
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+@pytest.fixture(scope="module")
+def live(darshan_library, tmp_path_factory):  # noqa: F811
+    d = tmp_path_factory.mktemp("live")
+    files = {k: str(d / k) for k in ("a.bin", "b.npy", "c.bin", "shared.bin", "held.bin")}
+    out: dict = {"stores": {k: str(d / f"{k}.zarr") for k in (1, 2)}, "files": files}
+    with cluster_under_darshan(darshan_library, str(d / "workers.zarr")) as client:
+        out[1] = _session(
+            client,
+            out["stores"][1],
+            darshan_library,
+            [
+                ("w-a", os_write, (files["a.bin"], 300_000), 0),
+                ("w-b", np_save, (files["b.npy"], 20_000), 1),
+                ("s-1", append, (files["shared.bin"], SHARED_1), 0),
+                ("h-1", hold_open, (files["held.bin"], HELD_1), 1),
+            ],
+        )
+        out["size_a"] = os.path.getsize(files["a.bin"])
+        out[2] = _session(
+            client,
+            out["stores"][2],
+            darshan_library,
+            [
+                ("w-c", os_write, (files["c.bin"], 70_000), 1),
+                ("r-a", os_read, (files["a.bin"],), 1),
+                ("s-2", append, (files["shared.bin"], SHARED_2), 0),
+                ("h-2", write_held, (HELD_2,), 1),
+            ],
+        )
+    out["sizes"] = {k: os.path.getsize(p) for k, p in files.items()}
+    return out
+
+
+def _files(run, files) -> dict[str, dict[str, int]]:
+    io = run.io(by="file")
+    mine = io[io["file"].isin(files.values())]
+    names = {p: k for k, p in files.items()}
+    return {
+        names[f]: {"written": int(w), "read": int(r)}
+        for f, w, r in zip(mine["file"], mine["bytes_written"], mine["bytes_read"], strict=True)
+    }
+
+
+def test_the_workers_run_on_and_the_method_is_recorded(live):
+    for k in (1, 2):
+        s = live[k]
+        assert s["before"] == s["during"] == s["after"]  # no restart, before or after
+        darshan = open_run(live["stores"][k]).groups["darshan"]
+        assert darshan["delivery"] == "already"
+        assert darshan["method"] == "live-snapshot", darshan["method_reason"]
+        assert "end: snapshot mmap logs" in darshan["seconds"]
+        assert "end: stop workers (logs written)" not in darshan["seconds"]
+    assert live[1]["after"] == live[2]["before"]
+
+
+def test_each_session_has_exactly_its_own_bytes_per_file(live):
+    sizes = live["sizes"]
+    first = _files(open_run(live["stores"][1]), live["files"])
+    assert first == {
+        "a.bin": {"written": sizes["a.bin"], "read": 0},
+        "b.npy": {"written": sizes["b.npy"], "read": 0},
+        "shared.bin": {"written": SHARED_1, "read": 0},
+        "held.bin": {"written": HELD_1, "read": 0},
+    }
+    second = _files(open_run(live["stores"][2]), live["files"])
+    assert second == {
+        "a.bin": {"written": 0, "read": live["size_a"]},  # written in session 1 only
+        "c.bin": {"written": sizes["c.bin"], "read": 0},
+        "shared.bin": {"written": SHARED_2, "read": 0},
+        "held.bin": {"written": HELD_2, "read": 0},
+    }
+    assert sizes["shared.bin"] == SHARED_1 + SHARED_2
+    assert sizes["held.bin"] == HELD_1 + HELD_2
+
+
+def test_the_record_is_whole_and_says_what_predates_the_session(live):
+    for k in (1, 2):
+        run = open_run(live["stores"][k])
+        assert run.attrs["status"] == "complete", run.attrs.get("missing")
+        logs = run.table("darshan", "logs")
+        workers = logs[(logs["role"] == "worker") & (logs["status"] == "ingested")]
+        assert sorted(workers["kind"]) == ["live", "live"], logs
+        groups = {p: a for p, a in run.groups.items() if a.get("kind") == "worker_process"}
+        assert len(groups) == 2
+        assert all(a["method"] == "live-snapshot" and not a["partial"] for a in groups.values())
+    # session 2: shared.bin and held.bin existed in the workers' records before it
+    run = open_run(live["stores"][2])
+    carried = {
+        os.path.basename(f)
+        for a in run.groups.values()
+        if a.get("kind") == "worker_process"
+        for names in a["carried_records"].values()
+        for f in names
+    }
+    assert {"shared.bin", "held.bin"} <= carried
+    from metacollect.steps.darshan.read import process_groups, read_records
+
+    for path in process_groups(run):
+        df = read_records(run, path, "POSIX")
+        held = df[df["file"] == live["files"]["held.bin"]]
+        if not len(held):
+            continue
+        row = held.iloc[0]
+        assert row["POSIX_OPENS"] == 0  # opened in session 1
+        assert row["POSIX_F_OPEN_START_TIMESTAMP"] == 0  # no open in this session
+        assert math.isnan(row["POSIX_F_WRITE_START_TIMESTAMP"])  # first write predates it
+        assert row["POSIX_F_CLOSE_END_TIMESTAMP"] > 0  # closed in this session
+        assert row["POSIX_ACCESS1_ACCESS"] == -1  # the process's, not the session's
+
+
+def test_bytes_go_to_the_tasks_that_did_them(live):
+    files = live["files"]
+    expect = {
+        1: {"w-a": ("a.bin", "bytes_written"), "w-b": ("b.npy", "bytes_written")},
+        2: {"w-c": ("c.bin", "bytes_written"), "r-a": ("a.bin", "bytes_read")},
+    }
+    for k, tasks in expect.items():
+        run = open_run(live["stores"][k])
+        seg = run.io(by="segment")
+        seg = seg[seg["file"].isin(files.values())]
+        methods = {"posix-first-last", "stdio-open-close", "posix-session-bound"}
+        assert set(seg["method"]) <= methods
+        by_task = run.io(by="task").dropna(subset=["key"]).set_index("key")
+        for key, (name, col) in tasks.items():
+            mine = seg[seg["file"] == files[name]]
+            mine = mine[mine["op"] == ("read" if col == "bytes_read" else "write")]
+            assert set(mine["key"]) == {key}, (key, mine)
+            assert (
+                by_task.loc[key, col]
+                >= mine["length"].sum()
+                == (live["sizes"][name] if col == "bytes_written" else live["size_a"])
+            )
+    # session 2's appends to shared.bin and writes to held.bin: records opened before the
+    # session; their windows start at the session's start. Worker 0 ran only s-2 in it;
+    # worker 1 ran w-c, r-a and h-2 - the held.bin window covers all three: ambiguous
+    seg = open_run(live["stores"][2]).io(by="segment")
+    shared = seg[seg["file"] == files["shared.bin"]]
+    assert list(shared["method"]) == ["posix-session-bound"]
+    assert list(shared["key"]) == ["s-2"] and list(shared["length"]) == [SHARED_2]
+    held = seg[seg["file"] == files["held.bin"]]
+    assert list(held["method"]) == ["posix-session-bound"] and held["ambiguous"].all()
+    assert set(held["candidates"].iloc[0]) == {"w-c", "r-a", "h-2"}
+    assert held["key"].isna().all() and list(held["length"]) == [HELD_2]
+
+
+def write_file(path: str, n: int) -> int:
+    with open(path, "wb") as f:
+        f.write(os.urandom(n))
+    return os.getpid()
+
+
+def test_dxt_on_ends_by_stopping_the_workers(darshan_library, tmp_path):  # noqa: F811
+    store = str(tmp_path / "run.zarr")
+    path = str(tmp_path / "x.bin")
+    workers = str(tmp_path / "workers.zarr")
+    with cluster_under_darshan(darshan_library, workers, dxt=True, n_workers=1) as client:
+        with collect(client, store, darshan={"enabled": True, "library": darshan_library}):
+            pid = client.submit(write_file, path, 5_000, pure=False).result()
+        after = _pids(client)
+    run = open_run(store)
+    darshan = run.groups["darshan"]
+    assert darshan["method"] == "exit-log"
+    assert "DXT" in darshan["method_reason"]
+    assert pid not in after.values()  # stopped for its log, a new one started
+    io = run.io()
+    assert int(io[io["file"] == path]["bytes_written"].sum()) == 5_000
+    assert (run.io(by="segment")["method"] == "dxt-segment").any()
