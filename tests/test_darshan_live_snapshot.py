@@ -21,6 +21,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import cloudpickle
 import dask
@@ -30,6 +31,9 @@ from distributed import Client, LocalCluster, get_worker
 
 from metacollect import collect, open_run
 from metacollect.steps import darshan as dsh
+from metacollect.steps.darshan.live import copy_log, mmap_log_of
+from metacollect.steps.darshan.logs import read_logs
+from metacollect.steps.darshan.mmap_log import read_mmap_log
 from metacollect.steps.darshan.nanny import worker_identity
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
@@ -153,6 +157,12 @@ def live(darshan_library, tmp_path_factory):  # noqa: F811
                 ("h-2", write_held, (HELD_2,), 1),
             ],
         )
+        # copies of the workers' live mmap logs, for the in-process reader's check
+        out["copies"] = []
+        for w in client.run(worker_identity).values():
+            log = mmap_log_of(w["env"], w["pid"])
+            out["copies"].append(str(d / f"copy-{w['pid']}.darshan"))
+            copy_log(log, out["copies"][-1])
     out["sizes"] = {k: os.path.getsize(p) for k, p in files.items()}
     return out
 
@@ -267,6 +277,26 @@ def test_bytes_go_to_the_tasks_that_did_them(live):
     assert list(held["method"]) == ["posix-session-bound"] and held["ambiguous"].all()
     assert set(held["candidates"].iloc[0]) == {"w-c", "r-a", "h-2"}
     assert held["key"].isna().all() and list(held["length"]) == [HELD_2]
+
+
+def test_the_snapshots_read_here_are_what_pydarshan_reads(live, tmp_path):
+    # a worker's live mmap log, read in this process and by pydarshan in a reader child:
+    # the same arrays, element by element, and the same metadata
+    for path in live["copies"]:
+        here, child = read_mmap_log(path), read_logs([path])[0]
+        assert here is not None and child.error is None, child.error
+        assert sorted(here.arrays) == sorted(child.arrays)
+        assert len(here.arrays["posix.id"]) > 100  # Python's imports, the tasks' files
+        for k, want in child.arrays.items():
+            np.testing.assert_array_equal(here.arrays[k], want, err_msg=k)
+            assert here.arrays[k].dtype.kind == want.dtype.kind, k
+        assert here.meta == child.meta
+    # a layout it does not know (here: another POSIX module version) is left to pydarshan
+    changed = tmp_path / "other-version.darshan"
+    data = bytearray(Path(live["copies"][0]).read_bytes())
+    data[1072 + 4 * 1] = 5  # mod_ver[POSIX]
+    changed.write_bytes(bytes(data))
+    assert read_mmap_log(str(changed)) is None
 
 
 def write_file(path: str, n: int) -> int:

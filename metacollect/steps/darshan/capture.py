@@ -146,8 +146,9 @@ class DarshanCapture:
         if self.active:
             with self._timed("start: clock mark"):
                 self._mark_clocks(group)
-            with self._timed("start: log readers"):
-                self._start_readers(group)
+            if self.live is None:  # a live end reads the snapshots in this process
+                with self._timed("start: log readers"):
+                    self._start_readers(group)
             self.earlier = {
                 lg.path
                 for d in self.log_dirs

@@ -18,6 +18,7 @@ from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.live import LiveLog, live_attrs, live_delta
 from metacollect.steps.darshan.logs import LogFile, ReaderPool, ReadResult, find_logs, read_logs
 from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
+from metacollect.steps.darshan.mmap_log import read_mmap_log
 from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
 from metacollect.steps.darshan.runtime import NO_JOBID_VARIABLE
 from metacollect.store.schema import safe_name
@@ -79,16 +80,28 @@ def _ingest_logs(
     the session first, then final logs (a worker's own group takes its complete log over
     an mmap copy)."""
     snaps = [p for lv in live for p in (lv.start, lv.end or lv.start)]
-    paths = [lg.path for lg in todo] + snaps
-    read = read_logs(paths, timeout=timeout, progress=progress, pool=readers)
+    # the snapshots are read here when their layout is the one read_mmap_log knows
+    here = [_read_here(p) for p in snaps]
+    rest = [p for p, r in zip(snaps, here, strict=True) if r is None]
+    paths = [lg.path for lg in todo] + rest
+    read = read_logs(paths, timeout=timeout, progress=progress, pool=readers) if paths else []
+    there = iter(read[len(todo) :])
+    snap = [r if r is not None else next(there) for r in here]
     for k, lv in enumerate(live):
-        start, end = read[len(todo) + 2 * k], read[len(todo) + 2 * k + 1]
-        run.add_live(lv, start, end)
+        run.add_live(lv, snap[2 * k], snap[2 * k + 1])
     order = sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path))
     for n, i in enumerate(order):
         if progress:
             progress(f"writing Darshan log {n + 1} of {len(todo)}: {todo[i].path}")
         run.add(todo[i], read[i])
+
+
+def _read_here(path: str) -> ReadResult | None:
+    """A snapshot read in this process (``None``: a reader child reads it)."""
+    try:
+        return read_mmap_log(path)
+    except Exception:  # damaged or unknown: the reader child reads it, or says why not
+        return None
 
 
 def darshan_group_attrs(
