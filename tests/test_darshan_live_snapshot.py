@@ -132,7 +132,7 @@ def cluster_under_darshan(
 def live(darshan_library, tmp_path_factory):  # noqa: F811
     d = tmp_path_factory.mktemp("live")
     files = {k: str(d / k) for k in ("a.bin", "b.npy", "c.bin", "shared.bin", "held.bin")}
-    out: dict = {"stores": {k: str(d / f"{k}.zarr") for k in (1, 2)}, "files": files}
+    out: dict = {"stores": {k: str(d / f"{k}.zarr") for k in (1, 2, 3)}, "files": files}
     with cluster_under_darshan(darshan_library, str(d / "workers.zarr")) as client:
         out[1] = _session(
             client,
@@ -157,6 +157,22 @@ def live(darshan_library, tmp_path_factory):  # noqa: F811
                 ("h-2", write_held, (HELD_2,), 1),
             ],
         )
+        # session 3: worker 0's mmap log cannot be read at the end (moved away during
+        # the session, put back after it): recorded, never dropped silently
+        ids = client.run(worker_identity)
+        first = sorted(ids)[0]
+        log = mmap_log_of(ids[first]["env"], ids[first]["pid"])
+        with collect(
+            client, out["stores"][3], darshan={"enabled": True, "library": darshan_library}
+        ):
+            os.rename(log, log + ".away")
+            try:
+                client.submit(append, files["shared.bin"], 10, pure=False).result()
+            except BaseException:
+                os.rename(log + ".away", log)
+                raise
+        os.rename(log + ".away", log)
+        out["unreadable"] = (first, ids[first]["pid"])
         # copies of the workers' live mmap logs, for the in-process reader's check
         out["copies"] = []
         for w in client.run(worker_identity).values():
@@ -164,6 +180,7 @@ def live(darshan_library, tmp_path_factory):  # noqa: F811
             out["copies"].append(str(d / f"copy-{w['pid']}.darshan"))
             copy_log(log, out["copies"][-1])
     out["sizes"] = {k: os.path.getsize(p) for k, p in files.items()}
+    out["sizes"]["shared.bin"] -= 10  # session 3's append
     return out
 
 
@@ -277,6 +294,20 @@ def test_bytes_go_to_the_tasks_that_did_them(live):
     assert list(held["method"]) == ["posix-session-bound"] and held["ambiguous"].all()
     assert set(held["candidates"].iloc[0]) == {"w-c", "r-a", "h-2"}
     assert held["key"].isna().all() and list(held["length"]) == [HELD_2]
+
+
+def test_a_log_unreadable_at_the_end_is_recorded_not_dropped(live):
+    addr, pid = live["unreadable"]
+    run = open_run(live["stores"][3])
+    assert run.attrs["status"] == "incomplete"
+    missing = " ".join(run.attrs["missing"])
+    assert f"worker {addr}" in missing and f"pid {pid}" in missing
+    assert "has no Darshan log" in missing
+    errors = run.table("darshan", "errors")
+    assert errors["what"].str.contains("could not be read at the session's end").any()
+    logs = run.table("darshan", "logs")
+    assert sorted(logs[logs["kind"] == "live"]["status"]) == ["error", "ingested"]
+    assert run.groups["darshan"]["method"] == "live-snapshot"
 
 
 def test_the_snapshots_read_here_are_what_pydarshan_reads(live, tmp_path):
