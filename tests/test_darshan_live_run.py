@@ -184,6 +184,7 @@ def _check_record_whole(live) -> None:
     darshan = run.groups["darshan"]
     assert darshan["enabled"] is True
     assert darshan["delivery"] == "script-environment"
+    assert darshan["method"] == "exit-log" and "end with it" in darshan["method_reason"]
     assert darshan["missing_logs"] == []
     logs = run.table("darshan", "logs")
     assert set(logs["status"]) == {"ingested"}, logs[["path", "status", "reason"]]
