@@ -39,8 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from metacollect.steps.darshan.clock import time_origin
 from metacollect.steps.darshan.log_reader import RECORD_TABLES
 from metacollect.steps.darshan.logs import LogFile, ReadResult, find_logs, parse_log_name
+from metacollect.steps.darshan.matching import job_start_time
 
 LIVE = "live-snapshot"
 EXIT = "exit-log"
@@ -189,12 +191,13 @@ class LiveSnapshots:
                 snaps.cleanup()
                 return cls(), f"worker {addr} (pid {pid}) has no mmap log"
             copy = os.path.join(snaps.directory, "start", os.path.basename(path))
+            taken = time.time()  # before the copy: the session's I/O follows it
             try:
                 copy_log(path, copy)
             except OSError as e:
                 snaps.cleanup()
                 return cls(), f"worker {addr}'s mmap log {path} cannot be read: {e}"
-            snaps.logs.append(LiveLog(addr, str(w["host"]), pid, path, copy, time.time()))
+            snaps.logs.append(LiveLog(addr, str(w["host"]), pid, path, copy, taken))
         return snaps, why
 
     def end(self) -> None:
@@ -207,10 +210,10 @@ class LiveSnapshots:
             try:
                 copy_log(lv.path, copy)
             except OSError as e:
+                gone = "; its process exited during the session" if lv.exited else ""
                 lv.error = (
-                    f"its mmap log {lv.path} could not be read at the session's end ({e}); "
-                    + ("its process exited during the session" if lv.exited else "")
-                ).rstrip("; ")
+                    f"its mmap log {lv.path} could not be read at the session's end ({e}){gone}"
+                )
                 continue
             lv.end, lv.end_time = copy, time.time()
 
@@ -247,9 +250,6 @@ def live_delta(start: ReadResult, end: ReadResult, lv: LiveLog) -> ReadResult:
     }
     # the clock mark is written once per process: its record is the end log's, not the
     # delta's (unchanged after the first session)
-    from metacollect.steps.darshan.clock import time_origin
-    from metacollect.steps.darshan.matching import job_start_time
-
     meta["live"]["time_origin"] = time_origin(
         end.arrays, lv.pid, job_start_time(end.meta.get("job", {}))
     )
