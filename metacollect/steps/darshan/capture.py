@@ -128,8 +128,7 @@ class DarshanCapture:
             env = next(iter(workers.values()))["env"]
             group.set_attrs(delivery="already", environment=env, runtime=_runtime_of(env))
             self.active = True
-            with self._timed("start: snapshot mmap logs"):
-                self._snapshot(group, workers)
+            self._snapshot(group, workers)
         else:
             group.set_attrs(
                 method=EXIT,
@@ -168,7 +167,8 @@ class DarshanCapture:
             why = "metacollect.darshan.live is off"
         else:
             try:
-                snaps, why = LiveSnapshots.start(workers)
+                with self._timed("start: snapshot mmap logs"):
+                    snaps, why = LiveSnapshots.start(workers)
             except Exception as e:  # the workers are stopped at the end instead
                 snaps, why = LiveSnapshots(), f"{type(e).__name__}: {e}"
             if not why:
