@@ -10,8 +10,10 @@ writes and keeps it open in its worker. Session 2: a task writes ``c.bin``, one 
 ``a.bin`` whole, one appends to ``shared.bin`` again, one writes more to ``held.bin``
 through the fd opened in session 1 and closes it. Ground truth recorded here: the bytes
 each task wrote or read, ``os.path.getsize`` of every file, the workers' pids before,
-during and after each session. A second cluster with DXT on ends the old way
-(``exit-log``).
+during and after each session. Session 3: one worker's mmap log is moved away during it
+(recorded as missing). A second cluster with DXT on ends the old way (``exit-log``). The
+in-process reader of the snapshots is checked against pydarshan on the workers' live
+logs; the per-counter difference rules on arrays made here.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from distributed import Client, LocalCluster, get_worker
 
 from metacollect import collect, open_run
 from metacollect.steps import darshan as dsh
-from metacollect.steps.darshan.live import copy_log, mmap_log_of
-from metacollect.steps.darshan.logs import read_logs
-from metacollect.steps.darshan.mmap_log import read_mmap_log
+from metacollect.steps.darshan.live import LiveLog, copy_log, live_delta, mmap_log_of
+from metacollect.steps.darshan.logs import ReadResult, read_logs
+from metacollect.steps.darshan.mmap_log import POSIX_COUNTERS, POSIX_FCOUNTERS, read_mmap_log
 from metacollect.steps.darshan.nanny import worker_identity
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
@@ -352,3 +354,100 @@ def test_dxt_on_ends_by_stopping_the_workers(darshan_library, tmp_path):  # noqa
     io = run.io()
     assert int(io[io["file"] == path]["bytes_written"].sum()) == 5_000
     assert (run.io(by="segment")["method"] == "dxt-segment").any()
+
+
+def _posix(rows: dict[int, dict[str, float]]) -> dict[str, np.ndarray]:
+    """POSIX arrays as a reader returns them, from {record id: {counter: value}}."""
+    c = [f"POSIX_{n}" for n in POSIX_COUNTERS]
+    f = [f"POSIX_{n}" for n in POSIX_FCOUNTERS]
+    ids = sorted(rows)
+    return {
+        "posix.id": np.array(ids, dtype=np.uint64),
+        "posix.rank": np.zeros(len(ids), dtype=np.int64),
+        "posix.file": np.array([f"/f{i}" for i in ids]),
+        "posix.counters": np.array([[rows[i].get(n, 0) for n in c] for i in ids], np.int64),
+        "posix.fcounters": np.array([[rows[i].get(n, 0.0) for n in f] for i in ids]),
+        "posix.counter_names": np.array(c),
+        "posix.fcounter_names": np.array(f),
+    }
+
+
+def test_the_difference_rules_per_counter():
+    # record 1: unchanged (dropped); 2: new in the session (kept as it is); 3: carried -
+    # written before and during the session, not opened again, never read in it
+    before = {
+        "POSIX_OPENS": 1,
+        "POSIX_BYTES_WRITTEN": 100,
+        "POSIX_MAX_BYTE_WRITTEN": 99,
+        "POSIX_ACCESS1_ACCESS": 100,
+        "POSIX_MODE": 420,
+        "POSIX_BYTES_READ": 7,
+        "POSIX_MAX_BYTE_READ": 6,
+        "POSIX_F_OPEN_START_TIMESTAMP": 1.0,
+        "POSIX_F_OPEN_END_TIMESTAMP": 1.1,
+        "POSIX_F_WRITE_START_TIMESTAMP": 1.2,
+        "POSIX_F_WRITE_END_TIMESTAMP": 1.3,
+        "POSIX_F_READ_START_TIMESTAMP": 1.4,
+        "POSIX_F_READ_END_TIMESTAMP": 1.5,
+        "POSIX_F_WRITE_TIME": 0.5,
+    }
+    after = {
+        **before,
+        "POSIX_BYTES_WRITTEN": 500,
+        "POSIX_MAX_BYTE_WRITTEN": 499,
+        "POSIX_ACCESS1_ACCESS": 400,
+        "POSIX_F_WRITE_END_TIMESTAMP": 9.0,
+        "POSIX_F_WRITE_TIME": 0.75,
+    }
+    new = {"POSIX_OPENS": 2, "POSIX_BYTES_WRITTEN": 10, "POSIX_F_OPEN_START_TIMESTAMP": 5.0}
+    start = ReadResult(arrays=_posix({1: before, 3: before}), error=None)
+    end = ReadResult(arrays=_posix({1: before, 2: new, 3: after}), error=None)
+    lv = LiveLog("tcp://w", "h", 1, "/x", "/s", 1.0, "/e", 2.0)
+    got = live_delta(start, end, lv)
+    df = {
+        int(i): dict(zip(got.arrays["posix.counter_names"], c, strict=True))
+        | dict(zip(got.arrays["posix.fcounter_names"], f, strict=True))
+        for i, c, f in zip(
+            got.arrays["posix.id"],
+            got.arrays["posix.counters"],
+            got.arrays["posix.fcounters"],
+            strict=True,
+        )
+    }
+    assert sorted(df) == [2, 3]  # the unchanged record is no I/O of the session
+    assert df[2]["POSIX_OPENS"] == 2 and df[2]["POSIX_F_OPEN_START_TIMESTAMP"] == 5.0
+    c = df[3]
+    assert c["POSIX_BYTES_WRITTEN"] == 400 and c["POSIX_OPENS"] == 0  # sums: differences
+    assert c["POSIX_F_WRITE_TIME"] == 0.25
+    assert c["POSIX_MODE"] == 420  # the file's state: as it is
+    assert c["POSIX_MAX_BYTE_WRITTEN"] == 499  # grew in the session: the session's
+    assert c["POSIX_MAX_BYTE_READ"] == -1  # did not grow: the session's is not known
+    assert c["POSIX_ACCESS1_ACCESS"] == -1  # the process's common sizes, not the session's
+    assert math.isnan(c["POSIX_F_WRITE_START_TIMESTAMP"])  # first write predates it
+    assert c["POSIX_F_WRITE_END_TIMESTAMP"] == 9.0
+    assert c["POSIX_F_OPEN_START_TIMESTAMP"] == 0 == c["POSIX_F_OPEN_END_TIMESTAMP"]
+    assert c["POSIX_F_READ_START_TIMESTAMP"] == 0 == c["POSIX_F_READ_END_TIMESTAMP"]
+    live_info = got.meta["live"]
+    assert live_info["carried"] == 1 and live_info["unchanged_dropped"] == 1
+    assert live_info["carried_records"] == {"POSIX": ["/f3"]}
+
+
+def test_heatmap_bins_of_the_session_follow_the_widening_bins():
+    # Darshan doubles its bin width as the process runs: the start's 0.1 s bins fall into
+    # the end's 0.2 s bins
+    def heat(width: float, write: list[int]) -> dict[str, np.ndarray]:
+        n = len(write)
+        return {
+            "heatmap.module": np.full(n, "POSIX"),
+            "heatmap.rank": np.zeros(n, np.int64),
+            "heatmap.op": np.full(n, "write"),
+            "heatmap.bin": np.arange(n, dtype=np.int32),
+            "heatmap.bytes": np.array(write, np.int64),
+            "heatmap.width": np.full(n, width),
+        }
+
+    start = ReadResult(arrays=heat(0.1, [5, 7, 0, 0]), error=None)
+    end = ReadResult(arrays=heat(0.2, [12, 3, 40, 0]), error=None)
+    got = live_delta(start, end, LiveLog("w", "h", 1, "/x", "/s", 1.0, "/e", 2.0))
+    assert got.arrays["heatmap.bin"].tolist() == [1, 2]
+    assert got.arrays["heatmap.bytes"].tolist() == [3, 40]
