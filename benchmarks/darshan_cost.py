@@ -14,9 +14,13 @@ cluster per delivery):
      start) and without it at the end;
    - ``already``: the workers were started under Darshan (the nannies'
      ``distributed.nanny.pre-spawn-environ``, as a jobqueue ``job_script_prologue`` or
-     ``metacollect run --darshan`` do): no restart at the start; at the end the workers
-     are still stopped (Darshan writes its log at process exit) and come back.
-     Its ``off`` is ``collect()`` without Darshan on that same cluster.
+     ``metacollect run --darshan`` do), DXT off: no restart at the start. Two ways to
+     end, alternating on the same cluster: ``already exit-log``
+     (``metacollect.darshan.live: false``: the workers are stopped - Darshan writes its
+     log at process exit - and come back) and ``already live`` (the default: the
+     workers run on; the session keeps what changed in their live mmap logs between
+     snapshots at its start and end). Its ``off`` is ``collect()`` without Darshan on
+     that same cluster.
 2. Reading the logs (the ingest's largest part), apart from the cluster's restarts: two
    logs like a session's workers write (each process doing ``--tasks`` of the I/O
    tasks below under Darshan with DXT) read ``--repeat`` times by new children (they
@@ -24,7 +28,8 @@ cluster per delivery):
    workflow's worth of seconds before, ``--ahead``), alternating.
 3. The overhead on I/O-heavy tasks: each task writes ``--mb`` MiB in 64 KiB
    ``os.write`` calls and reads it back; the seconds each task took (measured inside
-   it), Darshan off and on, and the ratio.
+   it), Darshan off and on, and the ratio (delivery ``restart``: with ``already`` the
+   workers run under Darshan in the sessions without it too).
 
     PYTHONPATH=. python benchmarks/darshan_cost.py --library /opt/darshan/lib/libdarshan.so
 """
@@ -98,7 +103,7 @@ def darshan_cluster(library: str, store: str) -> dict[str, object]:
 
     from metacollect.steps.darshan import darshan_environment
 
-    with dask.config.set({"metacollect.darshan.dxt": True}):
+    with dask.config.set({"metacollect.darshan.dxt": False}):  # live ends need it off
         env = darshan_environment(store, library=library)
     return {"distributed.nanny.pre-spawn-environ": env}
 
@@ -116,11 +121,22 @@ def forget_logs(store: str) -> None:
                 os.remove(os.path.join(dirpath, name))
 
 
+def variants(args: argparse.Namespace, delivery: str) -> list[tuple[str, dict]]:
+    """The sessions of one delivery, by name: Darshan off, then the ways it is on."""
+    on = {"enabled": True, "library": args.library}
+    if delivery == "restart":
+        return [("off (restart)", {"enabled": False}), ("restart", {**on, "dxt": True})]
+    return [
+        ("off (already)", {"enabled": False}),
+        ("already exit-log", {**on, "dxt": False, "live": False}),
+        ("already live", {**on, "dxt": False, "live": True}),
+    ]
+
+
 def sessions(args: argparse.Namespace, d: str, delivery: str, runs: dict[str, list[dict]]) -> None:
     """``--repeat`` sessions off and on, alternating, on one cluster for ``delivery``."""
     import dask
 
-    on = {"enabled": True, "library": args.library, "dxt": True}
     workers_store = os.path.join(d, "workers.zarr")
     cfg = darshan_cluster(args.library, workers_store) if delivery == "already" else {}
     data = os.path.join(d, "data")
@@ -131,8 +147,8 @@ def sessions(args: argparse.Namespace, d: str, delivery: str, runs: dict[str, li
         Client(cluster) as client,
     ):
         for i in range(args.repeat):
-            for name, opt in ((f"off ({delivery})", {"enabled": False}), (delivery, on)):
-                store = os.path.join(d, f"{delivery}-{name[:3]}{i}.zarr")
+            for name, opt in variants(args, delivery):
+                store = os.path.join(d, f"{name.replace(' ', '-')}-{i}.zarr")
                 runs.setdefault(name, []).append(
                     session(client, store, opt, data, args.tasks, args.mb)
                 )
@@ -211,18 +227,18 @@ def main() -> None:
     print(f"Fixed cost per session (medians of {n}; LocalCluster 2 workers x 2 threads)")
     print(f"{'darshan':18} {'start (s)':>10} {'end (s)':>10} {'total (s)':>10} {'cost (s)':>10}")
     for delivery in deliveries:
-        total = {}
-        for name in (f"off ({delivery})", delivery):
+        off = None
+        for name, _opt in variants(args, delivery):
             rows = runs[name]
             s, e = med([r["start"] for r in rows]), med([r["end"] for r in rows])
-            total[name] = s + e
-            cost = f"{s + e - total[f'off ({delivery})']:10.3f}" if name == delivery else ""
+            off = s + e if off is None else off
+            cost = f"{s + e - off:10.3f}" if name != f"off ({delivery})" else ""
             print(f"{name:18} {s:10.3f} {e:10.3f} {s + e:10.3f} {cost:>10}")
     print(f"{'':18} {'':10} {'':10} {'':10} {'(target <= 0.5)':>10}")
-    for delivery in deliveries:
-        rows = runs[delivery]
+    for name in [n for dl in deliveries for n, _ in variants(args, dl)[1:]]:
+        rows = runs[name]
         print()
-        print(f"Where it goes, delivery {delivery} (darshan.seconds of each store)")
+        print(f"Where it goes, {name} (darshan.seconds of each store)")
         print(f"{'phase':36} {'median (s)':>11} {'min (s)':>9} {'max (s)':>9}")
         names = list(dict.fromkeys(k for r in rows for k in r["phases"]))
         for phase in names:
@@ -237,11 +253,15 @@ def main() -> None:
     for name, vals in read_s.items():
         print(f"{name:18} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
     print()
-    off = [t for r in runs[f"off ({deliveries[0]})"] for t in r["tasks"]]
-    on_ = [t for r in runs[deliveries[0]] for t in r["tasks"]]
+    if "restart" not in deliveries:  # an already cluster's workers run under Darshan
+        print("I/O-heavy tasks: run with --delivery restart or both (with already, the")
+        print("workers run under Darshan in the sessions without it too)")
+        return
+    off = [t for r in runs["off (restart)"] for t in r["tasks"]]
+    on_ = [t for r in runs["restart"] for t in r["tasks"]]
     print(
         f"I/O-heavy tasks ({args.tasks} per session, each {args.mb} MiB written + read in "
-        f"64 KiB calls; medians of {len(off)} tasks; delivery {deliveries[0]})"
+        f"64 KiB calls; medians of {len(off)} tasks; delivery restart, DXT on)"
     )
     print(f"{'darshan':10} {'task (s)':>10} {'MiB/s':>10}")
     for name, vals in (("off", off), ("on", on_)):

@@ -4,7 +4,9 @@ start, and two sessions on that cluster each get their own logs - the workers lo
 one directory, and the first session's logs must not pass for the second's.
 
 One LocalCluster (1 worker process x 1 thread) started under Darshan, two ``collect``
-sessions, each writing its own file. Ground truth recorded here: the worker's pid before
+sessions, each writing its own file, ended by stopping the workers for their logs
+(``metacollect.darshan.live: false``; sessions that end live:
+``test_darshan_live_snapshot.py``). Ground truth recorded here: the worker's pid before
 and during each session, ``os.path.getsize`` of every file written.
 """
 
@@ -14,15 +16,13 @@ import os
 import sys
 
 import cloudpickle
-import dask
 import psutil
 import pytest
-from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
-from metacollect.steps import darshan as dsh
 from metacollect.steps.darshan.nanny import worker_identity
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
+from tests.test_darshan_live_snapshot import cluster_under_darshan
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
@@ -35,7 +35,9 @@ def write_file(path: str, n: int) -> int:
 
 def _session(client, store, lib, path, n) -> dict:
     before = client.run(worker_identity)
-    with collect(client, store, darshan={"enabled": True, "library": lib}) as session:
+    # the exit-log end (live-snapshot ends: tests/test_darshan_live_snapshot.py)
+    darshan = {"enabled": True, "library": lib, "live": False}
+    with collect(client, store, darshan=darshan) as session:
         during = client.run(worker_identity)
         readers = session.darshan.readers.pids
         assert client.submit(write_file, path, n, pure=False).result() == n
@@ -46,22 +48,12 @@ def _session(client, store, lib, path, n) -> dict:
 def already(darshan_library, tmp_path_factory):  # noqa: F811
     d = tmp_path_factory.mktemp("already")
     workers_store = str(d / "workers.zarr")  # where the workers' environment logs
-    env = dsh.darshan_environment(workers_store, library=darshan_library)
     files = {"first": str(d / "first.bin"), "second": str(d / "second.bin")}
     out: dict = {"stores": {k: str(d / f"{k}.zarr") for k in files}, "files": files}
-    before = dict(os.environ)
-    try:
-        with (
-            dask.config.set({"distributed.nanny.pre-spawn-environ": env}),
-            LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
-            Client(cluster) as client,
-        ):
-            for i, (k, path) in enumerate(files.items()):
-                out[k] = _session(client, out["stores"][k], darshan_library, path, 1000 + i)
-            out["after"] = client.run(worker_identity)
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
+    with cluster_under_darshan(darshan_library, workers_store, n_workers=1) as client:
+        for i, (k, path) in enumerate(files.items()):
+            out[k] = _session(client, out["stores"][k], darshan_library, path, 1000 + i)
+        out["after"] = client.run(worker_identity)
     out["sizes"] = {k: os.path.getsize(p) for k, p in files.items()}
     return out
 
@@ -73,6 +65,8 @@ def test_workers_under_darshan_are_not_restarted_at_the_start(already):
         assert all(w["darshan"] for w in s["during"].values())
         darshan = open_run(already["stores"][k]).groups["darshan"]
         assert darshan["delivery"] == "already"
+        assert darshan["method"] == "exit-log"
+        assert "metacollect.darshan.live is off" in darshan["method_reason"]
         assert "start: restart under Darshan" not in darshan["seconds"]
         assert "end: ingest logs" in darshan["seconds"]
     # they come back as they were: under Darshan

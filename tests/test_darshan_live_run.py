@@ -10,7 +10,8 @@ from (its header through Python's buffered reader, its data through STDIO, see
 :func:`npy_read_bytes`).
 
 Two sessions: DXT on (per file, per worker and per task exact) and DXT off (per file
-and per worker exact; ``by="task"`` raises the error that says how to turn DXT on).
+and per worker exact; ``by="task"`` from the records' windows: POSIX first to last operation, STDIO
+open-close).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import pytest
 
 from metacollect import open_run
 from metacollect.cli import main
-from metacollect.errors import StoreError
 from metacollect.store.validate import validate_store
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
@@ -184,6 +184,7 @@ def _check_record_whole(live) -> None:
     darshan = run.groups["darshan"]
     assert darshan["enabled"] is True
     assert darshan["delivery"] == "script-environment"
+    assert darshan["method"] == "exit-log" and "end with it" in darshan["method_reason"]
     assert darshan["missing_logs"] == []
     logs = run.table("darshan", "logs")
     assert set(logs["status"]) == {"ingested"}, logs[["path", "status", "reason"]]
@@ -245,8 +246,19 @@ def test_run_darshan_without_dxt_is_exact_per_file_and_worker(dxt_off):
     _check_files_exact(dxt_off)
 
 
-def test_run_darshan_without_dxt_says_how_to_split_by_task(dxt_off):
+def test_run_darshan_without_dxt_splits_by_task_with_record_windows(dxt_off):
+    # no DXT segments: each record's window (POSIX: first to last operation, STDIO:
+    # open-close) is given to the one task of its worker that ran through it (one task
+    # at a time here: each file to its own task)
     run = open_run(dxt_off["store"])
-    for by in ("task", "segment"):
-        with pytest.raises(StoreError, match=r"no DXT segments.*'dxt': True.*darshan\.dxt: true"):
-            run.io(by=by)
+    seg = run.io(by="segment")
+    data = seg[seg["file"].astype(str).str.startswith(dxt_off["data"])]
+    assert set(data["method"]) == {"posix-first-last", "stdio-open-close"}
+    npy, parts = dxt_off["npy"]
+    for key, name in TASK_FILES.items():
+        path = os.path.join(dxt_off["data"], name)
+        mine = data[data["file"] == path]
+        assert set(mine["key"]) == {key}, (key, mine)
+        op = "write" if key.startswith("w-") else "read"
+        truth = {**dxt_off["written"], **dxt_off["read"], npy: parts["POSIX"] + parts["STDIO"]}
+        assert mine[mine["op"] == op]["length"].sum() == truth[path], key

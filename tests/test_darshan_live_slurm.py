@@ -94,6 +94,10 @@ def test_slurm_workers_under_darshan_are_byte_exact(darshan_library, tmp_path): 
     run = open_run(store)
     assert run.attrs["status"] == "complete", run.attrs.get("missing")
     assert run.groups["darshan"]["missing_logs"] == []
+    # the workers were retired with their jobs: their exit logs, not live snapshots
+    darshan = run.groups["darshan"]
+    assert darshan["method"] == "exit-log", darshan["method_reason"]
+    assert "retired with their batch jobs" in darshan["method_reason"]
     logs = run.table("darshan", "logs")
     workers = logs[logs["role"] == "worker"]
     assert len(workers) == 2 and set(workers["kind"]) == {"final"}

@@ -1118,8 +1118,9 @@ def io(ctx: Context) -> Layout:
     parts.append(
         div(
             (
-                "<h3>I/O per task</h3><p>Attribution: a DXT segment (or a STDIO open-close window) "
-                "goes to a task when it lies inside the compute interval of exactly one task "
+                "<h3>I/O per task</h3><p>Attribution: a DXT segment (or a record's window: "
+                "STDIO open-close; POSIX first to last operation when DXT is off) goes to a "
+                "task when it lies inside the compute interval of exactly one task "
                 f"of its worker (methods in this run: {html.escape(methods)}). When several "
                 "tasks of the worker ran at that time it is <b>ambiguous</b>: its bytes are "
                 "counted in <code>ambiguous_bytes</code> of each candidate and never given to "

@@ -9,7 +9,10 @@ segment is that task's. Several (two threads of one worker busy at once): the se
 ``ambiguous_bytes``, never added to one of them. STDIO operations have no DXT segments:
 a STDIO record is one window, from its first open to its last close
 (``STDIO_F_OPEN_START_TIMESTAMP`` .. ``STDIO_F_CLOSE_END_TIMESTAMP``), attributed the
-same way.
+same way. Without DXT a POSIX record is one window per direction, from its first to its
+last operation (``POSIX_F_WRITE_START_TIMESTAMP`` .. ``POSIX_F_WRITE_END_TIMESTAMP``);
+a record a ``live-snapshot`` session found opened already starts at the session's start
+(a bound: :func:`~metacollect.steps.darshan.read.read_io`).
 
 Clocks: the DXT times (relative to the log's start, moved to epoch seconds at ingestion)
 and the tasks' compute intervals (the worker's ``startstops``) are both taken by the

@@ -19,6 +19,7 @@ from metacollect.steps.darshan.ingestion import (
     ingest,
     missing_worker_logs,
 )
+from metacollect.steps.darshan.live import EXIT, LIVE, LiveSnapshots
 from metacollect.steps.darshan.logs import ReaderPool, find_logs
 from metacollect.steps.darshan.nanny import (
     PLUGIN_NAME,
@@ -94,6 +95,9 @@ class DarshanCapture:
         #: final logs in the log directories of workers started under Darshan when the
         #: session started: an earlier session's, not ingested again
         self.earlier: set[str] = set()
+        #: snapshots of the workers' live mmap logs (the session ends without stopping
+        #: them: :mod:`.live`); ``None``: the workers are stopped for their logs
+        self.live: LiveSnapshots | None = None
 
     @contextlib.contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
@@ -124,7 +128,13 @@ class DarshanCapture:
             env = next(iter(workers.values()))["env"]
             group.set_attrs(delivery="already", environment=env, runtime=_runtime_of(env))
             self.active = True
+            self._snapshot(group, workers)
         else:
+            group.set_attrs(
+                method=EXIT,
+                method_reason="the workers were restarted under Darshan for the session: "
+                "they are stopped at its end, and Darshan writes their logs as they exit",
+            )
             with self._timed("start: restart under Darshan"):
                 statuses = self._restart_workers(group, log_dir, already)
             if statuses is None:
@@ -135,16 +145,42 @@ class DarshanCapture:
         if self.active:
             with self._timed("start: clock mark"):
                 self._mark_clocks(group)
-            with self._timed("start: log readers"):
-                self._start_readers(group)
+            if self.live is None:  # a live end reads the snapshots in this process
+                with self._timed("start: log readers"):
+                    self._start_readers(group)
             self.earlier = {
                 lg.path
                 for d in self.log_dirs
-                if d != log_dir and os.path.isdir(d)
+                if (d != log_dir or self.live is not None) and os.path.isdir(d)
                 for lg in find_logs(d)
-                if lg.kind == "final"
+                # ending live, every log there now is of before the session
+                if lg.kind == "final" or self.live is not None
             }
         self.writer.flush()
+
+    def _snapshot(self, group: GroupWriter, workers: Mapping[str, Mapping[str, Any]]) -> None:
+        """Snapshot the workers' live mmap logs, so that the session can end without
+        stopping them (:mod:`.live`); the ``darshan`` group says which method ends it,
+        and why not live."""
+        why = ""
+        if not self.options.get("live", True):
+            why = "metacollect.darshan.live is off"
+        else:
+            try:
+                with self._timed("start: snapshot mmap logs"):
+                    snaps, why = LiveSnapshots.start(workers)
+            except Exception as e:  # the workers are stopped at the end instead
+                snaps, why = LiveSnapshots(), f"{type(e).__name__}: {e}"
+            if not why:
+                self.live = snaps
+        if self.live is not None:
+            reason = (
+                "the workers run on under Darshan: their records of the session are what "
+                "changed in their mmap logs between snapshots at its start and end"
+            )
+        else:
+            reason = f"not live: {why}; the workers are stopped at the end for their logs"
+        group.set_attrs(method=LIVE if self.live is not None else EXIT, method_reason=reason)
 
     def _start_readers(self, group: GroupWriter) -> None:
         """Start the children that read the logs at the end: one per worker, up to the
@@ -301,6 +337,19 @@ class DarshanCapture:
         """
         if not self.active:  # Darshan never ran in the workers: leave them be
             return []
+        if self.live is not None:
+            if retire is not None:  # the workers run on: their mmap logs as they are now
+                with self._timed("end: snapshot mmap logs"):
+                    self.live.end()
+                return []
+            # retired with their batch jobs: their final logs hold it all (since they started)
+            self.live.cleanup()
+            self.live = None
+            self._darshan_group().set_attrs(
+                method=EXIT,
+                method_reason="the workers were retired with their batch jobs: their "
+                "logs were written at exit (their whole lives, not only the session)",
+            )
         timeout = config.interval("darshan.shutdown-timeout")
         problems: list[str] = []
         try:
@@ -364,6 +413,8 @@ class DarshanCapture:
                 return self._wait_restored()
         finally:
             self.close_readers()
+            if self.live is not None:
+                self.live.cleanup()
             if self._patience is not None:
                 self._patience.__exit__(None, None, None)
                 self._patience = None
@@ -401,6 +452,8 @@ class DarshanCapture:
             return None
         self.writer.flush()
         result = IngestResult()
+        live = list(self.live.logs) if self.live is not None else []
+        earlier = self.earlier | {lv.path for lv in live}
         try:
             with self._timed("end: ingest logs"):
                 for directory in self.log_dirs:
@@ -411,9 +464,11 @@ class DarshanCapture:
                                 directory,
                                 writer=self.writer,
                                 readers=self.readers,
-                                earlier=self.earlier,
+                                earlier=earlier,
+                                live=live,
                             )
                         )
+                        live = []  # the first directory's ingestion takes them
         finally:
             self.close_readers()
         # what the record lacks of each worker's I/O (killed: a partial mmap log)

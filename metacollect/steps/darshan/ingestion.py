@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from metacollect.steps.darshan.clock import time_origin
 from metacollect.steps.darshan.conffile import interpreter_paths
+from metacollect.steps.darshan.live import LiveLog, live_attrs, live_delta
 from metacollect.steps.darshan.logs import LogFile, ReaderPool, ReadResult, find_logs, read_logs
 from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
+from metacollect.steps.darshan.mmap_log import read_mmap_log
 from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
 from metacollect.steps.darshan.runtime import NO_JOBID_VARIABLE
 from metacollect.store.schema import safe_name
@@ -71,16 +73,35 @@ def _ingest_logs(
     timeout: float,
     progress: Callable[[str], None] | None,
     readers: ReaderPool | None = None,
+    live: Sequence[LiveLog] = (),
 ) -> None:
-    """Read ``todo`` in child processes (``readers`` started ahead first) and write each
-    into the store, final logs first (a worker's own group takes its complete log over
+    """Read ``todo`` and the snapshots of ``live`` in child processes (``readers``
+    started ahead first) and write each into the store: the live workers' records of
+    the session first, then final logs (a worker's own group takes its complete log over
     an mmap copy)."""
-    read = read_logs([lg.path for lg in todo], timeout=timeout, progress=progress, pool=readers)
+    snaps = [p for lv in live for p in (lv.start, lv.end or lv.start)]
+    # the snapshots are read here when their layout is the one read_mmap_log knows
+    here = [_read_here(p) for p in snaps]
+    rest = [p for p, r in zip(snaps, here, strict=True) if r is None]
+    paths = [lg.path for lg in todo] + rest
+    read = read_logs(paths, timeout=timeout, progress=progress, pool=readers) if paths else []
+    there = iter(read[len(todo) :])
+    snap = [r if r is not None else next(there) for r in here]
+    for k, lv in enumerate(live):
+        run.add_live(lv, snap[2 * k], snap[2 * k + 1])
     order = sorted(range(len(todo)), key=lambda i: (todo[i].kind != "final", todo[i].path))
     for n, i in enumerate(order):
         if progress:
             progress(f"writing Darshan log {n + 1} of {len(todo)}: {todo[i].path}")
         run.add(todo[i], read[i])
+
+
+def _read_here(path: str) -> ReadResult | None:
+    """A snapshot read in this process (``None``: a reader child reads it)."""
+    try:
+        return read_mmap_log(path)
+    except Exception:  # damaged or unknown: the reader child reads it, or says why not
+        return None
 
 
 def darshan_group_attrs(
@@ -102,6 +123,10 @@ def darshan_group_attrs(
         "environment": {},
         "config_file": None,
         "delivery": "none",
+        # how the session's records were taken: "exit-log" (the workers stopped, Darshan
+        # wrote their logs) or "live-snapshot" (their mmap logs read as they ran)
+        "method": "exit-log",
+        "method_reason": "",
         "missing_logs": [],
         "seconds": {},
     }
@@ -118,6 +143,7 @@ def ingest(
     progress: Callable[[str], None] | None = None,
     readers: ReaderPool | None = None,
     earlier: Collection[str] = (),
+    live: Sequence[LiveLog] = (),
 ) -> IngestResult:
     """Ingest every Darshan log below ``log_dir`` into the store.
 
@@ -152,6 +178,10 @@ def ingest(
     earlier
         Logs to leave out: in a directory the workers of several sessions log into, the
         final logs that were there when this session started (an earlier session's).
+    live
+        Workers that still run, with snapshots of their mmap logs at the session's start
+        and end (:mod:`~metacollect.steps.darshan.live`): each worker's group gets what
+        changed between them. Their mmap logs are not read as logs of their own.
 
     Returns
     -------
@@ -167,6 +197,7 @@ def ingest(
     store = os.fspath(store)
     log_dir = os.fspath(log_dir)
     writer = writer or StoreWriter(store)
+    earlier = {*earlier, *(lv.path for lv in live)}
     logs = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in earlier]
     already = _ingested(store)
     known, groups = known_processes(store)
@@ -177,9 +208,11 @@ def ingest(
     if say and todo:
         say(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
     seen = {lg.path for lg in logs} | set(earlier)  # a new listing never takes them either
+    run.result.found += len(live)
     for _ in range(3):  # a log renamed while read is found again by the next listing
         run.vanished = 0
-        _ingest_logs(run, todo, timeout, progress, readers)
+        _ingest_logs(run, todo, timeout, progress, readers, live)
+        live = ()
         if not run.vanished:
             break
         todo = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in seen]
@@ -311,7 +344,12 @@ class _Ingestion:
         reasons = partial_reasons(lg, res)
         attrs = process_attrs(lg, res, match, role, host, reasons)
         start = attrs["start_time"] if math.isfinite(attrs["start_time"]) else None
-        origin, source = time_origin(res.arrays, lg.pid, start)
+        if "live" in res.meta:  # the clock mark's record is in the end snapshot
+            origin, source = res.meta["live"]["time_origin"]
+            attrs.update(live_attrs(res.meta))
+        else:
+            origin, source = time_origin(res.arrays, lg.pid, start)
+            attrs["method"] = "exit-log" if lg.kind == "final" else f"{lg.kind}-log"
         attrs.update(time_origin=origin, time_origin_source=source)
         gw = self._group_for(lg, match, host, attrs, reasons)
         self.groups.add(gw.path)
@@ -320,6 +358,21 @@ class _Ingestion:
             return
         self.taken[key] = gw.path
         self._ingested(lg, res, gw.path, host, attrs["role"], reasons, written)
+
+    def add_live(self, lv: LiveLog, start: ReadResult, end: ReadResult) -> None:
+        """A worker that still runs: what changed in its mmap log between the session's
+        two snapshots into its group, or (a snapshot unread) an error row - the worker
+        then has no process group, and the run's ``missing`` says so."""
+        lg = lv.log_file()
+        if lv.end is None or lv.error:
+            self._unreadable(lg, ReadResult(error=lv.error or "no end snapshot"))
+            return
+        for res, which in ((start, "start"), (end, "end")):
+            if res.error is not None:
+                why = f"its snapshot at the session's {which} could not be read: {res.error}"
+                self._unreadable(lg, ReadResult(error=why, messages=res.messages))
+                return
+        self.add(lg, live_delta(start, end, lv))
 
     def _unreadable(self, lg: LogFile, res: ReadResult) -> None:
         """A log the child process could not read: an error and its row."""

@@ -28,6 +28,8 @@ def partial_reasons(log: LogFile, result: ReadResult) -> list[str]:
     reasons = []
     if log.kind == "mmap":
         reasons.append("mmap log of a process that did not exit normally (counters up to its end)")
+    elif log.kind == "live" and result.meta.get("live", {}).get("exited"):
+        reasons.append("the process exited during the session: counters up to its end")
     elif log.kind == "partial":
         reasons.append("the log was still being written when its process ended (*.darshan_partial)")
     for mod, info in result.meta.get("modules", {}).items():

@@ -265,10 +265,12 @@ def read_io(run: Run, by: str = "file", scope: str = "user") -> pd.DataFrame:
         ``"file"``: one row per (process, file), POSIX and STDIO together (NumPy's bulk
         I/O is STDIO; MPI-IO and HDF5 sit on POSIX and are not added again).
         ``"worker"``: one row per process. ``"task"``: per task, the DXT segments and
-        STDIO open-close windows only that task can have done, and apart
-        (``ambiguous_bytes``) those another task of the worker ran alongside
-        (:mod:`~metacollect.steps.darshan.attribution`). ``"segment"``: the DXT
-        segments and STDIO windows themselves, with their task or candidates.
+        STDIO open-close windows only that task can have done (a process without DXT
+        segments: its POSIX records' first-to-last operation windows too, ``method``
+        ``posix-first-last``),
+        and apart (``ambiguous_bytes``) those another task of the worker ran alongside
+        (:mod:`~metacollect.steps.darshan.attribution`). ``"segment"``: the segments
+        and windows themselves, with their task or candidates.
     scope
         Whose files: ``"user"`` (default), ``"metacollect"`` (the store, the logs,
         metacollect's scratch directories), ``"dask"`` (the workers' scratch space:
@@ -288,8 +290,7 @@ def read_io(run: Run, by: str = "file", scope: str = "user") -> pd.DataFrame:
     Raises
     ------
     StoreError
-        ``by="task"``/``"segment"`` on a run that has Darshan data but no DXT segments
-        (say how to turn DXT on), an unknown ``by`` or ``scope``.
+        An unknown ``by`` or ``scope``.
     """
     if by not in IO_BY:
         raise StoreError(f"unknown by={by!r}; use one of {', '.join(IO_BY)}")
@@ -341,18 +342,16 @@ def _process_rows(
 def _segments(
     run: Run, procs: Mapping[str, Mapping[str, Any]], by: str, scope: str
 ) -> pd.DataFrame:
-    """DXT segments and STDIO windows with their task (``by="segment"``), or summed per
+    """DXT segments and open-close windows with their task (``by="segment"``), or summed per
     task."""
     seg = _dxt_segments(run, procs)
-    if seg is None:
-        if procs:
-            raise StoreError(
-                f"the run has Darshan data but no DXT segments, so I/O cannot be split "
-                f"by {by}; run with DXT on (collect(..., darshan={{'enabled': True, "
-                "'dxt': True}), metacollect.darshan.dxt: true)"
-            )
+    traced = set() if seg is None else set(seg["process"])
+    # POSIX records of processes without DXT segments: windows from their counters
+    untraced = {p: a for p, a in procs.items() if p not in traced}
+    frames = [*_windows(run, untraced, "POSIX"), *_windows(run, procs, "STDIO")]
+    if seg is None and not frames:
         return _empty(_SEG_COLS if by == "segment" else _TASK_COLS)
-    seg = pd.concat([seg, *_stdio_windows(run, procs)], ignore_index=True)
+    seg = pd.concat([f for f in (seg, *frames) if f is not None], ignore_index=True)
     seg = _keep_scope(seg, run, scope)
     seg["duration"] = seg["stop"] - seg["start"]
     _attribute_tasks(run, seg)
@@ -375,40 +374,76 @@ def _dxt_segments(run: Run, procs: Mapping[str, Mapping[str, Any]]) -> pd.DataFr
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def _stdio_windows(run: Run, procs: Mapping[str, Mapping[str, Any]]) -> list[pd.DataFrame]:
-    """One segment per STDIO record and direction with bytes: its open-close window
-    (STDIO has no DXT segments), up to its last read or write when never closed."""
+def _windows(run: Run, procs: Mapping[str, Mapping[str, Any]], module: str) -> list[pd.DataFrame]:
+    """One segment per record of ``module`` and direction with bytes, for records
+    without DXT segments (STDIO never has them; POSIX when DXT is off).
+
+    STDIO: the record's open-close window (``stdio-open-close``), up to its last read or
+    write when never closed. POSIX: from the first to the last operation of that
+    direction (``posix-first-last``), not open-close: Darshan 3.5.0 can put a close of
+    another fd on a record whose fd ``fclose`` closed (``docs/darshan.md``), which would
+    stretch the window over later tasks. A record a ``live-snapshot`` session found open
+    already, whose first operation of the session is not known, starts at the session's
+    start (``<module>-session-bound``): a bound that may cover several tasks (then it is
+    ambiguous, never given to one)."""
     frames = []
     for path, attrs in procs.items():
-        df = read_records(run, path, "STDIO")
+        df = read_records(run, path, module)
         if df is None or not len(df):
             continue
-        rows = _module_rows(df, "STDIO", _origin(attrs))
-        last = np.fmax(
-            _since(_origin(attrs), df.get("STDIO_F_WRITE_END_TIMESTAMP")),
-            _since(_origin(attrs), df.get("STDIO_F_READ_END_TIMESTAMP")),
-        )
-        stop = np.where(np.isfinite(rows["stop"]), rows["stop"], last)
+        origin = _origin(attrs)
+        rows = _module_rows(df, module, origin)
+        session = attrs.get("snapshot_start")
         for op, col in (("read", "bytes_read"), ("write", "bytes_written")):
             has = rows[col].to_numpy() > 0
             if not has.any():
                 continue
+            start, stop, method = _window(df, rows, module, op, origin)
+            if isinstance(session, (int, float)) and math.isfinite(session):
+                bound = ~np.isfinite(start)
+                start = np.where(bound, float(session), start)
+                method[bound] = f"{module.lower()}-session-bound"
             out = pd.DataFrame(
                 {
-                    "module": "STDIO",
+                    "module": module,
                     "file": rows["file"].to_numpy()[has],
                     "op": op,
                     "offset": -1,
                     "length": rows[col].to_numpy()[has].astype(np.int64),
-                    "start": rows["start"].to_numpy()[has],
+                    "start": start[has],
                     "stop": stop[has],
-                    "method": "stdio-open-close",
+                    "method": method[has],
                 }
             )
             for k, v in _process_columns(path, attrs).items():
                 out[k] = v
             frames.append(out)
     return frames
+
+
+def _window(
+    df: pd.DataFrame, rows: pd.DataFrame, module: str, op: str, origin: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start, stop and method of each record's window for one direction
+    (:func:`_windows`)."""
+    n = len(rows)
+    if module == "POSIX":
+        first = _since(origin, df.get(f"POSIX_F_{op.upper()}_START_TIMESTAMP"))
+        last = _since(origin, df.get(f"POSIX_F_{op.upper()}_END_TIMESTAMP"))
+        start = np.broadcast_to(np.asarray(first, dtype=np.float64), (n,)).copy()
+        stop = np.broadcast_to(np.asarray(last, dtype=np.float64), (n,)).copy()
+        return start, stop, np.full(n, "posix-first-last", dtype=object)
+    last = np.fmax(
+        _since(origin, df.get(f"{module}_F_WRITE_END_TIMESTAMP")),
+        _since(origin, df.get(f"{module}_F_READ_END_TIMESTAMP")),
+    )
+    stop = np.where(np.isfinite(rows["stop"]), rows["stop"], last)
+    start = rows["start"].to_numpy(dtype=np.float64).copy()
+    return (
+        start,
+        np.asarray(stop, dtype=np.float64),
+        np.full(n, f"{module.lower()}-open-close", dtype=object),
+    )
 
 
 def _attribute_tasks(run: Run, seg: pd.DataFrame) -> None:

@@ -61,6 +61,7 @@ def script_environment(
         environment=env,
         config_file=env.get("DARSHAN_CONFIG_PATH"),
         delivery="script-environment",
+        method_reason="the script's processes end with it: Darshan writes their logs at exit",
     )
     writer.group("darshan", attrs=attrs)
     return env
