@@ -32,6 +32,7 @@ from distributed import Client, LocalCluster
 from metacollect import collect, open_run
 from metacollect.errors import StoreError
 from metacollect.store import lifecycle
+from metacollect.store import writer as writer_mod
 from metacollect.store.validate import validate_store
 
 #: the public readers of a run that return tables (and ``config``)
@@ -80,6 +81,12 @@ def coded_store(tmp_path_factory):
     """The same, sealed without compaction: codes into each group's strings table."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
+        # nor are the tables of the segments written sealed: appended, codes and all
+        mp.setattr(
+            writer_mod,
+            "_write_sealed",
+            lambda writer, gw, found, tables: writer_mod._append_folded(gw, found, tables),
+        )
         return _collected(str(tmp_path_factory.mktemp("damage") / "coded.zarr"))
 
 

@@ -8,8 +8,10 @@ real writing process, and open the sealed store with plain xarray.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,33 +158,92 @@ def test_a_torn_last_segment_is_skipped_reported_and_the_rows_before_survive(sto
 
 
 def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch):
-    """The seal commits each table's rows with the last segment it holds: a seal killed
-    after some tables were appended, and run again, appends the rest only."""
+    """The seal writes each table whose rows are all in segments once, in its sealed form,
+    committed (its group's ``zarr.json``, last) with the last segment it holds. A seal
+    killed after one table was written, and run again, takes the group through the append
+    path (a table of it is in Zarr now), which appends the other tables only."""
     from metacollect.store import writer as writer_mod
 
     _, g = _run(store)
     for f in range(4):
         _flush_events(g, 10 * f, 10)
-    real = writer_mod._fold_table
-    calls = {"n": 0}
+    real = writer_mod.write_sealed_table
+    first: dict[str, asyncio.Future] = {}
 
-    def die_on_second(gw, found, table):
-        calls["n"] += 1
-        if calls["n"] == 3:  # strings and one table appended
-            raise KeyboardInterrupt("killed mid-fold")
-        return real(gw, found, table)
+    async def die_after_the_first(*args, **kwargs):
+        if not first:  # the first table is written whole
+            first["table"] = asyncio.ensure_future(real(*args, **kwargs))
+            return await first["table"]
+        await first["table"]
+        raise RuntimeError("killed mid-fold")
 
-    monkeypatch.setattr(writer_mod, "_fold_table", die_on_second)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(writer_mod, "write_sealed_table", die_after_the_first)
+    with pytest.raises(RuntimeError, match="killed mid-fold"):
         writer_mod.fold_segments(store)
-    monkeypatch.setattr(writer_mod, "_fold_table", real)
+    monkeypatch.setattr(writer_mod, "write_sealed_table", real)
+    tables = {
+        t for t in ("events", "transitions") if os.path.exists(f"{store}/{GROUP}/{t}/zarr.json")
+    }
+    assert len(tables) == 1  # one written, the other not
     mid = open_run(store)  # readers see every row once in the meantime
     assert mid.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(40)]
     assert len(mid.transitions()) == 40
+    real_fold, folded = writer_mod._fold_table, []
+
+    def fold(gw, found, table):
+        folded.append((gw.path, table))
+        return real_fold(gw, found, table)
+
+    monkeypatch.setattr(writer_mod, "_fold_table", fold)
     finalize(store)
     run = open_run(store)
     assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(40)]
     assert run.transitions().key.tolist() == [str(("x", i)) for i in range(40)]
+    assert (GROUP, "strings") in folded  # the append path, for that group only
+    assert not os.path.exists(segments.directory(store, GROUP))
+    assert validate_store(store) == []
+
+
+def test_tables_written_once_at_the_seal_equal_the_appended_and_compacted(store, tmp_path):
+    """The seal's one write of a table from its segments leaves exactly what appending the
+    segments to Zarr and compacting the table leaves: the same documents (but for the
+    ``consolidated_metadata`` key of an unconsolidated group) and the same values."""
+    from metacollect.store import writer as writer_mod
+
+    _, g = _run(store)
+    for f in range(5):
+        _flush_events(g, 10 * f, 10)
+    g.append("events", {"time": np.arange(3.0), "topic": [None, "", "t"], "msg": ["a", None, ""]})
+    g.flush()
+    appended = str(tmp_path / "appended.zarr")
+    shutil.copytree(store, appended)
+    finalize(store)
+
+    real = writer_mod._write_sealed
+    writer_mod._write_sealed = lambda writer, gw, found, t: writer_mod._append_folded(gw, found, t)
+    try:
+        finalize(appended)
+    finally:
+        writer_mod._write_sealed = real
+
+    def docs(root: str) -> dict[str, dict]:
+        out = {}
+        for d, _, files in os.walk(root):
+            if "zarr.json" in files and os.path.relpath(d, root) != ".":
+                with open(os.path.join(d, "zarr.json")) as f:
+                    doc = json.load(f)
+                doc.pop("consolidated_metadata", None)
+                out[os.path.relpath(d, root)] = doc
+        return out
+
+    assert docs(store) == docs(appended)
+    once, twice = xr.open_datatree(store, engine="zarr"), xr.open_datatree(appended, engine="zarr")
+    for node in once.subtree:
+        if node.path != "/":
+            assert node.to_dataset().identical(twice[node.path].to_dataset()), node.path
+    events = open_run(store).table(GROUP, "events")
+    assert events.topic.tolist()[-3:] == [None, "", "t"]
+    assert events.msg.tolist()[-3:] == ["a", "", ""]  # a ``str`` column writes None as ""
     assert validate_store(store) == []
 
 

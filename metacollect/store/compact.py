@@ -25,6 +25,7 @@ readers read both forms.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -239,39 +240,129 @@ async def _rewrite(
     known = {v: a for v, a in arrays.items() if v in tspec.variables}
     handles = [zarrio.async_array(root.store_path / f"{path}/{v}", a) for v, a in known.items()]
     found = await zarrio.read_rows([zarrio.sync_array(h) for h in handles], n)
-    out: dict[str, dict[str, Any]] = {}
-    where = root.store_path / (path + NEW)
-    for (name, old), data in zip(known.items(), found, strict=True):
-        var = tspec.variables[name]
-        attrs = {**old.get("attributes", {}), **var.cf_attrs}
-        if var.dtype == "code":
-            if data.dtype.kind in "iu":
-                if strings is None and len(data) and data.max() >= 0:
-                    raise StoreError(f"{path}/{name}: codes without a strings table that reads")
-                data = codes_to_text(data, strings if strings is not None else np.array([]))
-            else:
-                data = text_values(data, attrs.get(NONE_ATTR))
-            attrs.pop(NONE_ATTR, None)
-            attrs.pop("missing_value", None)
-            missing = np.fromiter((v is None for v in data), bool, len(data))
-            if missing.any():
-                none = attrs[NONE_ATTR] = none_value(data)
-                if none == "":
-                    attrs["missing_value"] = ""  # CF: xarray reads it as missing
-                data = data.copy()
-                data[missing] = none
-        out[f"{path}/{name}"] = await _write_array(
-            where / name, old, var, data, attrs, level, templates
-        )
+    columns = dict(zip(known, found, strict=True))
+    layouts = {
+        name: (old.get("dimension_names"), old.get("attributes", {})) for name, old in known.items()
+    }
     group = {**doc, "attributes": {**doc["attributes"], "rows": n, COMPACTED: True}}
+    return await _write_table(
+        root.store_path / (path + NEW),
+        path,
+        group,
+        tspec,
+        columns,
+        layouts,
+        strings,
+        level,
+        templates,
+    )
+
+
+async def write_sealed_table(
+    root: zarrio.Group,
+    path: str,
+    attributes: dict[str, Any],
+    tspec: TableSpec,
+    columns: dict[str, np.ndarray],
+    strings: np.ndarray | None,
+    templates: dict[Any, dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Write a table the store does not hold yet (rows that were only in segments) straight
+    in the form the seal leaves - one write instead of an append the compaction rewrites.
+    Its group's ``zarr.json`` (``attributes``, with ``rows`` and :data:`COMPACTED`) goes
+    last: a process killed before it leaves arrays no reader counts. Returns the documents
+    written, by path."""
+    layouts = {
+        name: variable_layout(tspec, name, np.asarray(data).shape[1:])
+        for name, data in columns.items()
+        if name in tspec.variables
+    }
+    n = len(next(iter(columns.values()))) if columns else 0
+    group = zarrio.group_doc({**attributes, "rows": n, COMPACTED: True})
+    level = int(config.get("store.compression-level"))
+    return await _write_table(
+        root.store_path / path, path, group, tspec, columns, layouts, strings, level, templates
+    )
+
+
+def variable_layout(
+    tspec: TableSpec, name: str, extra: tuple[int, ...]
+) -> tuple[list[str], dict[str, Any]]:
+    """The dimension names and attributes of variable ``name``'s array (``extra``: its
+    shape past the rows)."""
+    var = tspec.variables[name]
+    dims = [tspec.dim] + ([var.dim2] if var.dim2 else [f"{name}_dim{i}" for i in range(len(extra))])
+    return dims, {"description": var.description, "dtype": var.dtype, **var.cf_attrs}
+
+
+async def _write_table(
+    where: Any,
+    path: str,
+    group: dict[str, Any],
+    tspec: TableSpec,
+    columns: dict[str, np.ndarray],
+    layouts: dict[str, tuple[Any, dict[str, Any]]],
+    strings: np.ndarray | None,
+    level: int,
+    templates: dict[Any, dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Write a table's columns at ``where`` in their sealed form, its arrays concurrently and
+    its group's ``zarr.json`` (``group``) last; returns the documents by the paths of
+    ``path``'s table (``layouts``: each variable's dimension names and attributes)."""
+
+    async def one(name: str) -> tuple[str, dict[str, Any]]:
+        var = tspec.variables[name]
+        dims, attrs = layouts[name]
+        data, attrs = _sealed_column(f"{path}/{name}", var, columns[name], attrs, strings)
+        shape = list(np.asarray(columns[name]).shape)
+        doc = await _write_array(where / name, shape, dims, var, data, attrs, level, templates)
+        return f"{path}/{name}", doc
+
+    names = [n for n in layouts if n in columns]
+    out = dict(await asyncio.gather(*(one(n) for n in names)))
     await zarrio.write_doc(where, group)
     out[path] = group
     return out
 
 
+def _sealed_column(
+    where: str,
+    var: VariableSpec,
+    data: np.ndarray,
+    attrs: dict[str, Any],
+    strings: np.ndarray | None,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """A column as a sealed table holds it, with its array's attributes: a ``code``
+    variable's codes (or strings) as strings, its missing values as :data:`NONE_ATTR`."""
+    attrs = {**attrs, **var.cf_attrs}
+    if var.dtype != "code":
+        return data, attrs
+    if data.dtype.kind in "iu":
+        if strings is None and len(data) and data.max() >= 0:
+            raise StoreError(f"{where}: codes without a strings table that reads")
+        data = codes_to_text(data, strings if strings is not None else np.array([]))
+    else:
+        data = text_values(data, attrs.get(NONE_ATTR))
+    attrs.pop(NONE_ATTR, None)
+    attrs.pop("missing_value", None)
+    missing = (
+        pd.isna(pd.Series(data, dtype=object, copy=False)).to_numpy()
+        if len(data)
+        else np.zeros(0, bool)
+    )
+    if missing.any():
+        none = attrs[NONE_ATTR] = none_value(data)
+        if none == "":
+            attrs["missing_value"] = ""  # CF: xarray reads it as missing
+        data = data.copy()
+        data[missing] = none
+    return data, attrs
+
+
 async def _write_array(
     where: Any,
-    old: dict[str, Any],
+    shape: list[int],
+    dims: Any,
     var: VariableSpec,
     data: np.ndarray,
     attrs: dict[str, Any],
@@ -279,7 +370,7 @@ async def _write_array(
     templates: dict[Any, dict[str, Any]],
 ) -> dict[str, Any]:
     is_str = var.dtype in ("str", "code")
-    extra = list(old["shape"][1:])
+    extra = list(shape[1:])
     rows = len(data)
     kind = (is_str, var.dtype, tuple(extra), _chunk(rows, extra))
     template = templates.get(kind)
@@ -299,7 +390,7 @@ async def _write_array(
     doc = {
         **template,
         "shape": [rows, *extra],
-        "dimension_names": old.get("dimension_names"),
+        "dimension_names": dims,
         "attributes": attrs,
     }
     await zarrio.write_doc(where, doc)

@@ -16,8 +16,10 @@ mid-write leaves a segment that is short or fails its CRC: *torn*; readers skip 
 are those of the flush the kill interrupted), ``metacollect validate`` names it.
 
 Readers fold a group's segments after its Zarr rows (a table's ``segments_folded`` attribute:
-segments up to that ``seq`` are in Zarr already). The seal appends them to Zarr, then
-compacts (:mod:`metacollect.store.compact`) and removes them: a sealed store is plain Zarr.
+segments up to that ``seq`` are in Zarr already). The seal writes each table whose rows are
+all in segments once, in its sealed form (:mod:`metacollect.store.compact`: large chunks,
+codes as strings); a table with rows in Zarr already gets them appended, then compacted. It
+removes the segments: a sealed store is plain Zarr.
 The directory's name starts with a dot and holds no ``zarr.json``: Zarr's listing skips it.
 """
 
