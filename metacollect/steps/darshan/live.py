@@ -21,8 +21,9 @@ maxima when they did not grow (``-1``/``NaN``), its four most common access size
 strides (``-1``). Such records are listed in the process group's ``carried_records``.
 
 Snapshots are copies of the mmap file made from this process (opened read-only: the
-worker and its Darshan record see nothing), holes kept; reader children read the copies
-at the end with pydarshan (:class:`~metacollect.steps.darshan.logs.ReaderPool`)."""
+worker and its Darshan record see nothing), holes kept; they are read in this process
+(:mod:`.mmap_log`: the mmap layout as NumPy views), or by reader children with pydarshan
+when their layout is one that reader does not know."""
 
 from __future__ import annotations
 
