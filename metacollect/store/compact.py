@@ -140,7 +140,7 @@ def compact(
     schema = schema or load_schema()
     level = int(config.get("store.compression-level"))
     strings: dict[str, np.ndarray | None] = {}
-    templates: dict[Any, dict[str, Any]] = {}
+    templates: dict[Any, asyncio.Future[dict[str, Any]]] = {}
     done = 0
     for path in sorted(p for p, d in nodes.items() if _is_table(d)):
         owner = schema.table_owner(path)
@@ -232,7 +232,7 @@ async def _rewrite(
     arrays: dict[str, dict[str, Any]],
     strings: np.ndarray | None,
     level: int,
-    templates: dict[Any, dict[str, Any]],
+    templates: dict[Any, asyncio.Future[dict[str, Any]]],
 ) -> dict[str, dict[str, Any]]:
     """Write table ``path`` compacted at ``path + NEW`` (its group's ``zarr.json`` last);
     returns the new documents, by the paths they take once swapped in."""
@@ -265,7 +265,7 @@ async def write_sealed_table(
     tspec: TableSpec,
     columns: dict[str, np.ndarray],
     strings: np.ndarray | None,
-    templates: dict[Any, dict[str, Any]],
+    templates: dict[Any, asyncio.Future[dict[str, Any]]],
 ) -> dict[str, dict[str, Any]]:
     """Write a table the store does not hold yet (rows that were only in segments) straight
     in the form the seal leaves - one write instead of an append the compaction rewrites.
@@ -304,7 +304,7 @@ async def _write_table(
     layouts: dict[str, tuple[Any, dict[str, Any]]],
     strings: np.ndarray | None,
     level: int,
-    templates: dict[Any, dict[str, Any]],
+    templates: dict[Any, asyncio.Future[dict[str, Any]]],
 ) -> dict[str, dict[str, Any]]:
     """Write a table's columns at ``where`` in their sealed form, its arrays concurrently and
     its group's ``zarr.json`` (``group``) last; returns the documents by the paths of
@@ -367,28 +367,31 @@ async def _write_array(
     data: np.ndarray,
     attrs: dict[str, Any],
     level: int,
-    templates: dict[Any, dict[str, Any]],
+    templates: dict[Any, asyncio.Future[dict[str, Any]]],
 ) -> dict[str, Any]:
     is_str = var.dtype in ("str", "code")
     extra = list(shape[1:])
     rows = len(data)
     kind = (is_str, var.dtype, tuple(extra), _chunk(rows, extra))
-    template = templates.get(kind)
-    if template is None:  # Zarr's metadata for this kind of array, made once in memory
-        template = templates[kind] = await zarrio.array_template(
-            (0, *extra),
-            (kind[3], *extra),
-            str if is_str else var.numpy_dtype,
-            # strings once, at the seal: a higher Zstandard level costs about nothing there
-            # (22% smaller string columns at 9 than at 5, as fast on a run's keys; Blosc's
-            # level 9 is 20x slower than its 5, so numbers keep the store's level)
-            zarrio.codecs("text", max(level, SEAL_TEXT_LEVEL))
-            if is_str
-            else zarrio.codecs("numeric", level),
-            "" if is_str else FILL[var.dtype],
+    made = templates.get(kind)
+    if made is None:  # Zarr's metadata for this kind of array, made once in memory (shared
+        # by the arrays written concurrently meanwhile: they wait for the one making)
+        made = templates[kind] = asyncio.ensure_future(
+            zarrio.array_template(
+                (0, *extra),
+                (kind[3], *extra),
+                str if is_str else var.numpy_dtype,
+                # strings once, at the seal: a higher Zstandard level costs about nothing there
+                # (22% smaller string columns at 9 than at 5, as fast on a run's keys; Blosc's
+                # level 9 is 20x slower than its 5, so numbers keep the store's level)
+                zarrio.codecs("text", max(level, SEAL_TEXT_LEVEL))
+                if is_str
+                else zarrio.codecs("numeric", level),
+                "" if is_str else FILL[var.dtype],
+            )
         )
     doc = {
-        **template,
+        **(await made),
         "shape": [rows, *extra],
         "dimension_names": dims,
         "attributes": attrs,

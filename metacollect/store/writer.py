@@ -572,6 +572,8 @@ class StoreWriter:
         #: Zarr's array for each kind of array this writer makes, as it is being made in
         #: memory (see create_array)
         self._templates: dict[tuple[Any, ...], Any] = {}
+        #: the same for the arrays the seal writes in their final form (every group's)
+        self.sealed_templates: dict[Any, asyncio.Future[dict[str, Any]]] = {}
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
@@ -820,7 +822,7 @@ def _write_sealed(
     form (:func:`~metacollect.store.compact.write_sealed_table`: codes as strings, large
     chunks), each with the last segment it holds; the compaction then finds them done."""
     strings = found.strings()
-    templates: dict[Any, dict[str, Any]] = {}
+    templates = writer.sealed_templates
 
     async def write_all() -> None:
         await asyncio.gather(
