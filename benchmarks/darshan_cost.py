@@ -21,6 +21,11 @@ cluster per delivery):
      workers run on; the session keeps what changed in their live mmap logs between
      snapshots at its start and end). Its ``off`` is ``collect()`` without Darshan on
      that same cluster.
+   With ``--delivery run``: ``metacollect run --darshan`` of an unmodified script that
+   starts its own LocalCluster and runs the I/O tasks, against ``metacollect run``
+   without it, alternating: the cost is the difference of the whole runs' wall times
+   (every process of the script starts under Darshan, the logs are read once the
+   processes have exited), with the phases of the on runs.
 2. Reading the logs (the ingest's largest part), apart from the cluster's restarts: two
    logs like a session's workers write (each process doing ``--tasks`` of the I/O
    tasks below under Darshan with DXT) read ``--repeat`` times by new children (they
@@ -166,6 +171,53 @@ def log_writer() -> str:
     return f"import os, sys, time\n{inspect.getsource(io_task)}\n{calls}\n"
 
 
+def run_script() -> str:
+    """A user's script: its own LocalCluster (2 workers x 2 threads), ``argv[2]``
+    :func:`io_task` of ``argv[3]`` MiB below ``argv[1]``, the client left to the exit."""
+    import inspect
+
+    main = (
+        "if __name__ == '__main__':\n"
+        "    from distributed import Client, LocalCluster\n"
+        "    cluster = LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=':0')\n"
+        "    client = Client(cluster)\n"
+        "    n, mb = int(sys.argv[2]), int(sys.argv[3])\n"
+        "    paths = [os.path.join(sys.argv[1], f'f{i}') for i in range(n)]\n"
+        "    print(sum(client.gather(client.map(io_task, paths, [mb] * n, pure=False))))\n"
+    )
+    return f"import os, sys, time\n{inspect.getsource(io_task)}\n{main}"
+
+
+def runs_of_scripts(args: argparse.Namespace, d: str, runs: dict[str, list[dict]]) -> None:
+    """``metacollect run`` of :func:`run_script` without and with ``--darshan``, alternating."""
+    import subprocess
+
+    script = os.path.join(d, "flow.py")
+    with open(script, "w") as f:
+        f.write(run_script())
+    data = os.path.join(d, "run-data")
+    os.makedirs(data, exist_ok=True)
+    env = {**os.environ, "DASK_METACOLLECT__DARSHAN__LIBRARY": args.library}
+    for i in range(args.repeat):
+        for name, flags in (("run off", []), ("run --darshan", ["--darshan"])):
+            store = os.path.join(d, f"{name.replace(' ', '-')}-{i}.zarr")
+            cmd = [sys.executable, "-m", "metacollect", "run", "--store", store]
+            t0 = time.perf_counter()
+            done = subprocess.run(
+                [*cmd, *flags, script, data, str(args.tasks), str(args.mb)],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            wall = time.perf_counter() - t0
+            if done.returncode != 0:
+                print(f"{name} failed ({done.returncode}): {done.stderr[-2000:]}", file=sys.stderr)
+                continue
+            groups = open_run(store).groups
+            phases = groups.get("darshan", {}).get("seconds") or {}
+            runs.setdefault(name, []).append({"start": 0.0, "end": wall, "phases": phases})
+
+
 def reading(args: argparse.Namespace, d: str) -> dict[str, list[float]]:
     """Seconds to read two worker-like logs: new children vs readers started ahead."""
     import subprocess
@@ -209,7 +261,7 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=32, help="MiB each task writes and reads")
     ap.add_argument(
         "--delivery",
-        choices=("restart", "already", "both"),
+        choices=("restart", "already", "both", "run"),
         default="both",
         help="how the workers come under Darshan (see the module's doc)",
     )
@@ -218,12 +270,30 @@ def main() -> None:
     )
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {}
+    n = args.repeat
+    if args.delivery == "run":
+        with tempfile.TemporaryDirectory() as d:
+            runs_of_scripts(args, d, runs)
+        print(f"metacollect run of a script (its own LocalCluster, 2 x 2), medians of {n}")
+        print(f"{'run':18} {'wall (s)':>10} {'cost (s)':>10}")
+        off = med([r["end"] for r in runs.get("run off", [])])
+        for name in ("run off", "run --darshan"):
+            wall = med([r["end"] for r in runs.get(name, [])])
+            cost = f"{wall - off:10.3f}" if name != "run off" else ""
+            print(f"{name:18} {wall:10.3f} {cost:>10}")
+        print(f"{'':18} {'':10} {'(target <= 0.5)':>10}")
+        rows = runs.get("run --darshan", [])
+        print()
+        print("Where it goes, run --darshan (darshan.seconds of each store)")
+        for phase in dict.fromkeys(k for r in rows for k in r["phases"]):
+            vals = [float(r["phases"].get(phase, 0.0)) for r in rows]
+            print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
+        return
     deliveries = ("restart", "already") if args.delivery == "both" else (args.delivery,)
     with tempfile.TemporaryDirectory() as d:
         for delivery in deliveries:
             sessions(args, d, delivery, runs)
         read_s = reading(args, d)
-    n = args.repeat
     print(f"Fixed cost per session (medians of {n}; LocalCluster 2 workers x 2 threads)")
     print(f"{'darshan':18} {'start (s)':>10} {'end (s)':>10} {'total (s)':>10} {'cost (s)':>10}")
     for delivery in deliveries:
