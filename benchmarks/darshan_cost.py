@@ -282,9 +282,10 @@ def main() -> None:
             cost = f"{wall - off:10.3f}" if name != "run off" else ""
             print(f"{name:18} {wall:10.3f} {cost:>10}")
         print(f"{'':18} {'':10} {'(target <= 0.5)':>10}")
-        rows = runs.get("run --darshan", [])
-        print()
-        print("Where it goes, run --darshan (darshan.seconds of each store)")
+        rows = [r for r in runs.get("run --darshan", []) if r["phases"]]
+        if rows:  # (metacollect run records no darshan.seconds: its phases are the script's)
+            print()
+            print("Where it goes, run --darshan (darshan.seconds of each store)")
         for phase in dict.fromkeys(k for r in rows for k in r["phases"]):
             vals = [float(r["phases"].get(phase, 0.0)) for r in rows]
             print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
