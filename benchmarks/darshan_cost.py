@@ -253,6 +253,25 @@ def reading(args: argparse.Namespace, d: str) -> dict[str, list[float]]:
     return out
 
 
+def print_runs(runs: dict[str, list[dict]], n: int) -> None:
+    """The table of the ``run`` delivery."""
+    print(f"metacollect run of a script (its own LocalCluster, 2 x 2), medians of {n}")
+    print(f"{'run':18} {'wall (s)':>10} {'cost (s)':>10}")
+    off = med([r["end"] for r in runs.get("run off", [])])
+    for name in ("run off", "run --darshan"):
+        wall = med([r["end"] for r in runs.get(name, [])])
+        cost = f"{wall - off:10.3f}" if name != "run off" else ""
+        print(f"{name:18} {wall:10.3f} {cost:>10}")
+    print(f"{'':18} {'':10} {'(target <= 0.5)':>10}")
+    rows = [r for r in runs.get("run --darshan", []) if r["phases"]]
+    if rows:  # (metacollect run records no darshan.seconds: its phases are the script's)
+        print()
+        print("Where it goes, run --darshan (darshan.seconds of each store)")
+    for phase in dict.fromkeys(k for r in rows for k in r["phases"]):
+        vals = [float(r["phases"].get(phase, 0.0)) for r in rows]
+        print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--library", default="/opt/darshan/lib/libdarshan.so")
@@ -274,20 +293,7 @@ def main() -> None:
     if args.delivery == "run":
         with tempfile.TemporaryDirectory() as d:
             runs_of_scripts(args, d, runs)
-        print(f"metacollect run of a script (its own LocalCluster, 2 x 2), medians of {n}")
-        print(f"{'run':18} {'wall (s)':>10} {'cost (s)':>10}")
-        off = med([r["end"] for r in runs.get("run off", [])])
-        for name in ("run off", "run --darshan"):
-            wall = med([r["end"] for r in runs.get(name, [])])
-            cost = f"{wall - off:10.3f}" if name != "run off" else ""
-            print(f"{name:18} {wall:10.3f} {cost:>10}")
-        print(f"{'':18} {'':10} {'(target <= 0.5)':>10}")
-        rows = runs.get("run --darshan", [])
-        print()
-        print("Where it goes, run --darshan (darshan.seconds of each store)")
-        for phase in dict.fromkeys(k for r in rows for k in r["phases"]):
-            vals = [float(r["phases"].get(phase, 0.0)) for r in rows]
-            print(f"{phase:36} {med(vals):11.3f} {min(vals):9.3f} {max(vals):9.3f}")
+        print_runs(runs, n)
         return
     deliveries = ("restart", "already") if args.delivery == "both" else (args.delivery,)
     with tempfile.TemporaryDirectory() as d:
