@@ -289,7 +289,7 @@ def variable_layout(
     tspec: TableSpec, name: str, extra: tuple[int, ...]
 ) -> tuple[list[str], dict[str, Any]]:
     """The dimension names and attributes of variable ``name``'s array (``extra``: its
-    shape past the rows)."""
+    shape past the rows), the same whether a writer appends to it or the seal writes it."""
     var = tspec.variables[name]
     dims = [tspec.dim] + ([var.dim2] if var.dim2 else [f"{name}_dim{i}" for i in range(len(extra))])
     return dims, {"description": var.description, "dtype": var.dtype, **var.cf_attrs}
@@ -372,14 +372,17 @@ async def _write_array(
     is_str = var.dtype in ("str", "code")
     extra = list(shape[1:])
     rows = len(data)
-    kind = (is_str, var.dtype, tuple(extra), _chunk(rows, extra))
+    chunk = [_chunk(rows, extra), *extra]
+    # the chunk's length (a small table's is its rows) is set below, not part of the kind:
+    # a store's tables have as many lengths as sizes, and a template costs ~1 ms to make
+    kind = (is_str, var.dtype, tuple(extra))
     made = templates.get(kind)
     if made is None:  # Zarr's metadata for this kind of array, made once in memory (shared
         # by the arrays written concurrently meanwhile: they wait for the one making)
         made = templates[kind] = asyncio.ensure_future(
             zarrio.array_template(
                 (0, *extra),
-                (kind[3], *extra),
+                tuple(chunk),
                 str if is_str else var.numpy_dtype,
                 # strings once, at the seal: a higher Zstandard level costs about nothing there
                 # (22% smaller string columns at 9 than at 5, as fast on a run's keys; Blosc's
@@ -393,6 +396,7 @@ async def _write_array(
     doc = {
         **(await made),
         "shape": [rows, *extra],
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
         "dimension_names": dims,
         "attributes": attrs,
     }

@@ -31,7 +31,7 @@ from metacollect.errors import StoreError
 from metacollect.store import lock
 from metacollect.store import segments as seg
 from metacollect.store.chunks import ChunkAppender
-from metacollect.store.compact import NONE_ATTR, write_sealed_table
+from metacollect.store.compact import NONE_ATTR, variable_layout, write_sealed_table
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
 logger = logging.getLogger(__name__)
@@ -664,10 +664,7 @@ class StoreWriter:
         var = spec.variables[name]
         is_str = var.dtype == "str"
         extra = tuple(sample.shape[1:])
-        dims = [spec.dim] + (
-            [var.dim2] if var.dim2 else [f"{name}_dim{i}" for i in range(len(extra))]
-        )
-        attrs = {"description": var.description, "dtype": var.dtype, **var.cf_attrs}
+        dims, attrs = variable_layout(spec, name, extra)
         # a 2-D variable (e.g. Darshan's counter axis) keeps chunks about as big as a 1-D one's:
         # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
         width = int(np.prod(extra)) if extra else 1

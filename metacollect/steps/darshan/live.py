@@ -174,8 +174,8 @@ class LiveSnapshots:
         cannot end live (then nothing is kept): a worker on another host, traced with
         DXT, or whose mmap log cannot be found or read."""
         here = socket.gethostname()
-        why = ""
         for addr, w in identities.items():
+            why = ""
             if w.get("host") != here:
                 why = f"worker {addr} runs on {w.get('host')}, its mmap log is not readable here"
             elif dxt_enabled(w.get("env") or {}):
@@ -199,7 +199,7 @@ class LiveSnapshots:
                 snaps.cleanup()
                 return cls(), f"worker {addr}'s mmap log {path} cannot be read: {e}"
             snaps.logs.append(LiveLog(addr, str(w["host"]), pid, path, copy, taken))
-        return snaps, why
+        return snaps, ""
 
     def end(self) -> None:
         """Snapshot every worker's mmap log again (the session's end)."""
