@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -191,8 +192,7 @@ async def write_doc(where: Any, doc: Mapping[str, Any]) -> None:
     """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
     store path ``where`` in one write: every ``zarr.json`` metacollect makes itself (tables,
     arrays, the seal) goes through here; Zarr's own writes under :data:`compact_json`."""
-    body = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-    await (where / "zarr.json").set(buffer(body))
+    await (where / "zarr.json").set(buffer(doc_bytes(doc)))
 
 
 async def list_docs(root: Group, bad: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
@@ -312,6 +312,73 @@ def dimension_names(arr: Any) -> list[str]:
     return [str(n) for n in names] if isinstance(names, list | tuple) else []
 
 
+@dataclasses.dataclass(frozen=True)
+class ArrayCodec:
+    """How the chunks of arrays of one kind are encoded and named, made once per kind from a
+    metadata document (Zarr's own parsing of it), for a writer that stores whole chunks."""
+
+    encode: Callable[[np.ndarray], bytes]
+    chunk_key: Callable[[tuple[int, ...]], str]
+    fill: Any
+    dtype: Any
+
+
+def array_codec(doc: Mapping[str, Any]) -> ArrayCodec:
+    """The :class:`ArrayCodec` of arrays with ``doc``'s data type, codecs and key encoding."""
+    return codec_of(async_array(zarr.storage.StorePath(MemoryStore()), doc))
+
+
+def codec_of(arr: Any) -> ArrayCodec:
+    """The :class:`ArrayCodec` of an (asynchronous) array."""
+    text = holds_text(arr)
+    return ArrayCodec(
+        encode=chunk_encoder(arr),
+        chunk_key=arr.metadata.encode_chunk_key,
+        fill="" if text else arr.metadata.fill_value,
+        dtype=object if text else arr.metadata.data_type.to_native_dtype(),
+    )
+
+
+def doc_bytes(doc: Mapping[str, Any]) -> bytes:
+    """A node's ``zarr.json`` as metacollect writes it: JSON without whitespace."""
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+async def put_new(where: Any, files: Mapping[str, bytes]) -> None:
+    """Store ``files`` (keys relative to store path ``where``) that no reader counts yet: the
+    seal's arrays, which a table's ``zarr.json`` written after them makes part of the store.
+
+    On a local directory each is one ``open``/``write`` in one thread hop for all of them:
+    Zarr's store writes a temporary file and renames it, each in a thread hop of its own,
+    which the seal's ~200 arrays paid as most of its time (and as twice the metadata
+    operations on a parallel filesystem). Elsewhere they go through Zarr's store."""
+    directory = local_path(where)
+    if directory is None:
+        await asyncio.gather(*((where / k).set(buffer(v)) for k, v in files.items()))
+    else:
+        await asyncio.to_thread(_write_files, directory, files)
+
+
+def _write_files(directory: str, files: Mapping[str, bytes]) -> None:
+    made: set[str] = set()
+    for key, body in files.items():
+        path = os.path.join(directory, *key.split("/"))
+        parent = os.path.dirname(path)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        with open(path, "wb") as f:
+            f.write(body)
+
+
+def local_path(where: Any) -> str | None:
+    """The directory of store path ``where`` when its store is a local one (else ``None``)."""
+    store = where.store
+    if not isinstance(store, LocalStore):
+        return None
+    return os.path.join(str(store.root), *where.path.split("/")) if where.path else str(store.root)
+
+
 def array_doc(arr: Any) -> dict[str, Any]:
     """An (asynchronous) array's metadata document."""
     doc: dict[str, Any] = arr.metadata.to_dict()
@@ -404,12 +471,6 @@ def _blosc(c: BloscCodec) -> numcodecs.Blosc:
 def holds_text(arr: Any) -> bool:
     """Whether an array holds variable-length strings."""
     return isinstance(arr.metadata.codecs[0], VLenUTF8Codec)
-
-
-async def store_chunk(arr: Any, index: tuple[int, ...], data: bytes) -> None:
-    """Store one encoded chunk of an (asynchronous) array."""
-    key = arr.metadata.encode_chunk_key(index)
-    await (arr.store_path / key).set(buffer(data))
 
 
 async def read_rows(arrays: list[Array], n: int) -> list[np.ndarray]:
