@@ -201,6 +201,9 @@ async def list_docs(root: Group, bad: dict[str, str] | None = None) -> dict[str,
     temp file, an array never created) are skipped. With ``bad``, a ``zarr.json`` that is
     not a JSON object is put there (``{path: why}``) instead of raising."""
     sp = root.store_path
+    directory = local_path(sp)
+    if directory is not None:  # the same walk, in one thread hop instead of one a node
+        return await asyncio.to_thread(_local_docs, directory, bad)
     store = sp.store
     proto = default_buffer_prototype()
 
@@ -237,6 +240,43 @@ async def list_docs(root: Group, bad: dict[str, str] | None = None) -> dict[str,
             docs[path] = doc
             if doc.get("node_type") == "group":
                 level.append(path)
+    return docs
+
+
+def _local_docs(directory: str, bad: dict[str, str] | None) -> dict[str, dict[str, Any]]:
+    """:func:`list_docs` of a store in a local directory, with the OS's own calls: a seal
+    reads every node's ``zarr.json`` once or twice, ~400 of them on a short run, and each
+    read through Zarr's store is a coroutine and a thread hop (~4x the time)."""
+    docs: dict[str, dict[str, Any]] = {}
+    level = [""]
+    while level:
+        deeper = []
+        for group in level:
+            base = os.path.join(directory, *group.split("/")) if group else directory
+            try:
+                names = os.listdir(base)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                if name == "zarr.json":
+                    continue
+                path = f"{group}/{name}" if group else name
+                try:
+                    with open(os.path.join(base, name, "zarr.json"), "rb") as f:
+                        data = f.read()
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                try:
+                    doc = _json_object(data)
+                except ValueError as e:
+                    if bad is None:
+                        raise
+                    bad[path] = str(e)
+                    continue
+                docs[path] = doc
+                if doc.get("node_type") == "group":
+                    deeper.append(path)
+        level = deeper
     return docs
 
 
@@ -363,12 +403,26 @@ def _write_files(directory: str, files: Mapping[str, bytes]) -> None:
     made: set[str] = set()
     for key, body in files.items():
         path = os.path.join(directory, *key.split("/"))
-        parent = os.path.dirname(path)
-        if parent not in made:
-            os.makedirs(parent, exist_ok=True)
-            made.add(parent)
+        _make_dir(os.path.dirname(path), made)
         with open(path, "wb") as f:
             f.write(body)
+
+
+def _make_dir(path: str, made: set[str]) -> None:
+    """``path`` made a directory with one ``mkdir`` when its parent is there (the seal's new
+    arrays), and its parents first when not; ``os.makedirs`` stats each level first, which
+    on a parallel filesystem is a metadata-server call each."""
+    if path in made:
+        return
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        _make_dir(os.path.dirname(path), made)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+    made.add(path)
 
 
 def local_path(where: Any) -> str | None:
