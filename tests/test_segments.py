@@ -307,3 +307,65 @@ def test_a_process_killed_mid_run_loses_nothing_flushed(store, tmp_path):
     assert len(msgs) >= flushed
     assert msgs == [f"m{i}" for i in range(len(msgs))]
     assert validate_store(store) == []
+
+
+def test_the_seals_own_chunk_files_are_the_bytes_zarr_writes(store, tmp_path):
+    """The seal encodes a table's chunks itself and stores each as a plain new file (no
+    temporary file and rename): Zarr, given the same metadata and values, writes the same
+    bytes, chunk for chunk, the padded last chunk included; and the store reads as Zarr."""
+    import zarr
+    from zarr.storage import LocalStore, StorePath
+
+    _, g = _run(store)
+    n = 70_000  # more than one sealed chunk (65,536 rows): a full chunk and a padded one
+    g.append(
+        "transitions",
+        {
+            "key": [("x", i % 50_000) for i in range(n)],
+            "start": ["released"] * n,
+            "finish": ["waiting", "memory"] * (n // 2),
+            "time": np.arange(n, dtype=float),
+            "stimulus_id": [f"s{i // 100}" for i in range(n)],
+            "worker": [None, "tcp://w:1"] * (n // 2),
+        },
+    )
+    g.flush()
+    finalize(store)
+    table = os.path.join(store, *GROUP.split("/"), "transitions")
+    assert not [f for f in _files(table) if f.endswith(".partial")]
+    again = str(tmp_path / "by-zarr")
+    for name in ("key", "start", "finish", "time", "stimulus_id", "worker"):
+        with open(os.path.join(table, name, "zarr.json")) as f:
+            doc = json.load(f)
+        values = zarr.open_array(os.path.join(table, name), mode="r")[:]
+        assert len(values) == n
+        by_zarr = zarr.Array(zarr.AsyncArray.from_dict(StorePath(LocalStore(again), name), doc))
+        by_zarr[:] = values
+        ours = _files(os.path.join(table, name)) - {"zarr.json"}
+        assert ours == _files(os.path.join(again, name)) == {"c/0", "c/1"}
+        for chunk in ours:
+            with (
+                open(os.path.join(table, name, chunk), "rb") as a,
+                open(os.path.join(again, name, chunk), "rb") as b,
+            ):
+                assert a.read() == b.read(), f"{name}/{chunk}"
+    run = open_run(store).transitions()
+    assert run.worker.tolist()[:2] == [None, "tcp://w:1"]
+    assert validate_store(store) == []
+
+
+def test_new_files_go_through_zarrs_store_where_it_is_not_a_directory():
+    """:func:`~metacollect.store.zarrio.put_new` writes a local directory itself and any
+    other store (fsspec, memory) through Zarr's own ``set``: the same keys and bytes."""
+    from zarr.storage import MemoryStore, StorePath
+
+    from metacollect.store import zarrio
+
+    memory = MemoryStore()
+    files = {"c/0": b"chunk", "zarr.json": b"{}"}
+    asyncio.run(zarrio.put_new(StorePath(memory, "t/a"), files))
+    assert zarrio.local_path(StorePath(memory, "t/a")) is None
+    assert {k: bytes(v.to_bytes()) for k, v in memory._store_dict.items()} == {
+        "t/a/c/0": b"chunk",
+        "t/a/zarr.json": b"{}",
+    }

@@ -37,9 +37,7 @@ class ChunkAppender:
                 "appends only to arrays with whole rows in a chunk"
             )
         self.chunk = int(chunks[0])
-        self.encode = zarrio.chunk_encoder(arr)
-        self.is_str = zarrio.holds_text(arr)
-        self.fill = "" if self.is_str else arr.metadata.fill_value
+        self.codec = zarrio.codec_of(arr)
         #: (first row of the chunk, its rows written so far)
         self._tail: tuple[int, np.ndarray] | None = None
 
@@ -49,11 +47,8 @@ class ChunkAppender:
             return
         first = start - start % self.chunk
         rows = np.concatenate([await self._rows(first, start), self._cast(data)])
-        for lo in range(0, len(rows), self.chunk):
-            part = rows[lo : lo + self.chunk]
-            index = (first + lo) // self.chunk
-            chunk = (index,) + (0,) * (rows.ndim - 1)
-            await zarrio.store_chunk(self.arr, chunk, self.encode(self._padded(part)))
+        for key, body in chunk_files(rows, self.chunk, self.codec, first // self.chunk).items():
+            await (self.arr.store_path / key).set(zarrio.buffer(body))
         last = first + (len(rows) - 1) // self.chunk * self.chunk
         self._tail = (last, rows[last - first :].copy())  # not a view of all the rows
 
@@ -63,19 +58,25 @@ class ChunkAppender:
         if tail is not None and tail[0] == first and len(tail[1]) >= start - first:
             return tail[1][: start - first]
         if start == first:
-            return np.empty((0, *self.arr.shape[1:]), self._dtype)
+            return np.empty((0, *self.arr.shape[1:]), self.codec.dtype)
         return self._cast(await self.arr.getitem(slice(first, start)))
 
-    @property
-    def _dtype(self) -> Any:
-        return object if self.is_str else self.arr.metadata.data_type.to_native_dtype()
-
     def _cast(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values).astype(self._dtype, copy=False)
+        return np.asarray(values).astype(self.codec.dtype, copy=False)
 
-    def _padded(self, part: np.ndarray) -> np.ndarray:
-        if len(part) == self.chunk:
-            return part
-        full = np.full((self.chunk, *part.shape[1:]), self.fill, dtype=part.dtype)
-        full[: len(part)] = part
-        return full
+
+def chunk_files(
+    rows: np.ndarray, chunk: int, codec: zarrio.ArrayCodec, first: int = 0
+) -> dict[str, bytes]:
+    """The encoded chunks of ``rows`` (whole rows, of ``codec``'s dtype) by store key, the
+    first being chunk ``first``; the last chunk padded with the fill value, as Zarr does."""
+    out: dict[str, bytes] = {}
+    for lo in range(0, len(rows), chunk):
+        part = rows[lo : lo + chunk]
+        if len(part) < chunk:
+            full = np.full((chunk, *part.shape[1:]), codec.fill, dtype=part.dtype)
+            full[: len(part)] = part
+            part = full
+        index = (first + lo // chunk,) + (0,) * (rows.ndim - 1)
+        out[codec.chunk_key(index)] = codec.encode(part)
+    return out

@@ -37,11 +37,13 @@ import pandas as pd
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store.chunks import ChunkAppender
+from metacollect.store.chunks import chunk_files
 from metacollect.store.schema import FILL, Schema, TableSpec, VariableSpec, load_schema
 
 logger = logging.getLogger(__name__)
 
+#: the seal's array templates by kind (see :func:`_template`), shared by a store's tables
+Templates = dict[Any, "asyncio.Future[tuple[dict[str, Any], zarrio.ArrayCodec]]"]
 #: rows in a chunk of a sealed table (fewer for a 2-D variable: about as many values)
 COMPACT_ROWS = 65_536
 #: lowest Zstandard level of a sealed table's strings (see :func:`_write_array`)
@@ -140,7 +142,7 @@ def compact(
     schema = schema or load_schema()
     level = int(config.get("store.compression-level"))
     strings: dict[str, np.ndarray | None] = {}
-    templates: dict[Any, asyncio.Future[dict[str, Any]]] = {}
+    templates: Templates = {}
     done = 0
     for path in sorted(p for p, d in nodes.items() if _is_table(d)):
         owner = schema.table_owner(path)
@@ -232,7 +234,7 @@ async def _rewrite(
     arrays: dict[str, dict[str, Any]],
     strings: np.ndarray | None,
     level: int,
-    templates: dict[Any, asyncio.Future[dict[str, Any]]],
+    templates: Templates,
 ) -> dict[str, dict[str, Any]]:
     """Write table ``path`` compacted at ``path + NEW`` (its group's ``zarr.json`` last);
     returns the new documents, by the paths they take once swapped in."""
@@ -265,7 +267,7 @@ async def write_sealed_table(
     tspec: TableSpec,
     columns: dict[str, np.ndarray],
     strings: np.ndarray | None,
-    templates: dict[Any, asyncio.Future[dict[str, Any]]],
+    templates: Templates,
 ) -> dict[str, dict[str, Any]]:
     """Write a table the store does not hold yet (rows that were only in segments) straight
     in the form the seal leaves - one write instead of an append the compaction rewrites.
@@ -304,18 +306,39 @@ async def _write_table(
     layouts: dict[str, tuple[Any, dict[str, Any]]],
     strings: np.ndarray | None,
     level: int,
-    templates: dict[Any, asyncio.Future[dict[str, Any]]],
+    templates: Templates,
 ) -> dict[str, dict[str, Any]]:
     """Write a table's columns at ``where`` in their sealed form, its arrays concurrently and
     its group's ``zarr.json`` (``group``) last; returns the documents by the paths of
-    ``path``'s table (``layouts``: each variable's dimension names and attributes)."""
+    ``path``'s table (``layouts``: each variable's dimension names and attributes).
+
+    Each array is made in a thread (its strings, its chunks encoded: Zstandard and Blosc
+    release the GIL) and stored as new files (:func:`~metacollect.store.zarrio.put_new`)."""
 
     async def one(name: str) -> tuple[str, dict[str, Any]]:
         var = tspec.variables[name]
+        column = np.asarray(columns[name])
+        extra = list(column.shape[1:])
+        chunk = [_chunk(len(column), extra), *extra]
+        template, codec = await _template(var, extra, chunk, level, templates)
         dims, attrs = layouts[name]
-        data, attrs = _sealed_column(f"{path}/{name}", var, columns[name], attrs, strings)
-        shape = list(np.asarray(columns[name]).shape)
-        doc = await _write_array(where / name, shape, dims, var, data, attrs, level, templates)
+
+        def made() -> tuple[dict[str, Any], dict[str, bytes]]:
+            data, sealed_attrs = _sealed_column(f"{path}/{name}", var, column, attrs, strings)
+            doc = {
+                **template,
+                "shape": [len(column), *extra],
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
+                "dimension_names": dims,
+                "attributes": sealed_attrs,
+            }
+            rows = np.asarray(data).astype(codec.dtype, copy=False)
+            files = chunk_files(rows, chunk[0], codec) if len(rows) else {}
+            files["zarr.json"] = zarrio.doc_bytes(doc)  # after its chunks
+            return doc, files
+
+        doc, files = await asyncio.to_thread(made)
+        await zarrio.put_new(where / name, files)
         return f"{path}/{name}", doc
 
     names = [n for n in layouts if n in columns]
@@ -323,6 +346,37 @@ async def _write_table(
     await zarrio.write_doc(where, group)
     out[path] = group
     return out
+
+
+def _template(
+    var: VariableSpec, extra: list[int], chunk: list[int], level: int, templates: Templates
+) -> asyncio.Future[tuple[dict[str, Any], zarrio.ArrayCodec]]:
+    """Zarr's metadata and codec for this kind of array, made once in memory and shared by
+    the arrays written meanwhile (they wait for the one making). The chunk's length (a small
+    table's is its rows) is set per array, not part of the kind: a store's tables have as
+    many lengths as sizes, and a template costs ~1 ms to make."""
+    is_str = var.dtype in ("str", "code")
+    kind = (is_str, var.dtype, tuple(extra))
+    made = templates.get(kind)
+    if made is None:
+
+        async def make() -> tuple[dict[str, Any], zarrio.ArrayCodec]:
+            doc = await zarrio.array_template(
+                (0, *extra),
+                tuple(chunk),
+                str if is_str else var.numpy_dtype,
+                # strings once, at the seal: a higher Zstandard level costs about nothing there
+                # (22% smaller string columns at 9 than at 5, as fast on a run's keys; Blosc's
+                # level 9 is 20x slower than its 5, so numbers keep the store's level)
+                zarrio.codecs("text", max(level, SEAL_TEXT_LEVEL))
+                if is_str
+                else zarrio.codecs("numeric", level),
+                "" if is_str else FILL[var.dtype],
+            )
+            return doc, zarrio.array_codec(doc)
+
+        made = templates[kind] = asyncio.ensure_future(make())
+    return made
 
 
 def _sealed_column(
@@ -340,69 +394,37 @@ def _sealed_column(
     if data.dtype.kind in "iu":
         if strings is None and len(data) and data.max() >= 0:
             raise StoreError(f"{where}: codes without a strings table that reads")
-        data = codes_to_text(data, strings if strings is not None else np.array([]))
+        # what is missing, and which strings the column holds, from the strings table: one
+        # look at each distinct string, not at each row (a million-row column of few workers)
+        strings = np.asarray(strings if strings is not None else [], dtype=object)
+        codes = np.asarray(data, dtype=np.int64).reshape(-1)
+        out = (codes < 0) | (codes >= len(strings))
+        valid = codes[~out]
+        used = np.zeros(len(strings), bool)
+        used[valid] = True
+        held = strings[used]
+        absent = np.zeros(len(strings), bool)
+        absent[used] = pd.isna(pd.Series(held, dtype=object)).to_numpy()
+        held = held[~absent[used]]
+        missing = out.copy()
+        missing[~out] = absent[valid]
+        data = codes_to_text(codes, strings)
     else:
-        data = text_values(data, attrs.get(NONE_ATTR))
+        data = held = text_values(data, attrs.get(NONE_ATTR))
+        missing = (
+            pd.isna(pd.Series(data, dtype=object, copy=False)).to_numpy()
+            if len(data)
+            else np.zeros(0, bool)
+        )
     attrs.pop(NONE_ATTR, None)
     attrs.pop("missing_value", None)
-    missing = (
-        pd.isna(pd.Series(data, dtype=object, copy=False)).to_numpy()
-        if len(data)
-        else np.zeros(0, bool)
-    )
     if missing.any():
-        none = attrs[NONE_ATTR] = none_value(data)
+        none = attrs[NONE_ATTR] = none_value(held)
         if none == "":
             attrs["missing_value"] = ""  # CF: xarray reads it as missing
         data = data.copy()
         data[missing] = none
     return data, attrs
-
-
-async def _write_array(
-    where: Any,
-    shape: list[int],
-    dims: Any,
-    var: VariableSpec,
-    data: np.ndarray,
-    attrs: dict[str, Any],
-    level: int,
-    templates: dict[Any, asyncio.Future[dict[str, Any]]],
-) -> dict[str, Any]:
-    is_str = var.dtype in ("str", "code")
-    extra = list(shape[1:])
-    rows = len(data)
-    chunk = [_chunk(rows, extra), *extra]
-    # the chunk's length (a small table's is its rows) is set below, not part of the kind:
-    # a store's tables have as many lengths as sizes, and a template costs ~1 ms to make
-    kind = (is_str, var.dtype, tuple(extra))
-    made = templates.get(kind)
-    if made is None:  # Zarr's metadata for this kind of array, made once in memory (shared
-        # by the arrays written concurrently meanwhile: they wait for the one making)
-        made = templates[kind] = asyncio.ensure_future(
-            zarrio.array_template(
-                (0, *extra),
-                tuple(chunk),
-                str if is_str else var.numpy_dtype,
-                # strings once, at the seal: a higher Zstandard level costs about nothing there
-                # (22% smaller string columns at 9 than at 5, as fast on a run's keys; Blosc's
-                # level 9 is 20x slower than its 5, so numbers keep the store's level)
-                zarrio.codecs("text", max(level, SEAL_TEXT_LEVEL))
-                if is_str
-                else zarrio.codecs("numeric", level),
-                "" if is_str else FILL[var.dtype],
-            )
-        )
-    doc = {
-        **(await made),
-        "shape": [rows, *extra],
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
-        "dimension_names": dims,
-        "attributes": attrs,
-    }
-    await zarrio.write_doc(where, doc)
-    await ChunkAppender(zarrio.async_array(where, doc)).write(0, data)
-    return doc
 
 
 def _swap(directory: str, path: str) -> None:

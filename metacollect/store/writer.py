@@ -31,7 +31,7 @@ from metacollect.errors import StoreError
 from metacollect.store import lock
 from metacollect.store import segments as seg
 from metacollect.store.chunks import ChunkAppender
-from metacollect.store.compact import NONE_ATTR, variable_layout, write_sealed_table
+from metacollect.store.compact import NONE_ATTR, Templates, variable_layout, write_sealed_table
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
 logger = logging.getLogger(__name__)
@@ -573,7 +573,7 @@ class StoreWriter:
         #: memory (see create_array)
         self._templates: dict[tuple[Any, ...], Any] = {}
         #: the same for the arrays the seal writes in their final form (every group's)
-        self.sealed_templates: dict[Any, asyncio.Future[dict[str, Any]]] = {}
+        self.sealed_templates: Templates = {}
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
