@@ -264,8 +264,8 @@ def _local_docs(directory: str, bad: dict[str, str] | None) -> dict[str, dict[st
                 try:
                     with open(os.path.join(base, name, "zarr.json"), "rb") as f:
                         data = f.read()
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
+                except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                    continue  # as Zarr's store: no document there
                 try:
                     doc = _json_object(data)
                 except ValueError as e:
