@@ -226,20 +226,11 @@ async def list_docs(root: Group, bad: dict[str, str] | None = None) -> dict[str,
         found = await asyncio.gather(
             *(store.get(key(p, "zarr.json"), prototype=proto) for p in paths)
         )
-        level = []
-        for path, buf in zip(paths, found, strict=True):
-            if buf is None:
-                continue
-            try:
-                doc = _json_object(buf.to_bytes())
-            except ValueError as e:
-                if bad is None:
-                    raise
-                bad[path] = str(e)
-                continue
-            docs[path] = doc
-            if doc.get("node_type") == "group":
-                level.append(path)
+        level = [
+            path
+            for path, buf in zip(paths, found, strict=True)
+            if buf is not None and _take_doc(path, buf.to_bytes(), docs, bad)
+        ]
     return docs
 
 
@@ -266,18 +257,26 @@ def _local_docs(directory: str, bad: dict[str, str] | None) -> dict[str, dict[st
                         data = f.read()
                 except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                     continue  # as Zarr's store: no document there
-                try:
-                    doc = _json_object(data)
-                except ValueError as e:
-                    if bad is None:
-                        raise
-                    bad[path] = str(e)
-                    continue
-                docs[path] = doc
-                if doc.get("node_type") == "group":
+                if _take_doc(path, data, docs, bad):
                     deeper.append(path)
         level = deeper
     return docs
+
+
+def _take_doc(
+    path: str, data: bytes, docs: dict[str, dict[str, Any]], bad: dict[str, str] | None
+) -> bool:
+    """Put the node's document in ``docs`` (or, if it is not a JSON object, why in ``bad``,
+    raising without it); whether the node is a group, whose members are read next."""
+    try:
+        doc = _json_object(data)
+    except ValueError as e:
+        if bad is None:
+            raise
+        bad[path] = str(e)
+        return False
+    docs[path] = doc
+    return doc.get("node_type") == "group"
 
 
 def _json_object(data: bytes) -> dict[str, Any]:
