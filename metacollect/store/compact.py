@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 Templates = dict[Any, "asyncio.Future[tuple[dict[str, Any], zarrio.ArrayCodec]]"]
 #: rows in a chunk of a sealed table (fewer for a 2-D variable: about as many values)
 COMPACT_ROWS = 65_536
-#: lowest Zstandard level of a sealed table's strings (see :func:`_write_array`)
+#: lowest Zstandard level of a sealed table's strings (see :func:`_template`)
 SEAL_TEXT_LEVEL = 9
 #: suffix of a table being written beside itself, and of one being swapped out
 NEW, OLD = ".compacting", ".old"
