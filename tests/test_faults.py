@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from metacollect.cli import main
 from metacollect.errors import MetacollectError
 from metacollect.steps.scheduler import SchedulerCollector, collectors
 from metacollect.steps.worker import WorkerCollector
+from metacollect.store.validate import validate_store
 
 
 def slow_inc(x, delay=0.05):
@@ -570,7 +572,14 @@ def test_a_kill_at_a_random_time_loses_at_most_what_the_durability_promise_says(
     print(f"kill at {wait:.2f} s: {len(missing)} of {len(happened)} lost, oldest {oldest:.2f} s")
     assert oldest <= window, f"seed {seed}: lost a transition {oldest:.2f} s old (> {window} s)"
     assert len(happened) - len(missing) > 100, f"seed {seed}"
-    assert main(["validate", "-q", store]) == 0
+    # a kill mid-flush leaves at most one torn segment a group, which validate names (its rows
+    # are among those lost above, inside the window); nothing else may be wrong with the store
+    problems = validate_store(store)
+    torn = [p for p in problems if re.match(r"^\S+: segment \d+\.seg is torn \(", p)]
+    assert problems == torn, f"seed {seed}: {problems}"
+    groups = [p.split(": segment ")[0] for p in torn]
+    assert len(groups) == len(set(groups)), f"seed {seed}: {torn}"
+    assert main(["validate", "-q", store]) == (4 if torn else 0)
 
 
 def _flush_threads() -> list[str]:
