@@ -43,7 +43,8 @@ def graph_nodes(
     (nodes, edges)
         ``nodes``: key, prefix, group, depth (longest chain of dependencies below it), and
         the outcome of its last execution (worker, start, stop, duration, nbytes, typename,
-        state). ``edges``: key, dependency (both in the graph).
+        state, and ``time``: when the scheduler learnt it). ``edges``: key, dependency
+        (both in the graph).
     """
     nodes, deps, _ = _graph(run, graph, cluster)
     return nodes, deps
@@ -74,6 +75,7 @@ def _graph(
         "nbytes",
         "typename",
         "state",
+        "time",
     ]
     nodes = gt.drop(columns=["cluster"]).merge(tasks[cols], on="key", how="left")
     topology = _Topology(keys, deps)
@@ -167,8 +169,18 @@ def critical_path(run: Run, graph: int | None = None, cluster: str | None = None
     -------
     DataFrame
         One row per task on the path, first to last: key, prefix, worker, start, stop,
-        duration. ``attrs`` holds ``length`` (sum of durations), ``wall`` (first start to
-        last stop of the graph's tasks), ``fraction`` (length / wall) and ``graph``.
+        duration. ``attrs`` holds ``length`` (sum of durations), ``wall`` (the graph's
+        execution on the scheduler's clock, see below), ``fraction`` (length / wall) and
+        ``graph``.
+
+    A task's start and stop are its worker's clock shifted by that worker's estimate of its
+    offset from the scheduler's (Dask's ``scheduler_delay``, from heartbeats: off by
+    milliseconds, more on a loaded machine, and differently for each worker). A wall from
+    the first start to the last stop mixes those estimates: a chain that alternates between
+    two workers can come out longer than its wall. ``wall`` is measured on the scheduler's
+    clock alone instead: from the earliest time a task of the graph can have started (the
+    arrival of its result, ``time``, minus its duration, each on one clock) to the arrival
+    of the last result. A serial chain then never exceeds it.
 
     Examples
     --------
@@ -186,9 +198,10 @@ def critical_path(run: Run, graph: int | None = None, cluster: str | None = None
         else pd.DataFrame(columns=cols)
     )
     length = float(out["duration"].fillna(0).sum())
+    ran = nodes[nodes["duration"].notna()]
     wall = (
-        float(nodes["stop"].max() - nodes["start"].min())
-        if nodes["start"].notna().any()
+        float(ran["time"].max() - (ran["time"] - ran["duration"]).min())
+        if len(ran)
         else float("nan")
     )
     out.attrs.update(
