@@ -88,22 +88,24 @@ def transition_rows(rows: int) -> dict[str, list[Any]]:
     keys (objects, encoded by the writer), stimulus ids are shared the way the scheduler
     shares them (one update-graph and one release per 1000 tasks, one task-finished per
     finished task), the worker is set on the transitions to processing, and times are in
-    a C array, as the hook keeps them."""
+    a C array, as the hook keeps them. The scheduler hands its hooks the same object for
+    every transition of one stimulus (one ``stimulus_id`` string is passed down a whole
+    ``_transitions`` call) and a worker's address is ``ws.address``, one string per worker:
+    so are they here, one object per distinct value."""
     n = max(rows // 4, 1)
     prefix = f"inc-{0x5EED:032x}"
+    workers = [f"tcp://127.0.0.1:4000{w}" for w in range(2)]
+    finished = [f"task-finished-{i}" for i in range(-1, n)]
+    graphs = [f"update-graph-{b}" for b in range(n // 1000 + 1)]
+    releases = [f"client-releases-keys-{b}" for b in range(n // 1000 + 1)]
     key, start, finish, stim, worker = [], [], [], [], []
     for i in range(n):
         k = (prefix, i)
         key += [k, k, k, k]
         start += ["released", "waiting", "processing", "memory"]
         finish += ["waiting", "processing", "memory", "forgotten"]
-        stim += [
-            f"update-graph-{i // 1000}",
-            f"task-finished-{i - 1}",
-            f"task-finished-{i}",
-            f"client-releases-keys-{i // 1000}",
-        ]
-        worker += [None, f"tcp://127.0.0.1:4000{i % 2}", None, None]
+        stim += [graphs[i // 1000], finished[i], finished[i + 1], releases[i // 1000]]
+        worker += [None, workers[i % 2], None, None]
     t0 = time.time()
     return {
         "key": key[:rows],

@@ -45,6 +45,35 @@ def test_string_table_codes_survive_cache_restart():
     assert st.take_new() == ["('k', 1)"]
 
 
+def test_string_table_large_columns_equal_the_plain_encoding():
+    """A column past SMALL_ENCODE is told apart by object identity first: equal values in
+    distinct objects (a key tuple rebuilt, a string made twice) must still get one code,
+    and None and NaN none; the codes decode to ``str(v)`` whatever the path or a restart."""
+    from metacollect.store.writer import SMALL_ENCODE
+
+    n = 3 * SMALL_ENCODE
+    pool = ["released", "memory", None, float("nan"), 7, ("x", 1)]
+    values = [pool[i % len(pool)] for i in range(n)]
+    values += [("x", i % 50) for i in range(n)]  # a new tuple object per row, 50 values
+    values += ["".join(["w", str(i % 3)]) for i in range(n)]  # new str objects, 3 values
+    st = StringTable(cache_size=10_000)
+    codes = st.encode(values)
+    strings = st.take_new()
+    assert len(strings) == len(set(strings)) == 4 + 49 + 3  # ("x", 1) is in both
+    assert strings[:5] == ["released", "memory", "7", "('x', 1)", "('x', 0)"]  # first seen
+    expect = [None if v is None or v != v else str(v) for v in values]
+    assert [strings[c] if c >= 0 else None for c in codes] == expect
+    # a restart mid-way (past a cache of 1000): codes stay decodable, strings may repeat
+    st = StringTable(cache_size=1000)
+    first = st.encode(values[:n])
+    more = st.encode([f"k{i}" for i in range(SMALL_ENCODE + 1000)])  # past the cache
+    again = st.encode(values[:n])
+    strings = st.take_new()
+    for got in (first, again):
+        assert [strings[c] if c >= 0 else None for c in got] == expect[:n]
+    assert [strings[c] for c in more] == [f"k{i}" for i in range(SMALL_ENCODE + 1000)]
+
+
 CLUSTER_ATTRS = {
     "scheduler_id": "Scheduler-c1",
     "address": "tcp://x:1",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -48,6 +49,15 @@ compact_json = zarrio.compact_json
 open_root = zarrio.open_root
 
 
+def _addresses(items: np.ndarray) -> np.ndarray:
+    """The addresses of the objects an object array holds (its ``PyObject *`` slots, read as
+    integers, without copying): equal exactly for the same object. Valid only while
+    ``items`` holds them. Factorizing these costs a few ns a row, where hashing the objects
+    themselves costs 25-110 ns (a tuple's hash is computed anew each time)."""
+    slots = items.ctypes.data_as(ctypes.POINTER(ctypes.c_ssize_t))
+    return np.ctypeslib.as_array(slots, shape=(len(items),))
+
+
 class StringTable:
     """Dictionary encoding of a group's repeated strings (task keys, states, workers, ...).
 
@@ -64,61 +74,78 @@ class StringTable:
         self._lock = threading.Lock()
 
     def encode(self, values: Sequence[Any]) -> np.ndarray:
-        """int32 codes of ``values`` (``None`` -> -1); non-strings are encoded as ``str(v)``.
+        """int32 codes of ``values`` (``None`` and NaN -> -1); non-strings are encoded as
+        ``str(v)``.
 
-        The cache holds the strings, never the caller's objects: a task key cached as the
-        scheduler's own tuple would outlive the task by the whole cache.
+        The values are told apart by identity first (:func:`_addresses`: the hooks hand over
+        the very objects Dask passes around, so a flush of a million transitions holds a few
+        distinct state strings and one key object per task), then each distinct object is
+        looked up by its string. ``str`` of a task key tuple (~0.25 us) is paid once per
+        distinct object a flush, not once a row. The cache holds the strings, never the
+        caller's objects: a task key cached as the scheduler's own tuple would outlive the
+        task by the whole cache.
         """
-        if len(values) == 0:
+        n = len(values)
+        if n == 0:
             return np.empty(0, np.int32)
-        if len(values) <= SMALL_ENCODE:
+        if n <= SMALL_ENCODE:
             return self._encode_small(values)
-        local, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=True)
-        uniq = uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
-        uniq = [u if type(u) is str else str(u) for u in uniq]
+        items = np.fromiter(values, dtype=object, count=n)
+        local, distinct = pd.factorize(_addresses(items))
+        some_row = np.empty(len(distinct), np.intp)
+        some_row[local] = np.arange(n)  # a row of each distinct object (any will do)
+        objects = items[some_row]
+        del items  # the addresses were only valid while it held the objects
+        absent = pd.isna(objects)  # None and NaN: no value
+        texts = [v if type(v) is str else str(v) for v in objects[~absent].tolist()]
+        mapped = np.full(len(objects), -1, np.int32)
         with self._lock:
-            if len(self._codes) + len(uniq) > self.cache_size:
+            if len(self._codes) + len(texts) > self.cache_size:
                 self._codes.clear()
-            codes = self._codes
-            get = codes.get
-            known = [get(u) for u in uniq]
-            missing = [i for i, c in enumerate(known) if c is None]
-            if missing:  # bulk-assign new codes, in first-seen order as before
-                new = [uniq[i] for i in missing]
-                fresh = range(self._next, self._next + len(new))
-                codes.update(zip(new, fresh, strict=False))
-                for i, c in zip(missing, fresh, strict=False):
-                    known[i] = c
-                self._next += len(new)
-                self._new.extend(new)
-            mapped = np.empty(len(uniq) + 1, np.int32)
-            mapped[:-1] = np.array(known, dtype=np.int32)  # every code now known
-            mapped[-1] = -1  # local code -1 (None) indexes the last slot
+            mapped[~absent] = self._codes_of_texts(texts)
         return mapped[local]
+
+    def _codes_of_texts(self, texts: list[str]) -> list[int]:
+        """The codes of strings (under the lock), found and added in bulk: the distinct new
+        ones in first-seen order, then every code in one C-level pass, where a Python loop
+        over a flush's distinct strings costs ~70 ns each more."""
+        codes = self._codes
+        new = [t for t in dict.fromkeys(texts) if t not in codes]
+        if new:
+            start = self._next
+            codes.update(zip(new, range(start, start + len(new)), strict=True))
+            self._next = start + len(new)
+            self._new.extend(new)
+        return list(map(codes.__getitem__, texts))
 
     def _encode_small(self, values: Sequence[Any]) -> np.ndarray:
         """:meth:`encode` of a few values, one dictionary look-up each: a flush of a worker's
-        few hundred rows has a dozen code columns, and pandas' factorize costs ~100 us a
-        call however short the column. ``None`` and NaN are no value, as there."""
-        out: list[int] = []
-        add = out.append
+        few hundred rows has a dozen code columns, and telling a column's objects apart
+        first costs ~50 us a call however short the column."""
         with self._lock:
             if len(self._codes) + len(values) > self.cache_size:
                 self._codes.clear()
-            codes = self._codes
-            get = codes.get
-            for v in values:
-                if v is None or (type(v) is float and v != v):
-                    add(-1)
-                    continue
-                s = v if type(v) is str else str(v)
-                c = get(s)
-                if c is None:
-                    c = codes[s] = self._next
-                    self._next += 1
-                    self._new.append(s)
-                add(c)
-        return np.array(out, dtype=np.int32)
+            return np.array(self._codes_of(values), dtype=np.int32)
+
+    def _codes_of(self, values: Iterable[Any]) -> list[int]:
+        """The code of each value, new strings given the next codes (under the lock).
+        ``None`` and NaN are no value (-1)."""
+        out: list[int] = []
+        add = out.append
+        codes = self._codes
+        get = codes.get
+        for v in values:
+            if v is None or (type(v) is float and v != v):
+                add(-1)
+                continue
+            s = v if type(v) is str else str(v)
+            c = get(s)
+            if c is None:
+                c = codes[s] = self._next
+                self._next += 1
+                self._new.append(s)
+            add(c)
+        return out
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:
         """The strings of codes this table gave out while its cache holds them (-1:
