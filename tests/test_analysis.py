@@ -96,6 +96,21 @@ def test_critical_path_of_a_200k_task_chain():
     assert len(edges) == LONG_CHAIN - 1
 
 
+def test_critical_path_fraction_ignores_the_workers_clock_offsets():
+    """A worker's task times carry its estimate of its clock offset from the scheduler's,
+    which heartbeats keep changing; a chain whose estimate changed midway looks longer than
+    the span from its first start to its last stop (here 4 tasks of 0.5 ms, 1 ms apart,
+    the last two read 2 ms early: 2.0 ms of work in 1.5 ms). The wall is measured on the
+    scheduler's clock, which a serial chain cannot exceed."""
+    run = metacollect.open_run(chain_store(4, skew=-2e-3))
+    tasks = run.tasks()
+    assert tasks["duration"].sum() > tasks["stop"].max() - tasks["start"].min()  # the trap
+    cp = analysis.critical_path(run)
+    assert cp.attrs["length"] == pytest.approx(4 * 5e-4, abs=1e-6)  # times near 1.7e9 s
+    assert cp.attrs["wall"] == pytest.approx(3.5e-3, abs=1e-6)  # first start to last arrival
+    assert cp.attrs["fraction"] == pytest.approx(2e-3 / 3.5e-3, rel=1e-3)
+
+
 def test_graph_nodes_depths(run):
     nodes, edges = analysis.graph_nodes(run, 0)
     assert dict(zip(nodes["key"], nodes["depth"], strict=False)) == {

@@ -157,6 +157,45 @@ def test_a_torn_last_segment_is_skipped_reported_and_the_rows_before_survive(sto
     assert validate_store(store) == []
 
 
+def test_validate_of_a_live_store_waits_for_the_segment_being_written(store, monkeypatch):
+    """A flush's segment reads short until its one write ends: ``validate`` on a live store
+    must not call it torn. Here the write is slowed down the way a stalled filesystem
+    would: half the file, then the rest once validate has read the group. Validate reads
+    the group again after SETTLE and finds it whole; a segment begun during that wait is a
+    flush under way and is left out; one still short after the wait is torn."""
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    _flush_events(g, 10, 10)
+    segdir = segments.directory(store, GROUP)
+    second = os.path.join(segdir, segments.file_name(1))
+    with open(second, "rb") as f:
+        whole = f.read()
+    with open(second, "wb") as f:  # the flush's write, half done
+        f.write(whole[: len(whole) // 2])
+    waits: list[float] = []
+    sleep = time.sleep
+
+    def write_lands_meanwhile(seconds: float) -> None:
+        if not waits:  # the rest of the write lands; a new flush begins, short
+            with open(second, "ab") as f:
+                f.write(whole[len(whole) // 2 :])
+            with open(os.path.join(segdir, segments.file_name(2)), "wb") as f:
+                f.write(whole[:100])
+        waits.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", write_lands_meanwhile)
+    assert validate_store(store) == []
+    assert waits == [segments.SETTLE]  # validate saw the segment torn, and waited once
+    assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(20)]
+    # a segment short before and after the wait is torn (a writer killed mid-write)
+    problems = validate_store(store)
+    assert [p for p in problems if "torn" in p] == [
+        f"{GROUP}: segment 000000002.seg is torn (cut short within its header (100 bytes)); "
+        "its rows are not read"
+    ], problems
+
+
 def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch):
     """The seal writes each table whose rows are all in segments once, in its sealed form,
     committed (its group's ``zarr.json``, last) with the last segment it holds. A seal

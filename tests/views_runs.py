@@ -167,24 +167,27 @@ def spans_store() -> str:
 LONG_CHAIN = 200_000
 
 
-def chain_store(n: int = LONG_CHAIN) -> str:
+def chain_store(n: int = LONG_CHAIN, skew: float = 0.0) -> str:
     """Path of a store holding one graph: a chain of ``n`` tasks, ``inc-0`` .. ``inc-{n-1}``,
     each depending on the one before, executed one after another (1 ms apart, 0.5 ms each)
     on two workers. Written as the collectors write (their StoreWriter and schema) but
     without a cluster: a real chain this long takes a LocalCluster many minutes. Only the
-    tables the graph views read are there (no cluster attrs, no transitions)."""
-    return _chain_store(n)  # one store per n, however it is asked for (n given or not)
+    tables the graph views read are there (no cluster attrs, no transitions). ``skew``: from
+    the middle of the chain on, the workers' estimate of their clock offset from the
+    scheduler's is off by this many seconds, as after a heartbeat that changed it (their
+    tasks' start and stop shift; the scheduler's times do not)."""
+    return _chain_store(n, skew)  # one store per (n, skew), however it is asked for
 
 
 @functools.cache
-def _chain_store(n: int) -> str:
+def _chain_store(n: int, skew: float) -> str:
     import numpy as np
 
     from metacollect.session import init_root
     from metacollect.store.lifecycle import finalize
     from metacollect.store.writer import StoreWriter
 
-    path = f"{_tmp()}/chain-{n}.zarr"
+    path = f"{_tmp()}/chain-{n}-{skew}.zarr"
     w = StoreWriter(path)
     init_root(w, "chain")
     client, scheduler = w.group("client", cluster="c0"), w.group("scheduler", cluster="c0")
@@ -231,8 +234,8 @@ def _chain_store(n: int) -> str:
             "state": ["memory"] * n,
             "worker": [f"tcp://127.0.0.1:4000{i % 2}" for i in idx],
             "thread": np.full(n, 140000000000, np.int64),
-            "start": t0 + idx * 1e-3,
-            "stop": t0 + idx * 1e-3 + 5e-4,
+            "start": t0 + idx * 1e-3 + (idx >= n // 2) * skew,
+            "stop": t0 + idx * 1e-3 + 5e-4 + (idx >= n // 2) * skew,
             "time": t0 + idx * 1e-3 + 6e-4,
             "nbytes": np.full(n, 8, np.int64),
             "typename": ["int"] * n,

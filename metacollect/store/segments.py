@@ -49,6 +49,9 @@ MAGIC = b"MCSEG\x001\n"
 FOLDED = "segments_folded"
 #: Zstandard level of a segment's body: segments live until the seal, which recompresses
 LEVEL = 1
+#: seconds a reader of a live store gives a segment it found torn to become whole: a flush
+#: writes its segment with one ``write`` of at most a few MB, done within milliseconds
+SETTLE = 1.0
 
 _TRAILER = struct.Struct("<QI")
 _HEAD = struct.Struct("<I")
@@ -92,13 +95,15 @@ def decode(seq: int, data: bytes) -> Segment:
     """A segment from its bytes; ``ValueError`` (saying why) when it is torn or not one."""
     if len(data) < len(MAGIC) + _HEAD.size + _TRAILER.size or not data.startswith(MAGIC):
         raise ValueError("not a segment, or cut short before its header")
-    size, crc = _TRAILER.unpack_from(data, len(data) - _TRAILER.size)
-    if size != len(data):
-        raise ValueError(f"cut short: {len(data)} bytes of {size}")
-    if zlib.crc32(memoryview(data)[: -_TRAILER.size]) != crc:
-        raise ValueError("its CRC-32 does not match (torn or damaged)")
     (hlen,) = _HEAD.unpack_from(data, len(MAGIC))
     start = len(MAGIC) + _HEAD.size
+    if len(data) < start + hlen + _TRAILER.size:
+        raise ValueError(f"cut short within its header ({len(data)} bytes)")
+    size, crc = _TRAILER.unpack_from(data, len(data) - _TRAILER.size)
+    if size != len(data):  # a file cut short ends in body bytes, not in its trailer
+        raise ValueError(f"cut short or damaged: {len(data)} bytes, not ending in its trailer")
+    if zlib.crc32(memoryview(data)[: -_TRAILER.size]) != crc:
+        raise ValueError("its CRC-32 does not match (torn or damaged)")
     head = json.loads(data[start : start + hlen])
     body_bytes = data[start + hlen : -_TRAILER.size]
     body = bytes(_ZSTD.decode(body_bytes)) if head["raw"] else b""
