@@ -47,6 +47,58 @@ def test_worker_groups_hold_their_executions(client, store):
         assert attrs["pid"] > 0 and attrs["nthreads"] == 2 and attrs["level"] == "worker"
 
 
+class _HeartbeatAtExecute:
+    """A worker plugin, registered after the collector, that moves the worker's
+    ``scheduler_delay`` to ``+jump`` or ``-jump`` (away from what it was) as each task
+    begins executing: what a heartbeat answered between the collector's hook and
+    distributed's read of the delay does."""
+
+    name = "heartbeat-at-execute"
+
+    def __init__(self, jump: float) -> None:
+        self.jump = jump
+
+    def setup(self, worker):
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "executing":
+            w = self.worker
+            w.scheduler_delay = -self.jump if w.scheduler_delay > 0 else self.jump
+
+
+def _started_on_worker_clock(i):
+    import time
+
+    return time.time()
+
+
+def test_clock_delay_is_the_one_distributed_used_when_a_heartbeat_moves_it(client, store):
+    """Task times carry the worker's scheduler_delay as distributed read it, a moment after
+    the collector saw the task begin. Here the delay jumps by 0.3 s or more in that moment
+    for every task: the delay stored is still the one added to the task's times (to within the run's
+    overhead), so Darshan's times, on the worker's clock, meet the right task."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    plugin = type("Jump", (_HeartbeatAtExecute, WorkerPlugin), {})(0.3)
+    with collect(client, store, flush_interval="0.5s"):
+        client.register_plugin(plugin)
+        try:
+            futures = client.map(_started_on_worker_clock, range(20), pure=False)
+            began = dict(zip([f.key for f in futures], client.gather(futures), strict=True))
+            del futures
+        finally:
+            client.unregister_worker_plugin(plugin.name)
+        wait_idle(client)
+    wt = open_run(store).worker_table("tasks").set_index("key")
+    wt = wt.loc[[k for k in began if k in wt.index]]
+    assert len(wt) == 20
+    # the delay distributed added: the task's reported start minus its own first clock read
+    used = wt["start"] - wt.index.map(began)
+    assert (used - wt["clock_delay"]).abs().max() < 0.05, (used, wt["clock_delay"])
+    assert (used.abs() > 0.25).all()  # the jump did land before distributed read the delay
+
+
 def test_a_second_session_holds_only_its_own_transfers(client, tmp_path):
     """Dask's transfer logs outlive a session: the second store on the same cluster has the
     transfers of its own computation, none of the first's (checked by key)."""

@@ -58,6 +58,28 @@ def worker_id(worker: Worker) -> str:
     return f"{safe_name(worker.name)}-{worker.id.rsplit('-', 1)[-1][:8]}"
 
 
+def used_delay(seen: tuple[float, float, float], compute: list[dict[str, Any]]) -> float:
+    """The ``scheduler_delay`` distributed added to a run's start and stop, from ``seen``:
+    the delay when the task began executing, the worker's time then and when it finished.
+
+    distributed reads the delay a moment after the task begins executing (once its run is
+    deserialized): a heartbeat answered in between changes it, by tens of ms on a loaded
+    machine, and Darshan's times would then miss the task. The run's compute began after
+    the first of our times and ended before the second, so the delay used lies between
+    ``stop - finished`` and ``start - began``: the delay seen is moved into that range
+    (exact when it did not change; otherwise within the run's overhead of the truth).
+    """
+    delay, began, finished = seen
+    delay = float(delay or 0.0)
+    if not compute:
+        return delay
+    low = compute[-1].get("stop", math.nan) - finished
+    high = compute[0].get("start", math.nan) - began if math.isfinite(began) else math.inf
+    if not (math.isfinite(low) and low <= high):
+        return delay
+    return min(max(delay, low), high)
+
+
 class WorkerCollector(WorkerPlugin):
     """Collects step 4 on one worker and owns its group.
 
@@ -111,8 +133,9 @@ class WorkerCollector(WorkerPlugin):
         )
         self._executions: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
         self._eappend = tuple(c.append for c in self._executions)
-        #: Worker.scheduler_delay when each running task started (heartbeats change it)
-        self._delays: dict[Any, float] = {}
+        #: Worker.scheduler_delay when each running task started (heartbeats change it), and
+        #: the worker's time then
+        self._delays: dict[Any, tuple[float, float]] = {}
         self._samples: list[tuple[Any, ...]] = []
         # the transfer logs outlive a session: entries from before this one are not its own
         self._last_in: Any = (
@@ -247,12 +270,13 @@ class WorkerCollector(WorkerPlugin):
         # until the flush, and the collections they set off made an executed task's hook
         # 7.7 us instead of 0.9 us (a worker's 1000 tasks, 20 rounds)
         add_key, add_start, add_finish, add_time = self._tappend
+        now = time.time()
         add_key(key)
         add_start(start)
         add_finish(finish)
-        add_time(time.time())
-        if finish == "executing":  # the delay distributed adds to this run's times
-            self._delays[key] = getattr(self.worker, "scheduler_delay", 0.0)
+        add_time(now)
+        if finish == "executing":  # the delay distributed adds to this run's times, and when
+            self._delays[key] = (getattr(self.worker, "scheduler_delay", 0.0), now)
         elif start == "executing" and finish != "memory" and finish != "error":
             self._delays.pop(key, None)  # cancelled, rescheduled: no execution row to take it
         elif finish == "memory" or finish == "error":
@@ -271,7 +295,12 @@ class WorkerCollector(WorkerPlugin):
                         ts.type,
                         # what the worker added to its clock for startstops (Worker.
                         # scheduler_delay): Darshan's times need it to meet them
-                        self._delays.pop(key, getattr(self.worker, "scheduler_delay", 0.0)),
+                        (
+                            *self._delays.pop(
+                                key, (getattr(self.worker, "scheduler_delay", 0.0), math.nan)
+                            ),
+                            now,
+                        ),
                     )
                     for add, value in zip(self._eappend, row, strict=True):
                         add(value)
@@ -426,7 +455,7 @@ class WorkerCollector(WorkerPlugin):
             tasks["stop"].append(compute[-1]["stop"] if compute else math.nan)
             tasks["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
             tasks["typename"].append(getattr(typ, "__name__", None) if typ is not None else None)
-            tasks["clock_delay"].append(float(delay or 0.0))
+            tasks["clock_delay"].append(used_delay(delay, compute))
         if tasks["key"]:
             self.group.append("tasks", tasks)
         if ss["key"]:

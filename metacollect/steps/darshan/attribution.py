@@ -16,8 +16,10 @@ a record a ``live-snapshot`` session found opened already starts at the session'
 
 Clocks: the DXT times (relative to the log's start, moved to epoch seconds at ingestion)
 and the tasks' compute intervals (the worker's ``startstops``) are both taken by the
-worker process on its host's clock, so no offset between them is applied; the offset
-of a worker's clock to the scheduler's matters only when joining with scheduler times.
+worker process on its host's clock, but distributed adds the worker's estimate of its
+offset to the scheduler's clock (``scheduler_delay``) to the latter. The caller takes it
+back off (the worker tasks' ``clock_delay``: the delay distributed used,
+:func:`~metacollect.steps.worker.used_delay`) before the intervals come here.
 """
 
 from __future__ import annotations
