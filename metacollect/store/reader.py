@@ -283,9 +283,13 @@ class StoreReader:
 
     def _segments_of(self, group: str) -> segments.GroupSegments | None:
         """A group's segments (``None``: it has none), read again only when its files
-        changed: a run's readers read several tables of a group, one after the other."""
+        changed: a run's readers read several tables of a group, one after the other.
+
+        A sealed store's record is its Zarr tables: a segment in it was written after the
+        seal folded the others (a flush that outran the run's end; ``metacollect validate``
+        names it) and is not read."""
         seqs = tuple(segments.seqs(segments.directory(self.path, group)))
-        if not seqs:
+        if not seqs or zarrio.sealed_docs(self.root) is not None:
             return None
         held = self._segment_cache.get(group)
         if held is None or held[0] != seqs:

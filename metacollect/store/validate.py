@@ -119,7 +119,8 @@ def _group_segment_problems(
     if sealed and (found.segments or found.torn):
         problems.append(
             f"{where}: {len(found.segments) + len(found.torn)} segment(s) left in a sealed "
-            "store (its seal should have folded them into its tables)"
+            "store, written after its seal folded the others (a flush that outran the "
+            "run's end): their rows are not in the record, and readers skip them"
         )
     problems.extend(
         f"{where}: segment {os.path.basename(f)} is torn ({why}); its rows are not read"
