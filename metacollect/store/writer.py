@@ -121,31 +121,27 @@ class StringTable:
     def _encode_small(self, values: Sequence[Any]) -> np.ndarray:
         """:meth:`encode` of a few values, one dictionary look-up each: a flush of a worker's
         few hundred rows has a dozen code columns, and telling a column's objects apart
-        first costs ~50 us a call however short the column."""
+        first costs ~50 us a call however short the column. ``None`` and NaN are no value,
+        as there."""
+        out: list[int] = []
+        add = out.append
         with self._lock:
             if len(self._codes) + len(values) > self.cache_size:
                 self._codes.clear()
-            return np.array(self._codes_of(values), dtype=np.int32)
-
-    def _codes_of(self, values: Iterable[Any]) -> list[int]:
-        """The code of each value, new strings given the next codes (under the lock).
-        ``None`` and NaN are no value (-1)."""
-        out: list[int] = []
-        add = out.append
-        codes = self._codes
-        get = codes.get
-        for v in values:
-            if v is None or (type(v) is float and v != v):
-                add(-1)
-                continue
-            s = v if type(v) is str else str(v)
-            c = get(s)
-            if c is None:
-                c = codes[s] = self._next
-                self._next += 1
-                self._new.append(s)
-            add(c)
-        return out
+            codes = self._codes
+            get = codes.get
+            for v in values:
+                if v is None or (type(v) is float and v != v):
+                    add(-1)
+                    continue
+                s = v if type(v) is str else str(v)
+                c = get(s)
+                if c is None:
+                    c = codes[s] = self._next
+                    self._next += 1
+                    self._new.append(s)
+                add(c)
+        return np.array(out, dtype=np.int32)
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:
         """The strings of codes this table gave out while its cache holds them (-1:
