@@ -180,6 +180,26 @@ def test_files_of_a_sealed_table_grow_with_rows_not_flushes(tmp_path):
     check_against_reader(store)
 
 
+def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
+    """A code column holding "" and "\\0" writes no value as a string of NULs it does not
+    hold, and reads each back as it was, from codes or from strings (numpy's own strings
+    would find "\\0" equal to "")."""
+    from metacollect.store.schema import load_schema
+
+    var = load_schema().match("clusters/c1/scheduler").tables["transitions"].variables["worker"]
+    strings = np.array(["", "\0", "a"], dtype=object)
+    codes = np.array([0, -1, 1, 2, -1, 0])
+    expected = ["", None, "\0", "a", None, ""]
+    for data in (codes, np.array(expected, dtype=object)):
+        sealed, attrs = compact._sealed_column("t/worker", var, data, {}, strings)
+        assert attrs[compact.NONE_ATTR] == "\0\0" and "missing_value" not in attrs
+        assert compact.text_values(sealed, attrs[compact.NONE_ATTR]).tolist() == expected
+    # without "" in the column, no value is "" itself, marked as CF's missing value
+    sealed, attrs = compact._sealed_column("t/worker", var, codes[codes != 0], {}, strings)
+    assert attrs[compact.NONE_ATTR] == "" and attrs["missing_value"] == ""
+    assert compact.text_values(sealed, "").tolist() == [None, "\0", "a", None]
+
+
 def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_doctor(
     tmp_path, monkeypatch
 ):

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -62,13 +63,20 @@ def text_values(data: np.ndarray, none: Any) -> np.ndarray:
     ``None`` (``none``: the array's :data:`NONE_ATTR`, ``None`` when it has none)."""
     out = np.asarray(data, dtype=object)
     if isinstance(none, str) and len(out):
-        # compared as Python strings (pandas' object comparison): numpy's own strings drop
-        # trailing NULs, so numpy would find "\0" equal to ""
-        missing = (pd.Series(out, copy=False) == none).to_numpy()
+        missing = equal_text(out, none)
         if missing.any():
             out = out.copy()
             out[missing] = None
     return out
+
+
+def equal_text(values: np.ndarray, text: str) -> np.ndarray:
+    """Which of an object array's values equal ``text``, compared as Python strings: numpy
+    turns a bare ``str`` into its own string type, which drops trailing NULs ("\\0" would
+    equal ""), so ``text`` goes in as an object."""
+    scalar = np.empty((), dtype=object)
+    scalar[()] = text
+    return np.asarray(values == scalar, dtype=bool)
 
 
 def codes_to_text(codes: np.ndarray, strings: np.ndarray) -> np.ndarray:
@@ -103,16 +111,22 @@ def local_dir(root: zarrio.Group) -> str | None:
     return os.path.join(found, root.store_path.path) if found is not None else None
 
 
-def recover(directory: str) -> int:
-    """Finish or undo the swaps of a compaction a killed process left below ``directory``;
-    returns how many it settled. A ``<table>.compacting`` whose group ``zarr.json`` was
-    written is whole; without it, it was cut short."""
+def recover(directory: str, groups: Iterable[str]) -> int:
+    """Finish or undo the swaps of a compaction a killed process left in the store at
+    ``directory``; returns how many it settled. ``groups``: the paths of the directories that
+    hold its tables (a swap's directories are its table's siblings: only these are listed,
+    not every directory of every array). A ``<table>.compacting`` whose group ``zarr.json``
+    was written is whole; without it, it was cut short."""
     settled = 0
-    for dirpath, dirs, _ in os.walk(directory):
-        for name in list(dirs):
-            if not name.endswith((NEW, OLD)):
-                continue
-            dirs.remove(name)  # nothing of ours below it
+    for group in groups:
+        dirpath = os.path.join(directory, *group.split("/")) if group else directory
+        try:
+            names = os.listdir(dirpath)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            if not name.endswith((NEW, OLD)) or not os.path.isdir(os.path.join(dirpath, name)):
+                continue  # not a swap's, or settled with its sibling
             base = os.path.join(dirpath, name.rsplit(".", 1)[0])
             new, old = base + NEW, base + OLD
             if name.endswith(NEW) and os.path.exists(old):
@@ -136,9 +150,12 @@ def compact(
     directory = local_dir(root)
     if directory is None:
         return 0
-    if recover(directory):
+    # a swap's directories are its table's siblings: in a directory that holds a group
+    holders = {p.rpartition("/")[0] for p, d in nodes.items() if d.get("node_type") == "group"}
+    if recover(directory, sorted(holders | {""})):
         nodes.clear()
         nodes.update(zarrio.run(zarrio.list_docs(root)))
+    arrays_of = _arrays_by_table(nodes)
     schema = schema or load_schema()
     level = int(config.get("store.compression-level"))
     strings: dict[str, np.ndarray | None] = {}
@@ -149,7 +166,7 @@ def compact(
         if owner is None or owner[1].name == "strings":
             continue
         group = path.rpartition("/")[0]
-        arrays = _arrays(nodes, path)
+        arrays = arrays_of.get(path, {})
         if not _needs(owner[1], nodes[path], arrays):
             continue
         if any(owner[1].variables[v].dtype == "code" for v in arrays) and group not in strings:
@@ -179,13 +196,15 @@ def _is_table(doc: dict[str, Any]) -> bool:
     )
 
 
-def _arrays(nodes: dict[str, dict[str, Any]], path: str) -> dict[str, dict[str, Any]]:
-    prefix = path + "/"
-    return {
-        p[len(prefix) :]: d
-        for p, d in nodes.items()
-        if p.startswith(prefix) and "/" not in p[len(prefix) :] and d.get("node_type") == "array"
-    }
+def _arrays_by_table(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{group path: {array name: metadata}}``: each group's arrays, in one pass over the
+    store's nodes (a pass per table would grow with tables times nodes: dozens of workers)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for p, d in nodes.items():
+        if d.get("node_type") == "array":
+            parent, _, name = p.rpartition("/")
+            out.setdefault(parent, {})[name] = d
+    return out
 
 
 def _chunk(n: int, extra: list[int]) -> int:
@@ -308,44 +327,76 @@ async def _write_table(
     level: int,
     templates: Templates,
 ) -> dict[str, dict[str, Any]]:
-    """Write a table's columns at ``where`` in their sealed form, its arrays concurrently and
-    its group's ``zarr.json`` (``group``) last; returns the documents by the paths of
-    ``path``'s table (``layouts``: each variable's dimension names and attributes).
+    """Write a table's columns at ``where`` in their sealed form, its group's ``zarr.json``
+    (``group``) last; returns the documents by the paths of ``path``'s table (``layouts``:
+    each variable's dimension names and attributes).
 
-    Each array is made in a thread (its strings, its chunks encoded: Zstandard and Blosc
-    release the GIL) and stored as new files (:func:`~metacollect.store.zarrio.put_new`)."""
+    A table of one chunk a column (most of a run's tables) is made and stored in two thread
+    hops: a hop per array costs more than a small array's encoding, and the seal's ~200
+    arrays paid half its time in them. A larger table has a thread per array, so its chunks
+    compress in parallel (Zstandard and Blosc release the GIL). Files are stored new
+    (:func:`~metacollect.store.zarrio.put_new`), each array's ``zarr.json`` after its chunks."""
+    names = [n for n in layouts if n in columns]
+    made = await asyncio.gather(
+        *(
+            _template(
+                tspec.variables[n],
+                list(np.shape(columns[n])[1:]),
+                _chunk_of(columns[n]),
+                level,
+                templates,
+            )
+            for n in names
+        )
+    )
+    kinds = dict(zip(names, made, strict=True))
 
-    async def one(name: str) -> tuple[str, dict[str, Any]]:
+    def array_files(name: str) -> tuple[dict[str, Any], dict[str, bytes]]:
         var = tspec.variables[name]
         column = np.asarray(columns[name])
-        extra = list(column.shape[1:])
-        chunk = [_chunk(len(column), extra), *extra]
-        template, codec = await _template(var, extra, chunk, level, templates)
+        chunk = _chunk_of(column)
+        template, codec = kinds[name]
         dims, attrs = layouts[name]
+        data, sealed_attrs = _sealed_column(f"{path}/{name}", var, column, attrs, strings)
+        doc = {
+            **template,
+            "shape": list(column.shape),
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
+            "dimension_names": dims,
+            "attributes": sealed_attrs,
+        }
+        rows = np.asarray(data).astype(codec.dtype, copy=False)
+        files = chunk_files(rows, chunk[0], codec) if len(rows) else {}
+        files["zarr.json"] = zarrio.doc_bytes(doc)  # after its chunks
+        return doc, files
 
-        def made() -> tuple[dict[str, Any], dict[str, bytes]]:
-            data, sealed_attrs = _sealed_column(f"{path}/{name}", var, column, attrs, strings)
-            doc = {
-                **template,
-                "shape": [len(column), *extra],
-                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
-                "dimension_names": dims,
-                "attributes": sealed_attrs,
-            }
-            rows = np.asarray(data).astype(codec.dtype, copy=False)
-            files = chunk_files(rows, chunk[0], codec) if len(rows) else {}
-            files["zarr.json"] = zarrio.doc_bytes(doc)  # after its chunks
-            return doc, files
+    def batch_files(batch: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
+        docs: dict[str, dict[str, Any]] = {}
+        files: dict[str, bytes] = {}
+        for name in batch:
+            docs[f"{path}/{name}"], own = array_files(name)
+            files.update((f"{name}/{key}", body) for key, body in own.items())
+        return docs, files
 
-        doc, files = await asyncio.to_thread(made)
-        await zarrio.put_new(where / name, files)
-        return f"{path}/{name}", doc
+    async def store(batch: list[str]) -> dict[str, dict[str, Any]]:
+        docs, files = await asyncio.to_thread(batch_files, batch)
+        await zarrio.put_new(where, files)
+        return docs
 
-    names = [n for n in layouts if n in columns]
-    out = dict(await asyncio.gather(*(one(n) for n in names)))
+    rows = len(columns[names[0]]) if names else 0
+    batches = [names] if rows <= COMPACT_ROWS else [[n] for n in names]
+    out: dict[str, dict[str, Any]] = {}
+    for docs in await asyncio.gather(*(store(b) for b in batches if b)):
+        out.update(docs)
     await zarrio.write_doc(where, group)
     out[path] = group
     return out
+
+
+def _chunk_of(column: Any) -> list[int]:
+    """The chunk shape of a sealed column's array (whole rows past the first axis)."""
+    shape = np.shape(column)
+    return [_chunk(shape[0], list(shape[1:])), *shape[1:]]
 
 
 def _template(
@@ -404,18 +455,14 @@ def _sealed_column(
         used[valid] = True
         held = strings[used]
         absent = np.zeros(len(strings), bool)
-        absent[used] = pd.isna(pd.Series(held, dtype=object)).to_numpy()
+        absent[used] = pd.isna(held)
         held = held[~absent[used]]
         missing = out.copy()
         missing[~out] = absent[valid]
         data = codes_to_text(codes, strings)
     else:
         data = held = text_values(data, attrs.get(NONE_ATTR))
-        missing = (
-            pd.isna(pd.Series(data, dtype=object, copy=False)).to_numpy()
-            if len(data)
-            else np.zeros(0, bool)
-        )
+        missing = pd.isna(data) if len(data) else np.zeros(0, bool)
     attrs.pop(NONE_ATTR, None)
     attrs.pop("missing_value", None)
     if missing.any():
