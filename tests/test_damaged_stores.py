@@ -82,11 +82,7 @@ def coded_store(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
         # nor are the tables of the segments written sealed: appended, codes and all
-        mp.setattr(
-            writer_mod,
-            "_write_sealed",
-            lambda writer, gw, found, tables: writer_mod._append_folded(gw, found, tables),
-        )
+        mp.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
         return _collected(str(tmp_path_factory.mktemp("damage") / "coded.zarr"))
 
 

@@ -261,7 +261,7 @@ def test_tables_written_once_at_the_seal_equal_the_appended_and_compacted(store,
     finalize(store)
 
     real = writer_mod._write_sealed
-    writer_mod._write_sealed = lambda writer, gw, found, t: writer_mod._append_folded(gw, found, t)
+    writer_mod._write_sealed = writer_mod._append_folded
     try:
         finalize(appended)
     finally:

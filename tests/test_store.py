@@ -227,6 +227,14 @@ def test_packages_are_every_installed_distribution_read_off_its_header(tmp_path,
     packages = open_run(store).table("job", "packages")
     assert list(zip(packages.name, packages.version, strict=True)) == expected
     assert ("distributed", im.version("distributed")) in expected
+    # the run's own versions (the job's attributes) are read the same way
+    from metacollect.steps.job import VERSIONED, versions
+
+    found = versions()
+    assert {n: v for n, v in found.items() if n != "python"} == {
+        n: im.version(n) for n in VERSIONED if n in found
+    }
+    assert {"dask", "distributed", "zarr"} <= set(found)
 
 
 def test_validate_reports_schema_violations(store):

@@ -107,10 +107,12 @@ def versions() -> dict[str, str]:
     """Python and the versions of the packages a run depends on."""
     out = {"python": sys.version.split()[0]}
     for name in VERSIONED:
-        try:
-            out[name] = importlib.metadata.version(name)
+        try:  # read as name_version does: ``version()`` parses the whole metadata file
+            found = name_version(importlib.metadata.distribution(name))
         except importlib.metadata.PackageNotFoundError:
             continue
+        if found is not None:
+            out[name] = found[1]
     return out
 
 

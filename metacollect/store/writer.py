@@ -791,7 +791,7 @@ def fold_segments(path: str, schema: Schema | None = None) -> list[str]:
             continue
         if found.segments:
             writer = writer or _fold_writer(path, schema)
-            _fold_group(writer, GroupWriter(writer, spec, group, {}), found)
+            _fold_group(writer, spec, group, found)
         # the files folded (and the torn ones), not the directory: a segment a late flush
         # wrote meanwhile stays, for validate to name, instead of vanishing
         segdir = seg.directory(path, group)
@@ -814,33 +814,37 @@ def _fold_writer(path: str, schema: Schema) -> StoreWriter:
     return writer
 
 
-def _fold_group(writer: StoreWriter, gw: GroupWriter, found: seg.GroupSegments) -> None:
+def _fold_group(writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments) -> None:
     """Put one group's segment rows into Zarr: each table written once in its sealed form
     when none of the group's tables is in Zarr yet (the usual case: every row of the run is
     in segments), else appended to the tables, the strings first, for the compaction."""
-    if gw.group is None:  # could not make it: the store cannot be written
-        raise StoreError(f"cannot fold the segments of {gw.path or '/'} into {writer.path}")
-    tables = gw.spec.tables
-    names = sorted({t for s in found.segments for t in s.tables} & set(tables) - {"strings"})
-    if any(os.path.exists(os.path.join(writer.path, gw.path, t, "zarr.json")) for t in tables):
-        _append_folded(gw, found, names)
+    names = sorted({t for s in found.segments for t in s.tables} & set(spec.tables) - {"strings"})
+    if any(os.path.exists(os.path.join(writer.path, path, t, "zarr.json")) for t in spec.tables):
+        _append_folded(writer, spec, path, found, names)
     else:
-        _write_sealed(writer, gw, found, names)
+        _write_sealed(writer, spec, path, found, names)
 
 
-def _append_folded(gw: GroupWriter, found: seg.GroupSegments, tables: list[str]) -> None:
+def _append_folded(
+    writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments, tables: list[str]
+) -> None:
     """Append a group's segment rows to its Zarr tables (rows in Zarr already: a writer
     without segments, a fold cut short), the strings first: the codes continue them."""
-    for table in ["strings", *tables] if "strings" in gw.spec.tables else tables:
+    gw = GroupWriter(writer, spec, path, {})
+    if gw.group is None:  # could not make it: the store cannot be written
+        raise StoreError(f"cannot fold the segments of {path or '/'} into {writer.path}")
+    for table in ["strings", *tables] if "strings" in spec.tables else tables:
         _fold_table(gw, found, table)
 
 
 def _write_sealed(
-    writer: StoreWriter, gw: GroupWriter, found: seg.GroupSegments, tables: list[str]
+    writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments, tables: list[str]
 ) -> None:
     """Write a group's tables, whose rows are all in its segments, straight in their sealed
     form (:func:`~metacollect.store.compact.write_sealed_table`: codes as strings, large
-    chunks), each with the last segment it holds; the compaction then finds them done."""
+    chunks), each with the last segment it holds; the compaction then finds them done.
+    The group itself is there (its segments are in it): no writer of it is made, which
+    would read and rewrite its metadata."""
     strings = found.strings()
     templates = writer.sealed_templates
 
@@ -849,9 +853,9 @@ def _write_sealed(
             *(
                 write_sealed_table(
                     writer.root,
-                    f"{gw.path}/{table}" if gw.path else table,
-                    {**writer.table_attributes(gw.spec, table), seg.FOLDED: found.last(table)},
-                    gw.spec.tables[table],
+                    f"{path}/{table}" if path else table,
+                    {**writer.table_attributes(spec, table), seg.FOLDED: found.last(table)},
+                    spec.tables[table],
                     columns,
                     strings,
                     templates,
