@@ -331,10 +331,10 @@ async def _write_table(
     (``group``) last; returns the documents by the paths of ``path``'s table (``layouts``:
     each variable's dimension names and attributes).
 
-    A table of one chunk a column (most of a run's tables) is made and stored in two thread
-    hops: a hop per array costs more than a small array's encoding, and the seal's ~200
-    arrays paid half its time in them. A larger table has a thread per array, so its chunks
-    compress in parallel (Zstandard and Blosc release the GIL). Files are stored new
+    A table of at most :data:`COMPACT_ROWS` rows (most of a run's tables) is made and stored
+    in two thread hops: a hop per array costs more than a small array's encoding, and the
+    seal's ~200 arrays paid half its time in them. A larger table has a thread per array, so
+    its chunks compress in parallel (Zstandard and Blosc release the GIL). Files are stored new
     (:func:`~metacollect.store.zarrio.put_new`), each array's ``zarr.json`` after its chunks."""
     names = [n for n in layouts if n in columns]
     made = await asyncio.gather(
