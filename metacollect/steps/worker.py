@@ -281,9 +281,12 @@ class WorkerCollector(WorkerPlugin):
             self._delays.pop(key, None)  # cancelled, rescheduled: no execution row to take it
         elif finish == "memory" or finish == "error":
             try:
+                delay = self._delays.pop(key, None)  # taken even without a row: nothing lingers
                 state = self.worker.state  # type: ignore[union-attr]
                 ts = state.tasks.get(key)
                 if ts is not None:
+                    if delay is None:  # not seen executing: the collector attached meanwhile
+                        delay = (getattr(self.worker, "scheduler_delay", 0.0), math.nan)
                     # read all first: the columns stay aligned whatever raises
                     row = (
                         key,
@@ -295,12 +298,7 @@ class WorkerCollector(WorkerPlugin):
                         ts.type,
                         # what the worker added to its clock for startstops (Worker.
                         # scheduler_delay): Darshan's times need it to meet them
-                        (
-                            *self._delays.pop(
-                                key, (getattr(self.worker, "scheduler_delay", 0.0), math.nan)
-                            ),
-                            now,
-                        ),
+                        (*delay, now),
                     )
                     for add, value in zip(self._eappend, row, strict=True):
                         add(value)
