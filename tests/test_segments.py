@@ -124,6 +124,20 @@ def test_one_file_per_flush_read_live_and_sealed_as_plain_zarr(store):
     assert len(_files(store)) == len(_files(one))
 
 
+def test_the_seal_makes_again_a_group_whose_metadata_was_lost(store):
+    """The fold writes a group's tables without making a writer of the group (it is there:
+    its segments are in it); a group whose ``zarr.json`` went missing is made again, so its
+    tables are part of the sealed store, not files below a directory no reader opens."""
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    expected = open_run(store).table(GROUP, "events")
+    os.remove(os.path.join(store, *GROUP.split("/"), "zarr.json"))
+    assert finalize(store) == ("complete", [])
+    assert open_run(store).table(GROUP, "events").equals(expected)
+    assert xr.open_datatree(store, engine="zarr")[f"{GROUP}/events"].ds.sizes["event"] == 10
+    assert validate_store(store) == []
+
+
 def test_a_torn_last_segment_is_skipped_reported_and_the_rows_before_survive(store):
     _, g = _run(store)
     for f in range(3):

@@ -819,6 +819,8 @@ def _fold_group(writer: StoreWriter, spec: GroupSpec, path: str, found: seg.Grou
     when none of the group's tables is in Zarr yet (the usual case: every row of the run is
     in segments), else appended to the tables, the strings first, for the compaction."""
     names = sorted({t for s in found.segments for t in s.tables} & set(spec.tables) - {"strings"})
+    if not os.path.exists(os.path.join(writer.path, path, "zarr.json")):
+        writer.ensure_group(path, spec, {})  # its metadata lost (a damaged store): made again
     if any(os.path.exists(os.path.join(writer.path, path, t, "zarr.json")) for t in spec.tables):
         _append_folded(writer, spec, path, found, names)
     else:
