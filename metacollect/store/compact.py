@@ -119,11 +119,7 @@ def recover(directory: str, groups: Iterable[str]) -> int:
     was written is whole; without it, it was cut short."""
     settled = 0
     for group in groups:
-        dirpath = os.path.join(directory, *group.split("/")) if group else directory
-        try:
-            names = os.listdir(dirpath)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
+        dirpath, names = zarrio.group_entries(directory, group)
         for name in names:
             if not name.endswith((NEW, OLD)) or not os.path.isdir(os.path.join(dirpath, name)):
                 continue  # not a swap's, or settled with its sibling

@@ -234,6 +234,16 @@ async def list_docs(root: Group, bad: dict[str, str] | None = None) -> dict[str,
     return docs
 
 
+def group_entries(directory: str, group: str) -> tuple[str, list[str]]:
+    """The directory of ``group`` (a path in the local store at ``directory``) and the names
+    in it; none when it is gone or not a directory (a node removed meanwhile)."""
+    base = os.path.join(directory, *group.split("/")) if group else directory
+    try:
+        return base, os.listdir(base)
+    except (FileNotFoundError, NotADirectoryError):
+        return base, []
+
+
 def _local_docs(directory: str, bad: dict[str, str] | None) -> dict[str, dict[str, Any]]:
     """:func:`list_docs` of a store in a local directory, with the OS's own calls: a seal
     reads every node's ``zarr.json`` once or twice, ~400 of them on a short run, and each
@@ -243,11 +253,7 @@ def _local_docs(directory: str, bad: dict[str, str] | None) -> dict[str, dict[st
     while level:
         deeper = []
         for group in level:
-            base = os.path.join(directory, *group.split("/")) if group else directory
-            try:
-                names = os.listdir(base)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
+            base, names = group_entries(directory, group)
             for name in names:
                 if name == "zarr.json":
                     continue
