@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -604,6 +605,9 @@ def test_a_collector_removed_from_the_scheduler_stops_and_the_store_says_so(tmp_
             )
             client.unregister_scheduler_plugin(name)
             time.sleep(1.0)  # a few flush intervals
+            # nothing but us holds a dropped collector now: a garbage collection must not
+            # take it away before it is ended (the scheduler runs in this process)
+            gc.collect()
             assert client.submit(slow_inc, 100, delay=0).result() == 101
         assert session.status == "incomplete"
         assert any("removed from the scheduler" in m for m in session.missing), session.missing
@@ -618,3 +622,22 @@ def test_a_collector_removed_from_the_scheduler_stops_and_the_store_says_so(tmp_
     assert (errors["where"] == "scheduler.removed").sum() == 1
     assert len(run.tasks()) == 10  # the record up to the removal, whole
     assert len(run.worker_table("tasks")) == 10
+
+
+def test_a_collector_removed_before_its_first_flush_is_found_dropped_all_the_same(tmp_path):
+    """The scheduler holds the collector from the moment its ``start`` returns, not from
+    its first flush: one removed before any flush is still found dropped (before: it was
+    taken for one not yet held, and the store said nothing of the removal)."""
+    store = str(tmp_path / "removed-early.zarr")
+    with _cluster(1) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="0.5s") as session:
+            (name,) = client.run_on_scheduler(
+                lambda dask_scheduler: [p.name for p in collectors(dask_scheduler)]
+            )
+            client.unregister_scheduler_plugin(name)
+            time.sleep(1.5)  # a few flush intervals
+        assert session.status == "incomplete"
+        assert any("removed from the scheduler" in m for m in session.missing), session.missing
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete"
+    assert (run.errors()["where"] == "scheduler.removed").sum() == 1

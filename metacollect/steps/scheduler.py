@@ -55,6 +55,9 @@ _now = time.time  # a global lookup, not an attribute lookup, on the transition 
 #: still holds them: one dropped by the user (``unregister_scheduler_plugin``, or a plugin
 #: registered under its name) still has rows to write and must still be ended
 _LIVE: weakref.WeakSet[SchedulerCollector] = weakref.WeakSet()
+#: the dropped ones among them, held here until they are ended: nothing else holds a
+#: collector its scheduler dropped once its flush thread has stopped
+_DROPPED: set[SchedulerCollector] = set()
 
 
 #: the stream op a client sends after its last messages, so that the end of a session waits
@@ -139,7 +142,7 @@ class SchedulerCollector(SchedulerPlugin):
         _LIVE.add(self)
         #: when the scheduler was found to have dropped this collector (None: it holds it)
         self.dropped: float | None = None
-        self._held = False  # the scheduler has held it (start has returned)
+        self._held = False  # the scheduler has held it (see _see_held)
         self.cluster = cluster_id(scheduler.id)
         self._tasks = scheduler.tasks
         self._new_transition_buffers()
@@ -196,6 +199,13 @@ class SchedulerCollector(SchedulerPlugin):
         for address, reply in (replies or {}).items():
             if isinstance(reply, dict) and reply.get("status") == "error":
                 self._on_error(f"worker-setup {address}", RuntimeError(_reply_error(reply)))
+        # Dask adds a plugin to its plugins in the same step as its start returns: by the
+        # next turn of the loop the scheduler holds it, before any request can remove it
+        asyncio.get_running_loop().call_soon(self._see_held)
+
+    def _see_held(self) -> None:
+        if self.scheduler is not None and self.scheduler.plugins.get(self.name) is self:
+            self._held = True
 
     async def before_close(self) -> None:
         await self.finish()
@@ -210,6 +220,7 @@ class SchedulerCollector(SchedulerPlugin):
             return
         self._finished = True
         _LIVE.discard(self)
+        _DROPPED.discard(self)
         self._end_spans()
         await self.recording.finish()
         ended: dict[str, Any] = {"ended": time.time(), **({"detached": True} if detached else {})}
@@ -229,6 +240,8 @@ class SchedulerCollector(SchedulerPlugin):
             return []
         scheduler = self.scheduler
         problems: list[str] = []
+        if self._dropped_by_scheduler():  # since its last flush: say so with the final one
+            self._note_dropped()
 
         async def detach_workers() -> None:
             problems.extend(await self._detach_workers(scheduler))
@@ -259,6 +272,7 @@ class SchedulerCollector(SchedulerPlugin):
             return
         self._finished = True
         _LIVE.discard(self)
+        _DROPPED.discard(self)
         self._end_spans()
         self.recording.finish_now()
         self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
@@ -465,8 +479,7 @@ class SchedulerCollector(SchedulerPlugin):
         """A dropped collector writes what it has (this flush) and stops ticking: its hooks
         are no longer called. It is still ended like any other (:func:`end_collection`
         finds it), and the store says where the scheduler's record stops and why."""
-        self.dropped = time.time()
-        self._on_error("removed", self.dropped_message())
+        self._note_dropped()
         self.recording.flusher.stop_ticking()
         scheduler = self.scheduler
         if scheduler is not None:
@@ -477,6 +490,12 @@ class SchedulerCollector(SchedulerPlugin):
                 scheduler.loop.add_callback(self._detach_workers_recorded, scheduler)
         if self.profile is not None:
             self.profile.detach()
+
+    def _note_dropped(self) -> None:
+        """Record the drop (errors table) and hold the collector until it is ended."""
+        self.dropped = time.time()
+        _DROPPED.add(self)
+        self._on_error("removed", self.dropped_message())
 
     def dropped_message(self) -> str:
         return (
