@@ -219,8 +219,8 @@ def _chunks(store: str, table_suffix: str) -> list[str]:
     out = []
     for dirpath, _, files in os.walk(store):
         rel = os.path.relpath(dirpath, store)
-        if f"/{table_suffix}/" in f"/{rel}/" and os.path.basename(os.path.dirname(dirpath)) != "c":
-            out += [os.path.join(dirpath, f) for f in files if dirpath.endswith("/c")]
+        if f"/{table_suffix}/" in f"/{rel}/":
+            out += [os.path.join(dirpath, f) for f in files if f.startswith("c.")]
     return out
 
 

@@ -164,32 +164,41 @@ def delete_group(store: str, pattern: str) -> str:
     return _rel(store, path)
 
 
+def _first_chunk(store: str, array: str) -> tuple[str, str]:
+    """The file of an array's first chunk, named as its metadata names chunks, and the
+    array's path in the store (what a reader names when the chunk is damaged)."""
+    where = _one(store, array)
+    meta = zarr.open_array(where, mode="r").metadata
+    key = meta.encode_chunk_key((0,) * len(meta.shape))
+    return os.path.join(where, *key.split("/")), _rel(store, where)
+
+
 def delete_chunk(store: str, array: str) -> str:
-    path = _one(store, f"{array}/c/0")
+    path, where = _first_chunk(store, array)
     os.remove(path)
-    return _rel(store, os.path.dirname(os.path.dirname(path)))
+    return where
 
 
 def garbage_chunk(store: str, array: str) -> str:
-    path = _one(store, f"{array}/c/0")
+    path, where = _first_chunk(store, array)
     with open(path, "wb") as f:
         f.write(b"\x00garbage, not a compressed chunk\xff" * 3)
-    return _rel(store, os.path.dirname(os.path.dirname(path)))
+    return where
 
 
 def flip_chunk(store: str, array: str) -> str:
-    path = _one(store, f"{array}/c/0")
+    path, where = _first_chunk(store, array)
     _flip_middle(path)
-    return _rel(store, os.path.dirname(os.path.dirname(path)))
+    return where
 
 
 def truncate_chunk(store: str, array: str) -> str:
-    path = _one(store, f"{array}/c/0")
+    path, where = _first_chunk(store, array)
     with open(path, "rb") as f:
         data = f.read()
     with open(path, "wb") as f:
         f.write(data[: len(data) // 2])
-    return _rel(store, os.path.dirname(os.path.dirname(path)))
+    return where
 
 
 def set_rows(store: str, table: str, rows: Callable[[int], int]) -> str:

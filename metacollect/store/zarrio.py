@@ -48,6 +48,9 @@ UNRECOGNIZED = r"Object at .* is not recognized"
 
 T = TypeVar("T")
 
+#: how the chunks of our arrays are named (see :func:`array_template`)
+CHUNK_KEYS: dict[str, Any] = {"name": "default", "separator": "."}
+
 
 class _Loop:
     """An event loop in a daemon thread, started on first use (and again after a fork)."""
@@ -458,7 +461,12 @@ async def array_template(
 ) -> dict[str, Any]:
     """Zarr's own metadata document for an array of this kind, made in memory: each array of
     the kind is then one write of its ``zarr.json`` (Zarr's ``create_array`` first checks the
-    path and each parent in the store, a dozen operations, ~6 ms, an array)."""
+    path and each parent in the store, a dozen operations, ~6 ms, an array).
+
+    Chunks are named ``c.<i>`` beside the array's ``zarr.json`` (Zarr v3's default key
+    encoding with its ``.`` separator), not ``c/<i>``: no directory of their own, which is
+    one ``mkdir`` less an array at the seal (a metadata-server call on Lustre or GPFS) and
+    one directory less an array in the sealed store."""
     arr = await create_array(
         MemoryStore(),
         shape=shape,
@@ -466,6 +474,7 @@ async def array_template(
         dtype=dtype,
         compressors=compressors,
         fill_value=fill,
+        chunk_key_encoding=CHUNK_KEYS,
     )
     return array_doc(arr)
 
