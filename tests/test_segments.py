@@ -173,6 +173,36 @@ def test_a_torn_last_segment_is_skipped_reported_and_the_rows_before_survive(sto
     assert validate_store(store) == []
 
 
+def test_a_flush_that_ends_during_the_seal_makes_the_run_incomplete(store, monkeypatch):
+    """A writer of the run may flush while the store is being sealed: the run's lock is
+    held until the seal is done (a worker's final flush that came late). A segment written
+    after the fold read its group keeps the group's segment directory, and its rows are not
+    in the sealed tables: the run says so (before: ``complete``, with the rows in a file
+    only validate named)."""
+    from metacollect.store import writer as writer_mod
+
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    real_fold = writer_mod._fold_group
+
+    def fold_then_a_late_flush(*args, **kwargs):
+        real_fold(*args, **kwargs)
+        _flush_events(g, 100, 5)  # after the fold read the group's segments
+
+    monkeypatch.setattr(writer_mod, "_fold_group", fold_then_a_late_flush)
+    status, missing = finalize(store, "complete")
+    assert status == "incomplete"
+    (line,) = missing
+    assert line.startswith(f"{GROUP}: a flush ended while the store was being sealed")
+    assert segments.file_name(1) in line
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete" and run.attrs["missing"] == missing
+    assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
+    problems = validate_store(store)
+    assert any(p.startswith(f"{GROUP}: 1 segment(s) left in a sealed store") for p in problems)
+    assert xr.open_datatree(store, engine="zarr").attrs["status"] == "incomplete"
+
+
 def test_validate_of_a_live_store_waits_for_the_segment_being_written(store, monkeypatch):
     """A flush's segment reads short until its one write ends: ``validate`` on a live store
     must not call it torn. Here the write is slowed down the way a stalled filesystem

@@ -218,7 +218,8 @@ def finalize(
                         os.remove(os.path.join(dirpath, f))
         root = _run_root(store)
         # the flushes written as segments appended to the tables (before anything reads them)
-        lost = [] if _is_url(store) else fold_segments(store)
+        folded = [] if _is_url(store) else segments.groups_with_segments(store)
+        lost = fold_segments(store, groups=folded) if folded else []
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
         missing = [*(missing or []), *ungathered(nodes), *lost]
@@ -236,6 +237,11 @@ def finalize(
             },
             fold=False,  # folded above (a second walk of the whole store finds nothing)
         )
+        late = segments.written_since(store, folded)
+        if late:  # a flush that ended during the seal, under the run's lock: say so
+            missing = [*missing, *(_late_flush(group, seqs) for group, seqs in late.items())]
+            status = "incomplete" if status in ("complete", "failed") else status
+            consolidate(root, None, {"status": status, "missing": missing}, fold=False)
         return status, missing
     except StoreError:
         raise
@@ -247,6 +253,14 @@ def finalize(
     finally:  # the run is over, sealed or not: the store is free for the next
         if not _is_url(store):
             lock.release(store)
+
+
+def _late_flush(group: str, seqs: list[int]) -> str:
+    names = ", ".join(segments.file_name(s) for s in seqs)
+    return (
+        f"{group or '/'}: a flush ended while the store was being sealed (segment {names}): "
+        "its rows are not in the sealed tables (`metacollect validate` reports the file)"
+    )
 
 
 def _run_root(store: str) -> zarrio.Group:

@@ -138,6 +138,13 @@ def seqs(segdir: str) -> list[int]:
     return sorted(int(n[: -len(SUFFIX)]) for n in names if _is_segment(n))
 
 
+def written_since(store: str, groups: Iterable[str]) -> dict[str, list[int]]:
+    """Of ``groups``, whose segments were folded, those holding segments again, with their
+    sequence numbers: flushes that ended after the fold had read the group."""
+    found = {g: seqs(directory(store, g)) for g in groups}
+    return {g: s for g, s in found.items() if s}
+
+
 def _is_segment(name: str) -> bool:
     return name.endswith(SUFFIX) and name[: -len(SUFFIX)].isdigit()
 
