@@ -203,6 +203,24 @@ def test_a_flush_that_ends_during_the_seal_makes_the_run_incomplete(store, monke
     assert xr.open_datatree(store, engine="zarr").attrs["status"] == "incomplete"
 
 
+def test_segments_of_a_group_the_schema_does_not_know_are_named_once(store):
+    """Segments the fold cannot place (a group of another metacollect version) stay where
+    they are; the run says their rows are missing, once, and not as a late flush (before:
+    a logged warning, and the run complete)."""
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    alien = segments.directory(store, "clusters/c1/not-a-group")
+    os.makedirs(alien)
+    shutil.copy(os.path.join(segments.directory(store, GROUP), segments.file_name(0)), alien)
+    status, missing = finalize(store, "complete")
+    assert status == "incomplete"
+    assert missing == [
+        "clusters/c1/not-a-group: segments left unfolded, no group of this version's schema "
+        "(written by another metacollect version?): their rows are not in the tables"
+    ]
+    assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
+
+
 def test_validate_of_a_live_store_waits_for_the_segment_being_written(store, monkeypatch):
     """A flush's segment reads short until its one write ends: ``validate`` on a live store
     must not call it torn. Here the write is slowed down the way a stalled filesystem

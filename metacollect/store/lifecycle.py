@@ -25,6 +25,7 @@ from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import segments
 from metacollect.store.compact import compact, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
+from metacollect.store.schema import load_schema
 from metacollect.store.writer import fold_segments, read_nodes, seal, trim
 
 logger = logging.getLogger(__name__)
@@ -237,7 +238,8 @@ def finalize(
             },
             fold=False,  # folded above (a second walk of the whole store finds nothing)
         )
-        late = segments.written_since(store, folded)
+        known = load_schema()  # a group the fold left whole (not ours) is in ``lost``
+        late = segments.written_since(store, [g for g in folded if known.match(g)])
         if late:  # a flush that ended during the seal, under the run's lock: say so
             missing = [*missing, *(_late_flush(group, seqs) for group, seqs in late.items())]
             status = "incomplete" if status in ("complete", "failed") else status

@@ -788,8 +788,11 @@ def fold_segments(
                 f"{group or '/'}: segment {os.path.basename(file)} is torn ({why}): the rows "
                 "of the flush a killed process was writing are lost"
             )
-        if spec is None:
-            logger.warning("metacollect: segments of %s left: no group of the schema", group)
+        if spec is None:  # written by another version of metacollect, or not ours
+            lost.append(
+                f"{group or '/'}: segments left unfolded, no group of this version's schema "
+                "(written by another metacollect version?): their rows are not in the tables"
+            )
             continue
         if found.segments:
             writer = writer or _fold_writer(path, schema)
