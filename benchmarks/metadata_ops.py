@@ -6,8 +6,9 @@ syscalls themselves, not what the code means to do) for 2, 16 and 64 simulated w
 processes. Each writer is what a worker's collector is to the store: a process with a
 ``StoreWriter`` and its worker group, appending the rows a worker's collector appends
 between flushes (transitions, tasks, startstops, a metrics sample, fine metrics, Dask
-profile nodes) and flushing ``--flushes`` times. Then one process seals the run
-(``lifecycle.finalize``), as the client does at the end of ``collect``.
+profile nodes) and flushing ``--flushes`` times, then sealing its own group
+(``writer.seal_own``, as a collector's end does). Then one process seals the run
+(``lifecycle.finalize``), as the client does at the end of ``collect``: what is left.
 
 How it counts: the writers are forked from one traced parent that imported everything
 first (``strace -f``, threads mapped to their process), so imports are not counted. Each
@@ -137,8 +138,9 @@ def worker_rows(i: int, flush: int, tasks: int) -> dict[str, dict[str, list[Any]
 
 
 def writer_process(store: str, i: int, flushes: int, tasks: int) -> None:
-    """One simulated worker collector: its group, ``flushes`` flushes (forked child)."""
-    from metacollect.store.writer import StoreWriter
+    """One simulated worker collector: its group, ``flushes`` flushes, and its end, which
+    seals its group (forked child)."""
+    from metacollect.store.writer import StoreWriter, seal_own
 
     _mark(f"setup-start-{i}")
     writer = StoreWriter(store)
@@ -155,6 +157,9 @@ def writer_process(store: str, i: int, flushes: int, tasks: int) -> None:
         _mark(f"flush-start-{f}")
         group.flush()
         _mark(f"flush-end-{f}")
+    _mark(f"ownseal-start-{i}")
+    seal_own(writer)
+    _mark(f"ownseal-end-{i}")
 
 
 def flush_cpu(workdir: str, flushes: int, tasks: int) -> dict[str, Any]:
@@ -374,11 +379,14 @@ def measure(processes: int, flushes: int, tasks: int, workdir: str) -> dict[str,
     per_flush: list[dict[str, float]] = []
     first_flush: list[dict[str, float]] = []
     setup: list[dict[str, float]] = []
+    own_seal: list[dict[str, float]] = []
     seal: dict[str, float] = dict.fromkeys(KINDS, 0.0)
     for phases in _count(trace):
         for ph, c in phases.items():
             if ph == "setup":
                 setup.append(c)
+            elif ph == "ownseal":
+                own_seal.append(c)
             elif ph == "flush-0":
                 first_flush.append(c)
             elif ph.startswith("flush-"):
@@ -395,6 +403,7 @@ def measure(processes: int, flushes: int, tasks: int, workdir: str) -> dict[str,
         "first_flush": _mean(first_flush),
         "flush": _mean(per_flush),
         "n_flush_samples": len(per_flush),
+        "own_seal": _mean(own_seal),
         "seal": seal,
         "files": n_files,
         "dirs": n_dirs,
@@ -426,7 +435,8 @@ def table(results: list[dict[str, Any]]) -> str:
             ("setup", "group setup, per process"),
             ("first_flush", "first flush, per process"),
             ("flush", "later flush, per process"),
-            ("seal", "seal (whole run)"),
+            ("own_seal", "own group sealed at its end, per process"),
+            ("seal", "run's seal (one process)"),
         ):
             c = r[phase]
             lines.append(
@@ -436,7 +446,12 @@ def table(results: list[dict[str, Any]]) -> str:
         for k in KINDS:
             run[k] = (
                 r["processes"]
-                * (r["setup"][k] + r["first_flush"][k] + (r["flushes"] - 1) * r["flush"][k])
+                * (
+                    r["setup"][k]
+                    + r["first_flush"][k]
+                    + (r["flushes"] - 1) * r["flush"][k]
+                    + r["own_seal"][k]
+                )
                 + r["seal"][k]
             )
         lines.append(

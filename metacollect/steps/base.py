@@ -11,6 +11,7 @@ table, counts the rest, and writes how many there were at every flush.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 
 import metacollect.config as config
 from metacollect.store.flush import PeriodicFlusher
-from metacollect.store.writer import GroupWriter
+from metacollect.store.writer import GroupWriter, StoreWriter, seal_own
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,9 @@ class Recording:
     flush thread every ``metacollect.flush-interval``, ``sample`` called on the event loop
     every ``metacollect.snapshot-interval`` (when ``sampling``), and the process's Yappi
     sink (``profile``) written with the flushes. :meth:`finish` is the one way they end:
-    a last sample, the final flush (the profile's full snapshot with it), the sink detached.
+    a last sample, the final flush (the profile's full snapshot with it), the sink detached,
+    then the groups of ``writer`` (the collector's) sealed by this process
+    (:func:`~metacollect.store.writer.seal_own`), at the same time as the other processes'.
     """
 
     def __init__(
@@ -40,11 +43,14 @@ class Recording:
         sample: Callable[[], None],
         sampling: bool,
         profile: Any = None,
+        writer: StoreWriter | None = None,
     ) -> None:
         from tornado.ioloop import PeriodicCallback
 
         self.profile = profile
         self.sample = sample
+        self.writer = writer
+        self.on_error = on_error
         self.flusher = PeriodicFlusher(
             swap,
             write,
@@ -62,7 +68,8 @@ class Recording:
             self.sampler.start()
 
     async def finish(self) -> None:
-        """Last sample and final flush, on the event loop; the Yappi sink detached."""
+        """Last sample and final flush, on the event loop; the Yappi sink detached; the
+        writer's groups sealed (in a thread: the loop runs on)."""
         self.sampler.stop()
         self.sample()
         if self.profile is not None:
@@ -70,6 +77,21 @@ class Recording:
         await self.flusher.close()
         if self.profile is not None:
             self.profile.detach()
+        if self.writer is not None:
+            await asyncio.to_thread(self._seal)
+
+    def _seal(self) -> None:
+        """Seal the writer's groups; a failure is recorded in the errors table and written
+        as one more segment: the run's seal folds whatever is left, so nothing is lost."""
+        assert self.writer is not None
+        try:
+            seal_own(self.writer)
+        except Exception as e:
+            self.on_error("seal", e)
+            try:
+                self.writer.flush()
+            except Exception:  # the store cannot be written: the final flush said so
+                logger.exception("metacollect: could not record a failed seal")
 
     def finish_now(self) -> None:
         """:meth:`finish` for a process whose event loop is gone (no sample: it reads state

@@ -184,6 +184,7 @@ class SchedulerCollector(SchedulerPlugin):
             self._sample,
             sampling=bool(config.get("capture.worker-states")),
             profile=self.profile,
+            writer=self.writer,
         )
         self.recording.start()
         self._capture_events = bool(config.get("capture.events"))

@@ -197,6 +197,7 @@ class WorkerCollector(WorkerPlugin):
             self._sample,
             sampling=bool(config.get("capture.worker-metrics")),
             profile=self.profile,
+            writer=self.writer,
         )
         self.recording.start()
         self._started = True

@@ -25,7 +25,6 @@ from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import segments
 from metacollect.store.compact import compact, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.schema import load_schema
 from metacollect.store.writer import fold_segments, read_nodes, seal, trim
 
 logger = logging.getLogger(__name__)
@@ -189,7 +188,7 @@ def consolidate(
     with zarrio.compact_json():
         directory = local_dir(root)
         if fold and directory is not None and segments.groups_with_segments(directory):
-            for lost in fold_segments(directory):  # finalize folds first, and says so
+            for lost in fold_segments(directory).lost:  # finalize folds first, and says so
                 logger.warning("metacollect: %s", lost)
             nodes = None  # the fold added tables and rows
         if nodes is None:
@@ -212,18 +211,23 @@ def finalize(
     run (``metacollect ingest``) calls :func:`consolidate` again so it never goes stale.
     """
     try:
-        if not _is_url(store):  # temp files of writes cut short (a failed flush) are not data
-            for dirpath, _, files in os.walk(store):
-                for f in files:
-                    if f.endswith(".partial"):
-                        os.remove(os.path.join(dirpath, f))
+        # one walk of the groups and tables: the temp files of writes cut short (a failed
+        # flush) are not data; the groups with segments
+        with_segments = []
+        for path, dirs, files in [] if _is_url(store) else segments.walk_groups(store):
+            for f in files:
+                if f.endswith(".partial"):
+                    os.remove(os.path.join(store, path, f))
+            if segments.SEG_DIR in dirs:
+                with_segments.append(path)
         root = _run_root(store)
-        # the flushes written as segments appended to the tables (before anything reads them)
-        folded = [] if _is_url(store) else segments.groups_with_segments(store)
-        lost = fold_segments(store, groups=folded) if folded else []
+        # the flushes written as segments, folded into the tables (before anything reads
+        # them): what the processes that wrote them did not seal themselves (writer.seal_own;
+        # one still sealing has end-timeout to finish)
+        fold = fold_segments(store, groups=with_segments, wait=config.interval("end-timeout"))
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
-        missing = [*(missing or []), *ungathered(nodes), *lost]
+        missing = [*(missing or []), *ungathered(nodes), *fold.lost]
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         consolidate(
@@ -238,8 +242,7 @@ def finalize(
             },
             fold=False,  # folded above (a second walk of the whole store finds nothing)
         )
-        known = load_schema()  # a group the fold left whole (not ours) is in ``lost``
-        late = segments.written_since(store, [g for g in folded if known.match(g)])
+        late = segments.written_since(store, fold.groups)
         if late:  # a flush that ended during the seal, under the run's lock: say so
             missing = [*missing, *(_late_flush(group, seqs) for group, seqs in late.items())]
             status = "incomplete" if status in ("complete", "failed") else status

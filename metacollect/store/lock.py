@@ -40,8 +40,12 @@ def held(store: str) -> bool:
 
 def holder(store: str) -> dict[str, Any] | None:
     """Who holds the store's lock (``None``: nobody, or a lock file that cannot be read)."""
+    return _read(lock_path(store))
+
+
+def _read(path: str) -> dict[str, Any] | None:
     try:
-        with open(lock_path(store)) as f:
+        with open(path) as f:
             found = json.load(f)
     except (OSError, ValueError):
         return None
@@ -70,6 +74,21 @@ def acquire(store: str) -> None:
     StoreLockedError
         A live run holds it.
     """
+    found = take(lock_path(store))
+    if found is None:
+        return
+    if not found:
+        raise StoreLockedError(
+            f"store {store} is being locked by another run at this moment; try again"
+        )
+    raise StoreLockedError(locked_message(store, found))
+
+
+def take(path: str) -> dict[str, Any] | None:
+    """Create the lock file ``path`` for this process (``O_EXCL``: one taker wins), taking
+    over a file whose process is gone (:func:`alive`). ``None`` when taken; else who holds
+    it (``{}``: another taker kept winning the race). ``FileNotFoundError`` when the
+    directory is not there."""
     me = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -78,25 +97,36 @@ def acquire(store: str) -> None:
     }
     for _ in range(3):  # a stale lock removed, then a race with another taker at most
         try:
-            fd = os.open(lock_path(store), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            found = holder(store)
+            found = _read(path)
             if found is not None and alive(found):
-                raise StoreLockedError(locked_message(store, found)) from None
+                return found
+            if found is None and _younger_than(path, WRITING):
+                return {}  # its taker is writing it: made and written are two steps
             with contextlib.suppress(FileNotFoundError):
-                os.remove(lock_path(store))
+                os.remove(path)
             logger.warning(
-                "metacollect: %s had the lock of a run that is gone (%s); taking it over",
-                store,
+                "metacollect: %s was held by a process that is gone (%s); taking it over",
+                path,
                 found,
             )
             continue
         with os.fdopen(fd, "w") as f:
             json.dump(me, f)
-        return
-    raise StoreLockedError(
-        f"store {store} is being locked by another run at this moment; try again"
-    )
+        return None
+    return {}
+
+
+#: seconds a lock file that cannot be read yet is taken to be one its taker is writing
+WRITING = 10.0
+
+
+def _younger_than(path: str, seconds: float) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime < seconds
+    except OSError:
+        return False
 
 
 def release(store: str) -> None:

@@ -30,7 +30,7 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ import numcodecs
 import numpy as np
 
 from metacollect.errors import StoreError
+from metacollect.store.schema import load_schema
 
 #: the directory of a group's segments, below the group's own
 SEG_DIR = ".segments"
@@ -238,10 +239,20 @@ def load(store: str, group: str) -> GroupSegments:
 
 def groups_with_segments(store: str) -> list[str]:
     """Paths of the groups of the local store ``store`` that have a segment directory."""
-    found = []
-    for dirpath, dirs, _files in os.walk(store):
-        if SEG_DIR in dirs:
-            rel = os.path.relpath(dirpath, store)
-            found.append("" if rel == "." else rel.replace(os.sep, "/"))
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-    return sorted(found)
+    return [path for path, dirs, _files in walk_groups(store) if SEG_DIR in dirs]
+
+
+def walk_groups(store: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``(path, directories, files)`` of each group and table directory of the local store
+    ``store``, as ``os.walk`` lists them (``path`` relative, ``""`` the root), in order.
+    The arrays of a table (the schema says which directories are tables) are not listed:
+    once processes have sealed their groups they are most of a store's directories, and
+    each listing is a call to the metadata server of a parallel filesystem. Directories
+    starting with a dot (segments) are not entered."""
+    schema = load_schema()
+    for dirpath, dirs, files in os.walk(store):
+        rel = os.path.relpath(dirpath, store)
+        path = "" if rel == "." else rel.replace(os.sep, "/")
+        yield path, list(dirs), files
+        is_table = path and schema.table_owner(path) is not None
+        dirs[:] = [] if is_table else sorted(d for d in dirs if not d.startswith("."))

@@ -20,8 +20,8 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -761,12 +761,17 @@ FOLD_CHUNK_ROWS = 65_536
 
 
 def fold_segments(
-    path: str, schema: Schema | None = None, groups: Iterable[str] | None = None
-) -> list[str]:
+    path: str,
+    schema: Schema | None = None,
+    groups: Iterable[str] | None = None,
+    wait: float = 0.0,
+) -> Folded:
     """Put every group's segments (:mod:`metacollect.store.segments`) into its Zarr tables,
     in ``seq`` order, then remove them; for a store no process writes any more, before it is
-    compacted and sealed. Returns one line per torn segment (a process killed while writing
-    it: the rows of that flush are lost).
+    compacted and sealed. Returns the groups folded, and one line per torn segment (a
+    process killed while writing it: the rows of that flush are lost), per group another
+    process was still folding (:func:`seal_own`) after ``wait`` seconds, and per group of
+    segments this version's schema does not know.
 
     A group none of whose tables is in Zarr yet (the usual case) has each table written
     once, already as the seal leaves it; otherwise its rows are appended and the compaction
@@ -776,37 +781,131 @@ def fold_segments(
     15k-task run's store. ``groups``: those with segments, when the caller has listed them.
     """
     if "://" in path:
-        return []
+        return Folded([], [])
     schema = schema or load_schema()
     lost: list[str] = []
-    writer: StoreWriter | None = None
+    folded: list[str] = []
+    writers: list[StoreWriter] = []
+
+    def writer() -> StoreWriter:
+        if not writers:
+            writers.append(_fold_writer(path, schema))
+        return writers[0]
+
+    deadline = time.monotonic() + wait  # one wait for the whole fold, not one per group
     for group in seg.groups_with_segments(path) if groups is None else groups:
+        holder = _claim(seg.directory(path, group), deadline)
+        if holder is not None:
+            lost.append(_still_folding(group, holder, path))
+            continue
+        if schema.match(group) is not None:
+            folded.append(group)
+        lost += _fold_claimed(path, group, schema, writer)
+    return Folded(lost, folded)
+
+
+class Folded(NamedTuple):
+    """What :func:`fold_segments` did: ``lost``, one line per loss; ``groups``, those
+    folded (a flush that ends after their fold leaves a segment there again)."""
+
+    lost: list[str]
+    groups: list[str]
+
+
+def seal_own(writer: StoreWriter) -> None:
+    """Fold the segments of the groups ``writer`` wrote into their sealed tables, as its
+    process ends its part of the run: each process seals its own groups, at the same time
+    as the others, instead of the run's seal doing every group in turn (on a parallel
+    filesystem, a seal's file creations spread over the nodes). A group another process is
+    folding, or with tables in Zarr already (rows appended: they need the compaction), is
+    left to the run's seal (:func:`fold_segments`), and so is a torn segment (the run's seal
+    names it in what the store misses)."""
+    if "://" in writer.path or not writer.segments:
+        return
+    for group in sorted(writer.groups):
+        segdir = seg.directory(writer.path, group)
+        spec = writer.schema.match(group)
+        if spec is None or _claim(segdir, time.monotonic()) is not None:
+            continue
+        try:
+            if any(
+                os.path.exists(os.path.join(writer.path, group, t, "zarr.json"))
+                for t in spec.tables
+            ):
+                continue
+            _fold_claimed(writer.path, group, writer.schema, lambda: writer, torn=False)
+        finally:
+            _unclaim(segdir)
+
+
+#: a process folding a group's segments holds this file in their directory (see lock.take)
+CLAIM = "folding.json"
+
+
+def _claim(segdir: str, deadline: float) -> dict[str, Any] | None:
+    """Claim the fold of a segment directory; ``None`` when claimed (or there is no such
+    directory: nothing to fold), else who holds it, waiting for it until ``deadline``
+    (``time.monotonic``; a process sealing its own groups takes a fraction of a second)."""
+    while True:
+        try:
+            holder = lock.take(os.path.join(segdir, CLAIM))
+        except FileNotFoundError:
+            return None
+        if holder is None or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.01)
+
+
+def _unclaim(segdir: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(segdir, CLAIM))
+    with contextlib.suppress(OSError):  # not empty: a segment written meanwhile stays
+        os.rmdir(segdir)
+
+
+def _still_folding(group: str, holder: dict[str, Any], path: str) -> str:
+    who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
+    claim = os.path.join(seg.directory(path, group), CLAIM)
+    return (
+        f"{group or '/'}: {who} was still folding its segments into tables when the store "
+        f"was sealed ({claim}): its rows are in the segments left, which `metacollect "
+        f"doctor {path} -o NEW` salvages into a new store once that process is gone"
+    )
+
+
+def _fold_claimed(
+    path: str, group: str, schema: Schema, writer: Callable[[], StoreWriter], torn: bool = True
+) -> list[str]:
+    """Fold one group's segments (its directory claimed by this process), remove them and
+    the claim; the lines of what was lost (``torn``: the torn segments are named and
+    removed, else left for the run's seal to name)."""
+    segdir = seg.directory(path, group)
+    try:
         found = seg.load(path, group)
         spec = schema.match(group)
-        for file, why in sorted(found.torn.items()):
-            lost.append(
-                f"{group or '/'}: segment {os.path.basename(file)} is torn ({why}): the rows "
-                "of the flush a killed process was writing are lost"
-            )
+        lost = [
+            f"{group or '/'}: segment {os.path.basename(file)} is torn ({why}): the rows "
+            "of the flush a killed process was writing are lost"
+            for file, why in sorted(found.torn.items())
+            if torn
+        ]
         if spec is None:  # written by another version of metacollect, or not ours
-            lost.append(
+            return [
+                *lost,
                 f"{group or '/'}: segments left unfolded, no group of this version's schema "
-                "(written by another metacollect version?): their rows are not in the tables"
-            )
-            continue
+                "(written by another metacollect version?): their rows are not in the tables",
+            ]
         if found.segments:
-            writer = writer or _fold_writer(path, schema)
-            _fold_group(writer, spec, group, found)
+            _fold_group(writer(), spec, group, found)
         # the files folded (and the torn ones), not the directory: a segment a late flush
         # wrote meanwhile stays, for validate to name, instead of vanishing
-        segdir = seg.directory(path, group)
         for s in found.segments:
             os.remove(os.path.join(segdir, seg.file_name(s.seq)))
-        for file in found.torn:
+        for file in found.torn if torn else ():
             os.remove(file)
-        with contextlib.suppress(OSError):
-            os.rmdir(segdir)
-    return lost
+        return lost
+    finally:
+        _unclaim(segdir)
 
 
 def _fold_writer(path: str, schema: Schema) -> StoreWriter:

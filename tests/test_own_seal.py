@@ -1,0 +1,239 @@
+"""Each process seals its own groups at its end; the run's seal folds what is left.
+
+A worker's and the scheduler's collectors fold the segments of the groups they wrote into
+their sealed tables as they finish (at the same time as each other), so the run's seal has
+only the client's groups left. A group's fold is claimed with a file in its segment
+directory: two processes never fold one group at once, the run's seal waits for a process
+still sealing its own, and names it if it never finishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import dask
+import numpy as np
+from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+import metacollect.session.collection as collection
+from metacollect import collect, open_run
+from metacollect.steps.base import Recording
+from metacollect.store import lock, segments
+from metacollect.store import writer as writer_mod
+from metacollect.store.doctor import salvage
+from metacollect.store.lifecycle import finalize
+from metacollect.store.validate import validate_store
+from metacollect.store.writer import CLAIM, seal_own
+from tests.test_segments import GROUP, _flush_events, _run
+
+
+class _Transitions(SchedulerPlugin):
+    """The test's own record of the scheduler's transitions of each key."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        self.seen.append((str(key), start, finish))
+
+
+def _square(x):
+    return x * x
+
+
+def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(tmp_path, monkeypatch):
+    store = str(tmp_path / "run.zarr")
+    left_at_seal: list[list[str]] = []
+    real_finalize = collection.finalize
+
+    def finalize_seen(path, *args, **kwargs):
+        left_at_seal.append(segments.groups_with_segments(path))
+        return real_finalize(path, *args, **kwargs)
+
+    monkeypatch.setattr(collection, "finalize", finalize_seen)
+    truth = _Transitions()
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, dashboard_address=":0", processes=True
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        with collect(client, store, flush_interval="0.2s") as session:
+            cluster.scheduler.add_plugin(truth, name="test-truth")
+            futures = client.map(_square, range(200), key=[f"sq-{i}" for i in range(200)])
+            assert sum(client.gather(futures)) == sum(i * i for i in range(200))
+            time.sleep(0.5)  # a few flushes: the groups hold several segments each
+            mid = segments.groups_with_segments(store)
+            assert sum("/workers/" in g for g in mid) == 2
+            del futures
+        cluster.scheduler.remove_plugin("test-truth")
+    assert session.status == "complete", session.missing
+    (left,) = left_at_seal
+    # the run's seal found no worker's or scheduler's segments: their processes sealed them
+    assert not [g for g in left if "/workers/" in g or g.endswith("/scheduler")], left
+    assert segments.groups_with_segments(store) == []
+    run = open_run(store)
+    assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
+    executed = run.worker_table("tasks")
+    assert sorted(executed.key) == sorted(f"sq-{i}" for i in range(200))
+    got = run.transitions()
+    seen = [t for t in truth.seen if t[0].startswith("sq-")]
+    mine = got[got.key.str.startswith("sq-")]
+    assert sorted(zip(mine.key, mine.start, mine.finish, strict=True)) == sorted(seen)
+    assert validate_store(store) == []
+
+
+@contextlib.contextmanager
+def _holder(segdir: str, hold: float) -> Iterator[subprocess.Popen]:
+    """A process that claims the fold of ``segdir`` and holds it ``hold`` seconds."""
+    code = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from metacollect.store import lock
+        from metacollect.store.writer import CLAIM
+        assert lock.take(os.path.join({segdir!r}, CLAIM)) is None
+        print("claimed", flush=True)
+        time.sleep({hold})
+        os.remove(os.path.join({segdir!r}, CLAIM))
+        """
+    )
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "claimed"
+        try:
+            yield proc
+        finally:
+            proc.kill()
+
+
+def test_the_run_seal_waits_for_a_process_sealing_its_own_group(store):
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    with _holder(segments.directory(store, GROUP), 1.0):
+        t0 = time.monotonic()
+        assert finalize(store) == ("complete", [])
+        assert time.monotonic() - t0 >= 0.8  # it waited for the claim to go
+    assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
+    assert segments.groups_with_segments(store) == []
+    assert validate_store(store) == []
+
+
+def test_a_fold_still_claimed_when_the_wait_ends_is_named_and_its_rows_still_read(
+    store,
+):
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    with (
+        _holder(segments.directory(store, GROUP), 30.0) as proc,
+        dask.config.set({"metacollect.end-timeout": "0.3s"}),
+    ):
+        status, missing = finalize(store)
+    assert status == "incomplete"
+    (line,) = missing
+    assert line.startswith(f"{GROUP}: pid {proc.pid} on ")
+    assert "was still folding its segments" in line
+    assert f"metacollect doctor {store} -o NEW" in line
+    # nothing was folded or removed: the rows are in the segments, which doctor salvages
+    assert segments.seqs(segments.directory(store, GROUP)) == [0]
+    salvage(store, store + "-salvaged")
+    saved = open_run(store + "-salvaged").table(GROUP, "events")
+    assert saved.msg.tolist() == [f"m{i}" for i in range(10)]
+
+
+def test_a_claim_whose_process_is_gone_is_taken_over(store):
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    claim = os.path.join(segments.directory(store, GROUP), CLAIM)
+    with open(claim, "w") as f:
+        f.write(
+            f'{{"host": "{os.uname().nodename}", "pid": {dead.stdout.strip()}, '
+            f'"started": {time.time() - 60}}}'
+        )
+    assert finalize(store) == ("complete", [])
+    assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
+    assert not os.path.exists(segments.directory(store, GROUP))
+
+
+def test_own_seal_leaves_torn_segments_and_appended_tables_to_the_run_seal(store):
+    w, g = _run(store)
+    _flush_events(g, 0, 10)
+    _flush_events(g, 10, 10)
+    segdir = segments.directory(store, GROUP)
+    torn = os.path.join(segdir, segments.file_name(1))
+    with open(torn, "r+b") as f:
+        f.truncate(100)
+    seal_own(w)
+    # the whole segment is in the sealed tables; the torn one is left, for the run's seal
+    assert os.listdir(segdir) == [segments.file_name(1)]
+    assert os.path.exists(os.path.join(store, GROUP, "events", "zarr.json"))
+    status, missing = finalize(store)
+    assert status == "incomplete"
+    assert [m for m in missing if "000000001.seg is torn" in m] == missing and len(missing) == 1
+    assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
+
+    # a group whose tables are in Zarr already (a writer after a fold) needs the compaction
+    other = store + "-appended"
+    w2, g2 = _run(other)
+    _flush_events(g2, 0, 10)
+    writer_mod.fold_segments(other)  # tables in Zarr; then more rows, as segments
+    os.makedirs(segments.directory(other, GROUP))  # its writer made it once
+    _flush_events(g2, 10, 10)
+    seal_own(w2)
+    assert segments.seqs(segments.directory(other, GROUP)), "left to the run's seal"
+    assert finalize(other) == ("complete", [])
+    assert open_run(other).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(20)]
+
+
+def test_a_failed_own_seal_is_recorded_and_the_run_seal_folds_what_is_left(store, monkeypatch):
+    w, g = _run(store)
+    _flush_events(g, 0, 10)
+    errors: list[tuple[str, BaseException]] = []
+
+    def on_error(where, exc):
+        errors.append((where, exc))
+        g.record_error(where, exc)
+
+    async def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    recording = Recording(lambda: None, lambda _: None, on_error, lambda: None, False, writer=w)
+    monkeypatch.setattr(writer_mod, "write_sealed_table", fail)
+    recording._seal()
+    monkeypatch.undo()
+    assert [(where, str(e)) for where, e in errors] == [
+        ("seal", "[Errno 28] No space left on device")
+    ]
+    assert finalize(store) == ("complete", [])
+    run = open_run(store)
+    assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
+    recorded = run.table(GROUP, "errors")
+    assert recorded["where"].tolist() == ["seal"]
+    assert "No space left on device" in recorded.what.iloc[0]
+    assert np.all(recorded.time > 0)
+
+
+def test_a_claim_being_written_is_held_and_an_unreadable_old_one_taken_over(tmp_path):
+    """A claim (or the run's lock) is made, then written: a taker that finds it empty in
+    between must not take it from its maker; an empty one left long ago is garbage."""
+    path = str(tmp_path / CLAIM)
+    open(path, "w").close()  # made this instant, not written yet
+    assert lock.take(path) == {}
+    assert os.path.getsize(path) == 0
+    old = time.time() - 2 * lock.WRITING
+    os.utime(path, (old, old))
+    assert lock.take(path) is None
+    with open(path) as f:
+        assert json.load(f)["pid"] == os.getpid()
