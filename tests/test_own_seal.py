@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import dask
 import numpy as np
+import pytest
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 
@@ -49,8 +50,14 @@ def _square(x):
     return x * x
 
 
-def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(tmp_path, monkeypatch):
+@pytest.mark.parametrize("node_local", [False, True], ids=["store", "node-local"])
+def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
+    tmp_path, monkeypatch, node_local
+):
+    """With ``local-dir`` each worker seals its group on its node, then gathers it sealed."""
     store = str(tmp_path / "run.zarr")
+    monkeypatch.setenv("NODE_SCRATCH", str(tmp_path / "node"))
+    local_dir = {"local_dir": "$NODE_SCRATCH/mc"} if node_local else {}
     left_at_seal: list[list[str]] = []
     real_finalize = collection.finalize
 
@@ -66,13 +73,14 @@ def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(tmp_pat
         ) as cluster,
         Client(cluster) as client,
     ):
-        with collect(client, store, flush_interval="0.2s") as session:
+        with collect(client, store, flush_interval="0.2s", **local_dir) as session:
             cluster.scheduler.add_plugin(truth, name="test-truth")
             futures = client.map(_square, range(200), key=[f"sq-{i}" for i in range(200)])
             assert sum(client.gather(futures)) == sum(i * i for i in range(200))
             time.sleep(0.5)  # a few flushes: the groups hold several segments each
-            mid = segments.groups_with_segments(store)
-            assert sum("/workers/" in g for g in mid) == 2
+            if not node_local:
+                mid = segments.groups_with_segments(store)
+                assert sum("/workers/" in g for g in mid) == 2
             del futures
         cluster.scheduler.remove_plugin("test-truth")
     assert session.status == "complete", session.missing
