@@ -13,6 +13,7 @@ import dask.array as da
 import numpy as np
 import pandas as pd
 import pytest
+import zarr
 from distributed import Client, LocalCluster
 from test_store import CLUSTER_ATTRS
 
@@ -180,6 +181,50 @@ def test_files_of_a_sealed_table_grow_with_rows_not_flushes(tmp_path):
     check_against_reader(store)
 
 
+def _arrays(store: str, table: str) -> dict[str, np.ndarray]:
+    group = zarr.open_group(os.path.join(store, table), mode="r")
+    return {name: arr[:] for name, arr in group.arrays()}
+
+
+def test_a_large_table_sealed_a_few_chunks_at_a_time_holds_what_was_appended(tmp_path, monkeypatch):
+    """The seal writes a large table's arrays a block of chunks at a time, from its
+    segments' parts (never a whole column in memory): the rows read back are the rows
+    appended, and the arrays hold what the seal of the table in one piece writes."""
+    flushes, rows = 200, 37  # segments of 37 rows: parts that straddle every block
+    whole, blocks = str(tmp_path / "whole.zarr"), str(tmp_path / "blocks.zarr")
+    _many_flushes(whole, flushes, rows)
+    finalize(whole)
+    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # 8 chunks ...
+    monkeypatch.setattr(compact, "BLOCK_CHUNKS", 3)  # ... written 3 at a time
+    _many_flushes(blocks, flushes, rows)
+    finalize(blocks)
+    table = "clusters/c1/scheduler/transitions"
+    assert _files(os.path.join(blocks, table)) == 1 + 6 * (1 + 8)
+    streamed, one_piece = _arrays(blocks, table), _arrays(whole, table)
+    assert (
+        set(streamed)
+        == set(one_piece)
+        == {
+            "key",
+            "start",
+            "finish",
+            "time",
+            "stimulus_id",
+            "worker",
+        }
+    )
+    for name, values in one_piece.items():
+        assert np.array_equal(streamed[name], values), name
+    n = flushes * rows
+    tr = open_run(blocks).transitions()
+    assert tr.key.tolist() == [f"('x', {i})" for i in range(n)]
+    assert tr.stimulus_id.tolist() == [f"s{i % 7}" for i in range(n)]
+    assert tr.worker.tolist() == [None if i % 3 else "" for i in range(n)]
+    assert np.array_equal(streamed["time"], 1.7e9 + np.arange(n))
+    assert validate_store(blocks) == []
+    check_against_reader(blocks)
+
+
 def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
     """A code column holding "" and "\\0" writes no value as a string of NULs it does not
     hold, and reads each back as it was, from codes or from strings (numpy's own strings
@@ -191,13 +236,20 @@ def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
     codes = np.array([0, -1, 1, 2, -1, 0])
     expected = ["", None, "\0", "a", None, ""]
     for data in (codes, np.array(expected, dtype=object)):
-        sealed, attrs = compact._sealed_column("t/worker", var, data, {}, strings)
+        column = compact.SealedColumn.of("t/worker", var, data, {}, strings)
+        attrs = column.attrs
         assert attrs[compact.NONE_ATTR] == "\0\0" and "missing_value" not in attrs
+        sealed = column.rows(data)
         assert compact.text_values(sealed, attrs[compact.NONE_ATTR]).tolist() == expected
     # without "" in the column, no value is "" itself, marked as CF's missing value
-    sealed, attrs = compact._sealed_column("t/worker", var, codes[codes != 0], {}, strings)
-    assert attrs[compact.NONE_ATTR] == "" and attrs["missing_value"] == ""
-    assert compact.text_values(sealed, "").tolist() == [None, "\0", "a", None]
+    column = compact.SealedColumn.of("t/worker", var, codes[codes != 0], {}, strings)
+    assert column.attrs[compact.NONE_ATTR] == "" and column.attrs["missing_value"] == ""
+    assert compact.text_values(column.rows(codes[codes != 0]), "").tolist() == [
+        None,
+        "\0",
+        "a",
+        None,
+    ]
 
 
 def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_doctor(

@@ -29,8 +29,8 @@ import asyncio
 import logging
 import os
 import shutil
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -38,7 +38,7 @@ import pandas as pd
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store.chunks import chunk_files
+from metacollect.store.chunks import Rows, chunk_files
 from metacollect.store.schema import FILL, Schema, TableSpec, VariableSpec, load_schema
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 Templates = dict[Any, "asyncio.Future[tuple[dict[str, Any], zarrio.ArrayCodec]]"]
 #: rows in a chunk of a sealed table (fewer for a 2-D variable: about as many values)
 COMPACT_ROWS = 65_536
+#: chunks of a large table's array made and stored at a time (bounds the seal's memory)
+BLOCK_CHUNKS = 4
 #: lowest Zstandard level of a sealed table's strings (see :func:`_template`)
 SEAL_TEXT_LEVEL = 9
 #: suffix of a table being written beside itself, and of one being swapped out
@@ -280,7 +282,7 @@ async def write_sealed_table(
     path: str,
     attributes: dict[str, Any],
     tspec: TableSpec,
-    columns: dict[str, np.ndarray],
+    columns: Mapping[str, np.ndarray | Rows],
     strings: np.ndarray | None,
     templates: Templates,
 ) -> dict[str, dict[str, Any]]:
@@ -290,7 +292,7 @@ async def write_sealed_table(
     last: a process killed before it leaves arrays no reader counts. Returns the documents
     written, by path."""
     layouts = {
-        name: variable_layout(tspec, name, np.asarray(data).shape[1:])
+        name: variable_layout(tspec, name, np.shape(data)[1:])
         for name, data in columns.items()
         if name in tspec.variables
     }
@@ -317,7 +319,7 @@ async def _write_table(
     path: str,
     group: dict[str, Any],
     tspec: TableSpec,
-    columns: dict[str, np.ndarray],
+    columns: Mapping[str, np.ndarray | Rows],
     layouts: dict[str, tuple[Any, dict[str, Any]]],
     strings: np.ndarray | None,
     level: int,
@@ -329,9 +331,12 @@ async def _write_table(
 
     A table of at most :data:`COMPACT_ROWS` rows (most of a run's tables) is made and stored
     in two thread hops: a hop per array costs more than a small array's encoding, and the
-    seal's ~200 arrays paid half its time in them. A larger table has a thread per array, so
-    its chunks compress in parallel (Zstandard and Blosc release the GIL). Files are stored new
+    seal's ~200 arrays paid half its time in them. A larger table's arrays are written side
+    by side, so their chunks compress in parallel (Zstandard and Blosc release the GIL), each
+    :data:`BLOCK_CHUNKS` chunks at a time, so its memory stays that of a few chunks however
+    many rows it has. Files are stored new
     (:func:`~metacollect.store.zarrio.put_new`), each array's ``zarr.json`` after its chunks."""
+    columns = {n: c if isinstance(c, Rows) else Rows([c]) for n, c in columns.items()}
     names = [n for n in layouts if n in columns]
     made = await asyncio.gather(
         *(
@@ -347,31 +352,40 @@ async def _write_table(
     )
     kinds = dict(zip(names, made, strict=True))
 
-    def array_files(name: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    def sealing(name: str) -> tuple[SealedColumn, dict[str, Any]]:
         var = tspec.variables[name]
-        column = np.asarray(columns[name])
-        chunk = _chunk_of(column)
-        template, codec = kinds[name]
+        column = columns[name]
         dims, attrs = layouts[name]
-        data, sealed_attrs = _sealed_column(f"{path}/{name}", var, column, attrs, strings)
+        sealed = SealedColumn.of(f"{path}/{name}", var, column, attrs, strings)
         doc = {
-            **template,
+            **kinds[name][0],
             "shape": list(column.shape),
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
+            "chunk_grid": {
+                "name": "regular",
+                "configuration": {"chunk_shape": _chunk_of(column)},
+            },
             "dimension_names": dims,
-            "attributes": sealed_attrs,
+            "attributes": sealed.attrs,
         }
-        rows = np.asarray(data).astype(codec.dtype, copy=False)
-        files = chunk_files(rows, chunk[0], codec) if len(rows) else {}
-        files["zarr.json"] = zarrio.doc_bytes(doc)  # after its chunks
-        return doc, files
+        return sealed, doc
+
+    def block_files(name: str, sealed: SealedColumn, lo: int, hi: int) -> dict[str, bytes]:
+        """The encoded chunks of rows ``lo:hi`` (whole chunks) of variable ``name``."""
+        column = columns[name]
+        chunk = _chunk_of(column)[0]
+        codec = kinds[name][1]
+        rows = sealed.rows(column[lo:hi]).astype(codec.dtype, copy=False)
+        own = chunk_files(rows, chunk, codec, first=lo // chunk) if len(rows) else {}
+        return {f"{name}/{key}": body for key, body in own.items()}
 
     def batch_files(batch: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
         docs: dict[str, dict[str, Any]] = {}
         files: dict[str, bytes] = {}
         for name in batch:
-            docs[f"{path}/{name}"], own = array_files(name)
-            files.update((f"{name}/{key}", body) for key, body in own.items())
+            sealed, doc = sealing(name)
+            files.update(block_files(name, sealed, 0, len(columns[name])))
+            files[f"{name}/zarr.json"] = zarrio.doc_bytes(doc)  # after its chunks
+            docs[f"{path}/{name}"] = doc
         return docs, files
 
     async def store(batch: list[str]) -> dict[str, dict[str, Any]]:
@@ -379,10 +393,22 @@ async def _write_table(
         await zarrio.put_new(where, files)
         return docs
 
+    async def stream(name: str) -> dict[str, dict[str, Any]]:
+        """A large array, a block of chunks at a time: its strings and encoded chunks are
+        never all in memory (a whole column of a million-task run's transitions, as
+        strings and compressed, made the seal's peak ~0.9 GB)."""
+        sealed, doc = await asyncio.to_thread(sealing, name)
+        step = _chunk_of(columns[name])[0] * BLOCK_CHUNKS
+        for lo in range(0, len(columns[name]), step):
+            files = await asyncio.to_thread(block_files, name, sealed, lo, lo + step)
+            await zarrio.put_new(where, files)
+        await zarrio.put_new(where, {f"{name}/zarr.json": zarrio.doc_bytes(doc)})
+        return {f"{path}/{name}": doc}
+
     rows = len(columns[names[0]]) if names else 0
-    batches = [names] if rows <= COMPACT_ROWS else [[n] for n in names]
     out: dict[str, dict[str, Any]] = {}
-    for docs in await asyncio.gather(*(store(b) for b in batches if b)):
+    writes = [store(names)] if rows <= COMPACT_ROWS else [stream(n) for n in names]
+    for docs in await asyncio.gather(*(writes if names else [])):
         out.update(docs)
     await zarrio.write_doc(where, group)
     out[path] = group
@@ -426,48 +452,79 @@ def _template(
     return made
 
 
-def _sealed_column(
-    where: str,
-    var: VariableSpec,
-    data: np.ndarray,
-    attrs: dict[str, Any],
-    strings: np.ndarray | None,
-) -> tuple[np.ndarray, dict[str, Any]]:
-    """A column as a sealed table holds it, with its array's attributes: a ``code``
-    variable's codes (or strings) as strings, its missing values as :data:`NONE_ATTR`."""
-    attrs = {**attrs, **var.cf_attrs}
-    if var.dtype != "code":
-        return data, attrs
-    if data.dtype.kind in "iu":
-        if strings is None and len(data) and data.max() >= 0:
-            raise StoreError(f"{where}: codes without a strings table that reads")
-        # what is missing, and which strings the column holds, from the strings table: one
-        # look at each distinct string, not at each row (a million-row column of few workers)
-        strings = np.asarray(strings if strings is not None else [], dtype=object)
-        codes = np.asarray(data, dtype=np.int64).reshape(-1)
-        out = (codes < 0) | (codes >= len(strings))
-        valid = codes[~out]
-        used = np.zeros(len(strings), bool)
-        used[valid] = True
-        held = strings[used]
-        absent = np.zeros(len(strings), bool)
-        absent[used] = pd.isna(held)
-        held = held[~absent[used]]
-        missing = out.copy()
-        missing[~out] = absent[valid]
-        data = codes_to_text(codes, strings)
-    else:
-        data = held = text_values(data, attrs.get(NONE_ATTR))
-        missing = pd.isna(data) if len(data) else np.zeros(0, bool)
-    attrs.pop(NONE_ATTR, None)
-    attrs.pop("missing_value", None)
-    if missing.any():
+class SealedColumn(NamedTuple):
+    """How a column is sealed, from one look at all of it: its array's attributes, and for a
+    ``code`` variable the string a missing value is written as (``none``; ``None`` when no
+    value is missing). :meth:`rows` then turns any block of the column into what the
+    sealed array holds: codes (or strings) as strings, a missing value as ``none``."""
+
+    var: VariableSpec
+    attrs: dict[str, Any]
+    none: str | None
+    #: the ``none`` string of a column that is strings already (a compacted table's)
+    read_none: Any
+    strings: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        where: str,
+        var: VariableSpec,
+        data: np.ndarray | Rows,
+        attrs: dict[str, Any],
+        strings: np.ndarray | None,
+    ) -> SealedColumn:
+        attrs = {**attrs, **var.cf_attrs}
+        lookup = np.asarray(strings if strings is not None else [], dtype=object)
+        if var.dtype != "code":
+            return cls(var, attrs, None, None, lookup)
+        read_none = attrs.pop(NONE_ATTR, None)
+        attrs.pop("missing_value", None)
+        if data.dtype.kind in "iu":
+            # what is missing, and which strings the column holds, from the strings table:
+            # one look at each distinct string, not at each row (a million-row column of a
+            # few workers), a part of the column at a time
+            used = np.zeros(len(lookup), bool)
+            missing = False
+            for part in data.parts if isinstance(data, Rows) else [data]:
+                codes = part.reshape(-1)
+                if strings is None and len(codes) and codes.max() >= 0:
+                    raise StoreError(f"{where}: codes without a strings table that reads")
+                inside = (codes >= 0) & (codes < len(lookup))
+                used[codes[inside]] = True
+                missing = missing or not inside.all()
+            held = lookup[used]
+            absent = pd.isna(held)
+            missing = missing or bool(absent.any())
+            held = held[~absent]
+        else:
+            held = text_values(np.asarray(data), read_none)
+            missing = bool(len(held)) and bool(pd.isna(held).any())
+        if not missing:
+            return cls(var, attrs, None, read_none, lookup)
         none = attrs[NONE_ATTR] = none_value(held)
         if none == "":
             attrs["missing_value"] = ""  # CF: xarray reads it as missing
-        data = data.copy()
-        data[missing] = none
-    return data, attrs
+        return cls(var, attrs, none, read_none, lookup)
+
+    def rows(self, block: np.ndarray) -> np.ndarray:
+        """A block of the column's rows as the sealed array holds them."""
+        if self.var.dtype != "code":
+            return block
+        if block.dtype.kind in "iu":
+            codes = block.reshape(-1)
+            inside = (codes >= 0) & (codes < len(self.strings))
+            out: np.ndarray = np.empty(len(codes), dtype=object)  # None: no string
+            out[inside] = self.strings[codes[inside]]
+            out = out.reshape(block.shape)
+        else:
+            out = text_values(block, self.read_none)
+        if self.none is not None:
+            missing = pd.isna(out)
+            if missing.any():
+                out = out.copy()
+                out[missing] = self.none
+        return out
 
 
 def _swap(directory: str, path: str) -> None:

@@ -30,7 +30,7 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ import numcodecs
 import numpy as np
 
 from metacollect.errors import StoreError
+from metacollect.store.chunks import Rows
 from metacollect.store.schema import load_schema
 
 #: the directory of a group's segments, below the group's own
@@ -188,6 +189,15 @@ class GroupSegments:
         parts = [s.tables[table] for s in self.segments if s.seq > after and table in s.tables]
         return concat(parts)
 
+    def parts(self, table: str) -> dict[str, Rows] | None:
+        """A table's rows in the segments, each variable as its segments' parts, not
+        concatenated (see :class:`~metacollect.store.chunks.Rows`), or ``None`` without
+        rows; variables as :func:`concat` keeps them."""
+        parts = [s.tables[table] for s in self.segments if table in s.tables]
+        if not parts:
+            return None
+        return {n: Rows([p[n] for p in parts]) for n in _common_names(parts)}
+
     def last(self, table: str) -> int:
         """The last ``seq`` holding rows of ``table`` (-1: none)."""
         return max((s.seq for s in self.segments if table in s.tables), default=-1)
@@ -211,12 +221,17 @@ def concat(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] |
     parts = list(parts)
     if not parts:
         return None
+    return {
+        n: parts[0][n] if len(parts) == 1 else np.concatenate([p[n] for p in parts])
+        for n in _common_names(parts)
+    }
+
+
+def _common_names(parts: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
     names = list(parts[0])
     if any(list(p) != names for p in parts):
         names = [n for n in names if all(n in p for p in parts)]
-    return {
-        n: parts[0][n] if len(parts) == 1 else np.concatenate([p[n] for p in parts]) for n in names
-    }
+    return names
 
 
 def load(store: str, group: str) -> GroupSegments:

@@ -967,7 +967,7 @@ def _write_sealed(
                     templates,
                 )
                 for table in tables
-                if (columns := found.rows(table)) is not None
+                if (columns := found.parts(table)) is not None
             )
         )
 

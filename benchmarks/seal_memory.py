@@ -1,0 +1,102 @@
+"""The seal's memory: the peak of Python-traced memory (``tracemalloc``) and the time of
+sealing a scheduler group that holds a run's transitions, by the run's size.
+
+At a run's end each process seals the groups it wrote; the scheduler's holds every
+transition of the run (four or so per task). The seal's memory is memory the scheduler's
+process needs at its end, on top of whatever it still holds: a scheduler job with a
+memory limit must have it to spare. Each size runs in its own processes: one traced for the
+peak, one untraced for the time (tracing slows allocation-heavy code).
+
+    python benchmarks/seal_memory.py [--tasks 250000 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from typing import Any
+
+import _common
+
+
+def child(tasks: int, traced: bool) -> dict[str, Any]:
+    """Write ``tasks`` tasks' transitions as the scheduler's collector does (a flush per
+    200k rows, tuple keys), then seal the store; the seal's traced peak or its time."""
+    from scale import transition_rows
+
+    from metacollect.store.lifecycle import consolidate
+    from metacollect.store.writer import StoreWriter
+
+    rows = 4 * tasks
+    data = transition_rows(rows)
+    tmp = tempfile.mkdtemp(prefix="mc-sealmem-")
+    try:
+        w = StoreWriter(os.path.join(tmp, "s.zarr"))
+        g = w.group("scheduler", cluster="bench")
+        for i in range(0, rows, 200_000):
+            g.append("transitions", {k: v[i : i + 200_000] for k, v in data.items()})
+            g.flush()
+        del data, g
+        segments = _common.du(w.path)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if traced:
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+        t0 = time.perf_counter()
+        consolidate(w.path)
+        seal_s = time.perf_counter() - t0
+        out: dict[str, Any] = {"tasks": tasks, "transitions": rows, "segments_mb": segments / 2**20}
+        if traced:
+            out["peak_traced_mb"] = (tracemalloc.get_traced_memory()[1] - base) / 2**20
+            tracemalloc.stop()
+        else:
+            out["seal_s"] = seal_s
+            out["rss_growth_mb"] = (
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - rss_before
+            )
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", type=int, nargs="+", default=[250_000, 1_000_000])
+    p.add_argument("--child", choices=["traced", "timed"])
+    a = p.parse_args(argv)
+    if a.child:
+        print("RESULT " + json.dumps(child(a.tasks[0], a.child == "traced")), flush=True)
+        return {}
+    out: dict[str, Any] = {"sizes": []}
+    for tasks in a.tasks:
+        row: dict[str, Any] = {}
+        for mode in ("traced", "timed"):
+            cmd = [sys.executable, __file__, "--child", mode, "--tasks", str(tasks)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if not lines:
+                raise RuntimeError(f"{mode} run at {tasks} tasks failed:\n{proc.stderr[-3000:]}")
+            row.update(json.loads(lines[-1][7:]))
+        _common.log(f"{tasks} tasks: {row}")
+        out["sizes"].append(row)
+    print("| tasks | transitions | segments (MB) | seal (s) | traced peak (MB) | RSS growth (MB) |")
+    print("|---|---|---|---|---|---|")
+    for r in out["sizes"]:
+        print(
+            f"| {r['tasks']:,} | {r['transitions']:,} | {r['segments_mb']:.0f} | {r['seal_s']:.1f} "
+            f"| {r['peak_traced_mb']:.0f} | {r['rss_growth_mb']:.0f} |"
+        )
+    _common.save("seal_memory", out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
