@@ -33,7 +33,7 @@ from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize
 from metacollect.store.validate import validate_store
 from metacollect.store.writer import CLAIM, seal_own
-from tests.test_segments import GROUP, _flush_events, _run
+from tests.test_segments import GROUP, _flush_events, _run, _torn
 
 
 class _Transitions(SchedulerPlugin):
@@ -176,13 +176,8 @@ def test_a_claim_whose_process_is_gone_is_taken_over(store):
 
 
 def test_own_seal_leaves_torn_segments_and_appended_tables_to_the_run_seal(store):
-    w, g = _run(store)
-    _flush_events(g, 0, 10)
-    _flush_events(g, 10, 10)
+    w, _, _ = _torn(store, flushes=2, seq=1, keep=100)
     segdir = segments.directory(store, GROUP)
-    torn = os.path.join(segdir, segments.file_name(1))
-    with open(torn, "r+b") as f:
-        f.truncate(100)
     seal_own(w)
     # the whole segment is in the sealed tables; the torn one is left, for the run's seal
     assert os.listdir(segdir) == [segments.file_name(1)]

@@ -71,6 +71,19 @@ def _run(store: str) -> tuple[StoreWriter, object]:
     return w, w.group("scheduler", cluster="c1")
 
 
+def _torn(store: str, flushes: int, seq: int, keep: int | None = None):
+    """A writer and its group after ``flushes`` flushes of ten rows each, with segment
+    ``seq`` cut short to ``keep`` bytes (half by default), as a process killed while
+    writing it leaves it; and that segment's path."""
+    w, g = _run(store)
+    for f in range(flushes):
+        _flush_events(g, 10 * f, 10)
+    path = os.path.join(segments.directory(store, GROUP), segments.file_name(seq))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2 if keep is None else keep)
+    return w, g, path
+
+
 def test_one_file_per_flush_read_live_and_sealed_as_plain_zarr(store):
     """Each flush of a group writes exactly one new file, its segment, whatever its tables;
     readers see the rows before the seal; the seal leaves plain Zarr (no segment) that
@@ -139,13 +152,8 @@ def test_the_seal_makes_again_a_group_whose_metadata_was_lost(store):
 
 
 def test_a_torn_last_segment_is_skipped_reported_and_the_rows_before_survive(store):
-    _, g = _run(store)
-    for f in range(3):
-        _flush_events(g, 10 * f, 10)
+    _torn(store, flushes=3, seq=2)  # the last one
     segdir = segments.directory(store, GROUP)
-    last = os.path.join(segdir, segments.file_name(2))
-    with open(last, "r+b") as f:  # a kill mid-write: the file is cut short
-        f.truncate(os.path.getsize(last) // 2)
     run = open_run(store)
     assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(20)]
     problems = validate_store(store)

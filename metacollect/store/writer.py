@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -782,15 +783,13 @@ def fold_segments(
     """
     if "://" in path:
         return Folded([], [])
-    schema = schema or load_schema()
+    known = schema or load_schema()
     lost: list[str] = []
     folded: list[str] = []
-    writers: list[StoreWriter] = []
 
-    def writer() -> StoreWriter:
-        if not writers:
-            writers.append(_fold_writer(path, schema))
-        return writers[0]
+    @functools.cache
+    def writer() -> StoreWriter:  # made once, for the first group that has rows to fold
+        return _fold_writer(path, known)
 
     deadline = time.monotonic() + wait  # one wait for the whole fold, not one per group
     for group in seg.groups_with_segments(path) if groups is None else groups:
@@ -798,9 +797,10 @@ def fold_segments(
         if holder is not None:
             lost.append(_still_folding(group, holder, path))
             continue
-        if schema.match(group) is not None:
+        spec = known.match(group)
+        if spec is not None:
             folded.append(group)
-        lost += _fold_claimed(path, group, schema, writer)
+        lost += _fold_claimed(path, group, spec, writer)
     return Folded(lost, folded)
 
 
@@ -833,7 +833,7 @@ def seal_own(writer: StoreWriter) -> None:
                 for t in spec.tables
             ):
                 continue
-            _fold_claimed(writer.path, group, writer.schema, lambda: writer, torn=False)
+            _fold_claimed(writer.path, group, spec, lambda: writer, torn=False)
         finally:
             _unclaim(segdir)
 
@@ -874,15 +874,19 @@ def _still_folding(group: str, holder: dict[str, Any], path: str) -> str:
 
 
 def _fold_claimed(
-    path: str, group: str, schema: Schema, writer: Callable[[], StoreWriter], torn: bool = True
+    path: str,
+    group: str,
+    spec: GroupSpec | None,
+    writer: Callable[[], StoreWriter],
+    torn: bool = True,
 ) -> list[str]:
-    """Fold one group's segments (its directory claimed by this process), remove them and
-    the claim; the lines of what was lost (``torn``: the torn segments are named and
-    removed, else left for the run's seal to name)."""
+    """Fold one group's segments (its directory claimed by this process; ``spec``: the
+    schema's group it matches, ``None`` for none), remove them and the claim; the lines of
+    what was lost (``torn``: the torn segments are named and removed, else left for the
+    run's seal to name)."""
     segdir = seg.directory(path, group)
     try:
         found = seg.load(path, group)
-        spec = schema.match(group)
         lost = [
             f"{group or '/'}: segment {os.path.basename(file)} is torn ({why}): the rows "
             "of the flush a killed process was writing are lost"
