@@ -26,6 +26,7 @@ FULL = {
     "store_size.py": [],
     "scale.py": ["--tasks", "1000000"],
     "scheduler_memory.py": [],
+    "seal_memory.py": [],
     "yappi_overhead.py": ["--repeats", "3"],
 }
 QUICK = {
@@ -35,6 +36,7 @@ QUICK = {
     "store_size.py": [],
     "scale.py": ["--tasks", "60000", "--writer-rows", "500000"],
     "scheduler_memory.py": ["--tasks", "30000"],
+    "seal_memory.py": ["--tasks", "100000"],
     "yappi_overhead.py": ["--repeats", "3", "--images", "4"],
 }
 
@@ -179,6 +181,17 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             ".1f",
             None,
             f"({mem.get('graph_tasks')} tasks)",
+        )
+    seal = res.get("seal_memory", {}).get("sizes", [])
+    if seal:
+        big = max(seal, key=lambda r: r["tasks"])
+        add(
+            "4 the scheduler group's seal, peak memory by allocation (MB, tracemalloc)",
+            "(reference)",
+            big.get("peak_traced_mb"),
+            ".0f",
+            None,
+            f"({big['tasks']} tasks, {big['transitions']} transitions; seal {big['seal_s']:.1f} s)",
         )
     # scale.py measures these in a full run too (inside "scale"): show the newest
     syn = _newest(res.get("scale_synthetic", {}), sc, "synthetic_tasks_open_s")
