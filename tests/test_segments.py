@@ -76,8 +76,8 @@ def _torn(store: str, flushes: int, seq: int, keep: int | None = None):
     ``seq`` cut short to ``keep`` bytes (half by default), as a process killed while
     writing it leaves it; and that segment's path."""
     w, g = _run(store)
-    for f in range(flushes):
-        _flush_events(g, 10 * f, 10)
+    for i in range(flushes):
+        _flush_events(g, 10 * i, 10)
     path = os.path.join(segments.directory(store, GROUP), segments.file_name(seq))
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2 if keep is None else keep)
