@@ -82,10 +82,14 @@ def equal_text(values: np.ndarray, text: str) -> np.ndarray:
 
 
 def codes_to_text(codes: np.ndarray, strings: np.ndarray) -> np.ndarray:
-    """The strings ``codes`` index (-1 or out of range: ``None``)."""
-    codes = np.asarray(codes, dtype=np.int64).reshape(-1)
-    lookup = np.concatenate([np.asarray(strings, dtype=object), np.array([None], object)])
-    return lookup[np.where((codes >= 0) & (codes < len(strings)), codes, len(strings))]
+    """The strings ``codes`` index (-1 or out of range: ``None``). The strings table is not
+    copied: the seal calls this for every block of a column, with a group's ~2M strings."""
+    codes = np.asarray(codes).reshape(-1)
+    strings = np.asarray(strings, dtype=object)
+    inside = (codes >= 0) & (codes < len(strings))
+    out: np.ndarray = np.empty(len(codes), dtype=object)  # None: no string
+    out[inside] = strings[codes[inside]]
+    return out
 
 
 def column_values(data: np.ndarray, attrs: Any, strings: np.ndarray) -> np.ndarray:
@@ -512,11 +516,7 @@ class SealedColumn(NamedTuple):
         if self.var.dtype != "code":
             return block
         if block.dtype.kind in "iu":
-            codes = block.reshape(-1)
-            inside = (codes >= 0) & (codes < len(self.strings))
-            out: np.ndarray = np.empty(len(codes), dtype=object)  # None: no string
-            out[inside] = self.strings[codes[inside]]
-            out = out.reshape(block.shape)
+            out = codes_to_text(block, self.strings).reshape(block.shape)
         else:
             out = text_values(block, self.read_none)
         if self.none is not None:
