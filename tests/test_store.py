@@ -237,6 +237,35 @@ def test_packages_are_every_installed_distribution_read_off_its_header(tmp_path,
     assert {"dask", "distributed", "zarr"} <= set(found)
 
 
+def test_installed_packages_are_read_again_when_the_environment_changes(tmp_path, monkeypatch):
+    """A session's package list is read once per state of ``sys.path`` (a second session
+    in the same process reads no metadata file), and a distribution installed since, or
+    removed, is seen by the next session."""
+    import importlib.metadata as im
+
+    from metacollect.steps import job
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    first = job.installed()
+    assert ("distributed", im.version("distributed")) in first
+    assert all(name != "mc-late" for name, _ in first)
+    reads: list[str] = []
+    monkeypatch.setattr(job, "name_version", lambda d: reads.append(d) or None)
+    assert job.installed() == first and reads == []  # the same environment: no reads
+    monkeypatch.undo()
+    monkeypatch.syspath_prepend(str(site))
+    late = site / "mc_late-1.2.dist-info"
+    late.mkdir()
+    (late / "METADATA").write_text("Metadata-Version: 2.1\nName: mc-late\nVersion: 1.2\n")
+    assert ("mc-late", "1.2") in job.installed()
+    assert job.versions()["distributed"] == im.version("distributed")
+    (late / "METADATA").unlink()
+    late.rmdir()
+    assert all(name != "mc-late" for name, _ in job.installed())
+
+
 def test_validate_reports_schema_violations(store):
     w = StoreWriter(store)
     init_root(w, "r")
