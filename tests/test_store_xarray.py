@@ -225,6 +225,48 @@ def test_a_large_table_sealed_a_few_chunks_at_a_time_holds_what_was_appended(tmp
     check_against_reader(blocks)
 
 
+def test_strings_read_off_their_chunk_files_are_what_zarr_reads(tmp_path):
+    """Readers decode a local array of strings from its chunk files themselves (Zarr packs
+    them into numpy strings first): any rows give what Zarr gives, for arrays written by
+    Zarr itself; a chunk whose CRC32C no longer matches is named as damaged; an array with
+    codecs metacollect does not write is read by Zarr."""
+    from zarr.codecs import Crc32cCodec, GzipCodec, ZstdCodec
+
+    from metacollect.errors import StoreError
+    from metacollect.store import zarrio
+
+    values = np.array(
+        [f"('x-\u00e9\u4e2d', {i})" if i % 5 else ("" if i % 2 else "\0") for i in range(2500)],
+        dtype=object,
+    )
+    root = zarr.open_group(str(tmp_path / "s.zarr"), mode="w", zarr_format=3)
+    ours = root.create_array(
+        "ours",
+        shape=(3000,),  # the last 500 rows were never written: the fill value
+        chunks=(1000,),
+        dtype=str,
+        compressors=[ZstdCodec(level=3), Crc32cCodec()],
+        fill_value="",
+    )
+    ours[:2500] = values
+    other = root.create_array(
+        "other", shape=(2500,), chunks=(1000,), dtype=str, compressors=[GzipCodec()]
+    )
+    other[:] = values
+    assert zarrio.text_decoder(ours) is not None and zarrio.text_decoder(other) is None
+    for lo, hi in [(0, 2500), (0, 1), (999, 1001), (1500, 2500), (2400, 3000), (1000, 2000)]:
+        got = zarrio.read_slice(ours, lo, hi)
+        assert got.dtype == object and got.tolist() == list(ours[lo:hi]), (lo, hi)
+        assert zarrio.read_slice(other, lo, min(hi, 2500)).tolist() == values[lo:hi].tolist()
+    chunk = tmp_path / "s.zarr" / "ours" / "c" / "1"
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0xFF  # the stored CRC32C: the chunk itself still decodes
+    chunk.write_bytes(bytes(data))
+    assert zarrio.read_slice(ours, 0, 1000).tolist() == values[:1000].tolist()
+    with pytest.raises(StoreError, match=r"array ours is damaged: rows 500..1499 do not decode"):
+        zarrio.read_slice(ours, 500, 1500)
+
+
 def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
     """A code column holding "" and "\\0" writes no value as a string of NULs it does not
     hold, and reads each back as it was, from codes or from strings (numpy's own strings

@@ -557,12 +557,83 @@ async def _rows(arr: Array, lo: int, hi: int) -> np.ndarray:
             f"({len(gone)} missing); restore the store from a copy"
         )
     try:
+        text = await _text_rows(arr, lo, hi)
+        if text is not None:
+            return text
         return np.asarray(await arr.async_array.getitem(slice(lo, hi)))
     except Exception as e:  # the codecs raise many types for damaged bytes
         raise StoreError(
             f"array {arr.path} is damaged: rows {lo}..{hi - 1} do not decode "
             f"({type(e).__name__}: {e}); restore the store from a copy"
         ) from e
+
+
+async def _text_rows(arr: Array, lo: int, hi: int) -> np.ndarray | None:
+    """Rows ``lo:hi`` of a 1-D array of strings in a local store, as Python strings read
+    straight off its chunk files (``None`` for any other array: Zarr reads it).
+
+    Zarr decodes a chunk of strings into Python strings, packs them into numpy's
+    ``StringDType`` and readers then unpack them into Python strings again: 0.42 s a
+    million-row column, against 0.15 s for its files decoded here with the same codecs
+    (each chunk's CRC32C checked as Zarr does)."""
+    decode = text_decoder(arr) if arr.ndim == 1 and hi > lo else None
+    directory = local_path(arr.async_array.store_path) if decode is not None else None
+    if decode is None or directory is None:
+        return None
+    chunk = chunk_rows(arr)
+    files = [
+        os.path.join(directory, *arr.metadata.encode_chunk_key((i,)).split("/"))
+        for i in range(lo // chunk, (hi - 1) // chunk + 1)
+    ]
+    return await asyncio.to_thread(_read_text, files, chunk, decode, lo % chunk, hi - lo)
+
+
+def _read_text(
+    files: list[str], chunk: int, decode: Callable[[bytes], np.ndarray], skip: int, n: int
+) -> np.ndarray:
+    parts = []
+    for path in files:
+        with open(path, "rb") as f:
+            rows = decode(f.read())
+        if len(rows) != chunk:
+            raise ValueError(f"chunk {os.path.basename(path)} holds {len(rows)} rows, not {chunk}")
+        parts.append(rows)
+    whole = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return whole[skip : skip + n]
+
+
+def text_decoder(arr: Any) -> Callable[[bytes], np.ndarray] | None:
+    """The inverse of :func:`chunk_encoder` for an array of strings: a chunk's stored bytes
+    to its values as an object array; ``None`` when its codecs are not the ones metacollect
+    writes (variable-length UTF-8, then Zstandard and a CRC32C, either optional)."""
+    codecs = arr.metadata.codecs
+    if not codecs or not isinstance(codecs[0], VLenUTF8Codec):
+        return None
+    steps: list[Callable[[Any], Any]] = []
+    for c in reversed(codecs[1:]):
+        if isinstance(c, Crc32cCodec):
+            steps.append(_checked_crc32c)
+        elif isinstance(c, ZstdCodec) and not c.checksum:
+            steps.append(numcodecs.Zstd().decode)
+        else:
+            return None
+    vlen = numcodecs.VLenUTF8()
+
+    def decode(data: bytes) -> np.ndarray:
+        out: Any = data
+        for step in steps:
+            out = step(out)
+        return np.asarray(vlen.decode(out), dtype=object)
+
+    return decode
+
+
+def _checked_crc32c(data: bytes) -> bytes:
+    """``data`` without its trailing CRC32C (Zarr's ``crc32c`` codec), which must match."""
+    body = bytes(data[:-4])
+    if len(data) < 4 or google_crc32c.value(body) != int.from_bytes(data[-4:], "little"):
+        raise ValueError("its CRC32C does not match its bytes")
+    return body
 
 
 def read_slices(arrays: list[Array], lo: int, hi: int) -> list[np.ndarray | StoreError]:
