@@ -308,6 +308,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         out["store_bytes_per_task"] = _common.du(store) / max(len(tasks), 1)
         out["graph_tasks"] = out["collected"]["tasks"]
+        # what the store says of itself, and how many files the sealed store is
+        attrs = open_run(store).attrs
+        out["status"] = attrs.get("status")
+        out["missing"] = attrs.get("missing") or []
+        out["store_files"] = sum(len(files) for _, _, files in os.walk(store))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     _common.save("scale", out)
