@@ -129,8 +129,9 @@ _INSTALLED: tuple[Any, tuple[tuple[str, str], ...]] = (None, ())
 def installed() -> tuple[tuple[str, str], ...]:
     """``(Name, Version)`` of every installed distribution, in ``sys.path`` order.
 
-    Read once per state of the environment: listing ~200 distributions reads as many
-    metadata files, ~15 ms of every session's start. A distribution installed, removed or
+    Read once per state of the environment: listing the distributions reads one metadata
+    file each (165 files, ~7 ms here; a metadata-server call each on a parallel
+    filesystem), which every session's start paid. A distribution installed, removed or
     upgraded adds or removes its metadata directory in a ``sys.path`` entry, which changes
     that entry's modification time and link count, so a changed environment is read
     again."""
