@@ -509,12 +509,15 @@ class StoreReader:
             pd.Series(codes).groupby(codes, sort=False).cumcount().to_numpy(),
         )
         df["duration"] = df["stop"] - df["start"]
+        if not len(df):
+            df.insert(5, "graph", np.full(0, -1, dtype=np.int64))
+            df.insert(6, "span", np.full(0, "", dtype=object))
+            return df
         # which graph and span each task group was submitted in: one read of the client's
-        # tasks serves both (a million rows' group strings decode in ~0.15 s a column)
-        submitted = (
-            self._concat("client", "tasks", columns=["graph", "group", "span"], distinct=True)
-            if len(df)
-            else pd.DataFrame(columns=["cluster", "graph", "group", "span"])
+        # tasks serves both (a million rows' group strings decode in ~0.15 s a column); the
+        # span is looked up by graph, so the graph column goes in first
+        submitted = self._concat(
+            "client", "tasks", columns=["graph", "group", "span"], distinct=True
         )
         df.insert(5, "graph", self._graph_of(df, submitted))
         df.insert(6, "span", self._span_of(df, submitted))
@@ -524,8 +527,6 @@ class StoreReader:
         """Span id of each execution, from the graph it was submitted in (a task group has
         one span within a graph: the first of its tasks the scheduler saw decided it).
         ``submitted``: the client's distinct (cluster, graph, group, span) rows."""
-        if not len(df):
-            return np.full(0, "", dtype=object)
         pairs = submitted.drop_duplicates(["cluster", "graph", "group"])
         m = df[["cluster", "graph", "group"]].merge(
             pairs, on=["cluster", "graph", "group"], how="left"
@@ -539,8 +540,6 @@ class StoreReader:
         Fast path: when every task group was submitted in one graph, map by group (a small
         table) instead of joining millions of keys.
         """
-        if not len(df):
-            return np.full(0, -1, dtype=np.int64)
         pairs = submitted[["cluster", "graph", "group"]].drop_duplicates()
         if not len(pairs):
             return np.full(len(df), -1, dtype=np.int64)

@@ -630,8 +630,8 @@ def text_decoder(arr: Any) -> Callable[[bytes], np.ndarray] | None:
 
 def _checked_crc32c(data: bytes) -> bytes:
     """``data`` without its trailing CRC32C (Zarr's ``crc32c`` codec), which must match."""
-    body = bytes(data[:-4])
-    if len(data) < 4 or google_crc32c.value(body) != int.from_bytes(data[-4:], "little"):
+    body, stored = data[:-4], data[-4:]
+    if len(stored) < 4 or google_crc32c.value(body) != int.from_bytes(stored, "little"):
         raise ValueError("its CRC32C does not match its bytes")
     return body
 
