@@ -370,6 +370,40 @@ def test_a_value_nothing_can_encode_becomes_a_placeholder_and_its_failure_is_tol
     )
 
 
+def test_a_column_of_priorities_is_encoded_as_each_value_alone():
+    """encode_json_each, which encodes a column of tuples in one call and cuts it at its
+    values, gives what encode_json gives each value, also where a value holds the cut's
+    own ``],[`` (nested lists, a string), is empty, or cannot be encoded at all."""
+    import json
+
+    from metacollect.steps.base import encode_json, encode_json_each
+
+    def kind(text: str) -> object:  # a placeholder's error text depends on the stack's depth
+        return json.loads(text)["unencodable"] if text.startswith('{"unencodable"') else text
+
+    circular: list[object] = []
+    circular.append(circular)
+    columns: list[list[object]] = [
+        [(0, 1, i) for i in range(1000)],  # Dask's priorities
+        [(-1, 2.5, float("nan"))],
+        [(), [], (1,), ()],
+        [(0, [[1], [2]]), (3,)],  # "],[" inside the first value
+        [("a],[b",), (1, 2)],
+        [(1, 2), None, (3,)],  # not all arrays
+        [(1, {(2, 3): 4}), (5,)],  # a key JSON cannot hold: the slow path
+        [(1, _ReprRaises()), (2,)],
+        [(1, circular), (2,)],
+        [],
+    ]
+    for values in columns:
+        told_each: list[tuple[str, str]] = []
+        told_alone: list[tuple[str, str]] = []
+        alone = [encode_json(v, lambda k, w: told_alone.append((k, w))) for v in values]
+        each = encode_json_each(values, lambda k, w: told_each.append((k, w)))
+        assert list(map(kind, each)) == list(map(kind, alone)), values[:3]
+        assert [k for k, _ in told_each] == [k for k, _ in told_alone]
+
+
 def test_a_store_removed_mid_run_is_reported_and_never_remade_piecemeal(tmp_path, client, caplog):
     """The store's directory deleted while collect() runs: the flushes fail and keep their
     rows (reported once per group), the end says the record is lost in one logged line and

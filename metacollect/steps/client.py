@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from metacollect.steps.base import encode_json
+from metacollect.steps.base import encode_json, encode_json_each
 from metacollect.store.flush import take
 from metacollect.store.writer import GroupWriter
 
@@ -59,7 +59,7 @@ def _write_slice(
     edges: slice,
     per_key: dict[Any, dict[str, Any]],
     shared: dict[str, Any],
-    encode: Callable[[Any], str],
+    unencodable: Callable[[str, str], None],
 ) -> None:
     """The ``tasks`` and ``dependencies`` rows of one slice of a submitted graph
     (``edges``: where the slice's dependencies start and stop in ``g.dependencies``)."""
@@ -73,10 +73,10 @@ def _write_slice(
             "group": g.groups[part],
             "span": g.spans[part],
             "requested": [k in keys for k in tasks],
-            "priority": [encode(p) for p in g.priority[part]],
+            "priority": encode_json_each(g.priority[part], unencodable),
             "n_dependencies": np.frombuffer(n_deps, dtype=np.int64),
             "annotations": [
-                encode({n: v for n, v in per_key[k].items() if n not in shared})
+                encode_json({n: v for n, v in per_key[k].items() if n not in shared}, unencodable)
                 if k in per_key and len(per_key[k]) > len(shared)
                 else ""
                 for k in tasks
@@ -239,7 +239,7 @@ class GraphRecorder:
                 part = slice(lo, lo + _SLICE)
                 last_edge = first_edge + sum(g.n_dependencies[part])
                 edges = slice(first_edge, last_edge)
-                _write_slice(group, g, graph, part, edges, per_key, shared, encode)
+                _write_slice(group, g, graph, part, edges, per_key, shared, unencodable)
                 first_edge = last_edge
                 if len(tasks) > _SLICE:
                     group.flush()
