@@ -608,51 +608,68 @@ class SchedulerCollector(SchedulerPlugin):
             for i, (s, f) in enumerate(zip(starts, finishes, strict=False))
             if s == "processing" and f in ("memory", "erred") and extra[i]
         ]
-        if not done:
-            return
-        tasks = self._tasks
-        cols: dict[str, list[Any]] = {
-            c: []
-            for c in (
-                "key",
-                "prefix",
-                "group",
-                "state",
-                "worker",
-                "thread",
-                "start",
-                "stop",
-                "time",
-                "nbytes",
-                "typename",
-                "retries",
-                "exception",
-            )
-        }
-        for i in done:
+        if done:
+            self.group.append("tasks", self._executed(done, keys, finishes, extra, times))
+
+    def _executed(
+        self,
+        done: list[int],
+        keys: list[Any],
+        finishes: list[str],
+        extra: list[Any],
+        times: Any,
+    ) -> dict[str, list[Any]]:
+        """The ``tasks`` rows of the transitions ``done`` (processing -> memory or erred:
+        one execution each, from the kwargs the worker reported). A loop of local appends:
+        it runs for every task the scheduler finishes, and looking each column up by name
+        cost as much again."""
+        get_task = self._tasks.get
+        keep_text = self._exception_text
+        key = [keys[i] for i in done]
+        prefix, group, state, worker, thread = [], [], [], [], []
+        start, stop, nbytes, typename, retries, exception = [], [], [], [], [], []
+        nan = float("nan")
+        for i, k in zip(done, key, strict=True):
             kw = extra[i]
-            key = keys[i]
-            compute = [ss for ss in kw.get("startstops") or () if ss.get("action") == "compute"]
-            ts = tasks.get(key)
-            cols["key"].append(key)
-            cols["prefix"].append(key_split(key))
-            # the scheduler's TaskGroup name: what graphs and spans are joined on
-            cols["group"].append(ts.group.name if ts is not None else key_split_group(key))
-            cols["state"].append(finishes[i])
-            cols["worker"].append(kw.get("worker"))
-            cols["thread"].append(kw.get("thread") or -1)
-            cols["start"].append(compute[0]["start"] if compute else float("nan"))
-            cols["stop"].append(compute[-1]["stop"] if compute else float("nan"))
-            cols["time"].append(times[i])
-            nbytes = kw.get("nbytes")
-            cols["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
-            cols["typename"].append(kw.get("typename"))
-            cols["retries"].append(kw.get(RETRIES_MADE, 0))
-            text = kw.get("exception_text") or ""
-            cols["exception"].append(
-                config.exception_text(text, self._exception_text) if text else ""
-            )
-        self.group.append("tasks", cols)
+            ts = get_task(k)
+            if ts is not None:  # the scheduler's TaskPrefix and TaskGroup names
+                prefix.append(ts.prefix.name)
+                group.append(ts.group.name)  # what graphs and spans are joined on
+            else:  # forgotten since: the same names, from its key
+                prefix.append(key_split(k))
+                group.append(key_split_group(k))
+            state.append(finishes[i])
+            worker.append(kw.get("worker"))
+            thread.append(kw.get("thread") or -1)
+            first = last = None
+            for ss in kw.get("startstops") or ():
+                if ss.get("action") == "compute":
+                    if first is None:
+                        first = ss
+                    last = ss
+            start.append(first["start"] if first else nan)
+            stop.append(last["stop"] if last else nan)
+            n = kw.get("nbytes")
+            nbytes.append(n if isinstance(n, int) else -1)
+            typename.append(kw.get("typename"))
+            retries.append(kw.get(RETRIES_MADE, 0))
+            text = kw.get("exception_text")
+            exception.append(config.exception_text(text, keep_text) if text else "")
+        return {
+            "key": key,
+            "prefix": prefix,
+            "group": group,
+            "state": state,
+            "worker": worker,
+            "thread": thread,
+            "start": start,
+            "stop": stop,
+            "time": [times[i] for i in done],
+            "nbytes": nbytes,
+            "typename": typename,
+            "retries": retries,
+            "exception": exception,
+        }
 
     def _write_samples(self, samples: list[Any]) -> None:
         wrows: list[tuple[Any, ...]] = []
