@@ -139,6 +139,75 @@ def test_roundtrip_tables_strings_and_datatree(store):
     assert zarr.config.get("json_indent") == 2
 
 
+@pytest.mark.parametrize("n", [40, 3000])  # below and past SMALL_ENCODE, all columns together
+def test_a_flush_encodes_the_names_of_all_its_tables_together(store, n):
+    """A flush encodes the names of every table it writes in one pass (a task's key object
+    in its transitions and its execution, a worker's address, states): each table reads
+    back what was appended to it, live from the segments and sealed, also across two
+    appends of a table where a column is left out of one (its fill), with None and NaN
+    for no value and objects that are not strings."""
+    w = StoreWriter(store)
+    init_root(w, "r1")
+    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+    g = w.group("scheduler", cluster="c1")
+    keys = [("x", i) for i in range(n)]
+    workers = ["tcp://a:1", None, float("nan"), "tcp://b:2"]
+    expect_tr: list[tuple[object, ...]] = []
+    expect_tasks: list[tuple[object, ...]] = []
+    for part in range(2):
+        tr = {
+            "key": [k for k in keys for _ in range(2)],
+            "start": ["waiting", "processing"] * n,
+            "finish": ["processing", "memory"] * n,
+            "time": np.arange(2 * n, dtype=float),
+            "stimulus_id": [f"s-{part}-{i // 2}" for i in range(2 * n)],
+            "worker": [workers[i % 4] for i in range(2 * n)],
+        }
+        g.append("transitions", tr)
+        expect_tr += [
+            (str(k), s, f, st, wk if isinstance(wk, str) else None)
+            for k, s, f, st, wk in zip(
+                tr["key"], tr["start"], tr["finish"], tr["stimulus_id"], tr["worker"], strict=True
+            )
+        ]
+        tasks = {
+            "key": keys,
+            "prefix": ["x"] * n,
+            "group": [("x", part)] * n,  # not a string: stored as its str()
+            "state": ["memory"] * n,
+            "worker": [workers[i % 4] for i in range(n)],
+            "time": np.arange(n, dtype=float),
+        }
+        if part:
+            tasks["typename"] = ["int", None] * (n // 2)
+        g.append("tasks", tasks)
+        expect_tasks += [
+            (
+                str(k),
+                "x",
+                str(("x", part)),
+                "memory",
+                wk if isinstance(wk, str) else None,
+                ("int" if i % 2 == 0 else None) if part else None,
+            )
+            for i, (k, wk) in enumerate(zip(keys, tasks["worker"], strict=True))
+        ]
+    assert g.flush() == 6 * n
+
+    def rows(df: pd.DataFrame, names: list[str]) -> list[tuple[object, ...]]:
+        return [tuple(None if pd.isna(v) else v for v in r) for r in df[names].itertuples(False)]
+
+    for when in ("live", "sealed"):
+        if when == "sealed":
+            finalize(store)
+        run = open_run(store)
+        tr_names = ["key", "start", "finish", "stimulus_id", "worker"]
+        assert rows(run.transitions(), tr_names) == expect_tr, when
+        tasks_names = ["key", "prefix", "group", "state", "worker", "typename"]
+        assert rows(run.scheduler_table("tasks"), tasks_names) == expect_tasks, when
+    assert validate_store(store) == []
+
+
 def test_flush_failure_keeps_rows_and_reports_once(store, tmp_path):
     w = StoreWriter(store)
     g = w.group("scheduler", cluster="c1")

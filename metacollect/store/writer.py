@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import itertools
 import json
 import logging
 import os
@@ -390,11 +391,7 @@ class GroupWriter:
         new_strings: list[str] = []
         try:
             # encode first: it creates the new strings, which must land before the codes
-            columns = {
-                name: self._columns(self.tables[name].spec, chunks)
-                for name, chunks in taken.items()
-                if chunks
-            }
+            columns = self._columns({name: chunks for name, chunks in taken.items() if chunks})
             new_strings = self.strings.take_new()
             if new_strings:  # committed first: the other tables' codes refer to them
                 columns = {
@@ -431,32 +428,52 @@ class GroupWriter:
             logger.debug("metacollect: errors of %s not written either: %r", self.path, e)
 
     def _columns(
-        self, spec: TableSpec, chunks: list[tuple[int, dict[str, Any]]]
-    ) -> dict[str, np.ndarray]:
-        out = {}
-        for var in spec.variables.values():
-            parts = []
-            for n, cols in chunks:
-                values = cols.get(var.name)
-                if values is None:
-                    parts.append(
-                        np.full(
-                            n,
-                            FILL[var.dtype],
-                            dtype=var.numpy_dtype if var.dtype != "str" else object,
+        self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]
+    ) -> dict[str, dict[str, np.ndarray]]:
+        """The arrays of the rows taken from each table, the values of every ``code``
+        variable of every table encoded in one :meth:`StringTable.encode`: the same objects
+        recur across a flush's columns and tables (a task's key in its transitions and in
+        its execution, a worker's address, a state as both start and finish), and each
+        distinct one is then turned into its string and looked up once, not once a column."""
+        coded = [
+            values
+            for name, chunks in taken.items()
+            for var in self.tables[name].spec.variables.values()
+            if var.dtype == "code"
+            for _, cols in chunks
+            if (values := cols.get(var.name)) is not None
+        ]
+        if len(coded) == 1:
+            pieces = iter([self.strings.encode(coded[0])])
+        else:
+            codes = self.strings.encode(list(itertools.chain.from_iterable(coded)))
+            pieces = iter(np.split(codes, np.cumsum([len(v) for v in coded[:-1]])))
+        out: dict[str, dict[str, np.ndarray]] = {}
+        for name, chunks in taken.items():
+            arrays = out[name] = {}
+            for var in self.tables[name].spec.variables.values():
+                parts = []
+                for n, cols in chunks:
+                    values = cols.get(var.name)
+                    if values is None:
+                        parts.append(
+                            np.full(
+                                n,
+                                FILL[var.dtype],
+                                dtype=var.numpy_dtype if var.dtype != "str" else object,
+                            )
                         )
-                    )
-                elif var.dtype == "code":
-                    parts.append(self.strings.encode(values))
-                elif var.dtype == "str":
-                    arr = np.empty(len(values), dtype=object)
-                    arr[:] = [
-                        v if type(v) is str else ("" if v is None else str(v)) for v in values
-                    ]
-                    parts.append(arr)
-                else:
-                    parts.append(np.asarray(values, dtype=var.numpy_dtype))
-            out[var.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                    elif var.dtype == "code":
+                        parts.append(next(pieces))
+                    elif var.dtype == "str":
+                        arr = np.empty(len(values), dtype=object)
+                        arr[:] = [
+                            v if type(v) is str else ("" if v is None else str(v)) for v in values
+                        ]
+                        parts.append(arr)
+                    else:
+                        parts.append(np.asarray(values, dtype=var.numpy_dtype))
+                arrays[var.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return out
 
     def _rows_in_store(self, table: str) -> int:
