@@ -4,8 +4,11 @@ side by side with distributed's ``performance_report``, steps 1-4 (Yappi, Darsha
 (a) stress graph of >= 30k tiny tasks, (b) dask.array pipeline with tasks of >= 10 ms
 (8000x8000 in 1000x1000 blocks: ~1500 tasks, tens of seconds, as a real pipeline runs).
 The ratio includes the session's start and final flush; ``ratio_collected_inner`` is the
-workload alone inside the session; ``ratio_cpu_*`` are the same ratios of CPU seconds used by
-the client/scheduler process and the workers (less swayed by other tenants of the machine).
+workload alone inside the session (its graph computed, not yet forgotten). Every mode's time
+ends once the scheduler has forgotten its graph (:func:`_common.settle`): the session's end
+waits for that, and a mode that did not would leave it to the next run. ``ratio_cpu_*`` are
+the same ratios of CPU seconds used by the client/scheduler process and the workers (less
+swayed by other tenants of the machine).
 One cluster per workload, shared by its three modes; repeats interleaved with a rotating
 order; the ratio is the median of per-repeat ratios, with its quartiles (IQR) and a 95%
 bootstrap interval of the median: with >= 15 repeats the interval's half-width says
@@ -54,6 +57,7 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
 
         def bare() -> None:
             dask.compute(graph)
+            _common.settle(client)
 
         inner: list[float] = []
 
@@ -68,10 +72,12 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
                 t0 = time.perf_counter()
                 dask.compute(graph)
                 inner.append(time.perf_counter() - t0)
+            _common.settle(client)
 
         def perf_report() -> None:
             with performance_report(filename=html):
                 dask.compute(graph)
+            _common.settle(client)
 
         _common.log(f"{name}: {n_tasks(graph)} tasks, {repeats} interleaved repeats")
         bare()
