@@ -208,6 +208,74 @@ def test_a_flush_encodes_the_names_of_all_its_tables_together(store, n):
     assert validate_store(store) == []
 
 
+def test_groups_made_at_once_by_many_writers_each_keep_their_attributes(store):
+    """Sixteen writers make their worker groups at the same moment, as a cluster's workers
+    do at a session's start, one of them the cluster's group as well: each group is made
+    once, whole, with its own attributes and its level's annotation, their common parents
+    too (never written over by a writer that found one missing), and no temporary file is
+    left. A
+    group found already there gets its new attributes beside its old ones, and a parent
+    made without its annotation (by Zarr alone) gets it."""
+    import os
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    init_root(StoreWriter(store), "r1")
+    zarr.open_group(store, mode="a").require_group("clusters")  # no annotation
+    n = 16
+    start = threading.Barrier(n)
+
+    def make(i: int) -> None:
+        w = StoreWriter(store)
+        start.wait()
+        if i == 0:  # the scheduler's cluster group, a parent of the workers' groups
+            w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+        w.group("worker", attrs={"address": f"tcp://w:{i}"}, cluster="c1", worker=f"{i}-w")
+
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(make, range(n)))
+    assert zarr.open_group(store, mode="r")["clusters/c1"].attrs["scheduler_id"] == "Scheduler-c1"
+    StoreWriter(store).group("worker", attrs={"ended": 2.0}, cluster="c1", worker="3-w")
+    schema = load_schema()
+    root = zarr.open_group(store, mode="r")
+    for path in ("clusters", "clusters/c1", "clusters/c1/workers"):
+        spec = schema.match(path)
+        if spec is not None:
+            assert root[path].attrs["step"] == spec.step, path
+    for i in range(n):
+        attrs = dict(root[f"clusters/c1/workers/{i}-w"].attrs)
+        assert attrs["address"] == f"tcp://w:{i}" and attrs["level"] == "worker"
+        assert ("ended" in attrs) == (i == 3)
+    left = [f for _, _, fs in os.walk(store) for f in fs if f.endswith(".partial")]
+    assert left == []
+    finalize(store)
+    tree = xr.open_datatree(store, engine="zarr")
+    assert len(tree["clusters/c1/workers"].children) == n
+
+
+def test_a_group_made_by_another_writer_meanwhile_is_never_written_over(store, monkeypatch):
+    """The race the sixteen writers above can lose: a group's document is missing when a
+    writer looks and there when it writes (another process made it in between). The writer
+    keeps the other's document and its attributes, and says it did not make the group."""
+    import metacollect.store.zarrio as zarrio
+
+    init_root(StoreWriter(store), "r1")
+    root = zarrio.open_root(store)
+    theirs, made = zarrio.local_group(root, "clusters", {"by": "them"})
+    assert made and dict(theirs.attrs) == {"by": "them"}
+    read = zarrio._read_json
+    looked: list[str] = []
+
+    def missed_once(path: str) -> object:  # the first look finds nothing, as in the race
+        looked.append(path)
+        return None if len(looked) == 1 else read(path)
+
+    monkeypatch.setattr(zarrio, "_read_json", missed_once)
+    mine, made = zarrio.local_group(root, "clusters", {"by": "me"})
+    assert not made and dict(mine.attrs) == {"by": "them"} and len(looked) == 2
+    assert dict(zarr.open_group(store, mode="r")["clusters"].attrs) == {"by": "them"}
+
+
 def test_flush_failure_keeps_rows_and_reports_once(store, tmp_path):
     w = StoreWriter(store)
     g = w.group("scheduler", cluster="c1")

@@ -665,6 +665,8 @@ class StoreWriter:
     def ensure_group(self, path: str, spec: GroupSpec, attrs: Mapping[str, Any]) -> zarrio.Group:
         """Create ``path`` and its parents, each annotated with step/level/category."""
         parts = [p for p in path.split("/") if p]
+        if parts and zarrio.local_root(self.root) is not None:
+            return self._ensure_local_group(parts, spec, attrs)
         with compact_json():
             for i in range(1, len(parts)):
                 parent = "/".join(parts[:i])
@@ -674,6 +676,28 @@ class StoreWriter:
                     g.update_attributes(self._annotation(pspec))
             g = zarrio.require_group(self.root, path) if path else self.root
             g.update_attributes({**self._annotation(spec), **_jsonable(dict(attrs))})
+        return g
+
+    def _ensure_local_group(
+        self, parts: list[str], spec: GroupSpec, attrs: Mapping[str, Any]
+    ) -> zarrio.Group:
+        """:meth:`ensure_group` in a local store: each level new is made with its attributes
+        in one write (:func:`zarrio.local_group`); one found as it should be is only read.
+        A level found without its annotation (written by something else) and a group of
+        ours found already there (a writer after another) are updated through Zarr."""
+        g = self.root
+        for i in range(1, len(parts) + 1):
+            here = "/".join(parts[:i])
+            last = i == len(parts)
+            pspec = spec if last else self.schema.match(here)
+            annotation = self._annotation(pspec) if pspec is not None else {}
+            wanted = {**annotation, **_jsonable(dict(attrs))} if last else annotation
+            g, made = zarrio.local_group(self.root, here, wanted)
+            if made:
+                continue
+            if last or (pspec is not None and "step" not in g.attrs):
+                with compact_json():
+                    g.update_attributes(wanted)
         return g
 
     def ensure_table(self, gw: GroupWriter, table: str) -> zarrio.Group:
