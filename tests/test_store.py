@@ -274,6 +274,17 @@ def test_a_group_made_by_another_writer_meanwhile_is_never_written_over(store, m
     mine, made = zarrio.local_group(root, "clusters", {"by": "me"})
     assert not made and dict(mine.attrs) == {"by": "them"} and len(looked) == 2
     assert dict(zarr.open_group(store, mode="r")["clusters"].attrs) == {"by": "them"}
+    # a filesystem without hard links: made all the same, and still never written over
+    monkeypatch.setattr(zarrio, "_read_json", read)
+
+    def no_links(src: str, dst: str) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(zarrio.os, "link", no_links)
+    new, made = zarrio.local_group(root, "clusters/c1", {"by": "me"})
+    assert made and dict(zarr.open_group(store, mode="r")["clusters/c1"].attrs) == {"by": "me"}
+    assert not zarrio._link_new(f"{store}/clusters/zarr.json", b"{}")
+    assert dict(zarr.open_group(store, mode="r")["clusters"].attrs) == {"by": "them"}
 
 
 def test_flush_failure_keeps_rows_and_reports_once(store, tmp_path):

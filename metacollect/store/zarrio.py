@@ -370,7 +370,8 @@ def _read_json(path: str) -> dict[str, Any] | None:
 def _link_new(path: str, data: bytes) -> bool:
     """Create file ``path`` holding ``data`` unless it exists, never half-written: written
     under a temporary name (Zarr's ``.partial`` suffix, which the seal clears if a process
-    dies before removing it) and hard-linked into place; whether this call created it."""
+    dies before removing it) and hard-linked into place; whether this call created it. On a
+    filesystem without hard links (some FUSE mounts) it is created exclusively and written."""
     temp = f"{path}.{uuid.uuid4().hex}.partial"
     with open(temp, "wb") as f:
         f.write(data)
@@ -379,6 +380,14 @@ def _link_new(path: str, data: bytes) -> bool:
         return True
     except FileExistsError:
         return False
+    except OSError:  # no hard links here
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
     finally:
         os.unlink(temp)
 
