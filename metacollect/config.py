@@ -156,9 +156,19 @@ def interval(key: str) -> float:
 def redact_patterns() -> tuple[re.Pattern[str], frozenset[str]]:
     """Compiled secret-name pattern and the allow-list."""
     patterns = dask.config.get("metacollect.redact.patterns")
-    allow = frozenset(dask.config.get("metacollect.redact.allow"))
+    allow = dask.config.get("metacollect.redact.allow")
+    return _secret_names(tuple(patterns), tuple(allow))
+
+
+@functools.lru_cache(maxsize=8)
+def _secret_names(
+    patterns: tuple[str, ...], allow: tuple[str, ...]
+) -> tuple[re.Pattern[str], frozenset[str]]:
+    """:func:`redact_patterns` made once per setting: it is asked for by every redaction
+    (each environment variable, error and event), ~100 times in a session's start and end,
+    and escaping the patterns anew each time cost more than the look-up it serves."""
     rx = re.compile("|".join(re.escape(p) for p in patterns), re.IGNORECASE)
-    return rx, allow
+    return rx, frozenset(allow)
 
 
 REDACTED = "<redacted>"
