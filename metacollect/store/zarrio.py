@@ -388,8 +388,9 @@ def _link_new(path: str, data: bytes) -> bool:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return True
-    finally:
-        os.unlink(temp)
+    finally:  # (gone already if a seal swept the store's temporary files meanwhile)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
 
 
 def async_group(group: Group) -> Any:
