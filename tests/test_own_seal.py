@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -46,10 +47,6 @@ class _Transitions(SchedulerPlugin):
         self.seen.append((str(key), start, finish))
 
 
-def _square(x):
-    return x * x
-
-
 @pytest.mark.parametrize("node_local", [False, True], ids=["store", "node-local"])
 def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
     tmp_path, monkeypatch, node_local
@@ -75,7 +72,10 @@ def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
     ):
         with collect(client, store, flush_interval="0.2s", **local_dir) as session:
             cluster.scheduler.add_plugin(truth, name="test-truth")
-            futures = client.map(_square, range(200), key=[f"sq-{i}" for i in range(200)])
+            # a function of the standard library: the workers import nothing of this module
+            futures = client.map(
+                operator.mul, range(200), range(200), key=[f"sq-{i}" for i in range(200)]
+            )
             assert sum(client.gather(futures)) == sum(i * i for i in range(200))
             time.sleep(0.5)  # a few flushes: the groups hold several segments each
             if not node_local:
@@ -83,6 +83,11 @@ def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
                 assert sum("/workers/" in g for g in mid) == 2
             del futures
         cluster.scheduler.remove_plugin("test-truth")
+        # a worker collects, flushes and seals its group without importing pandas (a third
+        # of a second in each worker, on the session's start) when its flushes are small
+        assert client.run(lambda: "pandas" in sys.modules) == dict.fromkeys(
+            client.scheduler_info()["workers"], False
+        )
     assert session.status == "complete", session.missing
     (left,) = left_at_seal
     # the run's seal found no worker's or scheduler's segments: their processes sealed them

@@ -294,6 +294,16 @@ def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
     ]
 
 
+def test_no_value_says_what_pandas_isna_says_of_strings():
+    """The seal tells missing strings apart without pandas (a worker sealing its own group
+    never imports it): ``None`` and NaN are no value; "", "\\0", "nan" and "None" are
+    strings; any shape."""
+    values = np.array(["", "\0", "nan", "None", None, float("nan"), "a", None], dtype=object)
+    for data in (values, values.reshape(4, 2), values[:0]):
+        assert compact.no_value(data).tolist() == pd.isna(data).tolist()
+        assert compact.no_value(data).dtype == bool
+
+
 def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_doctor(
     tmp_path, monkeypatch
 ):

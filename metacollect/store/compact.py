@@ -33,7 +33,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
-import pandas as pd
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
@@ -79,6 +78,15 @@ def equal_text(values: np.ndarray, text: str) -> np.ndarray:
     scalar = np.empty((), dtype=object)
     scalar[()] = text
     return np.asarray(values == scalar, dtype=bool)
+
+
+def no_value(values: np.ndarray) -> np.ndarray:
+    """Which values of an object array are no value (``None`` or NaN), as ``pandas.isna``
+    says of strings and as fast, without pandas: a worker that seals its own group then never
+    imports it (see :data:`~metacollect.store.writer.SMALL_ENCODE`)."""
+    values = np.asarray(values, dtype=object)
+    nothing = np.empty((), dtype=object)  # None, as an array (what numpy's typing asks)
+    return np.asarray(np.equal(values, nothing) | np.not_equal(values, values), dtype=bool)
 
 
 def codes_to_text(codes: np.ndarray, strings: np.ndarray) -> np.ndarray:
@@ -498,12 +506,12 @@ class SealedColumn(NamedTuple):
                 used[codes[inside]] = True
                 missing = missing or not inside.all()
             held = lookup[used]
-            absent = pd.isna(held)
+            absent = no_value(held)
             missing = missing or bool(absent.any())
             held = held[~absent]
         else:
             held = text_values(np.asarray(data), read_none)
-            missing = bool(len(held)) and bool(pd.isna(held).any())
+            missing = bool(len(held)) and bool(no_value(held).any())
         if not missing:
             return cls(var, attrs, None, read_none, lookup)
         none = attrs[NONE_ATTR] = none_value(held)
@@ -520,7 +528,7 @@ class SealedColumn(NamedTuple):
         else:
             out = text_values(block, self.read_none)
         if self.none is not None:
-            missing = pd.isna(out)
+            missing = no_value(out)
             if missing.any():
                 out = out.copy()
                 out[missing] = self.none

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import pandas as pd
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
@@ -43,7 +42,10 @@ logger = logging.getLogger(__name__)
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
 
-#: columns of at most this many values are encoded without pandas (see StringTable)
+#: columns of at most this many values are encoded without pandas (see StringTable), which
+#: is imported only for a larger one: a worker's collector starts without it (a third of a
+#: second in every worker process, 350 modules and ~2,400 stat and open calls on a shared
+#: filesystem, while the session's start waits for the workers); most of its flushes are small
 SMALL_ENCODE = 4096
 #: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
 UNRECOGNIZED = zarrio.UNRECOGNIZED
@@ -92,6 +94,8 @@ class StringTable:
             return np.empty(0, np.int32)
         if n <= SMALL_ENCODE:
             return self._encode_small(values)
+        import pandas as pd  # here, not at the top: see SMALL_ENCODE
+
         items = np.fromiter(values, dtype=object, count=n)
         local, distinct = pd.factorize(_addresses(items))
         some_row = np.empty(len(distinct), np.intp)
