@@ -26,8 +26,11 @@ def test_there_are_notebooks():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_executes(path, tmp_path):
+def test_notebook_executes(path, tmp_path, monkeypatch):
     nb = nbformat.read(path, as_version=4)
+    # the notebooks keep their stores in a temp dir for the reader to explore: the kernel's
+    # temp dir is the test's, or every run leaves ~1,500 files a notebook in /tmp
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     # the kernel must not inherit pytest's "warnings are errors"; the notebooks' own code runs as users run it
     client = NotebookClient(
         nb,
