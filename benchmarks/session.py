@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import _common
@@ -33,6 +34,19 @@ from distributed import Client
 
 def _imported_pandas() -> bool:
     return "pandas" in sys.modules
+
+
+def _futures(client: Client, i: int) -> None:
+    keys = [f"add-{i}-{j}" for j in range(40)]
+    client.gather(client.map(operator.add, range(40), range(40), key=keys))
+
+
+def _array_graph() -> Callable[[Client, int], None]:
+    # imported here, not at the top: it imports pandas, in the workers as well
+    import dask.array as da
+
+    graph = da.ones(40, chunks=1).sum(split_every=4)  # 40 chunks and their reduction tree
+    return lambda client, i: dask.compute(graph)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -46,17 +60,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # dask-jobqueue or `dask worker` does
     from metacollect import collect
 
-    if not a.futures:  # not at the top either: it imports pandas, in the workers as well
-        import dask.array as da
-
-        graph = da.ones(40, chunks=1).sum(split_every=4)  # 40 chunks and their reduction tree
-
-    def workload(client: Client, i: int) -> None:
-        if a.futures:
-            keys = [f"add-{i}-{j}" for j in range(40)]
-            client.gather(client.map(operator.add, range(40), range(40), key=keys))
-        else:
-            dask.compute(graph)
+    workload = _futures if a.futures else _array_graph()
 
     workdir = tempfile.mkdtemp(prefix="mc-session-")
     start: list[float] = []
