@@ -340,8 +340,16 @@ class DarshanCapture:
         if self.live is not None:
             if retire is not None:  # the workers run on: their mmap logs as they are now
                 with self._timed("end: snapshot mmap logs"):
-                    self.live.end()
-                return []
+                    try:  # the workers now: one that joined in the session is read whole
+                        now = self.client.run(worker_identity)
+                    except Exception as e:
+                        return [
+                            "darshan: the workers could not be listed at the session's end "
+                            f"({type(e).__name__}: {e}): the I/O of any that joined during "
+                            "it is not in the store",
+                            *self.live.end(),
+                        ]
+                    return self.live.end(now)
             # retired with their batch jobs: their final logs hold it all (since they started)
             self.live.cleanup()
             self.live = None

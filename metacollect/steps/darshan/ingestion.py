@@ -82,7 +82,7 @@ def _ingest_logs(
     snaps = [p for lv in live for p in (lv.start, lv.end or lv.start)]
     # the snapshots are read here when their layout is the one read_mmap_log knows
     here = [_read_here(p) for p in snaps]
-    rest = [p for p, r in zip(snaps, here, strict=True) if r is None]
+    rest = [p for p, r in zip(snaps, here, strict=True) if r is None and p is not None]
     paths = [lg.path for lg in todo] + rest
     read = read_logs(paths, timeout=timeout, progress=progress, pool=readers) if paths else []
     there = iter(read[len(todo) :])
@@ -96,8 +96,11 @@ def _ingest_logs(
         run.add(todo[i], read[i])
 
 
-def _read_here(path: str) -> ReadResult | None:
-    """A snapshot read in this process (``None``: a reader child reads it)."""
+def _read_here(path: str | None) -> ReadResult | None:
+    """A snapshot read in this process (``None``: a reader child reads it). No snapshot
+    (a worker that joined during the session has none from its start): nothing before."""
+    if path is None:
+        return ReadResult(error=None)
     try:
         return read_mmap_log(path)
     except Exception:  # damaged or unknown: the reader child reads it, or says why not

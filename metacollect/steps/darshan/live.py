@@ -135,7 +135,10 @@ class LiveLog:
     pid: int
     #: the worker's mmap log
     path: str
-    start: str
+    #: the snapshot at the session's start; ``None``: the worker started during the session
+    #: (a nanny's restart after a kill, a new job), so every record of its log is the session's
+    start: str | None
+    #: when the start snapshot was taken, or the worker's process started
     start_time: float
     end: str | None = None
     end_time: float = float("nan")
@@ -201,10 +204,14 @@ class LiveSnapshots:
             snaps.logs.append(LiveLog(addr, str(w["host"]), pid, path, copy, taken))
         return snaps, ""
 
-    def end(self) -> None:
-        """Snapshot every worker's mmap log again (the session's end)."""
+    def end(self, identities: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+        """Snapshot every worker's mmap log again (the session's end), and the logs of the
+        workers in ``identities`` (the workers now, as :func:`~.nanny.worker_identity`
+        gives them) that were not there at its start; returns the joined workers whose
+        I/O cannot be read, one line each."""
         import psutil
 
+        problems = self._join(identities or {}, psutil)
         for lv in self.logs:
             copy = os.path.join(self.directory, "end", os.path.basename(lv.path))
             lv.exited = not psutil.pid_exists(lv.pid)
@@ -217,6 +224,38 @@ class LiveSnapshots:
                 )
                 continue
             lv.end, lv.end_time = copy, time.time()
+        return problems
+
+    def _join(self, identities: Mapping[str, Mapping[str, Any]], psutil: Any) -> list[str]:
+        """Add the workers that started during the session (their whole log is the
+        session's), or say why one's I/O is not read."""
+        known = {lv.pid for lv in self.logs}
+        here = socket.gethostname()
+        problems = []
+        for addr, w in sorted(identities.items()):
+            pid = int(w["pid"])
+            if pid in known:
+                continue
+            joined = f"worker {addr} (host {w.get('host')}, pid {pid}) joined during the session"
+            path = None
+            if not w.get("darshan"):
+                why = "not under Darshan: its I/O is not recorded"
+            elif w.get("host") != here:
+                why = "on another host: its mmap log is not readable here"
+            elif dxt_enabled(w.get("env") or {}):
+                why = "with DXT on: its segments are not in its mmap log"
+            else:
+                path = mmap_log_of(w.get("env") or {}, pid)
+                why = "" if path is not None else "without an mmap log"
+            if path is None:
+                problems.append(f"darshan: {joined} {why}")
+                continue
+            try:
+                started = psutil.Process(pid).create_time()
+            except psutil.Error:  # gone since: its mmap log is read as it was left
+                started = float("nan")
+            self.logs.append(LiveLog(addr, str(w["host"]), pid, path, None, started))
+        return problems
 
     def cleanup(self) -> None:
         """Remove the copies."""
@@ -248,6 +287,7 @@ def live_delta(start: ReadResult, end: ReadResult, lv: LiveLog) -> ReadResult:
         "carried": counts["carried"],
         "carried_records": {m: n[:MAX_CARRIED_NAMES] for m, n in carried.items()},
         "exited": lv.exited,
+        "joined": lv.start is None,
     }
     # the clock mark is written once per process: its record is the end log's, not the
     # delta's (unchanged after the first session)
@@ -395,6 +435,8 @@ def live_attrs(meta: Mapping[str, Any]) -> dict[str, Any]:
         "end_time": None,  # the process runs on
         "run_time": float("nan"),
         "snapshot_start": info.get("snapshot_start"),
+        # started during the session: its records are its whole life, none carried
+        "joined": bool(info.get("joined", False)),
         "snapshot_end": info.get("snapshot_end"),
         "records_unchanged_dropped": info.get("unchanged_dropped", 0),
         "carried": info.get("carried", 0),
