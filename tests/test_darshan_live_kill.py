@@ -129,8 +129,11 @@ def test_the_status_says_what_is_partial(killed):
     run = open_run(killed["store"])
     assert run.attrs["status"] == "incomplete"
     pid = killed["killed_pid"]
-    said = [m for m in run.attrs["missing"] if f"pid {pid}" in m]
+    said = [m for m in run.attrs["missing"] if f"pid {pid}" in m and m.startswith("darshan:")]
     assert len(said) == 1 and "partial" in said[0] and "mmap" in said[0]
+    # and, for step 4, that its worker never took its final flush
+    (flush,) = [m for m in run.attrs["missing"] if f"pid {pid}" in m and m not in said]
+    assert "never took its final flush" in flush
     assert run.groups["darshan"]["missing_logs"] == said
     # only that worker: the survivor (and the worker the nanny started after the kill)
     # have complete logs

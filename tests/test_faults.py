@@ -62,7 +62,14 @@ def test_worker_sigkilled_mid_run(tmp_path):
             assert total.result(timeout=120) == sum(range(1, 41))  # the run completes
             killed_at = time.time()
     run = open_run(store)
-    assert run.attrs["status"] == "complete"
+    # the killed worker never took its final flush: its own rows since its last flush are
+    # lost, and the store says so (and nothing else)
+    assert run.attrs["status"] == "incomplete"
+    (said,) = run.attrs["missing"]
+    assert f"worker {victim} " in said and f"pid {pid})" in said and "final flush" in said
+    ends = {a["address"]: a["ended"] for a in run.worker_groups().values()}
+    assert ends[victim] is None
+    assert all(isinstance(t, float) for w, t in ends.items() if w != victim)
     workers = run.workers()
     gone = workers[workers.address == victim]
     assert len(gone) == 1
@@ -81,6 +88,27 @@ def test_worker_sigkilled_mid_run(tmp_path):
     # everything else is intact: every task finished, the killed worker's flushed data is there
     assert set(tasks.prefix) >= {"slow_inc", "sum"}
     assert main(["validate", "-q", store]) == 0
+
+
+def test_a_worker_retired_mid_run_ends_its_record(tmp_path):
+    """A worker that leaves on purpose takes its final flush: nothing is missing."""
+    store = str(tmp_path / "retire.zarr")
+    with _cluster(2) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="10s"):  # no flush but the final ones
+            first = client.gather(client.map(slow_inc, range(10), pure=False))
+            victim = sorted(client.scheduler_info()["workers"])[0]
+            client.retire_workers([victim], close_workers=True)
+            then = client.gather(client.map(slow_inc, range(10, 20), pure=False))
+    assert first + then == list(range(1, 21))
+    run = open_run(store)
+    assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
+    groups = {a["address"]: p for p, a in run.worker_groups().items()}
+    assert victim in groups and all(
+        isinstance(run.groups[p]["ended"], float) for p in groups.values()
+    )
+    # the retired worker's own record holds what it ran before it left
+    ran = run.worker_table("tasks")
+    assert (ran.worker_group == groups[victim].rsplit("/", 1)[-1]).any()
 
 
 # -- client / scheduler processes killed -------------------------------------------------------

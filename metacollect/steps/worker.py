@@ -152,6 +152,9 @@ class WorkerCollector(WorkerPlugin):
             "nthreads": worker.state.nthreads,
             "memory_limit": worker.memory_manager.memory_limit,
             "started": time.time(),
+            # set by its final flush (teardown): a group still without it when the store is
+            # sealed lost what its worker did after its last flush (lifecycle.unended_workers)
+            "ended": None,
             "profile_interval": dask_profile.profile_interval(),
         }
         #: the node-local store this worker writes its group to (None: the run's store)
@@ -210,6 +213,7 @@ class WorkerCollector(WorkerPlugin):
         if self.cycles is not None:
             self.cycles.close()  # the cycle in progress, copied on the loop that fills it
         await self.recording.finish()
+        self.group.set_attrs(ended=time.time())  # its final flush is in the store
         gathered = await self._gather() if self.local is not None else None
         config.restore(self._config_before)
         if gathered is not None:

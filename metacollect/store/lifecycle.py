@@ -25,6 +25,7 @@ from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import segments
 from metacollect.store.compact import compact, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
+from metacollect.store.schema import load_schema
 from metacollect.store.writer import fold_segments, read_nodes, seal, trim
 
 logger = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ def finalize(
         fold = fold_segments(store, groups=with_segments, wait=config.interval("end-timeout"))
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
-        missing = [*(missing or []), *ungathered(nodes), *fold.lost]
+        missing = [*(missing or []), *ungathered(nodes), *unended_workers(nodes), *fold.lost]
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         consolidate(
@@ -302,6 +303,33 @@ def cluster_ends(store: str) -> dict[str, float | None]:
             ended = member.attrs.get("ended")
             ends[name] = float(ended) if isinstance(ended, int | float) else None
     return ends
+
+
+def unended_workers(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the store misses because a worker's collector never took its final flush (the
+    worker was killed, or its process died), one line per worker group (``nodes``: the
+    store's nodes as the seal reads them). A group written before workers recorded their
+    end has no ``ended`` at all and is not named; one kept on node-local disk and never
+    gathered is named by :func:`~metacollect.store.local.ungathered`."""
+    schema = load_schema()
+    missing = []
+    for path, doc in sorted(nodes.items()):
+        attrs = doc.get("attributes") or {}
+        if doc.get("node_type") != "group" or "ended" not in attrs or attrs["ended"] is not None:
+            continue
+        spec = schema.match(path)
+        if spec is None or spec.kind != "worker":
+            continue
+        if LOCAL_ATTR in attrs and GATHERED_ATTR not in attrs:
+            continue
+        missing.append(
+            f"{path}: worker {attrs.get('address')} (host {attrs.get('host')}, pid "
+            f"{attrs.get('pid')}) never took its final flush (it was killed, or its process "
+            "died): what it did after its last flush (up to metacollect.flush-interval, longer "
+            "if the interval was stretched) is not in its group; the scheduler's record of "
+            "its tasks is"
+        )
+    return missing
 
 
 def unended_clusters(store: str) -> list[str]:
