@@ -114,6 +114,9 @@ def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
     assert f"gathered {victim_group}" in capsys.readouterr().out
     run = open_run(store)
     assert not [m for m in run.attrs["missing"] if "node-local" in m]
+    # what it did after its last flush on its node is gone with it, and still said
+    (said,) = [m for m in run.attrs["missing"] if m.startswith(f"{victim_group}:")]
+    assert "never took its final flush" in said and run.attrs["status"] == "incomplete"
     got = run.worker_table("tasks").query("worker_group == @victim_id")
     # what it had flushed on its node before the kill, now in the store
     assert len(got) >= flushed and set(got.key) <= ran_on_victim

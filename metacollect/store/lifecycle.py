@@ -348,7 +348,8 @@ def clusters_ended(store: str) -> bool:
 
 def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], str]:
     """Add the groups that workers left on node-local disk (killed before they could gather
-    them) to a sealed ``store``, then seal it again: each gathered group leaves ``missing``,
+    them) to a sealed ``store``, then seal it again: each gathered group leaves ``missing``
+    (but for what its worker did after its last flush, when it never took its final one),
     and a run nothing else is missing from reads as it ended. Returns the groups gathered
     and the status written."""
     lock.acquire(store)  # a run still writing the store holds it: one line says so
@@ -371,13 +372,16 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
             done.append(path)
         attrs: dict[str, Any] = dict(root.attrs)
         missing = [str(m) for m in attrs.get("missing") or [] if not str(m).startswith(tuple(done))]
+        # a group left behind by a killed worker holds its rows up to its last flush only
+        nodes = read_nodes(root)
+        missing += [m for m in unended_workers(nodes) if m.startswith(tuple(f"{p}:" for p in done))]
         status = str(attrs.get("status", "incomplete"))
         if done and not missing and status == "incomplete":
             failed = attrs.get("script_exit_code") not in (None, 0) or any(
                 k in attrs for k in ("script_exception_type", "workflow_error")
             )
             status = "failed" if failed else "complete"
-        consolidate(root, read_nodes(root), {"status": status, "missing": missing})
+        consolidate(root, nodes, {"status": status, "missing": missing})
         return done, status
     finally:
         lock.release(store)
