@@ -160,7 +160,9 @@ def test_a_worker_killed_the_store_unwritable_and_the_client_killed_in_one_run(t
     assert len(address) == 4  # three, and the one its nanny started in its place
     wt = run.worker_table("tasks")
     recorded = collections.Counter(zip(wt.key, wt.worker_group.map(address), strict=True))
-    assert not recorded - ran  # nothing that did not happen
+    # nothing that did not happen; only the killed worker may have run a task the
+    # scheduler never heard of (finished and flushed, its report still unsent at the kill)
+    assert {w for _, w in recorded - ran} <= {victim}, sorted(recorded - ran)[:5]
     missing = ran - recorded
     assert {w for _, w in missing} <= {victim}, sorted(missing)[:5]
     # and the store says that worker was lost, and when

@@ -793,10 +793,12 @@ def test_collect_with_darshan_end_to_end(stub_runtime, tmp_path, clean_environ, 
     assert not [m for m in deaths if any(str(p) in m for p in survivors)]
 
     run = open_run(store)
-    # the killed worker's I/O is known up to its death only: the store says so, of it alone
+    # the killed worker's I/O is known up to its death only, and its own rows up to its
+    # last flush: the store says so, of it alone
     assert run.attrs["status"] == "incomplete"
-    (missing,) = run.attrs["missing"]
+    missing, flush = sorted(run.attrs["missing"], key=lambda m: not m.startswith("darshan:"))
     assert f"pid {victim}" in missing and "partial" in missing
+    assert f"pid {victim})" in flush and "never took its final flush" in flush
     logs = run.table("darshan", "logs")
     groups = {a["pid"]: p for p, a in run.worker_groups().items()}
     worker_logs = logs[logs["role"] == "worker"]
