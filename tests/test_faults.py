@@ -27,6 +27,8 @@ from metacollect.cli import main
 from metacollect.errors import MetacollectError
 from metacollect.steps.scheduler import SchedulerCollector, collectors
 from metacollect.steps.worker import WorkerCollector
+from metacollect.store.lifecycle import unended_workers
+from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
 from metacollect.store.validate import validate_store
 
 
@@ -109,6 +111,30 @@ def test_a_worker_retired_mid_run_ends_its_record(tmp_path):
     # the retired worker's own record holds what it ran before it left
     ran = run.worker_table("tasks")
     assert (ran.worker_group == groups[victim].rsplit("/", 1)[-1]).any()
+
+
+def test_which_groups_the_seal_names_as_unended():
+    """Only a worker group that says it has not ended: not one written before workers said
+    so, not one kept on node-local disk and never gathered (named as such), and not a
+    cluster group without its end (the scheduler's, named by unended_clusters)."""
+    w = "clusters/c0/workers/"
+    base = {"address": "tcp://h:1", "host": "h", "pid": 7}
+
+    def group(**attrs):
+        return {"node_type": "group", "attributes": {**base, **attrs}}
+
+    nodes = {
+        f"{w}killed": group(ended=None),
+        f"{w}ended": group(ended=1.5),
+        f"{w}older": group(),
+        f"{w}on-node": group(ended=None, **{LOCAL_ATTR: "h:/scratch/x"}),
+        f"{w}gathered": group(ended=None, **{LOCAL_ATTR: "h:/scratch/y", GATHERED_ATTR: 2.0}),
+        "clusters/c0": group(ended=None),
+        f"{w}killed/threads": group(ended=None),  # a worker's Yappi group, not a worker
+    }
+    said = unended_workers(nodes)
+    assert [m.split(":", 1)[0] for m in said] == [f"{w}gathered", f"{w}killed"]
+    assert all("tcp://h:1 (host h, pid 7) never took its final flush" in m for m in said)
 
 
 # -- client / scheduler processes killed -------------------------------------------------------
