@@ -120,8 +120,8 @@ def test_which_groups_the_seal_names_as_unended():
     w = "clusters/c0/workers/"
     base = {"address": "tcp://h:1", "host": "h", "pid": 7}
 
-    def group(**attrs):
-        return {"node_type": "group", "attributes": {**base, **attrs}}
+    def group(kind="worker", **attrs):
+        return {"node_type": "group", "attributes": {"kind": kind, **base, **attrs}}
 
     nodes = {
         f"{w}killed": group(ended=None),
@@ -129,8 +129,8 @@ def test_which_groups_the_seal_names_as_unended():
         f"{w}older": group(),
         f"{w}on-node": group(ended=None, **{LOCAL_ATTR: "h:/scratch/x"}),
         f"{w}gathered": group(ended=None, **{LOCAL_ATTR: "h:/scratch/y", GATHERED_ATTR: 2.0}),
-        "clusters/c0": group(ended=None),
-        f"{w}killed/threads": group(ended=None),  # a worker's Yappi group, not a worker
+        "clusters/c0": group("cluster", ended=None),
+        f"{w}killed/threads": group("threads", ended=None),  # a worker's Yappi group
     }
     said = unended_workers(nodes)
     assert [m.split(":", 1)[0] for m in said] == [f"{w}gathered", f"{w}killed"]

@@ -25,7 +25,6 @@ from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import segments
 from metacollect.store.compact import compact, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.schema import load_schema
 from metacollect.store.writer import fold_segments, read_nodes, seal, trim
 
 logger = logging.getLogger(__name__)
@@ -311,14 +310,10 @@ def unended_workers(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     store's nodes as the seal reads them). A group written before workers recorded their
     end has no ``ended`` at all and is not named; one kept on node-local disk and never
     gathered is named by :func:`~metacollect.store.local.ungathered`."""
-    schema = load_schema()
     missing = []
     for path, doc in sorted(nodes.items()):
         attrs = doc.get("attributes") or {}
-        if doc.get("node_type") != "group" or "ended" not in attrs or attrs["ended"] is not None:
-            continue
-        spec = schema.match(path)
-        if spec is None or spec.kind != "worker":
+        if attrs.get("kind") != "worker" or "ended" not in attrs or attrs["ended"] is not None:
             continue
         if LOCAL_ATTR in attrs and GATHERED_ATTR not in attrs:
             continue

@@ -178,13 +178,9 @@ class LiveSnapshots:
         DXT, or whose mmap log cannot be found or read."""
         here = socket.gethostname()
         for addr, w in identities.items():
-            why = ""
-            if w.get("host") != here:
-                why = f"worker {addr} runs on {w.get('host')}, its mmap log is not readable here"
-            elif dxt_enabled(w.get("env") or {}):
-                why = f"worker {addr} traces DXT, whose segments are not in the mmap log"
+            why = _out_of_reach(w, here)
             if why:
-                return cls(), why
+                return cls(), f"worker {addr} (host {w.get('host')}) {why}"
         snaps = cls(directory=tempfile.mkdtemp(prefix="metacollect-darshan-live-"))
         for sub in ("start", "end"):
             os.mkdir(os.path.join(snaps.directory, sub))
@@ -211,7 +207,7 @@ class LiveSnapshots:
         I/O cannot be read, one line each."""
         import psutil
 
-        problems = self._join(identities or {}, psutil)
+        problems = self._join(identities or {})
         for lv in self.logs:
             copy = os.path.join(self.directory, "end", os.path.basename(lv.path))
             lv.exited = not psutil.pid_exists(lv.pid)
@@ -226,9 +222,11 @@ class LiveSnapshots:
             lv.end, lv.end_time = copy, time.time()
         return problems
 
-    def _join(self, identities: Mapping[str, Mapping[str, Any]], psutil: Any) -> list[str]:
+    def _join(self, identities: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """Add the workers that started during the session (their whole log is the
         session's), or say why one's I/O is not read."""
+        import psutil
+
         known = {lv.pid for lv in self.logs}
         here = socket.gethostname()
         problems = []
@@ -240,11 +238,9 @@ class LiveSnapshots:
             path = None
             if not w.get("darshan"):
                 why = "not under Darshan: its I/O is not recorded"
-            elif w.get("host") != here:
-                why = "on another host: its mmap log is not readable here"
-            elif dxt_enabled(w.get("env") or {}):
-                why = "with DXT on: its segments are not in its mmap log"
             else:
+                why = _out_of_reach(w, here)
+            if not why:
                 path = mmap_log_of(w.get("env") or {}, pid)
                 why = "" if path is not None else "without an mmap log"
             if path is None:
@@ -261,6 +257,16 @@ class LiveSnapshots:
         """Remove the copies."""
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _out_of_reach(w: Mapping[str, Any], here: str) -> str:
+    """Why a worker's live mmap log cannot give its session's records from this host
+    (``w``: its :func:`~.nanny.worker_identity`); empty when it can."""
+    if w.get("host") != here:
+        return "on another host: its mmap log is not readable here"
+    if dxt_enabled(w.get("env") or {}):
+        return "with DXT on: its segments are not in its mmap log"
+    return ""
 
 
 def live_delta(start: ReadResult, end: ReadResult, lv: LiveLog) -> ReadResult:
