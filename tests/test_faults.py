@@ -92,6 +92,35 @@ def test_worker_sigkilled_mid_run(tmp_path):
     assert main(["validate", "-q", store]) == 0
 
 
+def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
+    """SIGTERM (a batch job's walltime, ``kill``): the worker flushes what it did since its
+    last flush, then dies of the signal; its nanny starts another, as it would have."""
+    store = str(tmp_path / "term.zarr")
+    with _cluster(2) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="60s"):  # no flush but the final ones
+            futures = client.map(slow_inc, range(40), pure=False)
+            while sum(f.status == "finished" for f in futures) < 10:
+                time.sleep(0.05)
+            ran_on: dict[str, set[str]] = {}  # the ground truth: who holds which result
+            for key, holders in client.who_has(futures).items():
+                for w in holders:
+                    ran_on.setdefault(w, set()).add(key)
+            victim = sorted(ran_on)[0]
+            pid = client.run(os.getpid, workers=[victim])[victim]
+            os.kill(pid, signal.SIGTERM)
+            assert client.gather(futures) == list(range(1, 41))
+            del futures
+    run = open_run(store)
+    assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
+    workers = run.workers().set_index("pid")
+    assert workers.loc[pid, "terminated"] == "SIGTERM" and workers.ended.notna().all()
+    assert (workers.drop(index=pid).terminated == "").all()  # the others closed
+    own = run.worker_table("tasks")
+    mine = set(own[own.worker_group == workers.loc[pid, "group"]].key)
+    assert ran_on[victim] <= mine  # every result it held, it had run and its group says so
+    assert main(["validate", "-q", store]) == 0
+
+
 def test_a_worker_retired_mid_run_ends_its_record(tmp_path):
     """A worker that leaves on purpose takes its final flush: nothing is missing."""
     store = str(tmp_path / "retire.zarr")

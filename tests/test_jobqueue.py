@@ -11,6 +11,7 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from distributed import Client
@@ -19,6 +20,7 @@ from metacollect import collect, open_run
 from metacollect.launch import runner
 from metacollect.launch.batch import jobqueue_cluster
 from metacollect.session.shutdown import jobs_in_queue
+from metacollect.steps import terminate
 from metacollect.steps.batch import (
     _FIELD,
     _epoch,
@@ -238,3 +240,47 @@ def test_graceful_close_local_cluster():
     assert client.submit(sum, [1, 2]).result() == 3
     assert graceful_close(client, timeout=30) == []
     assert client.status == "closed" and cluster.status.name == "closed"
+
+
+@pytest.mark.slurm
+def test_a_cancelled_worker_job_takes_its_final_flush(tmp_path):
+    """``scancel`` (as at a job's walltime) sends SIGTERM to the job's processes, then SIGKILL
+    after Slurm's KillWait: the worker flushes what it did since its last flush, then dies of
+    the signal. The record is whole, and its group says how its process ended."""
+    require_slurm()
+    store = str(tmp_path / "cancelled.zarr")
+    with jobqueue_cluster("slurm", log_directory=str(tmp_path / "logs"), **KW) as cluster:
+        assert terminate.JOB_SCRIPT_TRAP in cluster.job_script()  # the shell outlives SIGTERM
+        cluster.scale(jobs=2)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            jobs = {  # a worker's name is its job's (one process a job)
+                address: str(cluster.workers[info["name"]].job_id)
+                for address, info in client.scheduler_info()["workers"].items()
+            }
+            with collect(client, store, flush_interval="60s"):  # no flush but the final ones
+                futures = client.map(lambda x: x + 1, range(20))
+                first = client.gather(futures)
+                ran_on: dict[str, set[str]] = {}  # the ground truth: where each task ran
+                for key, holders in client.who_has(futures).items():
+                    ran_on.setdefault(holders[0], set()).add(key)
+                del futures  # a result still held at the end cannot be retired
+                victim = sorted(ran_on)[0]
+                job = jobs[victim]
+                subprocess.run(["scancel", job], check=True)
+                deadline = time.time() + 60
+                while victim in client.scheduler_info()["workers"] and time.time() < deadline:
+                    time.sleep(0.1)
+                assert victim not in client.scheduler_info()["workers"]
+                then = client.gather(client.map(lambda x: x * 2, range(20)))
+    assert first == list(range(1, 21)) and then == list(range(0, 40, 2))
+    run = open_run(store)
+    assert run.attrs["status"] == "complete", run.attrs["missing"]
+    assert run.attrs["missing"] == []
+    workers = run.workers().set_index("address")
+    assert workers.loc[victim, "terminated"] == "SIGTERM"
+    assert workers.ended.notna().all()
+    own = run.worker_table("tasks")
+    mine = set(own[own.worker_group == workers.loc[victim, "group"]].key)
+    assert ran_on[victim] and ran_on[victim] <= mine  # none of its rows lost to the kill
+    assert validate_store(store) == []

@@ -251,6 +251,9 @@ def test_scancel_mid_run_leaves_incomplete_store(tmp_path):
         "the first graph's results, flushed before the kill"
     )
     _check_allocation(store, job_id, "slurm", None)
+    # the workers (a job step of srun's) took their final flush on the SIGTERM, then died of it
+    ends = [(a["ended"], a.get("terminated")) for a in run.worker_groups().values()]
+    assert ends and all(isinstance(t, float) and why == "SIGTERM" for t, why in ends), ends
 
 
 @pytest.mark.pbs

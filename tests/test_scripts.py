@@ -148,7 +148,7 @@ CORPUS: dict[str, tuple[str, int, str]] = {
             print(sum(client.gather(futures)))
         """,
         0,
-        "incomplete",  # the killed worker's rows since its last flush: said in missing
+        "complete",  # SIGTERM: the killed worker takes its final flush, then dies of it
     ),
     # every collection type, futures, as_completed and tasks that submit tasks
     "collections_and_tasks_in_tasks": (
@@ -213,11 +213,11 @@ def test_script_is_recorded_completely(tmp_path, name):
     assert proc.returncode == exit_code, proc.stderr[-4000:]
     run = open_run(store)
     assert run.attrs["status"] == status, run.attrs.get("missing")
-    if name == "worker_killed_by_the_script":  # only that it never took its final flush
-        (said,) = run.attrs["missing"]
-        assert "never took its final flush" in said
-    else:
-        assert run.attrs["missing"] == []
+    assert run.attrs["missing"] == []
+    if name == "worker_killed_by_the_script":  # its group says how its process ended
+        workers = run.workers()
+        assert sorted(workers.terminated) == ["", "", "SIGTERM"]  # and the nanny's new one
+        assert workers.ended.notna().all()
     counts = groundtruth.compare(run, truth)
     assert counts["executed"] > 0 and counts["transitions"] > counts["executed"]
     assert validate_store(store) == []

@@ -12,7 +12,8 @@
 #      left, retires the workers (their exit handlers, e.g. Darshan's, run) and closes the
 #      scheduler, waits for the worker processes to exit and marks the
 #      store complete. A job killed by walltime or qdel leaves the store readable, status
-#      "incomplete", with everything flushed until then.
+#      "incomplete", with everything flushed until then, the workers' final flushes included
+#      (they take them on the SIGTERM, before they die of it).
 #
 # What it produces: the store $STORE (default $PBS_O_WORKDIR/metacollect-<jobid>.zarr), the
 # scheduler file and the job's output files.

@@ -11,7 +11,8 @@
 #      is left, retires the workers (their exit handlers, e.g. Darshan's, run) and closes the
 #      scheduler, waits for the worker processes to exit and marks the
 #      store complete. A job killed by walltime or scancel leaves the store readable, status
-#      "incomplete", with everything flushed until then (flush-interval).
+#      "incomplete", with everything flushed until then (flush-interval), the workers' final
+#      flushes included (they take them on the SIGTERM, before they die of it).
 #
 # What it produces: the store $STORE (default ./metacollect-<jobid>.zarr; open it with
 # `metacollect info` or metacollect.open_run), the scheduler file and Slurm's output file.

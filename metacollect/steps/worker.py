@@ -21,7 +21,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 import metacollect.config as config
 from metacollect.errors import StoreError
-from metacollect.steps import dask_profile, finemetrics
+from metacollect.steps import dask_profile, finemetrics, terminate
 from metacollect.steps.base import ErrorRecorder, Recording, write_parts
 from metacollect.store import local, lock
 from metacollect.store.flush import take, take_rows
@@ -204,17 +204,20 @@ class WorkerCollector(WorkerPlugin):
         )
         self.recording.start()
         self._started = True
+        #: a batch system's SIGTERM, in a process it would kill outright: the final flush first
+        self._watch = terminate.watch(self._terminated)
 
     async def teardown(self, worker: Worker) -> None:
         # not started: setup failed (the scheduler records it) or this ran already
         if not self._started:
             return
         self._started = False
+        terminate.unwatch(self._watch)
         if self.cycles is not None:
             self.cycles.close()  # the cycle in progress, copied on the loop that fills it
         await self.recording.finish()
         self.group.set_attrs(ended=time.time())  # its final flush is in the store
-        gathered = await self._gather() if self.local is not None else None
+        gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None
         config.restore(self._config_before)
         if gathered is not None:
             raise gathered
@@ -249,17 +252,31 @@ class WorkerCollector(WorkerPlugin):
             return None, e
         return path, None
 
-    async def _gather(self) -> RuntimeError | None:
-        """Copy this worker's group from node-local disk into the run's store (off the event
-        loop: a long run's group is many files); the error to report if that failed."""
+    def _terminated(self, signal_name: str) -> None:
+        """The end of a process that a signal ends (:mod:`~metacollect.steps.terminate`, in a
+        thread of its own while the loop is stopped): the final flush, marked with the signal,
+        and the group gathered from node-local disk (which the batch system may wipe next).
+        No seal: the run's seal folds the segments."""
+        if not self._started:
+            return
+        self._started = False
+        if self.cycles is not None:
+            self.cycles.close()
+        self.recording.finish_now()
+        self.group.set_attrs(ended=time.time(), terminated=signal_name)
+        failed = self._gather_now() if self.local is not None else None
+        if failed is not None:  # its group is still only on this node: the seal names it
+            logger.error("metacollect: %s", failed)
+
+    def _gather_now(self) -> RuntimeError | None:
+        """Copy this worker's group from node-local disk into the run's store (called off the
+        event loop: a long run's group is many files); the error to report if that failed."""
         assert self.local is not None
         try:
             if self._in_locked_run and not lock.held(self.store_path):
                 raise StoreError(f"the run into {self.store_path} has ended (its store is sealed)")
             self.group.set_attrs(**{local.GATHERED_ATTR: time.time()})
-            files = await asyncio.to_thread(
-                local.gather, self.local, self.store_path, self.group.path
-            )
+            files = local.gather(self.local, self.store_path, self.group.path)
             logger.debug("metacollect: worker %s gathered %d files", self.id, files)
             return None
         except Exception as e:

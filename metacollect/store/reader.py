@@ -454,7 +454,10 @@ class StoreReader:
 
     def workers(self) -> pd.DataFrame:
         """One row per worker ever seen: address, name, host, pid, nthreads, memory_limit,
-        added/removed times and its store group."""
+        added/removed times, its store group, when its collector took its final flush
+        (``ended``: NaN if it never did, and what it did after its last flush is not in its
+        group) and the signal that ended its process after that flush (``terminated``, e.g.
+        ``SIGTERM`` at a batch job's walltime; ``""`` when it closed)."""
         ev = self._concat("scheduler", "workers")
         adds = (
             ev[ev.event == "add"]
@@ -478,12 +481,20 @@ class StoreReader:
         )
         groups = pd.DataFrame(
             [
-                (p.split("/")[1], a.get("address"), a.get("pid"), p.split("/")[-1])
+                (
+                    p.split("/")[1],
+                    a.get("address"),
+                    a.get("pid"),
+                    p.split("/")[-1],
+                    np.nan if a.get("ended") is None else a["ended"],
+                    a.get("terminated") or "",
+                )
                 for p, a in self.worker_groups().items()
             ],
-            columns=["cluster", "address", "pid", "group"],
+            columns=["cluster", "address", "pid", "group", "ended", "terminated"],
         )
         out = adds.merge(groups, on=["cluster", "address", "pid"], how="left")
+        out["terminated"] = out["terminated"].fillna("")  # a worker without a group
         return out.sort_values("added", ignore_index=True)
 
     def tasks(self) -> pd.DataFrame:

@@ -24,6 +24,7 @@ import dask.config
 import metacollect.config as config
 from metacollect.errors import UsageError
 from metacollect.session.shutdown import end_through, retire_and_wait
+from metacollect.steps import terminate
 from metacollect.steps.batch import (
     BATCH_PREFIXES,
     allocation_id,
@@ -98,16 +99,15 @@ def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs:
 
             self.status = Status.closed
 
+    own = kwargs.get("job_script_prologue")
+    if own is None:
+        own = dask.config.get(f"jobqueue.{system}.job-script-prologue", default=None) or []
+    ours = [terminate.JOB_SCRIPT_TRAP]
     if darshan_store is not None and config.get("darshan.enabled"):
         from metacollect.steps import darshan
 
-        own = kwargs.get("job_script_prologue")
-        if own is None:
-            own = dask.config.get(f"jobqueue.{system}.job-script-prologue", default=None) or []
-        kwargs["job_script_prologue"] = [
-            *own,
-            *darshan.job_script_prologue(darshan_store),
-        ]
+        ours += darshan.job_script_prologue(darshan_store)
+    kwargs["job_script_prologue"] = [*own, *ours]
     ClosingJob.__name__ = ClosingJob.__qualname__ = base.__name__
     kwargs["job_cls"] = ClosingJob
     try:

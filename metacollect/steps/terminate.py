@@ -1,0 +1,105 @@
+"""A final flush for a process that a batch system terminates.
+
+Slurm and PBS end a job (its walltime, ``scancel``, ``qdel``) by sending SIGTERM to its
+processes and SIGKILL a grace period later (Slurm's ``KillWait``, 30 s by default; PBS's
+``kill_delay``). A Dask worker process under a nanny has no handler for SIGTERM: it dies at
+once, and what its collector buffered since its last flush, up to one ``flush-interval`` of
+its work, would never reach the store (the seal then names the worker as unended).
+
+While a collector records, :func:`watch` gives such a process a handler that runs the
+collectors' final flushes (for at most ``metacollect.terminate-timeout``), then ends the
+process by the same signal, as it would have ended: its exit status, and what its nanny and
+the scheduler see, are unchanged. Only a process whose SIGTERM would kill it outright gets
+one: a process with a handler of its own (``dask worker --no-nanny``, ``dask scheduler``)
+closes gracefully and its collectors' teardown flushes; Python runs handlers on the main
+thread only, so a collector whose loop runs elsewhere (a LocalCluster's scheduler in the
+client's process) is not watched either.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import metacollect.config as config
+
+logger = logging.getLogger(__name__)
+
+#: the signal batch systems end a job with
+SIGNAL = signal.SIGTERM
+
+#: the line a job script that runs ``dask worker`` itself (dask-jobqueue's) needs before it:
+#: without it the script's shell dies of the signal at once, and Slurm kills what is left
+#: of the job the moment the script has exited, workers in their final flush included. With
+#: it the shell waits for the worker, which ends by the signal (or at the grace period's
+#: SIGKILL) as before. A worker started by ``srun`` is a job step of its own and needs none.
+JOB_SCRIPT_TRAP = "trap : TERM  # metacollect: wait for the workers' final flush (SIGTERM)"
+
+#: what runs when the signal arrives, by token; each final takes the signal's name
+_finals: dict[int, Callable[[str], None]] = {}
+_next_token = 0
+#: the process that installed the handler (a child forked from it inherits the handler, but
+#: not the collectors: it must not flush their copies)
+_installed_in: int | None = None
+
+
+def watch(final: Callable[[str], None]) -> int | None:
+    """Run ``final(signal name)`` if SIGTERM ends this process while it is watched; the token
+    for :func:`unwatch`, or ``None`` when this process is not one to watch (see the module)."""
+    global _next_token, _installed_in
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if _installed_in != os.getpid():
+        if signal.getsignal(SIGNAL) != signal.SIG_DFL:
+            return None
+        signal.signal(SIGNAL, _on_signal)
+        _installed_in = os.getpid()
+    _next_token += 1
+    _finals[_next_token] = final
+    return _next_token
+
+
+def unwatch(token: int | None) -> None:
+    """Stop watching for ``token``; the last one gives SIGTERM back its default (from the
+    main thread: elsewhere the handler stays and, with nothing to flush, only re-raises)."""
+    global _installed_in
+    if token is None:
+        return
+    _finals.pop(token, None)
+    if (
+        not _finals
+        and _installed_in == os.getpid()
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(SIGNAL) is _on_signal
+    ):
+        signal.signal(SIGNAL, signal.SIG_DFL)
+        _installed_in = None
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """The final flushes, in a thread of their own and for a bounded time (a flush stuck on a
+    dead filesystem must not keep the process alive), then the signal again, by default."""
+    finals = list(_finals.values()) if _installed_in == os.getpid() else []
+    _finals.clear()
+    if finals:
+        name = signal.Signals(signum).name
+        logger.warning("metacollect: %s: the final flush, then this process ends", name)
+
+        def run_finals() -> None:
+            for final in finals:
+                try:
+                    final(name)
+                except Exception:
+                    logger.exception("metacollect: a final flush on %s failed", name)
+
+        flushing = threading.Thread(target=run_finals, name="metacollect-terminate", daemon=True)
+        flushing.start()
+        flushing.join(config.interval("terminate-timeout"))
+        if flushing.is_alive():
+            logger.error("metacollect: the final flush on %s did not finish in time", name)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

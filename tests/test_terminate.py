@@ -1,0 +1,173 @@
+"""The final flush on SIGTERM (metacollect.steps.terminate), in real processes: what runs, in
+which process, for how long, and that the process still ends by the signal.
+
+The end-to-end cases (a LocalCluster worker, a dask-jobqueue job cancelled on a real Slurm,
+the batch wrapper's workers) are in test_faults, test_jobqueue and test_jobscripts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from metacollect.steps import terminate
+
+#: a process that watches with ``finals`` (each appends "<name> <signal> <pid>" to OUT) and
+#: says READY once it waits for the signal
+PROLOGUE = """
+import os, signal, sys, threading, time
+from metacollect.steps import terminate
+OUT = sys.argv[1]
+def final(name):
+    def run(signame):
+        with open(OUT, "a") as f:
+            f.write(f"{name} {signame} {os.getpid()}\\n")
+    return run
+"""
+
+
+def run_until_terminated(tmp_path, body: str, env: dict[str, str] | None = None):
+    """Run ``body`` after :data:`PROLOGUE`, SIGTERM it once it prints READY; its return code,
+    output, the lines its finals wrote, and how long it took to end after the signal."""
+    out = tmp_path / "finals.txt"
+    script = tmp_path / "watched.py"
+    script.write_text(PROLOGUE + textwrap.dedent(body))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stdout is not None
+    ready = proc.stdout.readline().split()
+    assert ready[:1] == ["READY"], (ready, proc.stderr.read() if proc.stderr else "")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    lines = out.read_text().splitlines() if out.exists() else []
+    return proc.returncode, ready[1:] + stdout.split(), stderr, lines, took
+
+
+def test_the_finals_run_then_the_process_ends_by_the_signal(tmp_path):
+    code, printed, stderr, lines, _ = run_until_terminated(
+        tmp_path,
+        """
+        a = terminate.watch(final("a"))
+        b = terminate.watch(final("b"))
+        c = terminate.watch(final("c"))
+        terminate.unwatch(c)  # a collector that ended: its final is not run
+        print("READY", os.getpid(), flush=True)
+        time.sleep(60)
+        print("not reached")
+        """,
+    )
+    assert code == -signal.SIGTERM, stderr  # as without a handler: its parent sees no change
+    pid = printed[0]
+    assert lines == [f"a SIGTERM {pid}", f"b SIGTERM {pid}"]
+    assert "not reached" not in printed
+    assert "metacollect: SIGTERM: the final flush, then this process ends" in stderr
+
+
+def test_a_failing_final_costs_only_itself(tmp_path):
+    code, printed, stderr, lines, _ = run_until_terminated(
+        tmp_path,
+        """
+        def broken(signame):
+            raise OSError("the store's filesystem is gone")
+        terminate.watch(broken)
+        terminate.watch(final("after"))
+        print("READY", os.getpid(), flush=True)
+        time.sleep(60)
+        """,
+    )
+    assert code == -signal.SIGTERM
+    assert lines == [f"after SIGTERM {printed[0]}"]
+    assert "a final flush on SIGTERM failed" in stderr and "filesystem is gone" in stderr
+
+
+def test_a_final_that_hangs_does_not_keep_the_process_alive(tmp_path):
+    code, _, stderr, _, took = run_until_terminated(
+        tmp_path,
+        """
+        terminate.watch(lambda signame: time.sleep(3600))  # a flush stuck on a dead filesystem
+        print("READY", flush=True)
+        time.sleep(60)
+        """,
+        env={"DASK_METACOLLECT__TERMINATE_TIMEOUT": "1s"},
+    )
+    assert code == -signal.SIGTERM
+    assert 1.0 <= took < 30  # the timeout, not the final, decides
+    assert "did not finish in time" in stderr
+
+
+def test_a_forked_child_ends_without_its_parents_finals(tmp_path):
+    """A task that forks (multiprocessing's fork) copies the handler and the collectors: the
+    child must not flush its copy of the parent's buffers."""
+    code, printed, _, lines, _ = run_until_terminated(
+        tmp_path,
+        """
+        terminate.watch(final("parent"))
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        time.sleep(0.2)
+        os.kill(child, signal.SIGTERM)
+        _, status = os.waitpid(child, 0)
+        print("READY", os.getpid(), child, os.WIFSIGNALED(status) and os.WTERMSIG(status),
+              flush=True)
+        time.sleep(60)
+        """,
+    )
+    parent, _, child_signal = printed[:3]
+    assert int(child_signal) == signal.SIGTERM  # the child ended by the signal, at once
+    assert code == -signal.SIGTERM
+    assert lines == [f"parent SIGTERM {parent}"]  # the parent's final, in the parent only
+
+
+def test_a_process_with_its_own_handler_is_left_alone(tmp_path):
+    """``dask worker --no-nanny`` and ``dask scheduler`` close gracefully on SIGTERM: their
+    collectors' teardown flushes, and the handler they set must stay theirs."""
+    code, printed, _, lines, _ = run_until_terminated(
+        tmp_path,
+        """
+        def graceful(signum, frame):
+            print("graceful", flush=True)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, graceful)
+        token = terminate.watch(final("ours"))
+        print("READY", token, signal.getsignal(signal.SIGTERM) is graceful, flush=True)
+        time.sleep(60)
+        """,
+    )
+    assert printed[:3] == ["None", "True", "graceful"]
+    assert code == 3 and lines == []
+
+
+def test_only_the_main_thread_can_watch_and_the_last_unwatch_restores_the_default():
+    got: list[int | None] = []
+    import threading
+
+    t = threading.Thread(target=lambda: got.append(terminate.watch(lambda name: None)))
+    t.start()
+    t.join()
+    assert got == [None]  # Python runs signal handlers on the main thread only
+    before = signal.getsignal(signal.SIGTERM)
+    assert before == signal.SIG_DFL  # pytest leaves SIGTERM alone
+    first = terminate.watch(lambda name: None)
+    second = terminate.watch(lambda name: None)
+    assert first is not None and second is not None and first != second
+    try:
+        assert signal.getsignal(signal.SIGTERM) is terminate._on_signal
+        terminate.unwatch(first)
+        assert signal.getsignal(signal.SIGTERM) is terminate._on_signal  # one still watches
+    finally:
+        terminate.unwatch(second)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    terminate.unwatch(None)  # a collector that never watched
