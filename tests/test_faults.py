@@ -97,7 +97,8 @@ def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     last flush, then dies of the signal; its nanny starts another, as it would have."""
     store = str(tmp_path / "term.zarr")
     with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="60s"):  # no flush but the final ones
+        # no flush but the final ones; its Yappi profile too goes with its final flush
+        with collect(client, store, flush_interval="60s", yappi=True):
             futures = client.map(slow_inc, range(40), pure=False)
             while sum(f.status == "finished" for f in futures) < 10:
                 time.sleep(0.05)
@@ -118,6 +119,8 @@ def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     own = run.worker_table("tasks")
     mine = set(own[own.worker_group == workers.loc[pid, "group"]].key)
     assert ran_on[victim] <= mine  # every result it held, it had run and its group says so
+    profiled = run.profile(task="slow_inc")
+    assert (profiled[profiled.pid == pid].ttot > 0).any()
     assert main(["validate", "-q", store]) == 0
 
 

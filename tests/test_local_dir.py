@@ -160,3 +160,33 @@ def test_run_node_local_on_a_script_that_never_closes_its_client(tmp_path, monke
     assert sorted(run.worker_table("tasks").key) == sorted(run.tasks().key)
     assert len(run.tasks()) >= 100
     assert not os.listdir(tmp_path / "node")
+
+
+def test_a_sigtermed_worker_gathers_its_group_before_it_dies(tmp_path):
+    """SIGTERM (a batch job's walltime: the node's scratch is wiped next): the worker takes
+    its final flush on its node and copies its group into the run's store, then dies of the
+    signal. Nothing is left to gather and nothing is missing."""
+    store, node = str(tmp_path / "term.zarr"), str(tmp_path / "node")
+    with _cluster(2) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="60s", local_dir=node) as session:
+            futures = client.map(slow_inc, range(40), pure=False)
+            while sum(f.status == "finished" for f in futures) < 10:
+                time.sleep(0.05)
+            ran_on: dict[str, set[str]] = {}  # the ground truth: who holds which result
+            for key, holders in client.who_has(futures).items():
+                for w in holders:
+                    ran_on.setdefault(w, set()).add(key)
+            victim = sorted(ran_on)[0]
+            pid = client.run(os.getpid, workers=[victim])[victim]
+            os.kill(pid, signal.SIGTERM)
+            assert sum(client.gather(futures)) == sum(range(1, 41))
+            del futures
+    assert session.status == "complete" and session.missing == []
+    run = open_run(store)
+    (group,) = [p for p, a in run.worker_groups().items() if a["pid"] == pid]
+    attrs = run.groups[group]
+    assert attrs["terminated"] == "SIGTERM" and "gathered" in attrs
+    gid = group.rsplit("/", 1)[1]
+    mine = run.worker_table("tasks").query("worker_group == @gid")
+    assert ran_on[victim] <= set(mine.key)
+    assert main(["validate", "-q", store]) == 0
