@@ -7,6 +7,7 @@ commands are Slurm's torque wrappers); they run in CI.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -144,6 +145,22 @@ def test_finalize_needs_a_store(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("metacollect batch: error:")
 
 
+def test_finalize_after_a_signal_seals_an_interrupted_store(tmp_path, capsys):
+    """What a wrapper runs once SIGTERM ended its job and its cluster took its final flushes."""
+    store = str(tmp_path / "ended.zarr")
+    assert main(["batch", "start", store]) == 0
+    code = main(["batch", "finalize", store, "--exit-code", "143", "--signal", "SIGTERM"])
+    assert code == 0 and "(status interrupted)" in capsys.readouterr().err
+    attrs = open_run(store).attrs
+    assert (attrs["status"], attrs["script_signal"], attrs["script_ended"]) == (
+        "interrupted",
+        "SIGTERM",
+        "signal",
+    )
+    assert attrs["script_exit_code"] == 143 and attrs["missing"] == []
+    assert validate_store(store) == []
+
+
 # -- real submissions ----------------------------------------------------------------------------
 def _submit(tmp_path, system: str, *args: str) -> tuple[str, str]:
     (tmp_path / "wf.py").write_text(WORKFLOW)
@@ -185,6 +202,7 @@ def _submit(tmp_path, system: str, *args: str) -> tuple[str, str]:
             str(tmp_path / "out.txt"),
             "-e",
             str(tmp_path / "err.txt"),
+            *(["-v", f"WORKFLOW_ARGS={' '.join(args)}"] if args else []),
             script,
         ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, check=True)
@@ -226,9 +244,16 @@ def test_sbatch_wrapper_complete(tmp_path):
 
 
 @pytest.mark.slurm
-def test_scancel_mid_run_leaves_incomplete_store(tmp_path):
+@pytest.mark.parametrize("system", ["slurm", pytest.param("pbs", marks=pytest.mark.pbs)])
+def test_a_cancelled_job_seals_an_interrupted_store(tmp_path, system):
+    """``scancel``/``qdel`` mid-run, as at the walltime: SIGTERM to every process of the job.
+    The workers take their final flush and die of it (under PBS they run in the job's own
+    shell, under Slurm in an srun step), the scheduler closes on it, and the wrapper, which
+    outlives the signal, waits for them and seals the store: interrupted, nothing missing."""
     require_slurm()
-    job_id, store = _submit(tmp_path, "slurm", "120")  # the workflow sleeps 120 s between graphs
+    if system == "pbs" and shutil.which("qsub") is None:
+        pytest.fail("qsub is missing: install slurm-wlm-torque (.ci/slurm-up does)")
+    job_id, store = _submit(tmp_path, system, "120")  # the workflow sleeps 120 s between graphs
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
@@ -241,19 +266,25 @@ def test_scancel_mid_run_leaves_incomplete_store(tmp_path):
         time.sleep(0.5)
     else:
         pytest.fail("the first graph never reached the store")
-    subprocess.run(["scancel", job_id], check=True)
+    subprocess.run(["scancel" if system == "slurm" else "qdel", job_id], check=True)
     wait_gone(job_id)
+    log = "".join(p.read_text() for p in tmp_path.glob("out*.txt"))
     run = open_run(store)
-    assert run.attrs["status"] == "incomplete"
+    assert run.attrs["status"] == "interrupted", log
+    assert run.attrs["missing"] == [] and run.attrs["script_signal"] == "SIGTERM"
+    assert run.attrs["script_exit_code"] == 128 + signal.SIGTERM
     transitions = run.transitions()
     assert len(transitions) >= 150
     assert (transitions.finish == "memory").sum() >= 50, (
         "the first graph's results, flushed before the kill"
     )
-    _check_allocation(store, job_id, "slurm", None)
-    # the workers (a job step of srun's) took their final flush on the SIGTERM, then died of it
+    assert "second 3675" not in log  # the second graph never ran: nothing is missing of it
+    # the workers took their final flush on the SIGTERM, then died of it
     ends = [(a["ended"], a.get("terminated")) for a in run.worker_groups().values()]
     assert ends and all(isinstance(t, float) and why == "SIGTERM" for t, why in ends), ends
+    assert len(run.worker_table("tasks")) >= 50
+    assert validate_store(store) == []
+    _check_allocation(store, job_id, system, None)
 
 
 @pytest.mark.pbs

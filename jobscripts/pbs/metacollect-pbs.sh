@@ -11,9 +11,12 @@
 #   4. `metacollect batch stop`: records each worker's PBS_* environment, waits until no task is
 #      left, retires the workers (their exit handlers, e.g. Darshan's, run) and closes the
 #      scheduler, waits for the worker processes to exit and marks the
-#      store complete. A job killed by walltime or qdel leaves the store readable, status
-#      "incomplete", with everything flushed until then, the workers' final flushes included
-#      (they take them on the SIGTERM, before they die of it).
+#      store complete. A job ended by its walltime or qdel (SIGTERM to all its processes): the
+#      workers take their final flush and die of the signal, the scheduler closes on it, and
+#      this script, which outlives it, waits for them and seals the store "interrupted"
+#      (`metacollect batch finalize --signal SIGTERM`). All of that must fit in the grace
+#      before SIGKILL (kill_delay); cut short, the store stays readable, status "incomplete",
+#      with everything flushed until then (`metacollect doctor` seals it).
 #
 # What it produces: the store $STORE (default $PBS_O_WORKDIR/metacollect-<jobid>.zarr), the
 # scheduler file and the job's output files.
@@ -47,6 +50,11 @@ JOBID=${PBS_JOBID:-${SLURM_JOB_ID:-$$}}
 SCHEDULER_FILE=${SCHEDULER_FILE:-$PWD/metacollect-scheduler-$JOBID.json}
 IFACE=(); if [ -n "$INTERFACE" ]; then IFACE=(--interface "$INTERFACE"); fi
 
+# The end of the job (walltime, scancel, qdel) sends SIGTERM to every process in it, and the
+# batch system kills what is left the moment this script exits: it waits instead for the
+# scheduler and workers to take their final flushes and end, then seals the store.
+TERMINATED=
+trap 'TERMINATED=1' TERM
 "$PYTHON" -m metacollect batch start "$STORE" || exit $?
 "$PYTHON" -m dask scheduler --scheduler-file "$SCHEDULER_FILE" --dashboard-address :0 "${IFACE[@]}" \
     --preload metacollect.launch.preload --metacollect-store "$STORE" &
@@ -61,8 +69,13 @@ DASK_SCHEDULER_ADDRESS=$("$PYTHON" -c 'import json, sys; print(json.load(open(sy
 export DASK_SCHEDULER_ADDRESS
 
 # shellcheck disable=SC2086
-"$PYTHON" "$WORKFLOW" $WORKFLOW_ARGS "$@"
-STATUS=$?
+if [ -z "$TERMINATED" ]; then "$PYTHON" "$WORKFLOW" $WORKFLOW_ARGS "$@"; STATUS=$?; else STATUS=143; fi
+if [ -n "$TERMINATED" ]; then  # SIGTERM: the workflow (128 + 15) and the cluster end on it
+    wait
+    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS" --signal SIGTERM
+    rm -f "$SCHEDULER_FILE"
+    exit "$STATUS"
+fi
 
 # retire the workers, close the scheduler, wait until both exited (exit handlers ran), finalise
 "$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE" \

@@ -10,9 +10,12 @@
 #   4. `metacollect batch stop`: records each worker's SLURM_* environment, waits until no task
 #      is left, retires the workers (their exit handlers, e.g. Darshan's, run) and closes the
 #      scheduler, waits for the worker processes to exit and marks the
-#      store complete. A job killed by walltime or scancel leaves the store readable, status
-#      "incomplete", with everything flushed until then (flush-interval), the workers' final
-#      flushes included (they take them on the SIGTERM, before they die of it).
+#      store complete. A job ended by its walltime or scancel (SIGTERM to all its processes):
+#      the workers take their final flush and die of the signal, the scheduler closes on it,
+#      and this script, which outlives it, waits for them and seals the store "interrupted"
+#      (`metacollect batch finalize --signal SIGTERM`). All of that must fit in Slurm's grace
+#      before SIGKILL (KillWait); cut short, the store stays readable, status "incomplete",
+#      with everything flushed until then (`metacollect doctor` seals it).
 #
 # What it produces: the store $STORE (default ./metacollect-<jobid>.zarr; open it with
 # `metacollect info` or metacollect.open_run), the scheduler file and Slurm's output file.
@@ -47,6 +50,11 @@ SCHEDULER_FILE=${SCHEDULER_FILE:-$PWD/metacollect-scheduler-$JOBID.json}
 IFACE=(); if [ -n "$INTERFACE" ]; then IFACE=(--interface "$INTERFACE"); fi
 NODES=${SLURM_JOB_NUM_NODES:-1}
 
+# The end of the job (walltime, scancel, qdel) sends SIGTERM to every process in it, and the
+# batch system kills what is left the moment this script exits: it waits instead for the
+# scheduler and workers to take their final flushes and end, then seals the store.
+TERMINATED=
+trap 'TERMINATED=1' TERM
 "$PYTHON" -m metacollect batch start "$STORE" || exit $?
 "$PYTHON" -m dask scheduler --scheduler-file "$SCHEDULER_FILE" --dashboard-address :0 "${IFACE[@]}" \
     --preload metacollect.launch.preload --metacollect-store "$STORE" &
@@ -64,8 +72,13 @@ WORKERS_PID=$!
 DASK_SCHEDULER_ADDRESS=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["address"])' "$SCHEDULER_FILE")
 export DASK_SCHEDULER_ADDRESS
 
-"$PYTHON" "$WORKFLOW" "$@"
-STATUS=$?
+if [ -z "$TERMINATED" ]; then "$PYTHON" "$WORKFLOW" "$@"; STATUS=$?; else STATUS=143; fi
+if [ -n "$TERMINATED" ]; then  # SIGTERM: the workflow (128 + 15) and the cluster end on it
+    wait
+    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS" --signal SIGTERM
+    rm -f "$SCHEDULER_FILE"
+    exit "$STATUS"
+fi
 
 # retire the workers, close the scheduler, wait until both exited (exit handlers ran), finalise
 "$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE" \

@@ -166,6 +166,11 @@ def _add_batch_parser(sub: Any) -> None:
     f = bsub.add_parser("finalize", help="mark the store complete (or incomplete) after the run")
     f.add_argument("store")
     f.add_argument("--exit-code", type=int, default=0, help="exit code of the workflow")
+    f.add_argument(
+        "--signal",
+        choices=["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"],
+        help="the signal that ended the job (its walltime, scancel, qdel): status interrupted",
+    )
     b.set_defaults(func=run_batch)
 
 
@@ -263,7 +268,7 @@ def run_batch(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     else:
-        status = batch.batch_finalize(args.store, args.exit_code)
+        status = batch.batch_finalize(args.store, args.exit_code, args.signal)
         print(
             f"metacollect: store {args.store} finalised (status {status})",
             file=sys.stderr,

@@ -221,16 +221,23 @@ def wait_pids(pids: list[int], timeout: float = 60.0) -> list[int]:
     return left
 
 
-def batch_finalize(store: str, exit_code: int = 0) -> str:
+def batch_finalize(store: str, exit_code: int = 0, signal_name: str | None = None) -> str:
     """Finalise a batch wrapper's store; returns its status.
 
-    ``complete`` when every scheduler flushed its last interval, else ``incomplete``.
+    ``complete`` when every scheduler flushed its last interval, else ``incomplete``;
+    ``interrupted`` when the job was ended by ``signal_name`` (its walltime, ``scancel``,
+    ``qdel``: everything up to then is recorded, and ``missing`` says what is not).
     """
     from metacollect.analysis.run import open_run
     from metacollect.store.lifecycle import finalize, unended_clusters
 
     run = open_run(store)  # a clear error when STORE is not a metacollect store
     missing = [*(run.attrs.get("shutdown_problems") or []), *unended_clusters(store)]
-    status = "incomplete" if missing else ("complete" if exit_code == 0 else "failed")
-    status, _ = finalize(store, status, missing=missing, script_exit_code=exit_code)
+    extra: dict[str, Any] = {"script_exit_code": exit_code}
+    if signal_name is not None:
+        status = "interrupted"
+        extra.update(script_ended="signal", script_signal=signal_name)
+    else:
+        status = "incomplete" if missing else ("complete" if exit_code == 0 else "failed")
+    status, _ = finalize(store, status, missing=missing, **extra)
     return status
