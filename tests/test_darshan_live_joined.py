@@ -152,3 +152,37 @@ def test_a_joined_worker_that_cannot_be_read_is_named(tmp_path):
         "an mmap log",
     ]
     assert snaps.logs == []
+
+
+def unlistable() -> None:
+    raise RuntimeError("the workers are out of reach")
+
+
+def test_workers_that_cannot_be_listed_at_the_end_are_said(
+    darshan_library,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """The live end lists the workers again (one may have joined since the start). When that
+    fails, the store says that the I/O of any worker that joined is missing, and still reads
+    the workers it snapshotted at the start."""
+    from metacollect.steps.darshan import capture
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = str(tmp_path / "run.zarr")
+    with (
+        cluster_under_darshan(darshan_library, str(tmp_path / "workers.zarr")) as client,
+        collect(client, store, darshan={"enabled": True, "library": darshan_library}),
+    ):
+        a = sorted(_pids(client))[0]
+        pid = client.submit(write_file, str(data / "a.bin"), 54_321, workers=[a], pure=False)
+        pid = pid.result()
+        monkeypatch.setattr(capture, "worker_identity", unlistable)  # for the end only
+    run = open_run(store)
+    assert run.groups["darshan"]["method"] == "live-snapshot"
+    assert run.attrs["status"] == "incomplete"
+    (said,) = [m for m in run.attrs["missing"] if m.startswith("darshan:")]
+    assert "could not be listed at the session's end" in said
+    assert "the workers are out of reach" in said and "joined during it" in said
+    assert _written(run, _process(run, pid), str(data)) == {"a.bin": 54_321}
