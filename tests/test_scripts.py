@@ -401,14 +401,16 @@ def test_a_module_level_client_to_an_external_scheduler(tmp_path):
 
 @pytest.mark.parametrize(
     "signum, to_group",
-    [(signal.SIGTERM, False), (signal.SIGINT, True)],
-    ids=["sigterm-to-the-runner", "ctrl-c-to-the-terminal-group"],
+    [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
+    ids=["sigterm-to-the-runner", "walltime-to-the-jobs-group", "ctrl-c-to-the-terminal-group"],
 )
 def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, to_group):
-    """A batch system's walltime sends SIGTERM (to ``metacollect run``), Ctrl-C sends SIGINT
-    (to the terminal's whole process group): what was collected is kept, the run is marked
-    ``interrupted`` with the signal, and ``metacollect run`` dies of the signal, as python
-    does (a shell reads 128 + the signal)."""
+    """A batch system's walltime sends SIGTERM (to ``metacollect run``, or to every process
+    of the job, the LocalCluster's workers included), Ctrl-C sends SIGINT (to the terminal's
+    whole process group): what was collected is kept, the run is marked ``interrupted`` with
+    the signal, and ``metacollect run`` dies of the signal, as python does (a shell reads
+    128 + the signal). Nothing is missing: workers SIGTERMed with the job take their final
+    flush before they die of it (they were named as unended before)."""
     marker = tmp_path / "computed"
     source = f"""
         import pathlib, time
