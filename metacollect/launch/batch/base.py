@@ -22,8 +22,7 @@ from typing import Any
 import dask.config
 
 import metacollect.config as config
-from metacollect.errors import UsageError
-from metacollect.session.shutdown import end_through, retire_and_wait
+from metacollect.errors import StoreError, UsageError
 from metacollect.steps import terminate
 from metacollect.steps.batch import (
     BATCH_PREFIXES,
@@ -174,6 +173,10 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
         )
     from distributed import Client
 
+    # here, not at the top: `batch finalize` runs within the batch system's grace period
+    # after SIGTERM, and the session's modules cost it ~0.5 s of imports it does not need
+    from metacollect.session.shutdown import end_through, retire_and_wait
+
     problems: list[str] = []
     with Client(scheduler_file=scheduler_file, timeout="30s") as client:
         group = StoreWriter(store).group("batch")
@@ -228,11 +231,17 @@ def batch_finalize(store: str, exit_code: int = 0, signal_name: str | None = Non
     ``interrupted`` when the job was ended by ``signal_name`` (its walltime, ``scancel``,
     ``qdel``: everything up to then is recorded, and ``missing`` says what is not).
     """
-    from metacollect.analysis.run import open_run
+    from metacollect.store import zarrio
     from metacollect.store.lifecycle import finalize, unended_clusters
 
-    run = open_run(store)  # a clear error when STORE is not a metacollect store
-    missing = [*(run.attrs.get("shutdown_problems") or []), *unended_clusters(store)]
+    fix = "give the store that `metacollect batch start` created"
+    try:  # the root's attributes alone, no reader: see batch_stop's imports
+        attrs: dict[str, Any] = dict(zarrio.open_group(store, mode="r").attrs)
+    except Exception as e:
+        raise StoreError(f"{store} cannot be opened ({type(e).__name__}: {e}): {fix}") from e
+    if "run_id" not in attrs:
+        raise StoreError(f"{store} is not a metacollect store: {fix}")
+    missing = [*(attrs.get("shutdown_problems") or []), *unended_clusters(store)]
     extra: dict[str, Any] = {"script_exit_code": exit_code}
     if signal_name is not None:
         status = "interrupted"
