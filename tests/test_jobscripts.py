@@ -299,3 +299,58 @@ def test_qsub_wrapper_complete(tmp_path):
     assert validate_store(store) == []
     assert open_run(store).attrs["status"] == "complete"
     _check_allocation(store, job_id, "pbs", None)
+
+
+RUN_FLOW = """\
+import pathlib, sys, time
+from dask.distributed import Client
+if __name__ == "__main__":
+    client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+    print("sum", sum(client.gather(client.map(lambda x: x + 1, range(100)))), flush=True)
+    pathlib.Path(sys.argv[1]).touch()
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("start", ["exec ", ""], ids=["exec", "plain-command"])
+def test_metacollect_run_in_a_batch_script_at_the_jobs_end(tmp_path, start):
+    """``metacollect run flow.py`` in the user's own batch script, the job cancelled as at its
+    walltime. Started with ``exec`` it gets the SIGTERM itself: the store is sealed,
+    interrupted, nothing missing. As a plain command the script's shell dies first and Slurm
+    kills the run with it, before the seal: it says so when it starts."""
+    require_slurm()
+    (tmp_path / "flow.py").write_text(RUN_FLOW)
+    store, ready = tmp_path / "run.zarr", tmp_path / "ready"
+    (tmp_path / "job.sh").write_text(
+        "#!/bin/bash\n"
+        f"cd {tmp_path}\n"
+        f"{start}{sys.executable} -m metacollect run --store {store} --flush-interval 30s "
+        f"flow.py {ready}\n"
+    )
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-c", "2", "-o", str(tmp_path / "out.txt"), "job.sh"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
+    job_id = out.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 90
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ready.exists(), (tmp_path / "out.txt").read_text()
+    subprocess.run(["scancel", job_id], check=True)
+    wait_gone(job_id)
+    log = (tmp_path / "out.txt").read_text()
+    warned = "started by the batch script's shell (bash)" in log
+    run = open_run(str(store))
+    if start:
+        assert not warned
+        assert run.attrs["status"] == "interrupted" and run.attrs["missing"] == [], log
+        assert run.attrs["script_signal"] == "SIGTERM"
+        assert len(run.tasks()) == 100  # its workers' final flushes hold theirs too
+        assert validate_store(str(store)) == []
+    else:
+        assert warned and "exec metacollect run" in log, log
+        assert run.attrs["status"] == "incomplete" and "missing" not in run.attrs  # unsealed
