@@ -92,6 +92,23 @@ def test_worker_sigkilled_mid_run(tmp_path):
     assert main(["validate", "-q", store]) == 0
 
 
+def sigterm_a_worker_mid_run(client: Client) -> tuple[str, int, set[str]]:
+    """Run 40 tasks, SIGTERM a worker once 10 are done, wait for all 40; the worker's
+    address, pid and the keys whose results it held then (the ground truth: it ran them)."""
+    futures = client.map(slow_inc, range(40), pure=False)
+    while sum(f.status == "finished" for f in futures) < 10:
+        time.sleep(0.05)
+    ran_on: dict[str, set[str]] = {}
+    for key, holders in client.who_has(futures).items():
+        for w in holders:
+            ran_on.setdefault(w, set()).add(key)
+    victim = sorted(ran_on)[0]
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    os.kill(pid, signal.SIGTERM)
+    assert client.gather(futures) == list(range(1, 41))
+    return victim, pid, ran_on[victim]
+
+
 def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     """SIGTERM (a batch job's walltime, ``kill``): the worker flushes what it did since its
     last flush, then dies of the signal; its nanny starts another, as it would have."""
@@ -99,18 +116,7 @@ def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     with _cluster(2) as cluster, Client(cluster) as client:
         # no flush but the final ones; its Yappi profile too goes with its final flush
         with collect(client, store, flush_interval="60s", yappi=True):
-            futures = client.map(slow_inc, range(40), pure=False)
-            while sum(f.status == "finished" for f in futures) < 10:
-                time.sleep(0.05)
-            ran_on: dict[str, set[str]] = {}  # the ground truth: who holds which result
-            for key, holders in client.who_has(futures).items():
-                for w in holders:
-                    ran_on.setdefault(w, set()).add(key)
-            victim = sorted(ran_on)[0]
-            pid = client.run(os.getpid, workers=[victim])[victim]
-            os.kill(pid, signal.SIGTERM)
-            assert client.gather(futures) == list(range(1, 41))
-            del futures
+            victim, pid, ran = sigterm_a_worker_mid_run(client)
     run = open_run(store)
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
     workers = run.workers().set_index("pid")
@@ -118,7 +124,7 @@ def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     assert (workers.drop(index=pid).terminated == "").all()  # the others closed
     own = run.worker_table("tasks")
     mine = set(own[own.worker_group == workers.loc[pid, "group"]].key)
-    assert ran_on[victim] <= mine  # every result it held, it had run and its group says so
+    assert ran <= mine  # every result it held, it had run and its group says so
     profiled = run.profile(task="slow_inc")
     assert (profiled[profiled.pid == pid].ttot > 0).any()
     assert main(["validate", "-q", store]) == 0

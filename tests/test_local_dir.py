@@ -14,7 +14,7 @@ import signal
 import time
 
 from distributed import Client
-from test_faults import _cluster, slow_inc
+from test_faults import _cluster, sigterm_a_worker_mid_run, slow_inc
 
 from metacollect import collect, open_run
 from metacollect.cli import main
@@ -169,24 +169,12 @@ def test_a_sigtermed_worker_gathers_its_group_before_it_dies(tmp_path):
     store, node = str(tmp_path / "term.zarr"), str(tmp_path / "node")
     with _cluster(2) as cluster, Client(cluster) as client:
         with collect(client, store, flush_interval="60s", local_dir=node) as session:
-            futures = client.map(slow_inc, range(40), pure=False)
-            while sum(f.status == "finished" for f in futures) < 10:
-                time.sleep(0.05)
-            ran_on: dict[str, set[str]] = {}  # the ground truth: who holds which result
-            for key, holders in client.who_has(futures).items():
-                for w in holders:
-                    ran_on.setdefault(w, set()).add(key)
-            victim = sorted(ran_on)[0]
-            pid = client.run(os.getpid, workers=[victim])[victim]
-            os.kill(pid, signal.SIGTERM)
-            assert sum(client.gather(futures)) == sum(range(1, 41))
-            del futures
+            _, pid, ran = sigterm_a_worker_mid_run(client)
     assert session.status == "complete" and session.missing == []
     run = open_run(store)
     (group,) = [p for p, a in run.worker_groups().items() if a["pid"] == pid]
     attrs = run.groups[group]
     assert attrs["terminated"] == "SIGTERM" and "gathered" in attrs
-    gid = group.rsplit("/", 1)[1]
-    mine = run.worker_table("tasks").query("worker_group == @gid")
-    assert ran_on[victim] <= set(mine.key)
+    own = run.worker_table("tasks")
+    assert ran <= set(own[own.worker_group == group.rsplit("/", 1)[1]].key)
     assert main(["validate", "-q", store]) == 0
