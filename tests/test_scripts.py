@@ -444,11 +444,19 @@ def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, to_gro
     assert counts["executed"] == 100
 
 
-def test_ctrl_c_in_a_script_that_calls_collect_keeps_the_record(tmp_path):
-    """A script using ``collect()`` itself gets Ctrl-C (KeyboardInterrupt in its block): the
-    store keeps everything, says ``interrupted``, and the script dies of SIGINT as it would
-    without metacollect."""
-    marker, store = tmp_path / "computed", str(tmp_path / "ctrl-c.zarr")
+@pytest.mark.parametrize(
+    "signum, to_group",
+    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
+    ids=["ctrl-c-to-the-terminal-group", "sigterm-to-the-script", "walltime-to-the-jobs-group"],
+)
+def test_a_signal_to_a_script_that_calls_collect_keeps_the_record(tmp_path, signum, to_group):
+    """A script using ``collect()`` itself, run by plain ``python``, gets Ctrl-C
+    (KeyboardInterrupt in its block) or a batch job's SIGTERM (to the script, or with its
+    LocalCluster's workers to every process of the job): the store keeps everything, is
+    sealed ``interrupted``, and the script dies of the signal as it would without
+    metacollect. On SIGTERM the process used to die at once: the store stayed unsealed, the
+    graph and the scheduler's transitions since its last flush not in it."""
+    marker, store = tmp_path / "computed", str(tmp_path / "signalled.zarr")
     script = tmp_path / "flow.py"
     script.write_text(
         textwrap.dedent(
@@ -457,8 +465,8 @@ def test_ctrl_c_in_a_script_that_calls_collect_keeps_the_record(tmp_path):
             from dask.distributed import Client
             from metacollect import collect
             if __name__ == "__main__":
-                client = Client(n_workers=1, threads_per_worker=2, dashboard_address=":0")
-                with collect(client, {store!r}, flush_interval="0.5s"):
+                client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+                with collect(client, {store!r}, flush_interval="30s"):
                     print(sum(client.gather(client.map(lambda x: x + 1, range(100)))))
                     pathlib.Path({str(marker)!r}).touch()
                     time.sleep(600)
@@ -472,11 +480,22 @@ def test_ctrl_c_in_a_script_that_calls_collect_keeps_the_record(tmp_path):
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert marker.exists()
-    os.killpg(proc.pid, signal.SIGINT)
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode in (-signal.SIGINT, 130), stderr[-4000:]
+    assert proc.returncode in (-signum, 128 + signum), stderr[-4000:]
     run = open_run(store)
     assert run.attrs["status"] == "interrupted", run.attrs.get("missing")
-    assert "KeyboardInterrupt" in run.attrs["workflow_error"]
+    assert run.attrs["missing"] == []
+    if signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in run.attrs["workflow_error"]
+    else:
+        assert run.attrs["script_signal"] == "SIGTERM" and "Traceback" not in stderr
+    # nothing was flushed before the signal (30 s interval): all of it is the end's
     assert (run.tasks().prefix == "lambda").sum() == 100
+    transitions = run.transitions()
+    assert (transitions[transitions.key.str.startswith("lambda")].finish == "memory").sum() == 100
+    assert len(run.worker_table("tasks")) == 100
     assert validate_store(store) == []

@@ -74,6 +74,39 @@ def test_the_finals_run_then_the_process_ends_by_the_signal(tmp_path):
     assert "metacollect: SIGTERM: the final flush, then this process ends" in stderr
 
 
+def test_a_held_block_finishes_before_the_signal_takes_its_course(tmp_path):
+    """``collect()``'s seal runs held: a SIGTERM in the middle of it waits for its end, then
+    the finals still watched run and the process ends by the signal."""
+    code, printed, stderr, lines, took = run_until_terminated(
+        tmp_path,
+        """
+        terminate.watch(final("after"))
+        with terminate.held():
+            print("READY", os.getpid(), flush=True)
+            time.sleep(1)  # the signal comes in here: the sleep is not cut short
+            final("block")("done")
+        print("not reached")
+        """,
+    )
+    assert code == -signal.SIGTERM, stderr
+    pid = printed[0]
+    assert lines == [f"block done {pid}", f"after SIGTERM {pid}"]
+    assert "not reached" not in printed and took >= 0.5
+
+
+def test_held_does_nothing_where_the_process_is_not_watched(tmp_path):
+    code, _, _, lines, took = run_until_terminated(
+        tmp_path,
+        """
+        with terminate.held():
+            print("READY", flush=True)
+            time.sleep(60)
+            final("block")("done")
+        """,
+    )
+    assert code == -signal.SIGTERM and lines == [] and took < 30  # the default: at once
+
+
 def test_a_failing_final_costs_only_itself(tmp_path):
     code, printed, stderr, lines, _ = run_until_terminated(
         tmp_path,

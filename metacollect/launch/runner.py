@@ -30,6 +30,7 @@ from metacollect.errors import UsageError
 from metacollect.launch.child import Outcome
 from metacollect.launch.preload import attach_environment
 from metacollect.session.collection import Collection, init_root
+from metacollect.steps import terminate
 from metacollect.steps.darshan.logs import remove_old_logs
 from metacollect.steps.job import JobInfo, write_job
 from metacollect.store.lifecycle import cluster_ends, finalize, prepare_store, unended_clusters
@@ -237,7 +238,7 @@ def run_target(
         write_script(launch.writer, path, source, args)
         launch.writer.flush()
     shown = target if kind == "path" else f"-m {target}"
-    warning = killed_with_the_batch_shell()
+    warning = terminate.batch_shell_warning("metacollect run ...")
     if warning:
         echo(warning)
     echo(f"metacollect: running {shown} (store {store})")
@@ -250,39 +251,6 @@ def run_target(
     for reason in missing:
         echo(f"metacollect: missing from the record: {reason}")
     return Ended(code, signum)
-
-
-#: what a batch script's commands run in (``psutil``'s ``exe`` of the parent: Slurm runs the
-#: script as ``slurm_script``, so its name is not the shell's)
-_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "tcsh", "csh"})
-
-
-def killed_with_the_batch_shell() -> str | None:
-    """The warning for a run started by a batch script's shell as a plain command (not
-    ``exec``'d, not ``srun``): at the job's end (walltime, ``scancel``, ``qdel``) the shell
-    dies of SIGTERM at once, and Slurm and PBS kill what is left of the job as soon as the
-    script has exited - this run with it, before it can seal its store (on a real Slurm the
-    store stayed unsealed, its workers mid-flush). ``None`` anywhere else."""
-    if (
-        os.environ.get("ENVIRONMENT") != "BATCH"  # Slurm's batch step (srun steps too)
-        and os.environ.get("PBS_ENVIRONMENT") != "PBS_BATCH"
-    ):
-        return None
-    try:
-        import psutil
-
-        parent = psutil.Process().parent()
-        shell = os.path.basename(parent.exe()) if parent is not None else ""
-    except Exception:  # no parent to read: nothing to warn about
-        return None
-    if shell not in _SHELLS:  # exec'd or srun: the batch system signals this process itself
-        return None
-    return (
-        f"metacollect: started by the batch script's shell ({shell}): at the job's end "
-        "(walltime, scancel, qdel) the shell dies first and the batch system kills this run "
-        "before it can seal its store; start it with `exec metacollect run ...` or `srun "
-        "metacollect run ...`, or put `trap : TERM` before it"
-    )
 
 
 class AttachedLaunch:

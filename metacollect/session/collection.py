@@ -13,6 +13,7 @@ import contextlib
 import copy
 import logging
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ import dask.config
 import metacollect.config as config
 from metacollect.errors import UsageError
 from metacollect.session.shutdown import end_through, retire_and_wait, retire_batch
+from metacollect.steps import terminate
 from metacollect.steps.darshan.logs import remove_old_logs
 from metacollect.steps.job import JobInfo, versions, write_job
 from metacollect.steps.scheduler import SchedulerCollector, active_stores
@@ -220,11 +222,11 @@ class Collection:
             self._nframes_before = dask.config.get(_NFRAMES, 0)
             dask.config.set({_NFRAMES: frames})
 
-    def stop_quietly(self, status: str, error: BaseException | None = None) -> None:
+    def stop_quietly(self, status: str, error: BaseException | None = None, **extra: Any) -> None:
         """:meth:`stop` for :func:`collect`: our failure never reaches the user's code. It
         is logged as one error line, and ``status``/``missing`` on the session say it."""
         try:
-            self.status, self.missing = self.stop(status, error=error)
+            self.status, self.missing = self.stop(status, error=error, **extra)
         except Exception as e:
             logger.error("metacollect: the run's record is not complete: %s", e)
             self.status, self.missing = "incomplete", [f"{type(e).__name__}: {e}"]
@@ -381,9 +383,20 @@ def collect(
     except BaseException:
         session.abandon()
         raise
+    # a batch job's end (walltime, scancel, qdel) SIGTERMs the script: the collection ends
+    # interrupted and the store is sealed before the process dies of the signal, as it
+    # would have (see metacollect.steps.terminate)
+    watched = terminate.watch(lambda name: session.stop_quietly("interrupted", script_signal=name))
+    warning = terminate.batch_shell_warning(f"python {os.path.basename(sys.argv[0])} ...")
+    if watched is not None and warning:
+        logger.warning(warning)
     try:
         yield session
     except BaseException as e:  # the record is whole; the status says how the block ended
-        session.stop_quietly("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", e)
+        with terminate.held():  # a SIGTERM now waits for the seal
+            session.stop_quietly("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", e)
+            terminate.unwatch(watched)
         raise
-    session.stop_quietly("complete")
+    with terminate.held():
+        session.stop_quietly("complete")
+        terminate.unwatch(watched)

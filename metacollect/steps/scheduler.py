@@ -513,16 +513,34 @@ class SchedulerCollector(SchedulerPlugin):
 
     async def _detach_workers(self, scheduler: Scheduler) -> list[str]:
         """Unregister the workers' collectors, which takes their final flushes; returns
-        the problems they report."""
+        the problems they report.
+
+        A worker that is leaving is not a gap: the batch job's end SIGTERMs the workers with
+        the script, Ctrl-C SIGINTs a LocalCluster's workers with it, and each takes its final
+        flush as it goes. It cannot be reached, or its collector is gone already (or, one just
+        joined, not yet there): a note in the errors table. Whether its record has a gap is
+        its group's own ``ended``, which the seal reads
+        (:func:`~metacollect.store.lifecycle.unended_workers`)."""
         name = worker_plugin_name(self.store_path)
-        if name not in scheduler.worker_plugins:
+        if scheduler.worker_plugins.pop(name, None) is None:
             return []
-        replies = await scheduler.unregister_worker_plugin(None, name)
-        return [
-            f"final flush of worker {address}: {_reply_error(reply)}"
-            for address, reply in (replies or {}).items()
-            if isinstance(reply, dict) and reply.get("status") == "error"
-        ]
+        # Scheduler.unregister_worker_plugin's broadcast, with each worker's failure apart
+        replies = await scheduler.broadcast(
+            msg={"op": "plugin-remove", "name": name}, on_error="return"
+        )
+        absent = repr(KeyError(name))  # the worker's plugin_remove found no such plugin
+        problems = []
+        for address, reply in replies.items():
+            if isinstance(reply, OSError):  # CommClosedError, a refused or timed-out connect
+                self._on_error("end", f"worker {address} left as the collection ended: {reply}")
+            elif isinstance(reply, BaseException):
+                problems.append(f"final flush of worker {address}: {type(reply).__name__}: {reply}")
+            elif isinstance(reply, dict) and reply.get("status") == "error":
+                if reply.get("exception_text") == absent:
+                    self._on_error("end", f"worker {address} had no collector to detach")
+                else:
+                    problems.append(f"final flush of worker {address}: {_reply_error(reply)}")
+        return problems
 
     def _write_spans(self, graphs: tuple[list[Any], Any]) -> None:
         """The spans the batch's graphs refer to that were not written before."""

@@ -9,21 +9,26 @@ its work, would never reach the store (the seal then names the worker as unended
 While a collector records, :func:`watch` gives such a process a handler that runs the
 collectors' final flushes (for at most ``metacollect.terminate-timeout``), then ends the
 process by the same signal, as it would have ended: its exit status, and what its nanny and
-the scheduler see, are unchanged. Only a process whose SIGTERM would kill it outright gets
-one: a process with a handler of its own (``dask worker --no-nanny``, ``dask scheduler``)
-closes gracefully and its collectors' teardown flushes; Python runs handlers on the main
-thread only, so a collector whose loop runs elsewhere (a LocalCluster's scheduler in the
-client's process) is not watched either. A second SIGTERM during the final flushes ends the
-process at once, as the first would have without this handler.
+the scheduler see, are unchanged. A script that calls ``collect()`` is the same kind of
+process: its block's final ends the whole collection and seals the store ``interrupted``,
+through the client's event loop (its own thread) while the main thread waits in the handler.
+Only a process whose SIGTERM would kill it outright gets one: a process with a handler of
+its own (``dask worker --no-nanny``, ``dask scheduler``, ``metacollect run``'s script)
+closes gracefully and its collectors' teardown flushes. Python runs handlers on the main
+thread only: a collector whose loop runs elsewhere (a LocalCluster's scheduler in the
+client's process) is not watched itself. A second SIGTERM during the final flushes ends the
+process at once, as the first would have without this handler. An end that is already under
+way when the signal comes (a ``collect()`` block's seal) finishes first (:func:`held`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import metacollect.config as config
@@ -46,6 +51,9 @@ _next_token = 0
 #: the process that installed the handler (a child forked from it inherits the handler, but
 #: not the collectors: it must not flush their copies)
 _installed_in: int | None = None
+#: inside :func:`held`: the signal waits for the block's end (and is kept here until then)
+_held = False
+_pending: int | None = None
 
 
 def watch(final: Callable[[str], None]) -> int | None:
@@ -81,9 +89,34 @@ def unwatch(token: int | None) -> None:
         _installed_in = None
 
 
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A block that SIGTERM does not cut short where this process is watched: an end under
+    way (a final flush, a seal) finishes, then the signal takes its course (the finals still
+    watched, then the process ends by it). The batch system's grace period still bounds it:
+    its SIGKILL ends a block that takes longer. Elsewhere the block runs as it is."""
+    global _held, _pending
+    main = threading.current_thread() is threading.main_thread()
+    if _held or not main or _installed_in != os.getpid():
+        yield
+        return
+    _held = True
+    try:
+        yield
+    finally:
+        _held = False
+        signum, _pending = _pending, None
+        if signum is not None:
+            _on_signal(signum, None)
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     """The final flushes, in a thread of their own and for a bounded time (a flush stuck on a
     dead filesystem must not keep the process alive), then the signal again, by default."""
+    global _pending
+    if _held and _installed_in == os.getpid():
+        _pending = signum  # see held()
+        return
     finals = list(_finals.values()) if _installed_in == os.getpid() else []
     _finals.clear()
     if finals:
@@ -104,3 +137,36 @@ def _on_signal(signum: int, frame: Any) -> None:
             logger.error("metacollect: the final flush on %s did not finish in time", name)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+#: what a batch script's commands run in (``psutil``'s ``exe`` of the parent: Slurm runs the
+#: script as ``slurm_script``, so its name is not the shell's)
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "tcsh", "csh"})
+
+
+def batch_shell_warning(command: str) -> str | None:
+    """The warning for ``command`` started by a batch script's shell as a plain command (not
+    ``exec``'d, not ``srun``): at the job's end (walltime, ``scancel``, ``qdel``) the shell
+    dies of SIGTERM at once, and Slurm and PBS kill what is left of the job as soon as the
+    script has exited - this process with it, before it can seal its store (on a real Slurm
+    the store stayed unsealed, its workers mid-flush). ``None`` anywhere else."""
+    if (
+        os.environ.get("ENVIRONMENT") != "BATCH"  # Slurm's batch step (srun steps too)
+        and os.environ.get("PBS_ENVIRONMENT") != "PBS_BATCH"
+    ):
+        return None
+    try:
+        import psutil
+
+        parent = psutil.Process().parent()
+        shell = os.path.basename(parent.exe()) if parent is not None else ""
+    except Exception:  # no parent to read: nothing to warn about
+        return None
+    if shell not in _SHELLS:  # exec'd or srun: the batch system signals this process itself
+        return None
+    return (
+        f"metacollect: started by the batch script's shell ({shell}): at the job's end "
+        "(walltime, scancel, qdel) the shell dies first and the batch system kills this "
+        f"process before it can seal its store; start it with `exec {command}` or `srun "
+        f"{command}`, or put `trap : TERM` before it"
+    )
