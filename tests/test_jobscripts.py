@@ -159,6 +159,11 @@ def test_finalize_after_a_signal_seals_an_interrupted_store(tmp_path, capsys):
     )
     assert attrs["script_exit_code"] == 143 and attrs["missing"] == []
     assert validate_store(store) == []
+    # a sealed store is left as it is (the wrapper finalizes after a `batch stop` the job's
+    # end came during, which may have sealed it already)
+    assert main(["batch", "finalize", store, "--exit-code", "0"]) == 0
+    assert "(status interrupted)" in capsys.readouterr().err
+    assert open_run(store).attrs["ended"] == attrs["ended"]
 
 
 # -- real submissions ----------------------------------------------------------------------------
@@ -285,6 +290,43 @@ def test_a_cancelled_job_seals_an_interrupted_store(tmp_path, system):
     assert len(run.worker_table("tasks")) >= 50
     assert validate_store(store) == []
     _check_allocation(store, job_id, system, None)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("system", ["slurm", pytest.param("pbs", marks=pytest.mark.pbs)])
+def test_a_job_cancelled_during_batch_stop_is_sealed(tmp_path, system):
+    """The job's end (walltime, ``scancel``, ``qdel``) comes after the workflow, while the
+    wrapper's ``metacollect batch stop`` ends the cluster: the stop dies of the SIGTERM,
+    the scheduler and workers end on it with their final flushes, and the wrapper seals the
+    store. It stayed unsealed before (status ``incomplete``, no end)."""
+    import psutil
+
+    require_slurm()
+    if system == "pbs" and shutil.which("qsub") is None:
+        pytest.fail("qsub is missing: install slurm-wlm-torque (.ci/slurm-up does)")
+    job_id, store = _submit(tmp_path, system)
+
+    def stopping() -> bool:
+        for p in psutil.process_iter(["cmdline"]):
+            cmdline = p.info["cmdline"] or []
+            if "stop" in cmdline and store in cmdline and "batch" in cmdline:
+                return True
+        return False
+
+    deadline = time.monotonic() + 120
+    while not stopping() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stopping(), "".join(p.read_text() for p in tmp_path.glob("*.txt"))
+    subprocess.run(["scancel" if system == "slurm" else "qdel", job_id], check=True)
+    wait_gone(job_id)
+    log = "".join(p.read_text() for p in tmp_path.glob("*.txt"))
+    assert "first 2450" in log and "second 3675" in log, log  # the workflow had ended
+    run = open_run(store)
+    assert run.attrs["ended"] is not None, log  # sealed
+    assert run.attrs["status"] == "complete" and run.attrs["missing"] == [], log
+    assert run.attrs["script_exit_code"] == 0
+    assert len(run.tasks()) == 100
+    assert validate_store(store) == []
 
 
 @pytest.mark.pbs

@@ -15,7 +15,8 @@
 #      and this script, which outlives it, waits for them and seals the store "interrupted"
 #      (`metacollect batch finalize --signal SIGTERM`). All of that must fit in Slurm's grace
 #      before SIGKILL (KillWait); cut short, the store stays readable, status "incomplete",
-#      with everything flushed until then (`metacollect doctor` seals it).
+#      with everything flushed until then (`metacollect doctor` seals it). The signal during
+#      `batch stop` cuts the stop short: the store is then sealed by the workflow's exit code.
 #
 # What it produces: the store $STORE (default ./metacollect-<jobid>.zarr; open it with
 # `metacollect info` or metacollect.open_run), the scheduler file and Slurm's output file.
@@ -83,6 +84,10 @@ fi
 # retire the workers, close the scheduler, wait until both exited (exit handlers ran), finalise
 "$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE" \
     --wait-pid "$WORKERS_PID" --wait-pid "$SCHEDULER_PID" --exit-code "$STATUS"
+if [ -n "$TERMINATED" ]; then  # the job ended during the stop, which it may have cut short:
+    wait                       # the cluster ends on the signal; a store not sealed yet is now
+    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS"
+fi
 kill "$WORKERS_PID" "$SCHEDULER_PID" 2>/dev/null; wait
 rm -f "$SCHEDULER_FILE"
 exit "$STATUS"

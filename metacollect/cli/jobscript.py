@@ -264,13 +264,13 @@ def run_batch(args: argparse.Namespace) -> int:
         if args.exit_code is not None:
             status = batch.batch_finalize(args.store, args.exit_code)
             print(
-                f"metacollect: store {args.store} finalised (status {status})",
+                f"metacollect: store {args.store} sealed (status {status})",
                 file=sys.stderr,
             )
     else:
         status = batch.batch_finalize(args.store, args.exit_code, args.signal)
         print(
-            f"metacollect: store {args.store} finalised (status {status})",
+            f"metacollect: store {args.store} sealed (status {status})",
             file=sys.stderr,
         )
     return 0

@@ -229,7 +229,9 @@ def batch_finalize(store: str, exit_code: int = 0, signal_name: str | None = Non
 
     ``complete`` when every scheduler flushed its last interval, else ``incomplete``;
     ``interrupted`` when the job was ended by ``signal_name`` (its walltime, ``scancel``,
-    ``qdel``: everything up to then is recorded, and ``missing`` says what is not).
+    ``qdel``: everything up to then is recorded, and ``missing`` says what is not). A store
+    already sealed (``batch stop`` got to its end before the job's) is left as it is: the
+    wrapper calls this whenever the job's end came during ``batch stop``.
     """
     from metacollect.store import zarrio
     from metacollect.store.lifecycle import finalize, unended_clusters
@@ -241,6 +243,8 @@ def batch_finalize(store: str, exit_code: int = 0, signal_name: str | None = Non
         raise StoreError(f"{store} cannot be opened ({type(e).__name__}: {e}): {fix}") from e
     if "run_id" not in attrs:
         raise StoreError(f"{store} is not a metacollect store: {fix}")
+    if attrs.get("ended") is not None:  # sealed: its status says how the run ended
+        return str(attrs["status"])
     missing = [*(attrs.get("shutdown_problems") or []), *unended_clusters(store)]
     extra: dict[str, Any] = {"script_exit_code": exit_code}
     if signal_name is not None:
