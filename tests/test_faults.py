@@ -20,6 +20,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
@@ -149,6 +150,39 @@ def test_a_worker_retired_mid_run_ends_its_record(tmp_path):
     # the retired worker's own record holds what it ran before it left
     ran = run.worker_table("tasks")
     assert (ran.worker_group == groups[victim].rsplit("/", 1)[-1]).any()
+
+
+@pytest.mark.parametrize("whose", ["worker", "scheduler"])
+def test_a_failed_final_flush_is_named(tmp_path, whose):
+    """A final flush that fails (the group's segment directory unusable: a filesystem that
+    broke under it) loses its rows: a worker's dies with its process, the scheduler's stay
+    in a memory the seal cannot read. The worker's group must not say it ended and the seal
+    names it; the scheduler's end names its group. Before, both went unsaid and the run
+    was ``complete`` without those rows."""
+    store = str(tmp_path / "broken.zarr")
+    with _cluster(2) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="60s") as session:  # the final flush only
+            assert sum(client.gather(client.map(slow_inc, range(10), pure=False))) == 55
+            groups = sorted(
+                dirpath
+                for dirpath, dirs, _ in os.walk(os.path.join(store, "clusters"))
+                if ".segments" in dirs
+                and (os.path.basename(os.path.dirname(dirpath)) == "workers") == (whose == "worker")
+                and (whose == "worker" or os.path.basename(dirpath) == "scheduler")
+            )
+            victim = os.path.join(groups[0], ".segments")
+            os.rmdir(victim)
+            with open(victim, "w") as f:  # a file where its segments go
+                f.write("not a directory")
+    assert session.status == "incomplete"
+    group = os.path.relpath(groups[0], store)
+    if whose == "worker":
+        (line,) = [m for m in session.missing if "never took its final flush" in m]
+        assert line.startswith(group)
+        assert len(open_run(store).worker_table("tasks")) < 10  # its executions died with it
+    else:
+        assert f"{group}: the scheduler's final flush failed" in " ".join(session.missing)
+    assert open_run(store).attrs["status"] == "incomplete"
 
 
 def test_which_groups_the_seal_names_as_unended():

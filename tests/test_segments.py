@@ -28,7 +28,7 @@ from metacollect.store import segments
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.validate import validate_store
-from metacollect.store.writer import StoreWriter
+from metacollect.store.writer import GroupWriter, StoreWriter
 from tests.test_store import CLUSTER_ATTRS
 
 GROUP = "clusters/c1/scheduler"
@@ -211,6 +211,70 @@ def test_a_flush_that_ends_during_the_seal_makes_the_run_incomplete(store, monke
     assert xr.open_datatree(store, engine="zarr").attrs["status"] == "incomplete"
 
 
+@pytest.mark.parametrize("before", ["placeholder", "flushed-nothing"])
+def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, before):
+    """A worker SIGTERMed with the run (a batch job's end) may write its only flush, and
+    then its end, while the run's seal runs. Its group had no segment when the fold read
+    the store: not there at all yet, or an empty segment directory, which the fold removed
+    (the flush then failed, its rows lost with the process). Either way its end alone
+    passed the check of unended workers, and the run said ``complete``; now the flush is
+    written and the seal names it. A group without a segment directory is a node-local
+    worker's placeholder, which its gather fills at its end."""
+    from metacollect.store import lifecycle
+
+    w, g = _run(store)
+    _flush_events(g, 0, 10)
+    attrs = {
+        "address": "tcp://h:2",
+        "name": "w1",
+        "host": "h",
+        "pid": 2,
+        "nthreads": 1,
+        "memory_limit": None,
+        "started": 1.0,
+        "ended": None,
+        "profile_interval": 0.01,
+    }
+    if before == "placeholder":
+        spec = w.schema.groups["worker"]
+        w.ensure_group(spec.format(cluster="c1", worker="w1"), spec, attrs)
+        made: list[GroupWriter] = []
+    else:  # the group and its segment directory exist, with no segment
+        made = [w.group("worker", attrs=attrs, cluster="c1", worker="w1")]
+        made[0].flush()
+    real_read_nodes = lifecycle.read_nodes
+    flushed: list[int] = []
+
+    def a_final_flush_after_the_fold(*args, **kwargs):
+        if not flushed:
+            worker = (
+                made[0] if made else StoreWriter(store).group("worker", cluster="c1", worker="w1")
+            )
+            worker.append(
+                "tasks",
+                {
+                    "key": [f"t-{i}" for i in range(5)],
+                    "state": ["memory"] * 5,
+                    "thread": [1] * 5,
+                    "start": [1.0] * 5,
+                    "stop": [2.0] * 5,
+                    "nbytes": [8] * 5,
+                    "typename": ["int"] * 5,
+                    "clock_delay": [0.0] * 5,
+                },
+            )
+            flushed.append(worker.flush())
+            worker.set_attrs(ended=time.time(), terminated="SIGTERM")
+        return real_read_nodes(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "read_nodes", a_final_flush_after_the_fold)
+    status, missing = finalize(store, "complete")
+    assert flushed == [5] and status == "incomplete"
+    (line,) = missing
+    assert line.startswith("clusters/c1/workers/w1: a flush ended while the store was being")
+    assert any("1 segment(s) left in a sealed store" in p for p in validate_store(store))
+
+
 def test_segments_of_a_group_the_schema_does_not_know_are_named_once(store):
     """Segments the fold cannot place (a group of another metacollect version) stay where
     they are; the run says their rows are missing, once, and not as a late flush (before:
@@ -363,7 +427,7 @@ _WRITER = textwrap.dedent(
     import json, sys, time
     import numpy as np
     from metacollect.session import init_root
-    from metacollect.store.writer import StoreWriter
+    from metacollect.store.writer import GroupWriter, StoreWriter
 
     store = sys.argv[1]
     w = StoreWriter(store)

@@ -254,6 +254,11 @@ class SchedulerCollector(SchedulerPlugin):
         for what, result in zip(("detach workers", "final flush"), results, strict=True):
             if isinstance(result, BaseException):
                 problems.append(f"{what}: {type(result).__name__}: {result}")
+        problems += [  # its rows stay in this process's memory, which the seal cannot read
+            f"{group}: the scheduler's final flush failed (see the log): what it recorded "
+            "since its last flush is not in the store"
+            for group in self.writer.failing()
+        ]
         for problem in problems:
             self._on_error("end", RuntimeError(problem))
         if self.dropped is not None or scheduler.plugins.get(self.name) is not self:

@@ -216,7 +216,7 @@ class WorkerCollector(WorkerPlugin):
         if self.cycles is not None:
             self.cycles.close()  # the cycle in progress, copied on the loop that fills it
         await self.recording.finish()
-        self.group.set_attrs(ended=time.time())  # its final flush is in the store
+        self._ended()
         gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None
         config.restore(self._config_before)
         if gathered is not None:
@@ -252,6 +252,17 @@ class WorkerCollector(WorkerPlugin):
             return None, e
         return path, None
 
+    def _ended(self, **how: Any) -> None:
+        """Mark the group ended: its final flush is in the store. One that failed (its rows
+        die with the process) leaves the group unended, which the run's seal names."""
+        if self.writer.failing():
+            logger.error(
+                "metacollect: worker %s: its final flush failed; the store names what is missing",
+                self.id,
+            )
+            return
+        self.group.set_attrs(ended=time.time(), **how)
+
     def _terminated(self, signal_name: str) -> None:
         """The end of a process that a signal ends (:mod:`~metacollect.steps.terminate`, in a
         thread of its own while the loop is stopped): the final flush, marked with the signal,
@@ -263,7 +274,7 @@ class WorkerCollector(WorkerPlugin):
         if self.cycles is not None:
             self.cycles.close()
         self.recording.finish_now()
-        self.group.set_attrs(ended=time.time(), terminated=signal_name)
+        self._ended(terminated=signal_name)
         failed = self._gather_now() if self.local is not None else None
         if failed is not None:  # its group is still only on this node: the seal names it
             logger.error("metacollect: %s", failed)

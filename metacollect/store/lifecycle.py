@@ -25,7 +25,7 @@ from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import segments
 from metacollect.store.compact import compact, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.writer import fold_segments, read_nodes, seal, trim
+from metacollect.store.writer import Folded, fold_segments, read_nodes, seal, trim
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +242,11 @@ def finalize(
             },
             fold=False,  # folded above (a second walk of the whole store finds nothing)
         )
-        late = segments.written_since(store, fold.groups)
+        # the folded groups, and the workers' groups that had no segment at the fold: a
+        # worker SIGTERMed with the run can write its only flush and its end while the seal
+        # runs, and its end alone would pass unended_workers' check
+        unfolded = [] if _is_url(store) else _unfolded_workers(nodes, fold)
+        late = segments.written_since(store, [*fold.groups, *unfolded])
         if late:  # a flush that ended during the seal, under the run's lock: say so
             missing = [*missing, *(_late_flush(group, seqs) for group, seqs in late.items())]
             status = "incomplete" if status in ("complete", "failed") else status
@@ -258,6 +262,16 @@ def finalize(
     finally:  # the run is over, sealed or not: the store is free for the next
         if not _is_url(store):
             lock.release(store)
+
+
+def _unfolded_workers(nodes: Mapping[str, Mapping[str, Any]], fold: Folded) -> list[str]:
+    """The worker groups (their paths) the fold had no segments of."""
+    folded = set(fold.groups)
+    return [
+        path
+        for path, doc in nodes.items()
+        if (doc.get("attributes") or {}).get("kind") == "worker" and path not in folded
+    ]
 
 
 def _late_flush(group: str, seqs: list[int]) -> str:
@@ -319,8 +333,9 @@ def unended_workers(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
             continue
         missing.append(
             f"{path}: worker {attrs.get('address')} (host {attrs.get('host')}, pid "
-            f"{attrs.get('pid')}) never took its final flush (it was killed, or its process "
-            "died): what it did after its last flush (up to metacollect.flush-interval, longer "
+            f"{attrs.get('pid')}) never took its final flush (it was killed, its process "
+            "died, or that flush failed): what it did after its last flush (up to "
+            "metacollect.flush-interval, longer "
             "if the interval was stretched) is not in its group; the scheduler's record of "
             "its tasks is"
         )

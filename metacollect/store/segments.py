@@ -135,14 +135,15 @@ def seqs(segdir: str) -> list[int]:
     """Sequence numbers of the segment files in ``segdir``, in order (none: no directory)."""
     try:
         names = os.listdir(segdir)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(int(n[: -len(SUFFIX)]) for n in names if _is_segment(n))
 
 
 def written_since(store: str, groups: Iterable[str]) -> dict[str, list[int]]:
-    """Of ``groups``, whose segments were folded, those holding segments again, with their
-    sequence numbers: flushes that ended after the fold had read the group."""
+    """Of ``groups``, read by the fold before (their segments folded, or none there yet),
+    those holding segments now, with their sequence numbers: flushes that ended after the
+    fold had read the group."""
     found = {g: seqs(directory(store, g)) for g in groups}
     return {g: s for g, s in found.items() if s}
 

@@ -332,6 +332,11 @@ class GroupWriter:
             self.group.update_attributes(_jsonable(attrs))
 
     # -- writing ----------------------------------------------------------------------
+    @property
+    def failing(self) -> bool:
+        """Whether the last flush failed (its rows are still in memory)."""
+        return self._failed
+
     def flush(self) -> int:
         """Append everything pending to Zarr; returns rows written.
 
@@ -421,7 +426,12 @@ class GroupWriter:
             raise self.store.removed()
         self.store.check_run_open()
         assert self._segdir is not None
-        self._seq = seg.write(self._segdir, self._seq, seg.encode(tables)) + 1
+        data = seg.encode(tables)
+        try:
+            self._seq = seg.write(self._segdir, self._seq, data) + 1
+        except FileNotFoundError:  # the run's seal folded the group and removed its empty
+            os.makedirs(self._segdir, exist_ok=True)  # directory: the seal names this flush
+            self._seq = seg.write(self._segdir, self._seq, data) + 1
 
     def _write_errors_alone(self) -> None:
         """After a failed flush, try the errors table by itself: a failure that stays with
@@ -774,6 +784,10 @@ class StoreWriter:
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))
+
+    def failing(self) -> list[str]:
+        """The groups whose last flush failed (their rows still in memory)."""
+        return [path for path, g in list(self.groups.items()) if g.failing]
 
     def check_exists(self) -> None:
         """Raise :meth:`removed` if the store's root is gone: a write below it would make
