@@ -14,6 +14,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from metacollect.steps import terminate
 
 #: a process that watches with ``finals`` (each appends "<name> <signal> <pid>" to OUT) and
@@ -204,3 +206,31 @@ def test_only_the_main_thread_can_watch_and_the_last_unwatch_restores_the_defaul
         terminate.unwatch(second)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     terminate.unwatch(None)  # a collector that never watched
+
+
+@pytest.mark.parametrize(
+    "script, warned",
+    [
+        ("{python}\n", True),  # a plain command: the shell dies first
+        ("trap : TERM\n{python}\n", False),  # the shell waits for it
+        ("trap 'echo ended' SIGTERM EXIT  # a comment\n{python}\n", False),
+        ("trap - TERM\n{python}\n", True),  # the default again
+        ("exec {python}\n", False),  # the batch system signals it itself
+    ],
+    ids=["plain", "trap", "trap-sigterm", "trap-reset", "exec"],
+)
+def test_the_batch_shell_warning_reads_the_scripts_trap(tmp_path, script, warned):
+    """A batch script's shell as the parent (``ENVIRONMENT=BATCH``, as Slurm sets it) is
+    warned about unless the script traps TERM, with which its shell waits."""
+    python = f"{sys.executable} -c 'from metacollect.steps import terminate; "
+    python += 'print(terminate.batch_shell_warning("python flow.py"))\''
+    job = tmp_path / "slurm_script"
+    job.write_text("#!/bin/bash\n" + script.format(python=python))
+    out = subprocess.run(
+        ["bash", str(job)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ENVIRONMENT": "BATCH"},
+        check=True,
+    ).stdout
+    assert ("exec python flow.py" in out) == warned, out

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -160,9 +161,12 @@ def batch_shell_warning(command: str) -> str | None:
 
         parent = psutil.Process().parent()
         shell = os.path.basename(parent.exe()) if parent is not None else ""
+        cmdline = parent.cmdline() if parent is not None else []
     except Exception:  # no parent to read: nothing to warn about
         return None
     if shell not in _SHELLS:  # exec'd or srun: the batch system signals this process itself
+        return None
+    if any(_traps_term(arg) for arg in cmdline[1:]):  # the shell waits for this process
         return None
     return (
         f"metacollect: started by the batch script's shell ({shell}): at the job's end "
@@ -170,3 +174,23 @@ def batch_shell_warning(command: str) -> str | None:
         f"process before it can seal its store; start it with `exec {command}` or `srun "
         f"{command}`, or put `trap : TERM` before it"
     )
+
+
+def _traps_term(script: str) -> bool:
+    """Whether the batch script at ``script`` (the shell's argument: Slurm's copy of it)
+    sets a TERM trap, with which its shell waits for the command in progress instead of
+    dying at once; ``False`` when it cannot be read (the warning then stays)."""
+    try:
+        with open(script, encoding="utf-8", errors="replace") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:  # an unbalanced quote: not a line we can read
+            continue
+        trap = len(words) >= 3 and words[0] == "trap" and words[1] != "-"
+        if trap and {"TERM", "SIGTERM", "15"} & set(words[2:]):
+            return True
+    return False
