@@ -265,12 +265,15 @@ def finalize(
 
 
 def _unfolded_workers(nodes: Mapping[str, Mapping[str, Any]], fold: Folded) -> list[str]:
-    """The worker groups (their paths) the fold had no segments of."""
+    """The worker groups (their paths) the fold had no segments of: a worker group says
+    whether it ended (its tables have the same ``kind``, not that)."""
     folded = set(fold.groups)
     return [
         path
         for path, doc in nodes.items()
-        if (doc.get("attributes") or {}).get("kind") == "worker" and path not in folded
+        if path not in folded
+        and (attrs := doc.get("attributes") or {}).get("kind") == "worker"
+        and "ended" in attrs
     ]
 
 
