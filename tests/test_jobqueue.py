@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -283,4 +284,54 @@ def test_a_cancelled_worker_job_takes_its_final_flush(tmp_path):
     own = run.worker_table("tasks")
     mine = set(own[own.worker_group == workers.loc[victim, "group"]].key)
     assert ran_on[victim] and ran_on[victim] <= mine  # none of its rows lost to the kill
+    assert validate_store(store) == []
+
+
+JOBQUEUE_FLOW = """\
+import json, pathlib, sys, time
+from distributed import Client
+from metacollect import collect
+from metacollect.launch.batch import jobqueue_cluster
+if __name__ == "__main__":
+    store, ready, logs = sys.argv[1:4]
+    cluster = jobqueue_cluster("slurm", log_directory=logs, **json.loads(sys.argv[4]))
+    cluster.scale(jobs=2)
+    client = Client(cluster)
+    client.wait_for_workers(2, timeout=60)
+    with collect(client, store, flush_interval="60s"):  # no flush but the final ones
+        print(sum(client.gather(client.map(lambda x: x + 1, range(100)))), flush=True)
+        pathlib.Path(ready).write_text(json.dumps([str(j.job_id) for j in cluster.workers.values()]))
+        time.sleep(600)
+"""
+
+
+@pytest.mark.slurm
+def test_a_sigtermed_client_of_a_jobqueue_cluster_seals_its_store(tmp_path):
+    """A script driving a dask-jobqueue cluster with ``collect()``, inside a batch job of
+    its own whose walltime ends it (SIGTERM): the collection ends as the block would have
+    (the worker jobs retired and gone from the queue, every final flush taken) and the store
+    is sealed ``interrupted`` before the script dies of the signal (within
+    ``metacollect.terminate-timeout``, or the handler would have given up unsealed)."""
+    require_slurm()
+    store, ready = str(tmp_path / "client.zarr"), tmp_path / "ready"
+    (tmp_path / "flow.py").write_text(JOBQUEUE_FLOW)
+    proc = subprocess.Popen(
+        [sys.executable, "flow.py", store, str(ready), str(tmp_path / "logs"), json.dumps(KW)],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 180
+    while not ready.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "not ready"
+    jobs = set(json.loads(ready.read_text()))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, stderr[-4000:]
+    assert not jobs & squeue_ids()  # the worker jobs were retired, not left running
+    run = open_run(store)
+    assert run.attrs["status"] == "interrupted" and run.attrs["missing"] == []
+    assert run.attrs["script_signal"] == "SIGTERM"
+    assert len(run.tasks()) == 100 and len(run.worker_table("tasks")) == 100
     assert validate_store(store) == []
