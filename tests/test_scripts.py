@@ -444,6 +444,37 @@ def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, to_gro
     assert counts["executed"] == 100
 
 
+def test_a_sigterm_during_the_seal_waits_for_it(tmp_path):
+    """The job's end can come after the script's, while ``metacollect run`` seals the store:
+    the seal finishes, then the process dies of the signal. It died mid-seal before, the
+    store left unsealed."""
+    import psutil
+
+    source = """
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            print(sum(client.gather(client.map(lambda x: x + 1, range(100)))))
+    """
+    cmd, env, store, truth, _ = _run(tmp_path, source)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    runner = psutil.Process(proc.pid)
+    deadline = time.time() + 120
+    while not runner.children() and time.time() < deadline:  # the script's process
+        time.sleep(0.01)
+    (script,) = runner.children()
+    while script.is_running():  # until the runner has reaped it
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)  # the script has ended: the seal is under way
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, stderr[-4000:]
+    run = open_run(store)
+    assert run.attrs["ended"] is not None, stderr[-4000:]  # sealed
+    assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
+    assert groundtruth.compare(run, truth)["executed"] == 100
+    assert validate_store(store) == []
+
+
 @pytest.mark.parametrize(
     "signum, to_group",
     [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],

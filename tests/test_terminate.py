@@ -96,17 +96,38 @@ def test_a_held_block_finishes_before_the_signal_takes_its_course(tmp_path):
     assert "not reached" not in printed and took >= 0.5
 
 
-def test_held_does_nothing_where_the_process_is_not_watched(tmp_path):
-    code, _, _, lines, took = run_until_terminated(
+def test_a_held_block_in_a_process_not_watched_finishes_first_too(tmp_path):
+    """``metacollect run``'s seal and ``batch stop``'s: no collector watches there, and the
+    block still finishes before the process dies of the signal; after it SIGTERM is the
+    default again."""
+    code, printed, stderr, lines, took = run_until_terminated(
         tmp_path,
         """
+        with terminate.held():
+            print("READY", os.getpid(), flush=True)
+            time.sleep(1)
+            final("block")("done")
+        """,
+    )
+    assert code == -signal.SIGTERM, stderr
+    assert lines == [f"block done {printed[0]}"] and took >= 0.5
+
+
+def test_held_leaves_a_processs_own_handler_alone(tmp_path):
+    code, printed, _, lines, _ = run_until_terminated(
+        tmp_path,
+        """
+        def graceful(signum, frame):
+            print("graceful", flush=True)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, graceful)
         with terminate.held():
             print("READY", flush=True)
             time.sleep(60)
             final("block")("done")
         """,
     )
-    assert code == -signal.SIGTERM and lines == [] and took < 30  # the default: at once
+    assert code == 3 and printed == ["graceful"] and lines == []
 
 
 def test_a_failing_final_costs_only_itself(tmp_path):
@@ -234,3 +255,10 @@ def test_the_batch_shell_warning_reads_the_scripts_trap(tmp_path, script, warned
         check=True,
     ).stdout
     assert ("exec python flow.py" in out) == warned, out
+
+
+def test_held_gives_the_default_back():
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    with terminate.held():
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # held here
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

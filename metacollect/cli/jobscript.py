@@ -262,7 +262,10 @@ def run_batch(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.exit_code is not None:
-            status = batch.batch_finalize(args.store, args.exit_code)
+            from metacollect.steps import terminate
+
+            with terminate.held():  # the job's end now waits for the seal, then ends this
+                status = batch.batch_finalize(args.store, args.exit_code)
             print(
                 f"metacollect: store {args.store} sealed (status {status})",
                 file=sys.stderr,

@@ -244,9 +244,10 @@ def run_target(
     echo(f"metacollect: running {shown} (store {store})")
     started = time.time()
     code, outcome, signum = run_child(kind, target, args, launch.env)
-    status, missing = launch.finish(
-        outcome, code, outcome_attrs(outcome, code, time.time() - started)
-    )
+    with terminate.held():  # a SIGTERM now (the job's end after the script's) waits for the seal
+        status, missing = launch.finish(
+            outcome, code, outcome_attrs(outcome, code, time.time() - started)
+        )
     echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
     for reason in missing:
         echo(f"metacollect: missing from the record: {reason}")

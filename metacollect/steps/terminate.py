@@ -18,7 +18,8 @@ closes gracefully and its collectors' teardown flushes. Python runs handlers on 
 thread only: a collector whose loop runs elsewhere (a LocalCluster's scheduler in the
 client's process) is not watched itself. A second SIGTERM during the final flushes ends the
 process at once, as the first would have without this handler. An end that is already under
-way when the signal comes (a ``collect()`` block's seal) finishes first (:func:`held`).
+way when the signal comes (the seal of a ``collect()`` block, of ``metacollect run``, of
+``batch stop``) finishes first (:func:`held`).
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ _next_token = 0
 #: the process that installed the handler (a child forked from it inherits the handler, but
 #: not the collectors: it must not flush their copies)
 _installed_in: int | None = None
-#: inside :func:`held`: the signal waits for the block's end (and is kept here until then)
-_held = False
+#: the process inside :func:`held`: the signal waits for the block's end (kept here until
+#: then); a child forked meanwhile is not held
+_held_in: int | None = None
 _pending: int | None = None
 
 
@@ -92,20 +94,29 @@ def unwatch(token: int | None) -> None:
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """A block that SIGTERM does not cut short where this process is watched: an end under
-    way (a final flush, a seal) finishes, then the signal takes its course (the finals still
-    watched, then the process ends by it). The batch system's grace period still bounds it:
-    its SIGKILL ends a block that takes longer. Elsewhere the block runs as it is."""
-    global _held, _pending
-    main = threading.current_thread() is threading.main_thread()
-    if _held or not main or _installed_in != os.getpid():
+    """A block that SIGTERM does not cut short: an end under way (a final flush, a seal)
+    finishes, then the signal takes its course (the finals still watched, then the process
+    ends by it, as it would have). The batch system's grace period still bounds it: its
+    SIGKILL ends a block that takes longer. A process with a SIGTERM handler of its own
+    (other than this module's) runs the block as it is, and so does one off the main thread
+    (where Python runs no handler)."""
+    global _held_in, _pending
+    if _held_in == os.getpid() or threading.current_thread() is not threading.main_thread():
         yield
         return
-    _held = True
+    installed = None
+    if signal.getsignal(SIGNAL) is not _on_signal:  # not watched: held for this block only
+        if signal.getsignal(SIGNAL) != signal.SIG_DFL:
+            yield
+            return
+        installed = signal.signal(SIGNAL, _on_signal)
+    _held_in = os.getpid()
     try:
         yield
     finally:
-        _held = False
+        _held_in = None
+        if installed is not None and signal.getsignal(SIGNAL) is _on_signal:
+            signal.signal(SIGNAL, installed)
         signum, _pending = _pending, None
         if signum is not None:
             _on_signal(signum, None)
@@ -115,7 +126,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     """The final flushes, in a thread of their own and for a bounded time (a flush stuck on a
     dead filesystem must not keep the process alive), then the signal again, by default."""
     global _pending
-    if _held and _installed_in == os.getpid():
+    if _held_in == os.getpid():
         _pending = signum  # see held()
         return
     finals = list(_finals.values()) if _installed_in == os.getpid() else []
