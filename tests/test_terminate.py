@@ -113,23 +113,6 @@ def test_a_held_block_in_a_process_not_watched_finishes_first_too(tmp_path):
     assert lines == [f"block done {printed[0]}"] and took >= 0.5
 
 
-def test_held_leaves_a_processs_own_handler_alone(tmp_path):
-    code, printed, _, lines, _ = run_until_terminated(
-        tmp_path,
-        """
-        def graceful(signum, frame):
-            print("graceful", flush=True)
-            sys.exit(3)
-        signal.signal(signal.SIGTERM, graceful)
-        with terminate.held():
-            print("READY", flush=True)
-            time.sleep(60)
-            final("block")("done")
-        """,
-    )
-    assert code == 3 and printed == ["graceful"] and lines == []
-
-
 def test_a_failing_final_costs_only_itself(tmp_path):
     code, printed, stderr, lines, _ = run_until_terminated(
         tmp_path,
@@ -189,7 +172,8 @@ def test_a_forked_child_ends_without_its_parents_finals(tmp_path):
 
 def test_a_process_with_its_own_handler_is_left_alone(tmp_path):
     """``dask worker --no-nanny`` and ``dask scheduler`` close gracefully on SIGTERM: their
-    collectors' teardown flushes, and the handler they set must stay theirs."""
+    collectors' teardown flushes, and the handler they set must stay theirs, watched or
+    held."""
     code, printed, _, lines, _ = run_until_terminated(
         tmp_path,
         """
@@ -198,8 +182,10 @@ def test_a_process_with_its_own_handler_is_left_alone(tmp_path):
             sys.exit(3)
         signal.signal(signal.SIGTERM, graceful)
         token = terminate.watch(final("ours"))
-        print("READY", token, signal.getsignal(signal.SIGTERM) is graceful, flush=True)
-        time.sleep(60)
+        with terminate.held():  # nor does a held block take it over
+            print("READY", token, signal.getsignal(signal.SIGTERM) is graceful, flush=True)
+            time.sleep(60)
+            final("block")("done")
         """,
     )
     assert printed[:3] == ["None", "True", "graceful"]
