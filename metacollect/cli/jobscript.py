@@ -246,6 +246,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seal(store: str, exit_code: int, signal_name: str | None) -> None:
+    """``batch finalize``, also as ``batch stop``'s last step: the job's end (SIGTERM) that
+    comes during the seal waits for it, then ends this process."""
+    from metacollect.launch import batch
+    from metacollect.steps import terminate
+
+    with terminate.held():
+        status = batch.batch_finalize(store, exit_code, signal_name)
+    print(f"metacollect: store {store} sealed (status {status})", file=sys.stderr)
+
+
 def run_batch(args: argparse.Namespace) -> int:
     from metacollect.launch import batch
 
@@ -262,18 +273,7 @@ def run_batch(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.exit_code is not None:
-            from metacollect.steps import terminate
-
-            with terminate.held():  # the job's end now waits for the seal, then ends this
-                status = batch.batch_finalize(args.store, args.exit_code)
-            print(
-                f"metacollect: store {args.store} sealed (status {status})",
-                file=sys.stderr,
-            )
+            _seal(args.store, args.exit_code, None)
     else:
-        status = batch.batch_finalize(args.store, args.exit_code, args.signal)
-        print(
-            f"metacollect: store {args.store} sealed (status {status})",
-            file=sys.stderr,
-        )
+        _seal(args.store, args.exit_code, args.signal)
     return 0
