@@ -243,10 +243,8 @@ def run_target(
         echo(warning)
     echo(f"metacollect: running {shown} (store {store})")
     started = time.time()
-    # held from here: a SIGTERM after the script's end (the job's, during the seal) waits
-    # for the seal; while the script runs, run_child passes it on to the script
-    with terminate.held():
-        code, outcome, signum = run_child(kind, target, args, launch.env)
+    code, outcome, signum = run_child(kind, target, args, launch.env)
+    with terminate.held():  # a SIGTERM now (the job's end after the script's) waits for the seal
         status, missing = launch.finish(
             outcome, code, outcome_attrs(outcome, code, time.time() - started)
         )
@@ -347,24 +345,13 @@ def run_child(
     with tempfile.TemporaryDirectory(prefix="metacollect-run-") as tmp:
         outcome_path = os.path.join(tmp, "outcome.json")
         cmd = [sys.executable, "-m", CHILD, outcome_path, kind, target, *args]
-        proc: subprocess.Popen[bytes] | None = None
-        early: list[int] = []  # a SIGTERM before the script's process exists
-
-        def forward(signum: int, frame: Any) -> None:
-            if proc is None:
-                early.append(signum)
-            else:
-                proc.send_signal(signum)
-
-        before = signal.signal(signal.SIGTERM, forward)
+        proc = subprocess.Popen(cmd, env=env)
+        forward = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
         ignore = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            proc = subprocess.Popen(cmd, env=env)
-            for signum in early:
-                proc.send_signal(signum)
             code = proc.wait()
         finally:
-            signal.signal(signal.SIGTERM, before)
+            signal.signal(signal.SIGTERM, forward)
             signal.signal(signal.SIGINT, ignore)
         outcome = None
         if os.path.exists(outcome_path):
