@@ -243,8 +243,11 @@ def run_target(
         echo(warning)
     echo(f"metacollect: running {shown} (store {store})")
     started = time.time()
-    code, outcome, signum = run_child(kind, target, args, launch.env)
-    with terminate.held():  # a SIGTERM now (the job's end after the script's) waits for the seal
+    # held from here: a SIGTERM after the script's end (the job's, during the seal) waits for
+    # the seal - there is no instant between the two where it would kill this process
+    # unsealed; while the script runs, run_child passes it on to the script
+    with terminate.held():
+        code, outcome, signum = run_child(kind, target, args, launch.env)
         status, missing = launch.finish(
             outcome, code, outcome_attrs(outcome, code, time.time() - started)
         )
@@ -340,24 +343,57 @@ def run_child(
 
     Ctrl-C reaches the script's process directly (the terminal signals the whole foreground
     process group), so this process ignores SIGINT while it waits; a SIGTERM sent to this
-    process only (``kill PID``; a batch system signals every process of the job) is passed on.
+    process only (``kill PID``; a batch system signals every process of the job) is passed on
+    while the script runs. Once it has ended, the signal is this process's own: it is raised
+    again here, for the caller's :func:`~metacollect.steps.terminate.held` seal to finish first.
     """
     with tempfile.TemporaryDirectory(prefix="metacollect-run-") as tmp:
         outcome_path = os.path.join(tmp, "outcome.json")
         cmd = [sys.executable, "-m", CHILD, outcome_path, kind, target, *args]
-        proc = subprocess.Popen(cmd, env=env)
-        forward = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
-        ignore = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        proc: subprocess.Popen[bytes] | None = None
+        early: list[int] = []  # a SIGTERM before the script's process exists
+        late: list[int] = []  # one after it has ended, before this process reaped it
+
+        def forward(signum: int, frame: Any) -> None:
+            if proc is None:
+                early.append(signum)
+            elif os.path.exists(outcome_path) or _exited(proc.pid):
+                # it is leaving (its outcome written, its collections ended: it ignores the
+                # signal) or gone: the signal is this process's own, as once it is reaped
+                late.append(signum)
+            else:
+                os.kill(proc.pid, signum)
+
+        before = signal.signal(signal.SIGTERM, forward)
         try:
-            code = proc.wait()
+            proc = subprocess.Popen(cmd, env=env)
+            for signum in early:
+                forward(signum, None)
+            # SIGINT is ignored only once the script's process exists: a child inherits an
+            # ignored SIGINT, and Python then gives it no KeyboardInterrupt (Ctrl-C would hang)
+            ignore = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                code = proc.wait()
+            finally:
+                signal.signal(signal.SIGINT, ignore)
         finally:
-            signal.signal(signal.SIGTERM, forward)
-            signal.signal(signal.SIGINT, ignore)
+            signal.signal(signal.SIGTERM, before)
+        for signum in late:
+            signal.raise_signal(signum)
         outcome = None
         if os.path.exists(outcome_path):
             with open(outcome_path, encoding="utf-8") as f:
                 outcome = Outcome.from_dict(json.load(f))
     return (128 - code if code < 0 else code), outcome, (-code if code < 0 else None)
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited, without reaping it (``Popen.poll`` cannot tell
+    from a signal handler that interrupts ``Popen.wait``: it holds the lock poll needs)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
 
 
 def run_status(
