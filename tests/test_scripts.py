@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -407,6 +408,46 @@ def test_a_module_level_client_to_an_external_scheduler(tmp_path):
             p.send_signal(signal.SIGINT)
         for p in reversed(procs):
             p.wait(timeout=60)
+
+
+def test_an_ignored_sigterm_stays_ignored(tmp_path):
+    """A batch script with ``trap '' TERM`` has its commands ignore SIGTERM, as plain python
+    does: ``metacollect run`` and the script live through it (they were interrupted: the
+    runner passed it on and the script raised on it), and the run says it can only be
+    SIGKILLed at the job's end."""
+    import psutil
+
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    source = f"""
+        import os, time
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=1, threads_per_worker=1, dashboard_address=":0")
+            total = sum(client.gather(client.map(lambda x: x + 1, range(100))))
+            open({str(ready)!r}, "w").close()
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.05)
+            print(total)
+    """
+    cmd, env, store, truth, _ = _run(tmp_path, source)
+    job = "trap '' TERM\nexec " + " ".join(map(shlex.quote, cmd)) + "\n"
+    env = {**env, "ENVIRONMENT": "BATCH"}
+    proc = subprocess.Popen(["bash", "-c", job], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not ready.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    scripts = [p for p in psutil.Process(proc.pid).children() if CHILD in _cmdline(p)]
+    for pid in [proc.pid] + [p.pid for p in scripts]:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)  # for the signals to take effect, if they were going to
+    go.touch()
+    _, stderr = proc.communicate(timeout=120)
+    assert len(scripts) == 1, stderr[-4000:]
+    assert proc.returncode == 0, stderr[-4000:]
+    assert "SIGTERM is ignored" in stderr
+    run = open_run(store)
+    assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
+    assert groundtruth.compare(run, truth)["executed"] == 100
 
 
 @pytest.mark.parametrize(

@@ -223,12 +223,14 @@ def test_only_the_main_thread_can_watch_and_the_last_unwatch_restores_the_defaul
         ("trap 'echo ended' SIGTERM EXIT  # a comment\n{python}\n", False),
         ("trap - TERM\n{python}\n", True),  # the default again
         ("exec {python}\n", False),  # the batch system signals it itself
+        ("trap '' TERM\n{python}\n", "ignored"),  # inherited: only SIGKILL can end it
     ],
-    ids=["plain", "trap", "trap-sigterm", "trap-reset", "exec"],
+    ids=["plain", "trap", "trap-sigterm", "trap-reset", "exec", "trap-ignore"],
 )
 def test_the_batch_shell_warning_reads_the_scripts_trap(tmp_path, script, warned):
     """A batch script's shell as the parent (``ENVIRONMENT=BATCH``, as Slurm sets it) is
-    warned about unless the script traps TERM, with which its shell waits."""
+    warned about unless the script traps TERM, with which its shell waits; one that ignores
+    TERM has its commands ignore it too, and the warning says so."""
     python = f"{sys.executable} -c 'from metacollect.steps import terminate; "
     python += 'print(terminate.batch_shell_warning("python flow.py"))\''
     job = tmp_path / "slurm_script"
@@ -240,7 +242,8 @@ def test_the_batch_shell_warning_reads_the_scripts_trap(tmp_path, script, warned
         env={**os.environ, "ENVIRONMENT": "BATCH"},
         check=True,
     ).stdout
-    assert ("exec python flow.py" in out) == warned, out
+    assert ("exec python flow.py" in out) == (warned is True), out
+    assert ("SIGTERM is ignored" in out) == (warned == "ignored"), out
 
 
 def test_held_gives_the_default_back():

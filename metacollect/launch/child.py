@@ -142,7 +142,8 @@ def run(kind: str, target: str, args: list[str]) -> tuple[Outcome, BaseException
     """Run the script; return how it ended and the exception to end the process with."""
     outcome = Outcome()
     pending: BaseException | None = None
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_IGN:  # ignored: as under plain python
+        signal.signal(signal.SIGTERM, _raise_terminated)
     filename = target
     try:
         code, main = (_load_path if kind == "path" else _load_module)(target, args)

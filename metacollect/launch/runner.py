@@ -346,6 +346,8 @@ def run_child(
     process only (``kill PID``; a batch system signals every process of the job) is passed on
     while the script runs. Once it has ended, the signal is this process's own: it is raised
     again here, for the caller's :func:`~metacollect.steps.terminate.held` seal to finish first.
+    A SIGTERM ignored from the start (inherited: ``trap '' TERM``) stays ignored, here and in
+    the script, as it would be under plain python.
     """
     with tempfile.TemporaryDirectory(prefix="metacollect-run-") as tmp:
         outcome_path = os.path.join(tmp, "outcome.json")
@@ -364,7 +366,9 @@ def run_child(
             else:
                 os.kill(proc.pid, signum)
 
-        before = signal.signal(signal.SIGTERM, forward)
+        before = signal.getsignal(signal.SIGTERM)
+        if before != signal.SIG_IGN:  # ignored (inherited): so for the script too, as it would be
+            signal.signal(signal.SIGTERM, forward)
         try:
             proc = subprocess.Popen(cmd, env=env)
             for signum in early:

@@ -388,7 +388,7 @@ def collect(
     # would have (see metacollect.steps.terminate)
     watched = terminate.watch(lambda name: session.stop_quietly("interrupted", script_signal=name))
     warning = terminate.batch_shell_warning(f"python {os.path.basename(sys.argv[0])} ...")
-    if watched is not None and warning:
+    if warning:
         logger.warning(warning)
     try:
         yield session

@@ -161,12 +161,21 @@ def batch_shell_warning(command: str) -> str | None:
     ``exec``'d, not ``srun``): at the job's end (walltime, ``scancel``, ``qdel``) the shell
     dies of SIGTERM at once, and Slurm and PBS kill what is left of the job as soon as the
     script has exited - this process with it, before it can seal its store (on a real Slurm
-    the store stayed unsealed, its workers mid-flush). ``None`` anywhere else."""
+    the store stayed unsealed, its workers mid-flush). In a batch job that ignores SIGTERM
+    (``trap '' TERM``: its commands inherit it), the warning that only the grace period's
+    SIGKILL can end this process. ``None`` anywhere else."""
     if (
         os.environ.get("ENVIRONMENT") != "BATCH"  # Slurm's batch step (srun steps too)
         and os.environ.get("PBS_ENVIRONMENT") != "PBS_BATCH"
     ):
         return None
+    if signal.getsignal(SIGNAL) == signal.SIG_IGN:  # inherited: nothing runs on the signal
+        return (
+            "metacollect: SIGTERM is ignored in this process (inherited, e.g. from `trap '' "
+            "TERM` in the batch script): at the job's end (walltime, scancel, qdel) the batch "
+            "system can only SIGKILL it, before it seals its store; use `trap : TERM` instead, "
+            "with which the shell waits and this process still gets the signal"
+        )
     try:
         import psutil
 
