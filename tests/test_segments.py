@@ -211,15 +211,18 @@ def test_a_flush_that_ends_during_the_seal_makes_the_run_incomplete(store, monke
     assert xr.open_datatree(store, engine="zarr").attrs["status"] == "incomplete"
 
 
+@pytest.mark.parametrize("when", ["before-the-read", "after-the-read"])
 @pytest.mark.parametrize("before", ["placeholder", "flushed-nothing"])
-def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, before):
+def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, before, when):
     """A worker SIGTERMed with the run (a batch job's end) may write its only flush, and
     then its end, while the run's seal runs. Its group had no segment when the fold read
     the store: not there at all yet, or an empty segment directory, which the fold removed
     (the flush then failed, its rows lost with the process). Either way its end alone
     passed the check of unended workers, and the run said ``complete``; now the flush is
     written and the seal names it. A group without a segment directory is a node-local
-    worker's placeholder, which its gather fills at its end."""
+    worker's placeholder, which its gather fills at its end. When the flush and the end
+    land after the seal has read the store's nodes, the worker is named for its late flush
+    only: it was also named as one that never took its final flush, which it did."""
     from metacollect.store import lifecycle
 
     w, g = _run(store)
@@ -246,6 +249,7 @@ def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, befor
     flushed: list[int] = []
 
     def a_final_flush_after_the_fold(*args, **kwargs):
+        read = real_read_nodes(*args, **kwargs) if when == "after-the-read" else None
         if not flushed:
             worker = (
                 made[0] if made else StoreWriter(store).group("worker", cluster="c1", worker="w1")
@@ -265,7 +269,7 @@ def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, befor
             )
             flushed.append(worker.flush())
             worker.set_attrs(ended=time.time(), terminated="SIGTERM")
-        return real_read_nodes(*args, **kwargs)
+        return real_read_nodes(*args, **kwargs) if read is None else read
 
     monkeypatch.setattr(lifecycle, "read_nodes", a_final_flush_after_the_fold)
     status, missing = finalize(store, "complete")

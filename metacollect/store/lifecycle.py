@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import metacollect.config as config
@@ -248,7 +248,10 @@ def finalize(
         unfolded = [] if _is_url(store) else _unfolded_workers(nodes, fold)
         late = segments.written_since(store, [*fold.groups, *unfolded])
         if late:  # a flush that ended during the seal, under the run's lock: say so
-            missing = [*missing, *(_late_flush(group, seqs) for group, seqs in late.items())]
+            missing = [
+                *_without_late_ends(root, nodes, missing, late),
+                *(_late_flush(group, seqs) for group, seqs in late.items()),
+            ]
             status = "incomplete" if status in ("complete", "failed") else status
             consolidate(root, None, {"status": status, "missing": missing}, fold=False)
         return status, missing
@@ -275,6 +278,24 @@ def _unfolded_workers(nodes: Mapping[str, Mapping[str, Any]], fold: Folded) -> l
         and (attrs := doc.get("attributes") or {}).get("kind") == "worker"
         and "ended" in attrs
     ]
+
+
+def _without_late_ends(
+    root: zarrio.Group,
+    nodes: Mapping[str, Mapping[str, Any]],
+    missing: list[str],
+    late: Iterable[str],
+) -> list[str]:
+    """``missing`` without the :func:`unended_workers` line of each worker group among
+    ``late`` that has recorded its end since the seal read ``nodes``: its final flush came
+    during the seal, which its late-flush line says, not never (as the line said)."""
+    since = {}
+    for group in late:
+        doc = zarrio.run(zarrio.read_doc(root.store_path / group)) or {}
+        if group in nodes and (doc.get("attributes") or {}).get("ended") is not None:
+            since[group] = nodes[group]
+    stale = set(unended_workers(since))
+    return [line for line in missing if line not in stale]
 
 
 def _late_flush(group: str, seqs: list[int]) -> str:
