@@ -251,3 +251,36 @@ def test_held_gives_the_default_back():
     with terminate.held():
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # held here
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_held_signal_taken_by_the_block_is_not_acted_on_again():
+    """``metacollect run`` takes a SIGTERM kept since its held() began, to pass it on to its
+    script: the block's end then does not end this process with it too."""
+    with terminate.held():
+        signal.raise_signal(signal.SIGTERM)  # kept, not acted on
+        assert terminate.take_pending() == signal.SIGTERM
+        assert terminate.take_pending() is None
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # and this process lives on
+
+
+def test_a_sigterm_kept_before_the_script_starts_reaches_it(tmp_path):
+    """A SIGTERM that ``metacollect run`` gets after its held() began but before its script
+    runs is passed on to the script, which ends by it at once (in its interpreter's start
+    here, before it could write how it ended, as under plain python). It was kept until the
+    seal: the script ran on (here 60 s) untold, and the runner died of it after."""
+    script = tmp_path / "flow.py"
+    script.write_text("import time\ntime.sleep(60)\nprint('not told')\n")
+    code = (
+        "import os, signal, sys\n"
+        "from metacollect.launch.runner import run_child\n"
+        "from metacollect.steps import terminate\n"
+        "with terminate.held():\n"
+        "    signal.raise_signal(signal.SIGTERM)\n"
+        f"    code, outcome, signum = run_child('path', {str(script)!r}, [], dict(os.environ))\n"
+        "    print(code, signum, flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["143", "15"], out.stdout  # the script was told, at once

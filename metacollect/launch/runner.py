@@ -369,6 +369,9 @@ def run_child(
         before = signal.getsignal(signal.SIGTERM)
         if before != signal.SIG_IGN:  # ignored (inherited): so for the script too, as it would be
             signal.signal(signal.SIGTERM, forward)
+            held = terminate.take_pending()  # one since the caller's held() began: the script's
+            if held is not None:
+                early.append(held)
         try:
             proc = subprocess.Popen(cmd, env=env)
             for signum in early:

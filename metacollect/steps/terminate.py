@@ -122,6 +122,15 @@ def held() -> Iterator[None]:
             _on_signal(signum, None)
 
 
+def take_pending() -> int | None:
+    """The signal a :func:`held` block of this process is keeping, taken from it: for a
+    caller that passes the signal on itself from here on (``metacollect run`` to its script),
+    so that the block's end does not act on it too."""
+    global _pending
+    signum, _pending = _pending, None
+    return signum
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     """The final flushes, in a thread of their own and for a bounded time (a flush stuck on a
     dead filesystem must not keep the process alive), then the signal again, by default."""
