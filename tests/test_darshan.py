@@ -30,6 +30,7 @@ import socket
 import struct
 import subprocess
 import sys
+import textwrap
 import time
 import zlib
 
@@ -469,6 +470,50 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_a_ctrl_c_at_the_terminal_does_not_stop_the_log_readers(tmp_path):
+    """Ctrl-C signals the terminal's whole foreground group; it is meant for the script,
+    not for the readers of its logs. In the group, a reader stopped mid-read had its log
+    reported damaged ("crashed (SIGINT)"); an idle one was started again. Here a process
+    starts its readers, then signals its own group as the terminal does."""
+    program = textwrap.dedent(
+        """
+        import os, signal, time
+        from metacollect.steps.darshan.logs import ReaderPool
+        pool = ReaderPool(1)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # this process: set after the start
+        os.killpg(0, signal.SIGINT)
+        time.sleep(1.0)
+        print(pool.take() is not None)
+        pool.close()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == ["True"], done.stderr[-4000:]
+
+
+@pytest.mark.parametrize(
+    "signum, blamed",
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGSEGV, True)],
+    ids=["sigterm", "sigint", "sigsegv"],
+)
+def test_a_reader_stopped_from_outside_does_not_blame_the_log(signum, blamed):
+    """A reader the batch system's SIGTERM (or a Ctrl-C) stopped did not crash on its log:
+    the log is not called damaged. A SIGSEGV is the log's doing."""
+    from metacollect.steps.darshan.logs import _why_stopped
+
+    why = _why_stopped(-signum, False, "", 60.0)
+    assert signal.Signals(signum).name in why
+    assert ("damaged" in why) is blamed, why
 
 
 def test_readers_started_ahead_read_the_logs_and_end(tmp_path):

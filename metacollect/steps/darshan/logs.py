@@ -255,13 +255,16 @@ def _reader_command() -> list[str]:
 
 
 def _spawn_reader() -> subprocess.Popen[bytes]:
-    """A reader child, importing pydarshan while it waits for its logs on stdin."""
+    """A reader child, importing pydarshan while it waits for its logs on stdin. In a
+    process group of its own: a Ctrl-C at the terminal is for the script, not for the
+    reader of its logs (it ends when its stdin closes, with the process that started it)."""
     return subprocess.Popen(
         _reader_command(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_reader_env(),
+        process_group=0,
     )
 
 
@@ -494,10 +497,17 @@ def _collect_messages(stderr: str, results: list[ReadResult]) -> None:
             results[current].messages.append(line.strip())
 
 
+#: signals another process sends (a Ctrl-C, the batch system's end, an OOM killer), as
+#: against those a reader raises on a log it cannot parse (SIGSEGV, SIGBUS, SIGABRT, ...)
+STOPPED_FROM_OUTSIDE = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL})
+
+
 def _why_stopped(code: int, timed_out: bool, stderr: str, timeout: float) -> str:
     """Why the child stopped before reporting a log: a timeout, a crash or an exit."""
     if timed_out:
         return f"reading it took longer than {timeout:g} s; the reader was stopped"
+    if -code in STOPPED_FROM_OUTSIDE:  # the log is not to blame
+        return f"the reader was stopped ({_signal_name(code)}) before it had read this log"
     if code < 0:
         return f"the reader crashed ({_signal_name(code)}) on this log: it is damaged or truncated"
     tail = " ".join(stderr.strip().splitlines()[-3:])
