@@ -24,6 +24,7 @@ import pytest
 from metacollect import open_run
 from metacollect.launch.runner import CHILD, NO_DISTRIBUTED
 from metacollect.store.validate import validate_store
+from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
 #: name -> (source, exit code, status)
 CORPUS: dict[str, tuple[str, int, str]] = {
@@ -207,6 +208,20 @@ def _cmdline(process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
+
+
+def _script_process(runner_pid: int, timeout: float = 120):
+    """The script's process under ``metacollect run`` (not a Darshan log reader's), once
+    it has started."""
+    import psutil
+
+    runner, deadline = psutil.Process(runner_pid), time.time() + timeout
+    scripts: list[psutil.Process] = []
+    while not scripts and time.time() < deadline:
+        scripts = [p for p in runner.children() if CHILD in _cmdline(p)]
+        time.sleep(0.01)
+    (script,) = scripts
+    return script
 
 
 def run_cli(tmp_path, source, *args, env=None, timeout=240):
@@ -410,11 +425,18 @@ def test_a_module_level_client_to_an_external_scheduler(tmp_path):
             p.wait(timeout=60)
 
 
-def test_an_ignored_sigterm_stays_ignored(tmp_path):
-    """A batch script with ``trap '' TERM`` has its commands ignore SIGTERM, as plain python
-    does: ``metacollect run`` and the script live through it (they were interrupted: the
-    runner passed it on and the script raised on it), and the run says it can only be
-    SIGKILLed at the job's end."""
+@pytest.mark.parametrize(
+    "signum, job",
+    [(signal.SIGTERM, "trap '' TERM\nexec {}\n"), (signal.SIGINT, "{} &\nwait $!\n")],
+    ids=["sigterm-trapped-away", "sigint-in-a-background-job"],
+)
+def test_an_ignored_signal_stays_ignored(tmp_path, signum, job):
+    """A shell can start a command with a signal ignored, and plain python's script then
+    ignores it too: a batch script's ``trap '' TERM``, or SIGINT for a background job
+    (``metacollect run flow.py &``: Ctrl-C is not for it). ``metacollect run`` leaves it
+    ignored, in itself and in the script. With SIGTERM they were interrupted (the runner
+    passed it on and the script raised on it), and the run says it can only be SIGKILLed
+    at the job's end."""
     import psutil
 
     ready, go = tmp_path / "ready", tmp_path / "go"
@@ -430,21 +452,23 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path):
             print(total)
     """
     cmd, env, store, truth, _ = _run(tmp_path, source)
-    job = "trap '' TERM\nexec " + " ".join(map(shlex.quote, cmd)) + "\n"
+    job = job.format(" ".join(map(shlex.quote, cmd)))
     env = {**env, "ENVIRONMENT": "BATCH"}
     proc = subprocess.Popen(["bash", "-c", job], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not ready.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    scripts = [p for p in psutil.Process(proc.pid).children() if CHILD in _cmdline(p)]
-    for pid in [proc.pid] + [p.pid for p in scripts]:
-        os.kill(pid, signal.SIGTERM)
+    shell = psutil.Process(proc.pid)
+    runner = shell if "exec" in job else shell.children()[0]
+    scripts = [p for p in runner.children() if CHILD in _cmdline(p)]
+    for pid in [runner.pid] + [p.pid for p in scripts]:
+        os.kill(pid, signum)
     time.sleep(0.5)  # for the signals to take effect, if they were going to
     go.touch()
     _, stderr = proc.communicate(timeout=120)
     assert len(scripts) == 1, stderr[-4000:]
     assert proc.returncode == 0, stderr[-4000:]
-    assert "SIGTERM is ignored" in stderr
+    assert ("SIGTERM is ignored" in stderr) is (signum == signal.SIGTERM)
     run = open_run(store)
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
     assert groundtruth.compare(run, truth)["executed"] == 100
@@ -513,13 +537,8 @@ def test_a_sigterm_during_the_seal_waits_for_it(tmp_path, reaped):
     """
     cmd, env, store, truth, _ = _run(tmp_path, source)
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-    runner = psutil.Process(proc.pid)
     deadline = time.time() + 120
-    scripts: list[psutil.Process] = []
-    while not scripts and time.time() < deadline:  # the script's process (not a log reader's)
-        scripts = [p for p in runner.children() if CHILD in _cmdline(p)]
-        time.sleep(0.01)
-    (script,) = scripts
+    script = _script_process(proc.pid)
     if reaped:
         while script.is_running():  # until the runner has reaped it
             time.sleep(0.005)
@@ -537,6 +556,125 @@ def test_a_sigterm_during_the_seal_waits_for_it(tmp_path, reaped):
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
     assert groundtruth.compare(run, truth)["executed"] == 100
     assert validate_store(store) == []
+
+
+@pytest.mark.parametrize("presses", [1, 2], ids=["once", "twice"])
+def test_ctrl_c_once_the_script_has_ended_is_answered_and_a_second_stops_the_seal(
+    tmp_path,
+    darshan_library,  # noqa: F811
+    presses,
+):
+    """A Ctrl-C that comes after the script's end (pressed as it ends, or while a large
+    run's seal takes seconds) killed ``metacollect run`` mid-seal, the store left unsealed.
+    The first is now answered and the seal goes on; a second stops it, as users expect of
+    a command that is finishing. The seal is held here by a helper the script left running
+    under Darshan (in a session of its own, as a daemon is): the run waits for its log."""
+
+    helper = tmp_path / "helper-started"
+    source = f"""
+        import subprocess, sys
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=1, threads_per_worker=1, dashboard_address=":0")
+            print(sum(client.gather(client.map(lambda x: x + 1, range(10)))))
+            code = "import pathlib, time; pathlib.Path({str(helper)!r}).touch(); time.sleep(8)"
+            subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    """
+    cmd, env, store, _, _ = _run(tmp_path, source, "--darshan")
+    env["DASK_METACOLLECT__DARSHAN__LIBRARY"] = darshan_library
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    script = _script_process(proc.pid)
+    while (script.is_running() or not helper.exists()) and time.time() < deadline:
+        time.sleep(0.01)
+    assert helper.exists() and not script.is_running()  # the script has ended, its helper runs
+    for _ in range(presses):  # the terminal's Ctrl-C: its whole foreground group
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+    _, stderr = proc.communicate(timeout=120)
+    assert "Ctrl-C again to stop now" in stderr, stderr[-4000:]
+    run = open_run(store)
+    if presses == 1:
+        assert proc.returncode == 0, stderr[-4000:]
+        assert run.attrs["ended"] is not None  # sealed
+        assert run.attrs["status"] == "complete" and run.attrs["missing"] == [], stderr[-4000:]
+        assert validate_store(store) == []
+    else:
+        assert proc.returncode == 130 and "metacollect run: interrupted" in stderr
+        assert run.attrs["ended"] is None  # left unsealed, as the answer said
+
+
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        (["--interface", "nosuchif0"], ["cannot start the local cluster", "nosuchif0"]),
+        (
+            ["--queue", "debug", "--cores", "4"],
+            ["--queue", "--cores", "do not apply to --cluster local"],
+        ),
+    ],
+    ids=["refused-by-the-cluster", "a-batch-option"],
+)
+def test_a_cluster_that_cannot_start_is_one_line_and_leaves_no_store(tmp_path, options, said):
+    """``--cluster local`` with an option the cluster refuses, or one only a batch cluster
+    takes: one line that says which and why, no traceback, the script not run and no store
+    left (it would hold no run, and a second try would need --overwrite). The first was a
+    traceback and a directory holding a stale lock; the second (and ``--interface``) was
+    ignored without a word."""
+    proc, store, _, _ = run_cli(tmp_path, "print('the script ran')", "--cluster", "local", *options)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert all(words in line for words in said), line
+    assert "the script ran" not in proc.stdout
+    assert not os.path.exists(store)
+
+
+def test_ctrl_c_before_the_script_runs_leaves_no_store_and_nothing_running(tmp_path):
+    """Ctrl-C while ``metacollect run --cluster local`` starts its cluster: the script
+    never runs, nothing is left running and no store is left (it was a KeyboardInterrupt
+    traceback and a store that never sealed)."""
+    import psutil
+
+    cmd, env, store, _, _ = _run(tmp_path, "print('the script ran')", "--cluster", "local")
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    while not any("starting a local cluster" in ln for ln in seen):
+        seen.append(proc.stderr.readline())
+        assert seen[-1], "".join(seen)
+    time.sleep(0.5)  # into the cluster's start
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    stderr = "".join(seen) + err
+    assert proc.returncode == 130, stderr[-4000:]
+    assert "metacollect run: interrupted" in stderr
+    # no traceback of ours (the cluster's half-started worker processes, which had the
+    # Ctrl-C too, and distributed's own exit may print theirs, as under plain python)
+    assert f"{os.sep}metacollect{os.sep}" not in stderr, stderr[-4000:]
+    assert "the script ran" not in out
+    assert not os.path.exists(store)
+    deadline = time.time() + 60
+    left = [1]
+    while left and time.time() < deadline:
+        left = [p for p in psutil.process_iter() if _pgid(p) == proc.pid]
+        time.sleep(0.2)
+    assert not left, [_cmdline(p) for p in left]
+
+
+def _pgid(process) -> int | None:
+    """``process``'s process group; ``None`` once it has gone."""
+    try:
+        return os.getpgid(process.pid)
+    except OSError:
+        return None
 
 
 @pytest.mark.parametrize(

@@ -9,31 +9,40 @@ script's bare ``Client()`` at it through ``DASK_SCHEDULER_ADDRESS``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
+import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import dask.config
 
 import metacollect.config as config
-from metacollect.errors import UsageError
+from metacollect.errors import MetacollectError, UsageError
 from metacollect.launch.child import Outcome
 from metacollect.launch.preload import attach_environment
 from metacollect.session.collection import Collection, init_root
 from metacollect.steps import terminate
 from metacollect.steps.darshan.logs import remove_old_logs
 from metacollect.steps.job import JobInfo, write_job
-from metacollect.store.lifecycle import cluster_ends, finalize, prepare_store, unended_clusters
+from metacollect.store.lifecycle import (
+    abandon,
+    cluster_ends,
+    finalize,
+    prepare_store,
+    unended_clusters,
+)
 from metacollect.store.writer import StoreWriter
 
 
@@ -41,9 +50,12 @@ def start_local(
     workers: int | None = None,
     threads: int | None = None,
     memory: str | None = None,
-    **_: Any,
+    interface: str | None = None,
+    local_directory: str | None = None,
 ) -> Any:
-    """A LocalCluster with worker processes (nannies)."""
+    """A LocalCluster with worker processes (nannies). It takes the options that mean
+    something on one machine: a batch option given here (``--queue``, ...) is an error
+    (:func:`check_cluster_options`), not ignored."""
     from distributed import LocalCluster
 
     return LocalCluster(
@@ -52,6 +64,8 @@ def start_local(
         memory_limit=memory or "auto",
         processes=True,
         dashboard_address=":0",
+        interface=interface,
+        **({"local_directory": local_directory} if local_directory else {}),
     )
 
 
@@ -61,15 +75,34 @@ def start_jobqueue(system: str) -> Callable[..., Any]:
 
     def start(
         workers: int | None = None,
-        threads: int | None = None,
+        memory: str | None = None,
+        cores: int | None = None,
+        processes: int | None = None,
+        queue: str | None = None,
+        walltime: str | None = None,
+        account: str | None = None,
+        interface: str | None = None,
         job_extra: list[str] | None = None,
-        **options: Any,
+        local_directory: str | None = None,
+        darshan_store: str | None = None,
     ) -> Any:
+        """What is not given comes from dask-jobqueue's ``jobqueue.<system>`` config."""
         from metacollect.launch.batch import jobqueue_cluster
 
-        if job_extra:
-            options["job_extra_directives"] = list(job_extra)
-        options.setdefault("scheduler_options", {"dashboard_address": ":0"})
+        given: dict[str, Any] = {
+            "memory": memory,
+            "cores": cores,
+            "processes": processes,
+            "queue": queue,
+            "walltime": walltime,
+            "account": account,
+            "interface": interface,
+            "local_directory": local_directory,
+            "darshan_store": darshan_store,
+            "job_extra_directives": list(job_extra) if job_extra else None,
+        }
+        options = {k: v for k, v in given.items() if v is not None}
+        options["scheduler_options"] = {"dashboard_address": ":0"}
         cluster = jobqueue_cluster(system, **options)
         cluster.scale(jobs=workers or 1)
         return cluster
@@ -86,6 +119,23 @@ CLUSTERS: dict[str, Callable[..., Any]] = {
     "slurm": start_jobqueue("slurm"),
     "pbs": start_jobqueue("pbs"),
 }
+
+
+def check_cluster_options(cluster: str, options: dict[str, Any]) -> None:
+    """A :class:`UsageError` for an option ``--cluster NAME`` does not take (its starter's
+    parameters say which it does), before anything is started or written."""
+    if cluster not in CLUSTERS:
+        raise UsageError(
+            f"unknown --cluster {cluster!r}; choose one of {', '.join(sorted(CLUSTERS))}"
+        )
+    params = inspect.signature(CLUSTERS[cluster]).parameters
+    unknown = ["--" + name.replace("_", "-") for name in options if name not in params]
+    if unknown:
+        raise UsageError(
+            f"{', '.join(unknown)} {'does' if len(unknown) == 1 else 'do'} not apply to "
+            f"--cluster {cluster}; drop {'it' if len(unknown) == 1 else 'them'} (see "
+            "metacollect run --help)"
+        )
 
 
 def find_module(name: str) -> Any:
@@ -218,25 +268,30 @@ def run_target(
     store. The store's status says how the run ended (:func:`run_status`).
     """
     path, source = read_script(target) if kind == "path" else read_module(target)
-    if cluster is not None and cluster not in CLUSTERS:
-        raise UsageError(
-            f"unknown --cluster {cluster!r}; choose one of {', '.join(sorted(CLUSTERS))}"
-        )
+    if cluster is not None:
+        check_cluster_options(cluster, cluster_options or {})
     overrides = {f"metacollect.{k}": v for k, v in (options or {}).items()}
     with dask.config.set(overrides):
         config.validate()
         # a copy: dask.config.set restores the live dicts in place when the block ends
         opts = copy.deepcopy(dask.config.get("metacollect"))
     store = prepare_store(store, overwrite)
-    remove_old_logs(store)  # an earlier run's Darshan logs would pass for this run's
-    with dask.config.set(overrides):
-        launch = (
-            AttachedLaunch(store, opts, echo)
-            if cluster is None
-            else ClusterLaunch(store, opts, echo, cluster, dict(cluster_options or {}))
-        )
-        write_script(launch.writer, path, source, args)
-        launch.writer.flush()
+    launch: AttachedLaunch | ClusterLaunch | None = None
+    try:
+        remove_old_logs(store)  # an earlier run's Darshan logs would pass for this run's
+        with dask.config.set(overrides):
+            launch = (
+                AttachedLaunch(store, opts, echo)
+                if cluster is None
+                else ClusterLaunch(store, opts, echo, cluster, dict(cluster_options or {}))
+            )
+            write_script(launch.writer, path, source, args)
+            launch.writer.flush()
+    except BaseException:  # failed or Ctrl-C before the script ran: no record of a run that
+        if launch is not None:  # did not happen, and nothing left running
+            launch.abandon()
+        abandon(store)
+        raise
     shown = target if kind == "path" else f"-m {target}"
     warning = terminate.batch_shell_warning("metacollect run ...")
     if warning:
@@ -246,7 +301,9 @@ def run_target(
     # held from here: a SIGTERM after the script's end (the job's, during the seal) waits for
     # the seal - there is no instant between the two where it would kill this process
     # unsealed; while the script runs, run_child passes it on to the script
-    with terminate.held():
+    # and Ctrl-C: while the script runs it is the script's (run_child), then the first one
+    # is answered and the seal goes on; a second stops it
+    with terminate.held(), _second_interrupt_stops():
         code, outcome, signum = run_child(kind, target, args, launch.env)
         status, missing = launch.finish(
             outcome, code, outcome_attrs(outcome, code, time.time() - started)
@@ -255,6 +312,40 @@ def run_target(
     for reason in missing:
         echo(f"metacollect: missing from the record: {reason}")
     return Ended(code, signum)
+
+
+@contextlib.contextmanager
+def _second_interrupt_stops() -> Iterator[None]:
+    """A block that one Ctrl-C does not cut short: the first is answered on stderr, the
+    second raises KeyboardInterrupt (the store is left unsealed; ``metacollect doctor``
+    seals it). A user who presses Ctrl-C as the script ends, or while a large run's seal
+    takes seconds, still gets the record; one who means it can stop."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # a background job's
+    if ignored or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = 0
+
+    def answer(signum: int, frame: Any) -> None:
+        nonlocal pressed
+        pressed += 1
+        if pressed > 1:
+            raise KeyboardInterrupt
+        with contextlib.suppress(OSError):  # os.write: a handler must not re-enter print
+            os.write(2, SEALING.encode())
+
+    before = signal.signal(signal.SIGINT, answer)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+#: the answer to a Ctrl-C once the script has ended
+SEALING = (
+    "metacollect: Ctrl-C: the script has ended and its record is being sealed; press Ctrl-C "
+    "again to stop now and leave the store unsealed (`metacollect doctor STORE` seals it)\n"
+)
 
 
 class AttachedLaunch:
@@ -299,6 +390,11 @@ class AttachedLaunch:
         status, missing = run_status(outcome, code, self.store, problems)
         return finalize(self.store, status, missing=missing, **attrs)
 
+    def abandon(self) -> None:
+        """Undo the start, for a script that will not run: the log readers end."""
+        if self.readers is not None:
+            self.readers.close()
+
 
 class ClusterLaunch:
     """``--cluster NAME``: the cluster starts here and is collected like :func:`collect` does;
@@ -317,9 +413,27 @@ class ClusterLaunch:
         echo(f"metacollect: starting a {cluster} cluster")
         if opts["darshan"]["enabled"] and cluster != "local":
             cluster_options["darshan_store"] = store  # the job script prologue exports it
-        self.cluster = CLUSTERS[cluster](**cluster_options)
-        self.session = Collection(Client(self.cluster), store, launcher="run", prepared=True)
-        self.session.start()
+        try:
+            self.cluster = CLUSTERS[cluster](**cluster_options)
+        except MetacollectError:
+            raise
+        except Exception as e:  # a bad option, or the batch system refused: say which, once
+            where = "--cluster options (metacollect run --help)"
+            if cluster != "local":
+                where += f" and dask-jobqueue's jobqueue.{cluster} config"
+            raise UsageError(
+                f"cannot start the {cluster} cluster: {type(e).__name__}: {e}; check the {where}"
+            ) from e
+        client = None
+        try:
+            client = Client(self.cluster)
+            self.session = Collection(client, store, launcher="run", prepared=True)
+            self.session.start()
+        except BaseException:
+            if client is not None:
+                client.close()
+            self.cluster.close()
+            raise
         self.writer = StoreWriter(store)
         self.env = {**os.environ, "DASK_SCHEDULER_ADDRESS": self.cluster.scheduler_address}
 
@@ -333,6 +447,13 @@ class ClusterLaunch:
         self.cluster.close()
         return status, missing
 
+    def abandon(self) -> None:
+        """Undo the start, for a script that will not run: the collection ended (its
+        collectors detached; the store it seals is given up next), the cluster closed."""
+        self.session.stop_quietly("incomplete")
+        self.session.client.close()
+        self.cluster.close()
+
 
 def run_child(
     kind: str, target: str, args: list[str], env: dict[str, str]
@@ -342,7 +463,8 @@ def run_child(
     before it could say, e.g. SIGKILL) and the signal its process died of, if it did.
 
     Ctrl-C reaches the script's process directly (the terminal signals the whole foreground
-    process group), so this process ignores SIGINT while it waits; a SIGTERM sent to this
+    process group), so this process lets it be while it waits (one that comes before the
+    script's process exists is passed on once it does); a SIGTERM sent to this
     process only (``kill PID``; a batch system signals every process of the job) is passed on
     while the script runs. Once it has ended, the signal is this process's own: it is raised
     again here, for the caller's :func:`~metacollect.steps.terminate.held` seal to finish first.
@@ -366,24 +488,31 @@ def run_child(
             else:
                 os.kill(proc.pid, signum)
 
+        def interrupt(signum: int, frame: Any) -> None:
+            # the terminal signals its whole foreground group: the script's process has it
+            if proc is None:  # unless it does not exist yet: passed on once it does
+                early.append(signum)
+
         before = signal.getsignal(signal.SIGTERM)
         if before != signal.SIG_IGN:  # ignored (inherited): so for the script too, as it would be
             signal.signal(signal.SIGTERM, forward)
             held = terminate.take_pending()  # one since the caller's held() began: the script's
             if held is not None:
                 early.append(held)
+        # a handler, not SIG_IGN: a child inherits an ignored SIGINT, and Python then gives
+        # it no KeyboardInterrupt (Ctrl-C would hang); a handler is reset to the default.
+        # One ignored from the start (a shell's background job: `metacollect run ... &`)
+        # stays ignored, for the script too, as under plain python
+        interrupted = signal.getsignal(signal.SIGINT)
+        if interrupted != signal.SIG_IGN:
+            signal.signal(signal.SIGINT, interrupt)
         try:
             proc = subprocess.Popen(cmd, env=env)
             for signum in early:
                 forward(signum, None)
-            # SIGINT is ignored only once the script's process exists: a child inherits an
-            # ignored SIGINT, and Python then gives it no KeyboardInterrupt (Ctrl-C would hang)
-            ignore = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                code = proc.wait()
-            finally:
-                signal.signal(signal.SIGINT, ignore)
+            code = proc.wait()
         finally:
+            signal.signal(signal.SIGINT, interrupted)
             signal.signal(signal.SIGTERM, before)
         for signum in late:
             signal.raise_signal(signum)

@@ -232,8 +232,8 @@ class Collection:
             self.status, self.missing = "incomplete", [f"{type(e).__name__}: {e}"]
 
     def abandon(self) -> None:
-        """Undo a start that failed before any collector ran: the store's lock is released
-        (and its directory removed if nothing was written), the client's plugins detached."""
+        """Undo a start that failed before any collector ran: the client's plugins detached,
+        the store given up (:func:`~metacollect.store.lifecycle.abandon`)."""
         with contextlib.suppress(Exception):
             self.client.unregister_scheduler_plugin(SchedulerCollector(self.store).name)
         abandon(self.store)

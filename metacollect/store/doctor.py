@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +92,6 @@ def salvage(source: str, target: str, overwrite: bool = False) -> Salvage:
             _copy_group(node, path, spec, gw, report)
     except BaseException:  # a half-made copy is no record: remove it (the source is as it was)
         abandon(target)
-        shutil.rmtree(target, ignore_errors=True)
         raise
     extra = {
         "salvaged_from": {"path": os.path.abspath(source), "status": root_attrs.get("status")},

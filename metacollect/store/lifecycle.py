@@ -97,12 +97,7 @@ def prepare_store(store: str | os.PathLike[str], overwrite: bool | None = None) 
         _make(path)
         return path
     lock.acquire(path)  # a run that took it since the check is named by the error
-    for name in _old_entries(path):  # the old run's record, not the new run's lock
-        entry = os.path.join(path, name)
-        if os.path.isdir(entry) and not os.path.islink(entry):
-            shutil.rmtree(entry)
-        else:
-            os.remove(entry)
+    _empty(path)  # the old run's record, not the new run's lock
     return path
 
 
@@ -128,6 +123,18 @@ def _old_entries(path: str) -> list[str]:
     return [n for n in os.listdir(path) if n != lock.LOCK_FILE]
 
 
+def _empty(path: str, ignore_errors: bool = False) -> None:
+    """Remove everything in the store's directory but the run's lock (``ignore_errors``:
+    what cannot be removed stays)."""
+    for name in _old_entries(path):
+        entry = os.path.join(path, name)
+        with contextlib.suppress(*((OSError,) if ignore_errors else ())):
+            if os.path.isdir(entry) and not os.path.islink(entry):
+                shutil.rmtree(entry, ignore_errors=ignore_errors)
+            else:
+                os.remove(entry)
+
+
 def _make(path: str) -> None:
     """Create a new store's directory and take its lock."""
     parent = os.path.dirname(path) or "."
@@ -145,12 +152,16 @@ def _make(path: str) -> None:
 
 
 def abandon(store: str) -> None:
-    """Give up a store whose run never started: release its lock, and remove its directory
-    if nothing else was written there."""
+    """Give up a store whose run never started: a start that failed or was interrupted
+    leaves no record of a run that did not happen. What the start wrote is removed, then
+    its lock, then the directory: :func:`prepare_store` made it new or emptied it, so it
+    holds nothing else (the lock goes last, so no other run takes the path meanwhile)."""
     if _is_url(store):
         return
+    with contextlib.suppress(OSError):  # the directory is gone already
+        _empty(store, ignore_errors=True)
     lock.release(store)
-    with contextlib.suppress(OSError):  # not empty: what was written stays
+    with contextlib.suppress(OSError):
         os.rmdir(store)
 
 
