@@ -645,15 +645,12 @@ def test_ctrl_c_before_the_script_runs_leaves_no_store_and_nothing_running(tmp_p
         text=True,
         start_new_session=True,
     )
-    assert proc.stderr is not None
-    seen = []
-    while not any("starting a local cluster" in ln for ln in seen):
-        seen.append(proc.stderr.readline())
-        assert seen[-1], "".join(seen)
-    time.sleep(0.5)  # into the cluster's start
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    stderr = "".join(seen) + err
+    runner, deadline = psutil.Process(proc.pid), time.time() + 120
+    while not runner.children() and time.time() < deadline:  # its first worker's spawn
+        time.sleep(0.01)
+    assert runner.children(), "the cluster's start spawned no process"
+    os.killpg(proc.pid, signal.SIGINT)  # the cluster is starting: its workers are not up yet
+    out, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-4000:]
     assert "metacollect run: interrupted" in stderr
     # no traceback of ours (the cluster's half-started worker processes, which had the
@@ -662,19 +659,22 @@ def test_ctrl_c_before_the_script_runs_leaves_no_store_and_nothing_running(tmp_p
     assert "the script ran" not in out
     assert not os.path.exists(store)
     deadline = time.time() + 60
-    left = [1]
-    while left and time.time() < deadline:
-        left = [p for p in psutil.process_iter() if _pgid(p) == proc.pid]
+    while (left := _in_group(proc.pid)) and time.time() < deadline:
         time.sleep(0.2)
     assert not left, [_cmdline(p) for p in left]
 
 
-def _pgid(process) -> int | None:
-    """``process``'s process group; ``None`` once it has gone."""
-    try:
-        return os.getpgid(process.pid)
-    except OSError:
-        return None
+def _in_group(pgid: int) -> list:
+    """The processes of process group ``pgid`` still alive."""
+    import psutil
+
+    def group(p: psutil.Process) -> int | None:
+        try:
+            return os.getpgid(p.pid)
+        except OSError:  # gone meanwhile
+            return None
+
+    return [p for p in psutil.process_iter() if group(p) == pgid]
 
 
 @pytest.mark.parametrize(
