@@ -176,47 +176,35 @@ def test_pbs_cluster_through_torque_wrappers(tmp_path):
     assert any(p.suffix == ".err" for p in logs.iterdir())
 
 
-@pytest.mark.slurm
-def test_metacollect_run_cluster_slurm(tmp_path):
-    require_slurm()
+def _run_on_cluster(tmp_path, system, script_text, *options):
+    """``metacollect run --cluster SYSTEM`` of a script, from ``tmp_path`` (the jobs' output
+    files land there): the process and the store's path."""
     script = tmp_path / "wf.py"
-    script.write_text(
-        "from distributed import Client\nc = Client()\nc.wait_for_workers(2)\n"
-        "print(c.submit(sum, [1, 2]).result())\n"
-    )
+    script.write_text(script_text)
     store = tmp_path / "run.zarr"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "metacollect",
-            "run",
-            "--store",
-            str(store),
-            "--cluster",
-            "slurm",
-            "--jobs",
-            "2",
-            "--cores",
-            "1",
-            "--memory",
-            "1GB",
-            "--walltime",
-            "00:05:00",
-            "--queue",
-            "debug",
-            "--interface",
-            "lo",
-            "--flush-interval",
-            "0.5s",
-            str(script),
-        ],
+        [sys.executable, "-m", "metacollect", "run", "--store", str(store), "--cluster", system]
+        + ["--jobs", "2", "--cores", "1", "--memory", "1GB", "--interface", "lo", *options]
+        + [str(script)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
         cwd=tmp_path,
-    )  # slurm-%j.out land there
+    )
+    return proc, store
+
+
+@pytest.mark.slurm
+def test_metacollect_run_cluster_slurm(tmp_path):
+    require_slurm()
+    proc, store = _run_on_cluster(
+        tmp_path,
+        "slurm",
+        "from distributed import Client\nc = Client()\nc.wait_for_workers(2)\n"
+        "print(c.submit(sum, [1, 2]).result())\n",
+        *("--walltime", "00:05:00", "--queue", "debug", "--flush-interval", "0.5s"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "3" in proc.stdout.split()
     assert validate_store(store) == []
@@ -227,6 +215,34 @@ def test_metacollect_run_cluster_slurm(tmp_path):
     )
     assert "#SBATCH -p debug" in run.tree["job/batch"].attrs["job_script"]
     assert not jobs_in_queue(jobs.job_id)
+
+
+@pytest.mark.parametrize(
+    "system",
+    [pytest.param("slurm", marks=pytest.mark.slurm), pytest.param("pbs", marks=pytest.mark.pbs)],
+)
+def test_a_refused_job_submission_fails_the_start_in_one_line(tmp_path, system):
+    """``metacollect run --cluster slurm|pbs`` with a queue the batch system does not have:
+    ``sbatch``/``qsub`` refuse the worker jobs. That was a logged traceback, then a script
+    waiting for workers that never came, until the job's time ran out; it is now one line
+    that quotes the refusal, exit 2, the script not run, no store and no job left."""
+    require_slurm()
+    before = squeue_ids()
+    proc, store = _run_on_cluster(
+        tmp_path,
+        system,
+        "from distributed import Client\nc = Client()\nc.wait_for_workers(1)\n"
+        "print('the script ran')\n",
+        *("--queue", "nosuch"),
+    )
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert f"cannot start the {system} cluster" in line and "invalid partition" in line, line
+    assert f"jobqueue.{system} config" in line
+    assert "the script ran" not in proc.stdout
+    assert not store.exists()
+    assert squeue_ids() <= before
 
 
 def test_graceful_close_local_cluster():

@@ -104,10 +104,26 @@ def start_jobqueue(system: str) -> Callable[..., Any]:
         options = {k: v for k, v in given.items() if v is not None}
         options["scheduler_options"] = {"dashboard_address": ":0"}
         cluster = jobqueue_cluster(system, **options)
-        cluster.scale(jobs=workers or 1)
+        try:
+            submit_jobs(cluster, workers or 1)
+        except BaseException:
+            cluster.close()
+            raise
         return cluster
 
     return start
+
+
+def submit_jobs(cluster: Any, jobs: int) -> None:
+    """Scale a dask-jobqueue cluster to ``jobs`` jobs and wait for their submission
+    (``sbatch``/``qsub`` answer at once; the jobs need not run yet), so that a refused
+    submission (a queue that does not exist, an account over its limit) fails the start.
+    ``cluster.scale`` submits from the cluster's event loop and only logs a refusal: the
+    script would then wait for workers that never come. This is what ``scale`` does, with
+    the submission awaited."""
+    while len(cluster.worker_spec) < jobs:
+        cluster.worker_spec.update(cluster.new_worker_spec())
+    cluster.sync(cluster._correct_state)
 
 
 #: the module that runs the script (``python -m CHILD``)
@@ -421,8 +437,9 @@ class ClusterLaunch:
             where = "--cluster options (metacollect run --help)"
             if cluster != "local":
                 where += f" and dask-jobqueue's jobqueue.{cluster} config"
+            said = " ".join(str(e).split())  # one line: a refused submission quotes its stderr
             raise UsageError(
-                f"cannot start the {cluster} cluster: {type(e).__name__}: {e}; check the {where}"
+                f"cannot start the {cluster} cluster: {type(e).__name__}: {said}; check the {where}"
             ) from e
         client = None
         try:
