@@ -25,6 +25,29 @@ def _flushers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "metacollect-flush"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """The suite runs in two processes (pytest-xdist, ``addopts``): the tests that submit
+    batch jobs go to one of them, one after the other, since they compare Slurm's queue
+    before and after (another test's jobs are not theirs); the slow ones go first, so that
+    neither process is left with a long test at the end while the other waits."""
+    for item in items:
+        if item.get_closest_marker("slurm") or item.get_closest_marker("pbs"):
+            item.add_marker(pytest.mark.xdist_group("batch-system"))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_sessionfinish(session):
+    """In a test process of xdist: hand the list to the process that reports."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["flushers_left"] = list(_FLUSHERS_LEFT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _FLUSHERS_LEFT.extend(getattr(node, "workeroutput", {}).get("flushers_left", []))
+
+
 def pytest_terminal_summary(terminalreporter):
     if _FLUSHERS_LEFT:
         terminalreporter.section("metacollect flush threads left running by")
