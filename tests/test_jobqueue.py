@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -176,9 +178,10 @@ def test_pbs_cluster_through_torque_wrappers(tmp_path):
     assert any(p.suffix == ".err" for p in logs.iterdir())
 
 
-def _run_on_cluster(tmp_path, system, script_text, *options):
+def _run_on_cluster(tmp_path, system, script_text, *options, env=None):
     """``metacollect run --cluster SYSTEM`` of a script, from ``tmp_path`` (the jobs' output
-    files land there): the process and the store's path."""
+    files land there), with ``env`` added to the environment: the process and the store's
+    path."""
     script = tmp_path / "wf.py"
     script.write_text(script_text)
     store = tmp_path / "run.zarr"
@@ -191,22 +194,29 @@ def _run_on_cluster(tmp_path, system, script_text, *options):
         timeout=120,
         check=False,
         cwd=tmp_path,
+        env={**os.environ, **(env or {})},
     )
     return proc, store
 
 
 @pytest.mark.slurm
 def test_metacollect_run_cluster_slurm(tmp_path):
+    """... with the site's ``jobqueue.slurm.scheduler-options`` (here a port) kept."""
     require_slurm()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     proc, store = _run_on_cluster(
         tmp_path,
         "slurm",
         "from distributed import Client\nc = Client()\nc.wait_for_workers(2)\n"
-        "print(c.submit(sum, [1, 2]).result())\n",
+        "print(c.submit(sum, [1, 2]).result(), c.scheduler.address)\n",
         *("--walltime", "00:05:00", "--queue", "debug", "--flush-interval", "0.5s"),
+        env={"DASK_JOBQUEUE__SLURM__SCHEDULER_OPTIONS": f"{{'port': {port}}}"},
     )
     assert proc.returncode == 0, proc.stderr
     assert "3" in proc.stdout.split()
+    assert f"tcp://127.0.0.1:{port}" in proc.stdout.split()
     assert validate_store(store) == []
     run = open_run(store)
     jobs = run.table("job/batch", "jobs")

@@ -102,7 +102,10 @@ def start_jobqueue(system: str) -> Callable[..., Any]:
             "job_extra_directives": list(job_extra) if job_extra else None,
         }
         options = {k: v for k, v in given.items() if v is not None}
-        options["scheduler_options"] = {"dashboard_address": ":0"}
+        # the config's scheduler-options (a site's port, interface or protocol) are kept:
+        # dask-jobqueue reads them only when no scheduler_options are passed
+        configured = dask.config.get(f"jobqueue.{system}.scheduler-options", default=None)
+        options["scheduler_options"] = {"dashboard_address": ":0", **(configured or {})}
         cluster = jobqueue_cluster(system, **options)
         try:
             submit_jobs(cluster, workers or 1)
