@@ -201,7 +201,8 @@ def _run_on_cluster(tmp_path, system, script_text, *options, env=None):
 
 @pytest.mark.slurm
 def test_metacollect_run_cluster_slurm(tmp_path):
-    """... with the site's ``jobqueue.slurm.scheduler-options`` (here a port) kept."""
+    """``metacollect run --cluster slurm`` of a script: a valid store of its jobs, the
+    site's ``jobqueue.slurm.scheduler-options`` (here a port) kept, no job left queued."""
     require_slurm()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
