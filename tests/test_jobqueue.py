@@ -256,6 +256,55 @@ def test_a_refused_job_submission_fails_the_start_in_one_line(tmp_path, system):
     assert squeue_ids() <= before
 
 
+@pytest.mark.slurm
+def test_jobs_in_queue_lists_the_jobs_asked_for():
+    """The wait for retired workers' jobs asks Slurm about those jobs only (``squeue -j``):
+    a job of the queue not asked for is not reported, one unknown id alone (an error for
+    ``squeue``) and a job that has ended count as gone."""
+    require_slurm()
+    submitted = [
+        subprocess.run(
+            ["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 120"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for _ in range(2)
+    ]
+    ours, other = submitted
+    try:
+        before = _job_info_requests()
+        assert jobs_in_queue([ours]) == {ours}
+        after = _job_info_requests()  # that job alone was asked for, not the whole queue
+        assert after["REQUEST_JOB_INFO_SINGLE"] == before["REQUEST_JOB_INFO_SINGLE"] + 1
+        assert after["REQUEST_JOB_INFO"] == before["REQUEST_JOB_INFO"]
+        gone = str(max(int(j) for j in submitted) + 10_000)  # an id Slurm has not given out
+        assert jobs_in_queue([ours, gone]) == {ours}
+        assert jobs_in_queue([gone]) == set()
+        assert jobs_in_queue([f"{ours}.{socket.gethostname()}"]) == {
+            f"{ours}.{socket.gethostname()}"
+        }
+    finally:
+        subprocess.run(["scancel", ours, other], check=True)
+    deadline = time.monotonic() + 60
+    while jobs_in_queue([ours]) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert jobs_in_queue([ours]) == set()
+    assert not set(submitted) & squeue_ids()
+
+
+def _job_info_requests() -> dict[str, int]:
+    """How many requests for jobs Slurm's controller has served, by kind (``sdiag``)."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+    kinds = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE")
+    counts: dict[str, int] = {}
+    for line in out.splitlines():  # the first section: the requests served, by type
+        words = line.split()
+        if words and words[0] in kinds and "count:" in line and words[0] not in counts:
+            counts[words[0]] = int(line.split("count:")[1].split()[0])
+    return {kind: counts.get(kind, 0) for kind in kinds}
+
+
 def test_graceful_close_local_cluster():
     from distributed import LocalCluster
 

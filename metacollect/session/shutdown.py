@@ -63,18 +63,32 @@ def end_through(client: Client, store: str | None = None) -> list[str] | None:
     return None if ended is None else list(ended)
 
 
+#: seconds between two looks at the batch queue while retired workers' jobs leave it: each
+#: look is a request to the controller the whole machine shares (with several ids, Slurm's
+#: ``squeue -j`` still has it send every job, and filters them itself)
+QUEUE_POLL = 1.0
+
+
 def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
     """The ids among ``job_ids`` that the batch system still lists (any state).
 
     Uses ``squeue`` when Slurm's commands are there (also under the torque wrappers),
-    else ``qstat``. A job the batch system has forgotten counts as gone.
+    else ``qstat``. A job the batch system has forgotten counts as gone. ``squeue`` is asked
+    for these jobs only (``-j``): for one job, Slurm's controller then looks up that job
+    instead of sending its whole queue, every user's jobs.
     """
     ids = {str(j) for j in job_ids if j}
     if not ids:
         return set()
     if shutil.which("squeue"):
+        # one unknown id alone is an error ("Invalid job id specified"), not an empty list:
+        # either way nothing is listed, and that job is gone
+        wanted = ",".join(sorted({j.split(".")[0] for j in ids}))
         out = subprocess.run(
-            ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=False
+            ["squeue", "-h", "-o", "%i", "-j", wanted],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         listed = {line.strip() for line in out.stdout.splitlines()}
         return {j for j in ids if j.split(".")[0] in listed}
@@ -165,7 +179,7 @@ def retire_and_wait(
             )
     if not _wait(lambda: not client.scheduler_info(n_workers=-1).get("workers"), timeout, poll):
         problems.append(f"workers still connected {timeout:g} s after retire_workers")
-    if job_ids and not _wait(lambda: not jobs_in_queue(job_ids), timeout, poll):
+    if job_ids and not _wait(lambda: not jobs_in_queue(job_ids), timeout, max(poll, QUEUE_POLL)):
         problems.append(
             f"batch jobs {sorted(jobs_in_queue(job_ids))} still queued {timeout:g} s after retiring"
         )
