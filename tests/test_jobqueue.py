@@ -256,6 +256,26 @@ def test_a_refused_job_submission_fails_the_start_in_one_line(tmp_path, system):
     assert squeue_ids() <= before
 
 
+@pytest.mark.parametrize("system", ["slurm", "pbs"])
+def test_a_malformed_scheduler_options_fails_the_start_in_one_line(tmp_path, system):
+    """``jobqueue.<system>.scheduler-options`` that is not a mapping (a YAML typo, an
+    environment variable written as text): one line that names the key and how to give
+    it, exit 2, before any job is submitted; it was a ``TypeError`` about ``**``."""
+    proc, store = _run_on_cluster(
+        tmp_path,
+        system,
+        "print('the script ran')\n",
+        env={f"DASK_JOBQUEUE__{system.upper()}__SCHEDULER_OPTIONS": "port 8786"},
+    )
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert f"jobqueue.{system}.scheduler-options is 'port 8786', not a mapping" in line, line
+    assert f"DASK_JOBQUEUE__{system.upper()}__SCHEDULER_OPTIONS=" in line
+    assert "the script ran" not in proc.stdout
+    assert not store.exists()
+
+
 @pytest.mark.slurm
 def test_jobs_in_queue_lists_the_jobs_asked_for():
     """The wait for retired workers' jobs asks Slurm about those jobs only (``squeue -j``):

@@ -22,14 +22,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import dask.config
 
 import metacollect.config as config
-from metacollect.errors import MetacollectError, UsageError
+from metacollect.errors import ConfigError, MetacollectError, UsageError
 from metacollect.launch.child import Outcome
 from metacollect.launch.preload import attach_environment
 from metacollect.session.collection import Collection, init_root
@@ -104,7 +104,15 @@ def start_jobqueue(system: str) -> Callable[..., Any]:
         options = {k: v for k, v in given.items() if v is not None}
         # the config's scheduler-options (a site's port, interface or protocol) are kept:
         # dask-jobqueue reads them only when no scheduler_options are passed
-        configured = dask.config.get(f"jobqueue.{system}.scheduler-options", default=None)
+        key = f"jobqueue.{system}.scheduler-options"
+        configured = dask.config.get(key, default=None)
+        if configured is not None and not isinstance(configured, Mapping):
+            raise ConfigError(
+                f"{key} is {configured!r}, not a mapping: give it as keys and values of "
+                f"distributed's Scheduler, e.g. `scheduler-options: {{port: 8786}}` in your "
+                "dask config, or DASK_JOBQUEUE__"
+                f"{system.upper()}__SCHEDULER_OPTIONS='{{\"port\": 8786}}'"
+            )
         options["scheduler_options"] = {"dashboard_address": ":0", **(configured or {})}
         cluster = jobqueue_cluster(system, **options)
         try:
