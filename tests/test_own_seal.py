@@ -218,7 +218,7 @@ def test_a_failed_own_seal_is_recorded_and_the_run_seal_folds_what_is_left(store
         raise OSError(28, "No space left on device")
 
     recording = Recording(lambda: None, lambda _: None, on_error, lambda: None, False, writer=w)
-    monkeypatch.setattr(writer_mod, "write_sealed_table", fail)
+    monkeypatch.setattr(writer_mod, "write_sealed_stream", fail)
     recording._seal()
     monkeypatch.undo()
     assert [(where, str(e)) for where, e in errors] == [

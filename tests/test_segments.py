@@ -341,25 +341,27 @@ def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch
     committed (its group's ``zarr.json``, last) with the last segment it holds. A seal
     killed after one table was written, and run again, takes the group through the append
     path (a table of it is in Zarr now), which appends the other tables only."""
+    from metacollect.store import compact
     from metacollect.store import writer as writer_mod
 
     _, g = _run(store)
     for f in range(4):
         _flush_events(g, 10 * f, 10)
-    real = writer_mod.write_sealed_table
-    first: dict[str, asyncio.Future] = {}
+    real = compact._TableSink.finish
+    finished: list[str] = []
 
-    async def die_after_the_first(*args, **kwargs):
-        if not first:  # the first table is written whole
-            first["table"] = asyncio.ensure_future(real(*args, **kwargs))
-            return await first["table"]
-        await first["table"]
-        raise RuntimeError("killed mid-fold")
+    async def die_after_the_first(self):
+        # the first table is written whole; the other's arrays are stored, not its
+        # zarr.json: killed there, it is a directory no reader counts
+        if finished:
+            raise RuntimeError("killed mid-fold")
+        finished.append(self.path)
+        return await real(self)
 
-    monkeypatch.setattr(writer_mod, "write_sealed_table", die_after_the_first)
+    monkeypatch.setattr(compact._TableSink, "finish", die_after_the_first)
     with pytest.raises(RuntimeError, match="killed mid-fold"):
         writer_mod.fold_segments(store)
-    monkeypatch.setattr(writer_mod, "write_sealed_table", real)
+    monkeypatch.setattr(compact._TableSink, "finish", real)
     tables = {
         t for t in ("events", "transitions") if os.path.exists(f"{store}/{GROUP}/{t}/zarr.json")
     }
@@ -405,17 +407,7 @@ def test_tables_written_once_at_the_seal_equal_the_appended_and_compacted(store,
     finally:
         writer_mod._write_sealed = real
 
-    def docs(root: str) -> dict[str, dict]:
-        out = {}
-        for d, _, files in os.walk(root):
-            if "zarr.json" in files and os.path.relpath(d, root) != ".":
-                with open(os.path.join(d, "zarr.json")) as f:
-                    doc = json.load(f)
-                doc.pop("consolidated_metadata", None)
-                out[os.path.relpath(d, root)] = doc
-        return out
-
-    assert docs(store) == docs(appended)
+    assert _docs(store) == _docs(appended)
     once, twice = xr.open_datatree(store, engine="zarr"), xr.open_datatree(appended, engine="zarr")
     for node in once.subtree:
         if node.path != "/":
@@ -424,6 +416,126 @@ def test_tables_written_once_at_the_seal_equal_the_appended_and_compacted(store,
     assert events.topic.tolist()[-3:] == [None, "", "t"]
     assert events.msg.tolist()[-3:] == ["a", "", ""]  # a ``str`` column writes None as ""
     assert validate_store(store) == []
+
+
+def test_a_long_groups_seal_holds_a_window_of_its_strings(store, tmp_path, monkeypatch):
+    """The seal goes through a group's segments one at a time, in order, and holds only the
+    strings of the recent ones: a writer's string cache restarts every ``cache-size``
+    strings, and rows never index strings from before. With a cache of 1,000, 40 flushes of
+    500 transitions (40,000 distinct keys and stimulus ids) are sealed holding at most
+    ~2,000 strings at a time, in several blocks of chunks, and leave exactly what appending
+    every segment to Zarr and compacting leaves (documents and values). Blank strings among
+    them (an empty topic beside a missing one) make the seal look at which column holds
+    which before writing."""
+    import dask.config
+
+    from metacollect.store import compact
+    from metacollect.store import writer as writer_mod
+
+    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
+    held: list[int] = []
+    trim = segments.StringWindow.trim
+
+    def trim_and_count(self):
+        trim(self)
+        held.append(sum(len(v) for v in self._held.values()))
+
+    monkeypatch.setattr(segments.StringWindow, "trim", trim_and_count)
+    keys, stimuli, workers, topics = [], [], [], []
+    with dask.config.set({"metacollect.strings.cache-size": 1000}):
+        _, g = _run(store)
+        for f in range(40):
+            ids = range(500 * f, 500 * (f + 1))
+            batch = {
+                "key": [("inc", i) for i in ids],
+                "start": ["processing"] * 500,
+                "finish": ["memory"] * 500,
+                "time": np.arange(500 * f, 500 * (f + 1), dtype=float),
+                "stimulus_id": [f"task-finished-{i}" for i in ids],
+                "worker": [None if i % 3 else f"tcp://10.0.0.{i % 2}:4000" for i in ids],
+            }
+            g.append("transitions", batch)
+            topic = [None, "", f"topic-{f}"]
+            g.append("events", {"time": np.arange(3.0), "topic": topic, "msg": ["a", "b", "c"]})
+            assert g.flush() == 503
+            keys += [str(k) for k in batch["key"]]
+            stimuli += batch["stimulus_id"]
+            workers += batch["worker"]
+            topics += topic
+        appended = str(tmp_path / "appended.zarr")
+        shutil.copytree(store, appended)
+        finalize(store)
+        monkeypatch.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
+        finalize(appended)
+
+    assert held and max(held) <= 2 * 1000, max(held)
+    assert _docs(store) == _docs(appended)
+    once, twice = xr.open_datatree(store, engine="zarr"), xr.open_datatree(appended, engine="zarr")
+    for node in once.subtree:
+        if node.path != "/":
+            assert node.to_dataset().identical(twice[node.path].to_dataset()), node.path
+    run = open_run(store)
+    transitions = run.transitions()
+    assert transitions.key.tolist() == keys
+    assert transitions.stimulus_id.tolist() == stimuli
+    assert transitions.worker.tolist() == workers
+    assert run.table(GROUP, "events").topic.tolist() == topics
+    chunks = [f for f in os.listdir(f"{store}/{GROUP}/transitions/key") if f != "zarr.json"]
+    assert len(chunks) == 20  # 20,000 rows in chunks of 1,000
+    assert validate_store(store) == []
+
+
+def test_a_segment_says_whether_its_strings_may_be_blank():
+    """A segment's header lists the string columns that may hold an empty or NUL-only
+    string (four zero bytes in their encoding: no such string without them), so the seal
+    knows without decoding that a group has none, the usual case; one written before the
+    header said so may hold one."""
+
+    def head(values):
+        data = segments.encode({"strings": {"value": np.array(values, dtype=object)}})
+        return segments.read(0, data)
+
+    assert head(["a", "tcp://10.0.0.1:4000", "x" * 300]).head["blank"] == []
+    for blank in ["", "\0", "\0" * 300]:
+        found = head(["a", blank, "b"])
+        assert found.may_hold_blank("strings", "value"), repr(blank)
+    older = head(["a"])
+    del older.head["blank"]
+    assert older.may_hold_blank("strings", "value")
+
+
+def test_a_string_window_reads_any_code_whatever_it_let_go(store):
+    """The strings a seal holds are those of the recent segments; a code it let go of (a
+    writer's cache larger than the window) is read again from its segment, never wrong."""
+    _, g = _run(store)
+    for f in range(6):
+        _flush_events(g, 10 * f, 10)
+    found = segments.load(store, GROUP, decoded=False)
+    assert not any(s.decoded for s in found.segments)
+    truth = segments.load(store, GROUP).strings()
+    window = segments.StringWindow(found, keep=0)
+    assert len(window) == len(truth)
+    for s in found.segments:
+        window.hold(s.seq, s.tables["strings"]["value"])
+        s.release()
+        window.trim()
+    codes = np.array([-1, 0, len(truth) - 1, 3, len(truth), 7, 1])
+    expected = [None, truth[0], truth[-1], truth[3], None, truth[7], truth[1]]
+    assert window.take(codes).tolist() == expected
+    assert window.blanks() == {}
+    assert not any(s.decoded for s in found.segments)
+
+
+def _docs(root: str) -> dict[str, dict]:
+    """Every node's ``zarr.json`` below ``root`` (but its ``consolidated_metadata``)."""
+    out = {}
+    for d, _, files in os.walk(root):
+        if "zarr.json" in files and os.path.relpath(d, root) != ".":
+            with open(os.path.join(d, "zarr.json")) as f:
+                doc = json.load(f)
+            doc.pop("consolidated_metadata", None)
+            out[os.path.relpath(d, root)] = doc
+    return out
 
 
 _WRITER = textwrap.dedent(

@@ -26,11 +26,12 @@ readers read both forms.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -110,7 +111,7 @@ def column_values(data: np.ndarray, attrs: Any, strings: np.ndarray) -> np.ndarr
     return text_values(data, dict(attrs).get(NONE_ATTR))
 
 
-def none_value(values: np.ndarray) -> str:
+def none_value(values: Iterable[Any]) -> str:
     """The string a column of these values (``None`` among them) writes for ``None``:
     ``""``, or when it holds ``""`` itself a string of NULs it does not hold."""
     held = {v for v in values if v is not None and (v == "" or v.strip("\0") == "")}
@@ -291,31 +292,285 @@ async def _rewrite(
     )
 
 
-async def write_sealed_table(
+class StringSource(Protocol):
+    """The strings a stream of rows' codes index (see
+    :class:`~metacollect.store.segments.StringWindow`)."""
+
+    def __len__(self) -> int: ...
+
+    def take(self, codes: np.ndarray) -> np.ndarray: ...
+
+    def blanks(self) -> dict[int, str]: ...
+
+    def trim(self) -> None: ...
+
+
+class SealedTable(NamedTuple):
+    """A table to write in its sealed form from a stream of rows: its spec, its group's
+    attributes, and each variable's dtype and whole shape."""
+
+    tspec: TableSpec
+    attributes: dict[str, Any]
+    layout: dict[str, tuple[np.dtype[Any], tuple[int, ...]]]
+
+
+async def write_sealed_stream(
     root: zarrio.Group,
-    path: str,
-    attributes: dict[str, Any],
-    tspec: TableSpec,
-    columns: Mapping[str, np.ndarray | Rows],
-    strings: np.ndarray | None,
+    group: str,
+    tables: Mapping[str, SealedTable],
+    parts: Callable[[], Iterator[Mapping[str, Mapping[str, np.ndarray]]]],
+    strings: StringSource,
     templates: Templates,
 ) -> dict[str, dict[str, Any]]:
-    """Write a table the store does not hold yet (rows that were only in segments) straight
-    in the form the seal leaves - one write instead of an append the compaction rewrites.
-    Its group's ``zarr.json`` (``attributes``, with ``rows`` and :data:`COMPACTED`) goes
-    last: a process killed before it leaves arrays no reader counts. Returns the documents
-    written, by path."""
-    layouts = {
-        name: variable_layout(tspec, name, np.shape(data)[1:])
-        for name, data in columns.items()
-        if name in tspec.variables
-    }
-    n = len(next(iter(columns.values()))) if columns else 0
-    group = zarrio.group_doc({**attributes, "rows": n, COMPACTED: True})
+    """Write tables the store does not hold yet straight in the form the seal leaves, from
+    ``parts()``: their rows in order, a part per segment (``{table: {variable: column}}``),
+    decoded in a thread as they are needed. Each variable's chunks are written as soon as it
+    has :data:`BLOCK_CHUNKS` of them: what is held is a few blocks and the strings of the
+    recent parts (``strings``), whatever the number of rows. A ``code`` variable's missing
+    value is written as the string :func:`none_value` picks among the blank strings it
+    holds (a group with blank strings, rare, is gone through once more first, to see which
+    variable holds which), and named in its attributes if the variable had one: its
+    ``zarr.json`` goes after its chunks, each table's group ``zarr.json`` last. Returns the
+    documents written, by path."""
     level = int(config.get("store.compression-level"))
-    return await _write_table(
-        root.store_path / path, path, group, tspec, columns, layouts, strings, level, templates
-    )
+    sinks = {
+        table: await _TableSink.make(
+            root, f"{group}/{table}" if group else table, t, level, templates
+        )
+        for table, t in tables.items()
+    }
+    if any(c.var.dtype == "code" for sink in sinks.values() for c in sink.columns.values()):
+        blanks = await asyncio.to_thread(strings.blanks)
+        if blanks:
+            await asyncio.to_thread(_held_blanks, sinks, parts(), strings, blanks)
+    rows = parts()
+
+    def add_next() -> bool:
+        """The next part's rows added to the tables' (a ``code`` variable's turned into
+        strings at once: a table held until the end must not hold its strings' window)."""
+        part = next(rows, None)
+        if part is None:
+            return False
+        for table, cols in part.items():
+            if table in sinks:
+                sinks[table].add(cols, strings)
+        strings.trim()
+        return True
+
+    # the next part is decoded and added while the blocks of the last are encoded and stored
+    more = await asyncio.to_thread(add_next)
+    while more:
+        more, *_ = await asyncio.gather(asyncio.to_thread(add_next), *_blocks(sinks, final=False))
+    await asyncio.gather(*_blocks(sinks, final=True))
+    out: dict[str, dict[str, Any]] = {}
+    for sink in sinks.values():
+        out.update(await sink.finish())
+    return out
+
+
+def _held_blanks(
+    sinks: Mapping[str, _TableSink],
+    parts: Iterator[Mapping[str, Mapping[str, np.ndarray]]],
+    strings: StringSource,
+    blanks: dict[int, str],
+) -> None:
+    """Set each ``code`` variable's :attr:`_ColumnSink.none` from the blank strings it holds
+    (``blanks``: those of the group, by code), as the compaction of its whole column would."""
+    codes = np.fromiter(blanks, dtype=np.int64, count=len(blanks))
+    held: dict[tuple[str, str], set[str]] = {}
+    for part in parts:
+        for table, cols in part.items():
+            if table not in sinks:
+                continue
+            for name, column in sinks[table].columns.items():
+                if column.var.dtype != "code":
+                    continue
+                values = np.asarray(cols[name]).reshape(-1)
+                mine = held.setdefault((table, name), set())
+                if values.dtype.kind in "iu":
+                    mine.update(blanks[int(c)] for c in np.unique(values[np.isin(values, codes)]))
+                else:
+                    mine.update(v for v in values if isinstance(v, str) and not v.strip("\0"))
+        strings.trim()
+    for (table, name), mine in held.items():
+        sinks[table].columns[name].none = none_value(mine)
+
+
+def _blocks(sinks: Mapping[str, _TableSink], final: bool) -> list[Coroutine[Any, Any, None]]:
+    """The storing of the blocks of chunks the variables have whole (``final``: of what they
+    have left as well), taken from them now, to run side by side: Zstandard and Blosc
+    release the GIL. A table of at most :data:`COMPACT_ROWS` rows (most of a run's tables)
+    is made at the end, its arrays and their documents in one thread hop and one store: a
+    hop per array costs more than a small array's encoding."""
+
+    async def store(where: Any, make: Callable[[], dict[str, bytes]]) -> None:
+        await zarrio.put_new(where, await asyncio.to_thread(make))
+
+    jobs = []
+    for sink in sinks.values():
+        if sink.small:
+            if final:
+                jobs.append(store(sink.where, sink.whole))
+            continue
+        for column in sink.columns.values():
+            block = column.take(final)
+            if block is not None:
+                jobs.append(store(sink.where, functools.partial(column.files, *block)))
+    return jobs
+
+
+class _ColumnSink:
+    """One variable of a table being sealed from its rows in order: the rows not stored yet,
+    and what its array's attributes say once all are (a missing value among them)."""
+
+    def __init__(
+        self,
+        name: str,
+        var: VariableSpec,
+        shape: tuple[int, ...],
+        layout: tuple[list[str], dict[str, Any]],
+        kind: tuple[dict[str, Any], zarrio.ArrayCodec],
+    ) -> None:
+        self.name, self.var, self.shape = name, var, shape
+        self.dims, self.attrs = layout
+        self.doc, self.codec = kind
+        self.chunk = _chunk(shape[0], list(shape[1:]))
+        self.none = ""
+        self.missing = False
+        self._pending: list[np.ndarray] = []
+        self._count = 0
+        self._written = 0
+
+    def add(self, part: np.ndarray, strings: StringSource) -> None:
+        if not len(part):
+            return
+        if self.var.dtype == "code":
+            if part.dtype.kind in "iu":
+                part = strings.take(part).reshape(part.shape)
+            else:
+                part = text_values(part, None)
+        self._pending.append(part)
+        self._count += len(part)
+
+    def take(self, final: bool) -> tuple[int, np.ndarray] | None:
+        """The next rows to store: whole blocks of chunks, or with ``final`` all that is
+        left; with their first row."""
+        block = self.chunk * BLOCK_CHUNKS
+        n = self._count if final else self._count // block * block
+        if n == 0:
+            return None
+        rows = self._pending[0] if len(self._pending) == 1 else np.concatenate(self._pending)
+        rest = rows[n:]
+        self._pending, self._count = ([rest] if len(rest) else []), self._count - n
+        lo, self._written = self._written, self._written + n
+        return lo, rows[:n]
+
+    def files(self, lo: int, rows: np.ndarray) -> dict[str, bytes]:
+        """The encoded chunks of rows ``lo:lo+len(rows)`` (whole chunks, but for the last)."""
+        if self.var.dtype == "code":
+            missing = no_value(rows)
+            if missing.any():
+                self.missing = True
+                rows = rows.copy()
+                rows[missing] = self.none
+        own = chunk_files(
+            rows.astype(self.codec.dtype, copy=False), self.chunk, self.codec, lo // self.chunk
+        )
+        return {f"{self.name}/{key}": body for key, body in own.items()}
+
+    def document(self) -> dict[str, Any]:
+        attrs = {**self.attrs, **self.var.cf_attrs}
+        if self.var.dtype == "code":
+            attrs.pop(NONE_ATTR, None)
+            attrs.pop("missing_value", None)
+            if self.missing:
+                attrs[NONE_ATTR] = self.none
+                if self.none == "":
+                    attrs["missing_value"] = ""  # CF: xarray reads it as missing
+        return {
+            **self.doc,
+            "shape": list(self.shape),
+            "chunk_grid": {
+                "name": "regular",
+                "configuration": {"chunk_shape": [self.chunk, *self.shape[1:]]},
+            },
+            "dimension_names": self.dims,
+            "attributes": attrs,
+        }
+
+
+class _TableSink:
+    """A table being sealed from its rows in order (see :func:`write_sealed_stream`)."""
+
+    def __init__(
+        self, where: Any, path: str, group: dict[str, Any], columns: dict[str, _ColumnSink]
+    ) -> None:
+        self.where, self.path, self.group, self.columns = where, path, group, columns
+
+    @classmethod
+    async def make(
+        cls, root: zarrio.Group, path: str, table: SealedTable, level: int, templates: Templates
+    ) -> _TableSink:
+        tspec = table.tspec
+        names = [n for n in table.layout if n in tspec.variables]
+        kinds = await asyncio.gather(
+            *(
+                _template(
+                    tspec.variables[n],
+                    list(table.layout[n][1][1:]),
+                    [
+                        _chunk(table.layout[n][1][0], list(table.layout[n][1][1:])),
+                        *table.layout[n][1][1:],
+                    ],
+                    level,
+                    templates,
+                )
+                for n in names
+            )
+        )
+        columns = {
+            n: _ColumnSink(
+                n,
+                tspec.variables[n],
+                table.layout[n][1],
+                variable_layout(tspec, n, table.layout[n][1][1:]),
+                kind,
+            )
+            for n, kind in zip(names, kinds, strict=True)
+        }
+        n = next(iter(table.layout.values()))[1][0] if table.layout else 0
+        group = zarrio.group_doc({**table.attributes, "rows": n, COMPACTED: True})
+        return cls(root.store_path / path, path, group, columns)
+
+    def add(self, part: Mapping[str, np.ndarray], strings: StringSource) -> None:
+        for name, column in self.columns.items():
+            column.add(part[name], strings)
+
+    @property
+    def small(self) -> bool:
+        return int(self.group["attributes"]["rows"]) <= COMPACT_ROWS
+
+    def whole(self) -> dict[str, bytes]:
+        """A small table's files: each array's chunks, then its ``zarr.json``."""
+        files: dict[str, bytes] = {}
+        for name, column in self.columns.items():
+            block = column.take(final=True)
+            if block is not None:
+                files.update(column.files(*block))
+            files[f"{name}/zarr.json"] = zarrio.doc_bytes(column.document())
+        return files
+
+    async def finish(self) -> dict[str, dict[str, Any]]:
+        """The table's ``zarr.json``, last (a large table's arrays' before it: their chunks
+        are stored); the documents written, by path."""
+        docs = {f"{self.path}/{name}": c.document() for name, c in self.columns.items()}
+        if not self.small:
+            files = {
+                f"{n}/zarr.json": zarrio.doc_bytes(docs[f"{self.path}/{n}"]) for n in self.columns
+            }
+            await zarrio.put_new(self.where, files)
+        await zarrio.write_doc(self.where, self.group)
+        return {**docs, self.path: self.group}
 
 
 def variable_layout(

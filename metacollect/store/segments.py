@@ -9,7 +9,8 @@ the flush, the group's new strings among them (codes continue the group's ``stri
 across segments, in ``seq`` order).
 
 Layout: :data:`MAGIC`, the header's length (4 bytes, little-endian), the header (JSON: per
-table, per variable its dtype, shape, and place in the body), the body (the columns' bytes,
+table, per variable its dtype, shape, and place in the body; which string columns may hold
+an empty or NUL-only string, ``blank``), the body (the columns' bytes,
 compressed as one Zstandard frame; strings as numcodecs' VLenUTF8), then a trailer: the
 file's length (8 bytes) and the CRC-32 of everything before it (4 bytes). A process killed
 mid-write leaves a segment that is short or fails its CRC: *torn*; readers skip it (its rows
@@ -18,8 +19,10 @@ are those of the flush the kill interrupted), ``metacollect validate`` names it.
 Readers fold a group's segments after its Zarr rows (a table's ``segments_folded`` attribute:
 segments up to that ``seq`` are in Zarr already). The seal writes each table whose rows are
 all in segments once, in its sealed form (:mod:`metacollect.store.compact`: large chunks,
-codes as strings); a table with rows in Zarr already gets them appended, then compacted. It
-removes the segments: a sealed store is plain Zarr.
+codes as strings), going through the segments one at a time (:class:`Segment` decodes its
+body when read, :class:`StringWindow` holds the strings of the recent ones); a table with rows
+in Zarr already gets them appended, then compacted. It removes the segments: a sealed store
+is plain Zarr.
 The directory's name starts with a dot and holds no ``zarr.json``: Zarr's listing skips it.
 """
 
@@ -29,6 +32,7 @@ import contextlib
 import json
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +42,6 @@ import numcodecs
 import numpy as np
 
 from metacollect.errors import StoreError
-from metacollect.store.chunks import Rows
 from metacollect.store.schema import load_schema
 
 #: the directory of a group's segments, below the group's own
@@ -59,12 +62,17 @@ _TRAILER = struct.Struct("<QI")
 _HEAD = struct.Struct("<I")
 _ZSTD = numcodecs.Zstd(level=LEVEL)
 _VLEN = numcodecs.VLenUTF8()
+#: four zero bytes: in a column of strings as numcodecs' VLenUTF8 writes them (a 4-byte
+#: little-endian length before each), every string that is empty or only NULs makes such a
+#: run, so a column without one holds no such string (see :meth:`Segment.may_hold_blank`)
+_BLANK = b"\0\0\0\0"
 
 
 def encode(tables: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
     """The bytes of a segment holding ``tables`` (``{table: {variable: column}}``)."""
     parts: list[bytes] = []
     header: dict[str, dict[str, list[Any]]] = {}
+    blank: list[str] = []
     offset = 0
     for table, columns in tables.items():
         entry = header[table] = {}
@@ -76,25 +84,66 @@ def encode(tables: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
                 arr = np.ascontiguousarray(arr)
                 raw, dtype = arr.tobytes(), arr.dtype.str
             entry[name] = [dtype, list(arr.shape), offset, len(raw)]
+            if dtype == "vlen" and _BLANK in raw:
+                blank.append(f"{table}/{name}")
             parts.append(raw)
             offset += len(raw)
     body = bytes(_ZSTD.encode(b"".join(parts))) if offset else b""
-    head = json.dumps({"tables": header, "raw": offset}, separators=(",", ":")).encode()
+    head = json.dumps(
+        {"tables": header, "raw": offset, "blank": blank}, separators=(",", ":")
+    ).encode()
     out = b"".join([MAGIC, _HEAD.pack(len(head)), head, body])
     size = len(out) + _TRAILER.size
     return out + _TRAILER.pack(size, zlib.crc32(out))
 
 
-@dataclass
 class Segment:
-    """One whole segment: its sequence number and ``{table: {variable: column}}``."""
+    """One whole segment: its sequence number, its header (each table's variables, their
+    dtypes and shapes) and its body, decoded into ``{table: {variable: column}}`` when
+    :attr:`tables` is first read and dropped again by :meth:`release`. The seal of a group
+    goes through its segments one at a time with these: a run's segments decoded all at
+    once are ~30 bytes a row and ~80 a string, gigabytes for a run of many hours."""
 
-    seq: int
-    tables: dict[str, dict[str, np.ndarray]]
+    def __init__(self, seq: int, head: dict[str, Any], body: bytes) -> None:
+        self.seq = seq
+        self.head = head
+        self._body = body  # compressed, as in the file
+        self._tables: dict[str, dict[str, np.ndarray]] | None = None
+
+    @property
+    def tables(self) -> dict[str, dict[str, np.ndarray]]:
+        if self._tables is None:
+            self._tables = _decode_body(self.head, self._body)
+        return self._tables
+
+    @property
+    def decoded(self) -> bool:
+        return self._tables is not None
+
+    def release(self) -> None:
+        """Drop the decoded columns (the next read of :attr:`tables` decodes them again)."""
+        self._tables = None
+
+    def holds(self, table: str) -> bool:
+        return table in self.head["tables"]
+
+    def shape(self, table: str, name: str) -> tuple[int, ...]:
+        return tuple(self.head["tables"][table][name][1])
+
+    def dtype(self, table: str, name: str) -> np.dtype[Any]:
+        found = self.head["tables"][table][name][0]
+        return np.dtype(object) if found == "vlen" else np.dtype(found)
+
+    def may_hold_blank(self, table: str, name: str) -> bool:
+        """Whether a column of strings may hold one that is empty or only NULs (``False``:
+        it holds none). Segments written before the header said so may."""
+        blank = self.head.get("blank")
+        return blank is None or f"{table}/{name}" in blank
 
 
-def decode(seq: int, data: bytes) -> Segment:
-    """A segment from its bytes; ``ValueError`` (saying why) when it is torn or not one."""
+def read(seq: int, data: bytes) -> Segment:
+    """A segment from its bytes, its body left compressed until read; ``ValueError``
+    (saying why) when it is torn or not one: its length, trailer and CRC-32 are checked."""
     if len(data) < len(MAGIC) + _HEAD.size + _TRAILER.size or not data.startswith(MAGIC):
         raise ValueError("not a segment, or cut short before its header")
     (hlen,) = _HEAD.unpack_from(data, len(MAGIC))
@@ -107,7 +156,18 @@ def decode(seq: int, data: bytes) -> Segment:
     if zlib.crc32(memoryview(data)[: -_TRAILER.size]) != crc:
         raise ValueError("its CRC-32 does not match (torn or damaged)")
     head = json.loads(data[start : start + hlen])
-    body_bytes = data[start + hlen : -_TRAILER.size]
+    return Segment(seq, head, data[start + hlen : -_TRAILER.size])
+
+
+def decode(seq: int, data: bytes) -> Segment:
+    """A segment from its bytes, decoded; ``ValueError`` (saying why) when it is torn or
+    not one."""
+    found = read(seq, data)
+    found.tables  # noqa: B018 - decoded now: a body its codecs refuse is torn
+    return found
+
+
+def _decode_body(head: dict[str, Any], body_bytes: bytes) -> dict[str, dict[str, np.ndarray]]:
     body = bytes(_ZSTD.decode(body_bytes)) if head["raw"] else b""
     tables: dict[str, dict[str, np.ndarray]] = {}
     for table, columns in head["tables"].items():
@@ -119,7 +179,7 @@ def decode(seq: int, data: bytes) -> Segment:
             else:
                 arr = np.frombuffer(raw, dtype=np.dtype(dtype))
             out[name] = arr.reshape(shape)
-    return Segment(seq, tables)
+    return tables
 
 
 def directory(store: str, group: str) -> str:
@@ -187,21 +247,27 @@ class GroupSegments:
     def rows(self, table: str, after: int = -1) -> dict[str, np.ndarray] | None:
         """A table's rows in the segments past ``after``, each variable concatenated in
         ``seq`` order (a variable some segment lacks: ``None``), or ``None`` without rows."""
-        parts = [s.tables[table] for s in self.segments if s.seq > after and table in s.tables]
+        parts = [s.tables[table] for s in self.segments if s.seq > after and s.holds(table)]
         return concat(parts)
 
-    def parts(self, table: str) -> dict[str, Rows] | None:
-        """A table's rows in the segments, each variable as its segments' parts, not
-        concatenated (see :class:`~metacollect.store.chunks.Rows`), or ``None`` without
-        rows; variables as :func:`concat` keeps them."""
-        parts = [s.tables[table] for s in self.segments if table in s.tables]
-        if not parts:
+    def layout(self, table: str) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]] | None:
+        """A table's variables across the segments, from their headers alone (nothing
+        decoded): each one's dtype and whole shape, or ``None`` without rows; variables as
+        :func:`concat` keeps them."""
+        holding = [s for s in self.segments if s.holds(table)]
+        if not holding:
             return None
-        return {n: Rows([p[n] for p in parts]) for n in _common_names(parts)}
+        names = _common_names([s.head["tables"][table] for s in holding])
+        out = {}
+        for n in names:
+            shapes = [s.shape(table, n) for s in holding]
+            dtype = np.result_type(*(s.dtype(table, n) for s in holding))
+            out[n] = (dtype, (sum(shape[0] for shape in shapes), *shapes[0][1:]))
+        return out
 
     def last(self, table: str) -> int:
         """The last ``seq`` holding rows of ``table`` (-1: none)."""
-        return max((s.seq for s in self.segments if table in s.tables), default=-1)
+        return max((s.seq for s in self.segments if s.holds(table)), default=-1)
 
     def strings(self, after: int = -1) -> np.ndarray:
         """The group's strings in the segments past ``after``, in ``seq`` order."""
@@ -209,11 +275,104 @@ class GroupSegments:
         return found["value"] if found is not None else np.empty(0, dtype=object)
 
     def string_count(self, after: int = -1) -> int:
+        """The group's strings in the segments past ``after``, from their headers."""
         return sum(
-            len(s.tables["strings"]["value"])
+            s.shape("strings", "value")[0]
             for s in self.segments
-            if s.seq > after and "strings" in s.tables
+            if s.seq > after and s.holds("strings")
         )
+
+
+class StringWindow:
+    """The strings a group's codes index (code ``c``: the ``c``-th string of its segments,
+    in ``seq`` order), held a few segments at a time for the seal.
+
+    A writer's string cache restarts every ``strings.cache-size`` distinct strings, and a
+    string met again after that gets a new code: the rows of a flush index only strings of
+    the flushes since the cache last restarted. So the seal, going through the segments in
+    order, holds the strings of the recent ones (:meth:`hold`, :meth:`trim`), not a run's
+    millions. A code outside what is held (a cache larger than ``keep``) has its segment's
+    strings decoded again: slower, never wrong."""
+
+    def __init__(self, found: GroupSegments, keep: int) -> None:
+        self._segments = [s for s in found.segments if s.holds("strings")]
+        counts = [s.shape("strings", "value")[0] for s in self._segments]
+        self._ends = np.cumsum(np.asarray(counts, dtype=np.int64))
+        self._index = {s.seq: i for i, s in enumerate(self._segments)}
+        self._held: dict[int, np.ndarray] = {}
+        self.keep = keep
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def _start(self, i: int) -> int:
+        return int(self._ends[i - 1]) if i else 0
+
+    def hold(self, seq: int, strings: np.ndarray) -> None:
+        """Hold the strings of segment ``seq`` (decoded by the caller, who reads its rows)."""
+        with self._lock:
+            if seq in self._index:
+                self._held[self._index[seq]] = strings
+
+    def trim(self) -> None:
+        """Let go of the strings held below the ``keep`` newest."""
+        with self._lock:
+            if not self._held:
+                return
+            cut = int(self._ends[max(self._held)]) - self.keep
+            for i in [i for i in self._held if self._ends[i] <= cut]:
+                del self._held[i]
+
+    def take(self, codes: np.ndarray) -> np.ndarray:
+        """The strings of ``codes`` (-1 or out of range: ``None``), as an object array."""
+        codes = np.asarray(codes).reshape(-1)
+        out: np.ndarray = np.empty(len(codes), dtype=object)
+        inside = (codes >= 0) & (codes < len(self))
+        if not inside.any():
+            return out
+        found = codes[inside]
+        first, last = (
+            int(i) for i in np.searchsorted(self._ends, [found.min(), found.max()], "right")
+        )
+        with self._lock:
+            parts = [self._strings(i) for i in range(first, last + 1)]
+        window = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out[inside] = window[found - self._start(first)]
+        return out
+
+    def blanks(self) -> dict[int, str]:
+        """The strings that are empty or only NULs, by code (most groups have none, and
+        their segments say so: nothing is decoded)."""
+        out: dict[int, str] = {}
+        for i, s in enumerate(self._segments):
+            if s.may_hold_blank("strings", "value"):
+                with self._lock:
+                    values = self._held.get(i)
+                if values is None:
+                    values = self._decode(i)
+                start = self._start(i)
+                out.update(
+                    (start + j, v)
+                    for j, v in enumerate(values)
+                    if isinstance(v, str) and not v.strip("\0")
+                )
+        return out
+
+    def _strings(self, i: int) -> np.ndarray:
+        """(Under the lock.) Segment ``i``'s strings, decoded again if not held."""
+        held = self._held.get(i)
+        if held is None:
+            held = self._held[i] = self._decode(i)
+        return held
+
+    def _decode(self, i: int) -> np.ndarray:
+        s = self._segments[i]
+        was = s.decoded
+        values = s.tables["strings"]["value"]
+        if not was:
+            s.release()
+        return values
 
 
 def concat(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
@@ -235,8 +394,9 @@ def _common_names(parts: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
     return names
 
 
-def load(store: str, group: str) -> GroupSegments:
-    """Every segment of ``group`` in the local store ``store``, decoded."""
+def load(store: str, group: str, decoded: bool = True) -> GroupSegments:
+    """Every segment of ``group`` in the local store ``store``: decoded, or with
+    ``decoded=False`` checked (length, CRC-32) and left compressed until read."""
     segdir = directory(store, group)
     out = GroupSegments()
     for seq in seqs(segdir):
@@ -247,7 +407,7 @@ def load(store: str, group: str) -> GroupSegments:
         except FileNotFoundError:  # folded meanwhile by the seal
             continue
         try:
-            out.segments.append(decode(seq, data))
+            out.segments.append(decode(seq, data) if decoded else read(seq, data))
         except Exception as e:  # whatever a torn body raises in its codecs
             out.torn[path] = str(e)
     return out

@@ -19,10 +19,11 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,7 +34,13 @@ from metacollect.errors import StoreError
 from metacollect.store import lock
 from metacollect.store import segments as seg
 from metacollect.store.chunks import ChunkAppender
-from metacollect.store.compact import NONE_ATTR, Templates, variable_layout, write_sealed_table
+from metacollect.store.compact import (
+    NONE_ATTR,
+    SealedTable,
+    Templates,
+    variable_layout,
+    write_sealed_stream,
+)
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
 logger = logging.getLogger(__name__)
@@ -288,7 +295,8 @@ class GroupWriter:
                     found = seg.seqs(segdir)
                     if found:
                         after = self._folded("strings")
-                        strings += seg.load(self.store.path, self.path).string_count(after)
+                        found_segments = seg.load(self.store.path, self.path, decoded=False)
+                        strings += found_segments.string_count(after)
                         self._seq = found[-1] + 1
                     self._segdir = segdir
                 self.strings._next = strings
@@ -945,7 +953,7 @@ def _fold_claimed(
     run's seal to name)."""
     segdir = seg.directory(path, group)
     try:
-        found = seg.load(path, group)
+        found = seg.load(path, group, decoded=False)
         lost = [
             f"{group or '/'}: segment {os.path.basename(file)} is torn ({why}): the rows "
             "of the flush a killed process was writing are lost"
@@ -984,11 +992,21 @@ def _fold_writer(path: str, schema: Schema) -> StoreWriter:
 def _fold_group(writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments) -> None:
     """Put one group's segment rows into Zarr: each table written once in its sealed form
     when none of the group's tables is in Zarr yet (the usual case: every row of the run is
-    in segments), else appended to the tables, the strings first, for the compaction."""
-    names = sorted({t for s in found.segments for t in s.tables} & set(spec.tables) - {"strings"})
-    if not os.path.exists(os.path.join(writer.path, path, "zarr.json")):
+    in segments), else appended to the tables, the strings first, for the compaction.
+    A table's directory without its ``zarr.json`` is what a fold killed while writing it
+    left (arrays no reader counts): removed, then written again."""
+    held = {t for s in found.segments for t in s.head["tables"]}
+    names = sorted(held & set(spec.tables) - {"strings"})
+    directory = os.path.join(writer.path, path)
+    if not os.path.exists(os.path.join(directory, "zarr.json")):
         writer.ensure_group(path, spec, {})  # its metadata lost (a damaged store): made again
-    if any(os.path.exists(os.path.join(writer.path, path, t, "zarr.json")) for t in spec.tables):
+    in_zarr = False
+    for t in sorted(set(os.listdir(directory)) & set(spec.tables)):
+        if os.path.exists(os.path.join(directory, t, "zarr.json")):
+            in_zarr = True
+        else:
+            shutil.rmtree(os.path.join(directory, t), ignore_errors=True)
+    if in_zarr:
         _append_folded(writer, spec, path, found, names)
     else:
         _write_sealed(writer, spec, path, found, names)
@@ -1010,41 +1028,44 @@ def _write_sealed(
     writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments, tables: list[str]
 ) -> None:
     """Write a group's tables, whose rows are all in its segments, straight in their sealed
-    form (:func:`~metacollect.store.compact.write_sealed_table`: codes as strings, large
+    form (:func:`~metacollect.store.compact.write_sealed_stream`: codes as strings, large
     chunks), each with the last segment it holds; the compaction then finds them done.
-    The group itself is there (its segments are in it): no writer of it is made, which
-    would read and rewrite its metadata."""
-    strings = found.strings()
-    templates = writer.sealed_templates
-
-    async def write_all() -> None:
-        await asyncio.gather(
-            *(
-                write_sealed_table(
-                    writer.root,
-                    f"{path}/{table}" if path else table,
-                    {**writer.table_attributes(spec, table), seg.FOLDED: found.last(table)},
-                    spec.tables[table],
-                    columns,
-                    strings,
-                    templates,
-                )
-                for table in tables
-                if (columns := found.parts(table)) is not None
-            )
+    The segments are decoded one at a time, in order, and each let go once its rows are
+    added: the seal holds a few blocks of rows and the strings of the recent segments
+    (:class:`~metacollect.store.segments.StringWindow`), not a run's segments decoded (a
+    run of 1M tasks' transitions made the scheduler's seal hold 325 MB). The group itself
+    is there (its segments are in it): no writer of it is made, which would read and
+    rewrite its metadata."""
+    window = seg.StringWindow(found, keep=int(config.get("strings.cache-size")))
+    plan = {
+        table: SealedTable(
+            spec.tables[table],
+            {**writer.table_attributes(spec, table), seg.FOLDED: found.last(table)},
+            layout,
         )
+        for table in tables
+        if (layout := found.layout(table)) is not None
+    }
+
+    def parts() -> Iterator[dict[str, dict[str, np.ndarray]]]:
+        for s in found.segments:
+            decoded = s.tables
+            if "strings" in decoded:
+                window.hold(s.seq, decoded["strings"]["value"])
+            yield decoded
+            s.release()
 
     with compact_json():
-        zarrio.run(write_all())
+        zarrio.run(
+            write_sealed_stream(writer.root, path, plan, parts, window, writer.sealed_templates)
+        )
 
 
 def _fold_table(gw: GroupWriter, found: seg.GroupSegments, table: str) -> None:
     """Append a table's rows of the segments not folded yet, a batch of whole segments at a
     time, each batch committed with the last segment it holds."""
     after = gw._folded(table)
-    parts = [
-        (s.seq, s.tables[table]) for s in found.segments if s.seq > after and table in s.tables
-    ]
+    parts = [(s.seq, s.tables[table]) for s in found.segments if s.seq > after and s.holds(table)]
     batch: list[Mapping[str, np.ndarray]] = []
     rows = 0
     for i, (seq, part) in enumerate(parts):
