@@ -446,9 +446,14 @@ class _ColumnSink:
             return
         if self.var.dtype == "code":
             if part.dtype.kind in "iu":
+                missing = (part < 0) | (part >= len(strings))  # what no string stands for
                 part = strings.take(part).reshape(part.shape)
-            else:
-                part = text_values(part, None)
+            else:  # strings already (not what a segment holds): not written over
+                part = text_values(part, None).copy()
+                missing = no_value(part)
+            if missing.any():
+                self.missing = True
+                part[missing] = self.none
         self._pending.append(part)
         self._count += len(part)
 
@@ -467,12 +472,6 @@ class _ColumnSink:
 
     def files(self, lo: int, rows: np.ndarray) -> dict[str, bytes]:
         """The encoded chunks of rows ``lo:lo+len(rows)`` (whole chunks, but for the last)."""
-        if self.var.dtype == "code":
-            missing = no_value(rows)
-            if missing.any():
-                self.missing = True
-                rows = rows.copy()
-                rows[missing] = self.none
         own = chunk_files(
             rows.astype(self.codec.dtype, copy=False), self.chunk, self.codec, lo // self.chunk
         )
