@@ -441,6 +441,14 @@ def test_a_long_groups_seal_holds_a_window_of_its_strings(store, tmp_path, monke
         held.append(sum(len(v) for v in self._held.values()))
 
     monkeypatch.setattr(segments.StringWindow, "trim", trim_and_count)
+    decoded: list[int] = []
+    decode = segments.StringWindow._decode
+
+    def decode_and_count(self, i):
+        decoded.append(i)
+        return decode(self, i)
+
+    monkeypatch.setattr(segments.StringWindow, "_decode", decode_and_count)
     keys, stimuli, workers, topics = [], [], [], []
     with dask.config.set({"metacollect.strings.cache-size": 1000}):
         _, g = _run(store)
@@ -469,6 +477,9 @@ def test_a_long_groups_seal_holds_a_window_of_its_strings(store, tmp_path, monke
         finalize(appended)
 
     assert held and max(held) <= 2 * 1000, max(held)
+    # each segment's strings read once more, to find the blank ones (every segment here has
+    # an empty topic); no code had to be read again from a segment the window let go of
+    assert sorted(decoded) == list(range(40))
     assert _docs(store) == _docs(appended)
     once, twice = xr.open_datatree(store, engine="zarr"), xr.open_datatree(appended, engine="zarr")
     for node in once.subtree:

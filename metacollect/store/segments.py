@@ -300,6 +300,7 @@ class StringWindow:
         self._ends = np.cumsum(np.asarray(counts, dtype=np.int64))
         self._index = {s.seq: i for i, s in enumerate(self._segments)}
         self._held: dict[int, np.ndarray] = {}
+        self._last = 0  # the segment held last: the rows being read are its
         self.keep = keep
         self._lock = threading.Lock()
 
@@ -313,15 +314,16 @@ class StringWindow:
         """Hold the strings of segment ``seq`` (decoded by the caller, who reads its rows)."""
         with self._lock:
             if seq in self._index:
-                self._held[self._index[seq]] = strings
+                self._last = self._index[seq]
+                self._held[self._last] = strings
 
     def trim(self) -> None:
-        """Let go of the strings held below the ``keep`` newest."""
+        """Let go of the strings held below the ``keep`` before the end of the segment
+        held last, and of those after it (left by an earlier pass over the segments: a
+        segment's rows index strings of it and the segments before, never after)."""
         with self._lock:
-            if not self._held:
-                return
-            cut = int(self._ends[max(self._held)]) - self.keep
-            for i in [i for i in self._held if self._ends[i] <= cut]:
+            cut = int(self._ends[self._last]) - self.keep if len(self._ends) else 0
+            for i in [i for i in self._held if self._ends[i] <= cut or i > self._last]:
                 del self._held[i]
 
     def take(self, codes: np.ndarray) -> np.ndarray:
