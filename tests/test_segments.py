@@ -348,15 +348,16 @@ def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch
     for f in range(4):
         _flush_events(g, 10 * f, 10)
     real = compact._TableSink.finish
-    finished: list[str] = []
+    first: dict[str, asyncio.Future] = {}
 
     async def die_after_the_first(self):
         # the first table is written whole; the other's arrays are stored, not its
         # zarr.json: killed there, it is a directory no reader counts
-        if finished:
-            raise RuntimeError("killed mid-fold")
-        finished.append(self.path)
-        return await real(self)
+        if not first:
+            first["table"] = asyncio.ensure_future(real(self))
+            return await first["table"]
+        await first["table"]
+        raise RuntimeError("killed mid-fold")
 
     monkeypatch.setattr(compact._TableSink, "finish", die_after_the_first)
     with pytest.raises(RuntimeError, match="killed mid-fold"):

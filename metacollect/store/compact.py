@@ -333,38 +333,43 @@ async def write_sealed_stream(
     ``zarr.json`` goes after its chunks, each table's group ``zarr.json`` last. Returns the
     documents written, by path."""
     level = int(config.get("store.compression-level"))
-    sinks = {
-        table: await _TableSink.make(
-            root, f"{group}/{table}" if group else table, t, level, templates
+    made = await asyncio.gather(
+        *(
+            _TableSink.make(root, f"{group}/{table}" if group else table, t, level, templates)
+            for table, t in tables.items()
         )
-        for table, t in tables.items()
-    }
+    )
+    sinks = dict(zip(tables, made, strict=True))
     if any(c.var.dtype == "code" for sink in sinks.values() for c in sink.columns.values()):
-        blanks = await asyncio.to_thread(strings.blanks)
+        blanks = strings.blanks()  # from the segments' headers, but for a group that has some
         if blanks:
             await asyncio.to_thread(_held_blanks, sinks, parts(), strings, blanks)
     rows = parts()
 
-    def add_next() -> bool:
-        """The next part's rows added to the tables' (a ``code`` variable's turned into
-        strings at once: a table held until the end must not hold its strings' window)."""
-        part = next(rows, None)
-        if part is None:
-            return False
-        for table, cols in part.items():
-            if table in sinks:
-                sinks[table].add(cols, strings)
-        strings.trim()
-        return True
+    def add_until_ready() -> bool:
+        """The next parts' rows added to the tables', until a block of chunks is whole;
+        ``False`` once the parts are all added. A ``code`` variable's codes are turned into
+        strings as they come: a table held until the end must not hold its strings' window."""
+        while (part := next(rows, None)) is not None:
+            for table, cols in part.items():
+                if table in sinks:
+                    sinks[table].add(cols, strings)
+            strings.trim()
+            if any(sink.ready for sink in sinks.values()):
+                return True
+        return False
 
-    # the next part is decoded and added while the blocks of the last are encoded and stored
-    more = await asyncio.to_thread(add_next)
+    # the next parts are decoded and added while the blocks of the last are stored; a group
+    # of small tables (most) is added in one thread hop
+    more = await asyncio.to_thread(add_until_ready)
     while more:
-        more, *_ = await asyncio.gather(asyncio.to_thread(add_next), *_blocks(sinks, final=False))
+        more, *_ = await asyncio.gather(
+            asyncio.to_thread(add_until_ready), *_blocks(sinks, final=False)
+        )
     await asyncio.gather(*_blocks(sinks, final=True))
     out: dict[str, dict[str, Any]] = {}
-    for sink in sinks.values():
-        out.update(await sink.finish())
+    for docs in await asyncio.gather(*(sink.finish() for sink in sinks.values())):
+        out.update(docs)
     return out
 
 
@@ -457,6 +462,10 @@ class _ColumnSink:
         self._pending.append(part)
         self._count += len(part)
 
+    @property
+    def ready(self) -> bool:
+        return self._count >= self.chunk * BLOCK_CHUNKS
+
     def take(self, final: bool) -> tuple[int, np.ndarray] | None:
         """The next rows to store: whole blocks of chunks, or with ``final`` all that is
         left; with their first row."""
@@ -548,6 +557,11 @@ class _TableSink:
     @property
     def small(self) -> bool:
         return int(self.group["attributes"]["rows"]) <= COMPACT_ROWS
+
+    @property
+    def ready(self) -> bool:
+        """Whether a variable has a block of chunks to store (a small table: never)."""
+        return not self.small and any(c.ready for c in self.columns.values())
 
     def whole(self) -> dict[str, bytes]:
         """A small table's files: each array's chunks, then its ``zarr.json``."""
