@@ -12,7 +12,6 @@ Readers see the values Zarr would have written (Zarr would skip a chunk of fill 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -81,36 +80,3 @@ def chunk_files(
         index = (first + lo // chunk,) + (0,) * (rows.ndim - 1)
         out[codec.chunk_key(index)] = codec.encode(part)
     return out
-
-
-class Rows:
-    """A column held as the parts it was written in (one a segment), read a block of rows at
-    a time: the seal of a large table never concatenates a whole column. ``np.asarray`` of
-    it is the concatenation, for what needs it whole."""
-
-    def __init__(self, parts: Sequence[np.ndarray]) -> None:
-        self.parts = [np.asarray(p) for p in parts if len(p)] or [np.asarray(parts[0])]
-        self.ends = np.cumsum([len(p) for p in self.parts])
-        self.shape: tuple[int, ...] = (int(self.ends[-1]), *self.parts[0].shape[1:])
-        self.dtype = np.result_type(*self.parts)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, rows: slice) -> np.ndarray:
-        """Rows ``lo:hi`` (a slice with no step), from the parts that hold them."""
-        lo, hi, _ = rows.indices(len(self))
-        first = int(np.searchsorted(self.ends, lo, side="right"))
-        out, start = [], int(self.ends[first - 1]) if first else 0
-        for part in self.parts[first:]:
-            if start >= hi:
-                break
-            out.append(part[max(lo - start, 0) : hi - start])
-            start += len(part)
-        if len(out) == 1:
-            return out[0]
-        return np.concatenate(out) if out else self.parts[0][:0]
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        whole = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
-        return whole if dtype is None else whole.astype(dtype, copy=False)

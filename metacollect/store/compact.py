@@ -30,7 +30,7 @@ import functools
 import logging
 import os
 import shutil
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -38,7 +38,7 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store.chunks import Rows, chunk_files
+from metacollect.store.chunks import chunk_files
 from metacollect.store.schema import FILL, Schema, TableSpec, VariableSpec, load_schema
 
 logger = logging.getLogger(__name__)
@@ -439,7 +439,7 @@ class _ColumnSink:
         self.name, self.var, self.shape = name, var, shape
         self.dims, self.attrs = layout
         self.doc, self.codec = kind
-        self.chunk = _chunk(shape[0], list(shape[1:]))
+        self.chunk = _chunk_of(shape)[0]
         self.none = ""
         self.missing = False
         self._pending: list[np.ndarray] = []
@@ -487,24 +487,8 @@ class _ColumnSink:
         return {f"{self.name}/{key}": body for key, body in own.items()}
 
     def document(self) -> dict[str, Any]:
-        attrs = {**self.attrs, **self.var.cf_attrs}
-        if self.var.dtype == "code":
-            attrs.pop(NONE_ATTR, None)
-            attrs.pop("missing_value", None)
-            if self.missing:
-                attrs[NONE_ATTR] = self.none
-                if self.none == "":
-                    attrs["missing_value"] = ""  # CF: xarray reads it as missing
-        return {
-            **self.doc,
-            "shape": list(self.shape),
-            "chunk_grid": {
-                "name": "regular",
-                "configuration": {"chunk_shape": [self.chunk, *self.shape[1:]]},
-            },
-            "dimension_names": self.dims,
-            "attributes": attrs,
-        }
+        attrs = _sealed_attrs(self.attrs, self.var, self.none if self.missing else None)
+        return _sealed_doc(self.doc, self.shape, self.dims, attrs)
 
 
 class _TableSink:
@@ -526,10 +510,7 @@ class _TableSink:
                 _template(
                     tspec.variables[n],
                     list(table.layout[n][1][1:]),
-                    [
-                        _chunk(table.layout[n][1][0], list(table.layout[n][1][1:])),
-                        *table.layout[n][1][1:],
-                    ],
+                    _chunk_of(table.layout[n][1]),
                     level,
                     templates,
                 )
@@ -601,7 +582,7 @@ async def _write_table(
     path: str,
     group: dict[str, Any],
     tspec: TableSpec,
-    columns: Mapping[str, np.ndarray | Rows],
+    columns: Mapping[str, np.ndarray],
     layouts: dict[str, tuple[Any, dict[str, Any]]],
     strings: np.ndarray | None,
     level: int,
@@ -618,14 +599,13 @@ async def _write_table(
     :data:`BLOCK_CHUNKS` chunks at a time, so its memory stays that of a few chunks however
     many rows it has. Files are stored new
     (:func:`~metacollect.store.zarrio.put_new`), each array's ``zarr.json`` after its chunks."""
-    columns = {n: c if isinstance(c, Rows) else Rows([c]) for n, c in columns.items()}
     names = [n for n in layouts if n in columns]
     made = await asyncio.gather(
         *(
             _template(
                 tspec.variables[n],
                 list(np.shape(columns[n])[1:]),
-                _chunk_of(columns[n]),
+                _chunk_of(np.shape(columns[n])),
                 level,
                 templates,
             )
@@ -639,22 +619,12 @@ async def _write_table(
         column = columns[name]
         dims, attrs = layouts[name]
         sealed = SealedColumn.of(f"{path}/{name}", var, column, attrs, strings)
-        doc = {
-            **kinds[name][0],
-            "shape": list(column.shape),
-            "chunk_grid": {
-                "name": "regular",
-                "configuration": {"chunk_shape": _chunk_of(column)},
-            },
-            "dimension_names": dims,
-            "attributes": sealed.attrs,
-        }
-        return sealed, doc
+        return sealed, _sealed_doc(kinds[name][0], column.shape, dims, sealed.attrs)
 
     def block_files(name: str, sealed: SealedColumn, lo: int, hi: int) -> dict[str, bytes]:
         """The encoded chunks of rows ``lo:hi`` (whole chunks) of variable ``name``."""
         column = columns[name]
-        chunk = _chunk_of(column)[0]
+        chunk = _chunk_of(column.shape)[0]
         codec = kinds[name][1]
         rows = sealed.rows(column[lo:hi]).astype(codec.dtype, copy=False)
         own = chunk_files(rows, chunk, codec, first=lo // chunk) if len(rows) else {}
@@ -680,7 +650,7 @@ async def _write_table(
         never all in memory (a whole column of a million-task run's transitions, as
         strings and compressed, made the seal's peak ~0.9 GB)."""
         sealed, doc = await asyncio.to_thread(sealing, name)
-        step = _chunk_of(columns[name])[0] * BLOCK_CHUNKS
+        step = _chunk_of(columns[name].shape)[0] * BLOCK_CHUNKS
         for lo in range(0, len(columns[name]), step):
             files = await asyncio.to_thread(block_files, name, sealed, lo, lo + step)
             await zarrio.put_new(where, files)
@@ -697,9 +667,36 @@ async def _write_table(
     return out
 
 
-def _chunk_of(column: Any) -> list[int]:
-    """The chunk shape of a sealed column's array (whole rows past the first axis)."""
-    shape = np.shape(column)
+def _sealed_attrs(attrs: Mapping[str, Any], var: VariableSpec, none: str | None) -> dict[str, Any]:
+    """A sealed array's attributes: the schema's CF attributes over ``attrs``, and for a
+    ``code`` variable the string its missing values are written as (``none``; ``None``: it
+    has none), with CF's ``missing_value`` when that is ``""`` (xarray reads it as missing)."""
+    out = {**attrs, **var.cf_attrs}
+    if var.dtype == "code":
+        out.pop(NONE_ATTR, None)
+        out.pop("missing_value", None)
+        if none is not None:
+            out[NONE_ATTR] = none
+            if none == "":
+                out["missing_value"] = ""
+    return out
+
+
+def _sealed_doc(
+    template: Mapping[str, Any], shape: Sequence[int], dims: Any, attrs: dict[str, Any]
+) -> dict[str, Any]:
+    """A sealed array's ``zarr.json``, from its kind's template."""
+    return {
+        **template,
+        "shape": list(shape),
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": _chunk_of(shape)}},
+        "dimension_names": dims,
+        "attributes": attrs,
+    }
+
+
+def _chunk_of(shape: Sequence[int]) -> list[int]:
+    """The chunk shape of a sealed array of ``shape`` (whole rows past the first axis)."""
     return [_chunk(shape[0], list(shape[1:])), *shape[1:]]
 
 
@@ -752,29 +749,25 @@ class SealedColumn(NamedTuple):
         cls,
         where: str,
         var: VariableSpec,
-        data: np.ndarray | Rows,
+        data: np.ndarray,
         attrs: dict[str, Any],
         strings: np.ndarray | None,
     ) -> SealedColumn:
-        attrs = {**attrs, **var.cf_attrs}
         lookup = np.asarray(strings if strings is not None else [], dtype=object)
         if var.dtype != "code":
-            return cls(var, attrs, None, None, lookup)
-        read_none = attrs.pop(NONE_ATTR, None)
-        attrs.pop("missing_value", None)
+            return cls(var, _sealed_attrs(attrs, var, None), None, None, lookup)
+        read_none = attrs.get(NONE_ATTR)
         if data.dtype.kind in "iu":
             # what is missing, and which strings the column holds, from the strings table:
             # one look at each distinct string, not at each row (a million-row column of a
-            # few workers), a part of the column at a time
+            # few workers)
+            codes = data.reshape(-1)
+            if strings is None and len(codes) and codes.max() >= 0:
+                raise StoreError(f"{where}: codes without a strings table that reads")
+            inside = (codes >= 0) & (codes < len(lookup))
             used = np.zeros(len(lookup), bool)
-            missing = False
-            for part in data.parts if isinstance(data, Rows) else [data]:
-                codes = part.reshape(-1)
-                if strings is None and len(codes) and codes.max() >= 0:
-                    raise StoreError(f"{where}: codes without a strings table that reads")
-                inside = (codes >= 0) & (codes < len(lookup))
-                used[codes[inside]] = True
-                missing = missing or not inside.all()
+            used[codes[inside]] = True
+            missing = not inside.all()
             held = lookup[used]
             absent = no_value(held)
             missing = missing or bool(absent.any())
@@ -782,12 +775,8 @@ class SealedColumn(NamedTuple):
         else:
             held = text_values(np.asarray(data), read_none)
             missing = bool(len(held)) and bool(no_value(held).any())
-        if not missing:
-            return cls(var, attrs, None, read_none, lookup)
-        none = attrs[NONE_ATTR] = none_value(held)
-        if none == "":
-            attrs["missing_value"] = ""  # CF: xarray reads it as missing
-        return cls(var, attrs, none, read_none, lookup)
+        none = none_value(held) if missing else None
+        return cls(var, _sealed_attrs(attrs, var, none), none, read_none, lookup)
 
     def rows(self, block: np.ndarray) -> np.ndarray:
         """A block of the column's rows as the sealed array holds them."""
