@@ -992,6 +992,33 @@ def test_a_flush_gives_the_memory_it_freed_back_to_the_os():
     assert rss_mb() - before < 50
 
 
+def test_finding_malloc_trim_starts_no_process(monkeypatch):
+    """Every worker and scheduler looks up ``malloc_trim`` at its first flush: among the
+    symbols it has loaded, never by running ``ldconfig`` (a fork from a process that may
+    hold RDMA memory registrations, where a fork is what the network's libraries warn
+    against)."""
+    import platform
+    import subprocess
+
+    from metacollect.store import flush
+
+    started: list[object] = []
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        started.append(args)
+        raise OSError("no process may be started here")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    flush._malloc_trim.cache_clear()
+    try:
+        trim = flush._malloc_trim()
+    finally:
+        flush._malloc_trim.cache_clear()
+    assert started == []
+    if platform.libc_ver()[0] == "glibc":
+        assert trim is not None
+
+
 def test_flusher_writes_while_the_event_loop_is_held():
     """One event-loop step can last a minute (a million-task graph submitted): the flush
     thread ticks by itself, so the rows of that step are written while it runs, not all

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import functools
 import logging
 import threading
@@ -69,9 +68,14 @@ def take_rows(columns: Sequence[Any]) -> tuple[Any, ...]:
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or ``None`` where the C library has none (musl, macOS)."""
+    """glibc's ``malloc_trim``, or ``None`` where the C library has none (musl, macOS).
+
+    Looked up among the symbols the process has loaded already (``CDLL(None)``), not with
+    ``ctypes.util.find_library``, which runs ``ldconfig`` in a child process: a fork and an
+    exec from every worker and scheduler at its first flush (3 ms, and a fork in an
+    MPI-launched process is what RDMA networks' libraries warn against)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError, TypeError):
         return None
 
