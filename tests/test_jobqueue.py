@@ -109,6 +109,7 @@ def _check_batch(store: str, system: str, seen: dict[str, dict[str, str]], templ
     assert batch.attrs["batch_system"] == system
     assert batch.attrs["source"] == "jobqueue"
     assert batch.attrs["job_script"] == template
+    assert batch.attrs["term_trap"] == "own"  # jobqueue_cluster's scripts have it
     assert batch.attrs["cores"] == 1 and batch.attrs["processes"] == 1
     assert batch.attrs["walltime"] == "00:10:00"
     jobs = run.table("job/batch", "jobs").set_index("job_id")
@@ -430,4 +431,135 @@ def test_a_sigtermed_client_of_a_jobqueue_cluster_seals_its_store(tmp_path):
     assert run.attrs["status"] == "interrupted" and run.attrs["missing"] == []
     assert run.attrs["script_signal"] == "SIGTERM"
     assert len(run.tasks()) == 100 and len(run.worker_table("tasks")) == 100
+    assert validate_store(store) == []
+
+
+ADAPTIVE_FLOW = """\
+import json, sys, time
+from dask_jobqueue import SLURMCluster
+from distributed import Client
+from metacollect import collect
+
+def watch(client, cluster, seen, until):
+    # the ground truth, as the script sees it: every job the cluster had, every worker
+    while not until():
+        jobs = dict(cluster.workers)  # a job's name is its worker's (names are reused)
+        for job in jobs.values():
+            if getattr(job, "job_id", None):
+                seen["jobs"][str(job.job_id)] = job.name
+        for address, info in client.scheduler_info()["workers"].items():
+            job = jobs.get(info["name"])
+            if getattr(job, "job_id", None):
+                seen["workers"][address] = str(job.job_id)
+        time.sleep(0.05)
+
+if __name__ == "__main__":
+    store, truth, logs = sys.argv[1:4]
+    cluster = SLURMCluster(log_directory=logs, **json.loads(sys.argv[4]))
+    client = Client(cluster)  # never closed: the script's end does it
+    seen = {"jobs": {}, "workers": {}, "first": [], "second": []}
+    with collect(client, store, flush_interval="60s"):  # no flush but the final ones
+        cluster.adapt(minimum=0, maximum=2, interval="200ms", wait_count=3)
+        futures = client.map(lambda x: (time.sleep(0.05), x + 1)[1], range(100))
+        watch(client, cluster, seen, lambda: all(f.done() for f in futures))
+        seen["first"] = sorted(set(seen["jobs"]))
+        assert sum(client.gather(futures)) == 5050
+        del futures
+        watch(client, cluster, seen, lambda: not cluster.workers)  # adapt scales them down
+        futures = client.map(lambda x: x * 2, range(50))  # and up again
+        watch(client, cluster, seen, lambda: all(f.done() for f in futures))
+        seen["second"] = sorted(set(seen["jobs"]) - set(seen["first"]))
+        assert sum(client.gather(futures)) == 2450
+        del futures
+    with open(truth, "w") as f:
+        json.dump(seen, f)
+"""
+
+
+@pytest.mark.slurm
+def test_jobs_that_come_and_go_while_collected_are_all_recorded(tmp_path):
+    """A user's own ``SLURMCluster`` (not ``jobqueue_cluster``) that ``adapt()`` scales up,
+    down and up again inside ``collect()``: every job it had is in ``job/batch`` with its
+    workers, and each worker's environment, although the first jobs were gone long before
+    the collection ended; the jobs submitted while collected got the TERM trap, so the
+    workers adapt scaled down (their jobs cancelled at once) took their final flush: the
+    store is complete, nothing missing, against what the script itself saw."""
+    require_slurm()
+    store, truth = str(tmp_path / "adaptive.zarr"), tmp_path / "truth.json"
+    (tmp_path / "flow.py").write_text(ADAPTIVE_FLOW)
+    proc = subprocess.run(
+        [sys.executable, "flow.py", store, str(truth), str(tmp_path / "logs"), json.dumps(KW)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = json.loads(truth.read_text())
+    assert len(seen["first"]) >= 1 and len(seen["second"]) >= 1, seen
+    run = open_run(store)
+    assert run.attrs["status"] == "complete", run.attrs.get("missing")
+    assert run.attrs["missing"] == []
+    batch = run.tree["job/batch"]
+    assert batch.attrs["term_trap"] == "added"
+    assert terminate.JOB_SCRIPT_TRAP not in batch.attrs["job_script"]  # the user's template
+    jobs = run.table("job/batch", "jobs").set_index("job_id")
+    assert set(jobs.index) == set(seen["jobs"])
+    env = run.table("job/batch", "environment")
+    worker_of = {job_id: address for address, job_id in seen["workers"].items()}
+    for job_id in seen["jobs"]:
+        row = jobs.loc[job_id]
+        assert json.loads(row["workers"]) == [worker_of[job_id]], (job_id, row["workers"])
+        assert row["start_time"] > 0 and row["nodes"]
+        assert terminate.JOB_SCRIPT_TRAP in row["script"]
+        mine = env[env.worker == worker_of[job_id]].set_index("name")["value"]
+        assert mine["SLURM_JOB_ID"] == job_id
+    # recorded once their workers had connected, while they ran (the rest is the scheduler's:
+    # when each worker came and went)
+    assert (jobs.state == "RUNNING").all() and jobs.end_time.isna().all()
+    workers = run.workers()
+    assert dict(zip(workers.address, workers.batch_job, strict=True)) == seen["workers"]
+    assert workers.ended.notna().all()  # every final flush taken, the scaled-down ones too
+    assert len(run.tasks()) == 150 and len(run.worker_table("tasks")) == 150
+    assert validate_store(store) == []
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_forgot_before_it_was_recorded_is_named(tmp_path):
+    """A job that came and went between two looks at the cluster (here none: they are a
+    minute apart) and that Slurm has forgotten by the end (``MinJobAge``): its worker said
+    which job it ran in, so the job still has its row - with what the worker said: its id,
+    the worker, its host and its environment - and the store names what that row lacks
+    (the batch system's fields) instead of being complete without them."""
+    require_slurm()
+    store = str(tmp_path / "forgotten.zarr")
+    from dask_jobqueue import SLURMCluster
+
+    with (
+        SLURMCluster(log_directory=str(tmp_path / "logs"), **KW) as cluster,
+        Client(cluster) as client,
+    ):
+        with collect(client, store, snapshot_interval="60s"):
+            cluster.scale(jobs=1)
+            client.wait_for_workers(1, timeout=60)
+            (job_id,) = [str(j.job_id) for j in cluster.workers.values()]
+            (address,) = client.scheduler_info()["workers"]
+            assert client.submit(lambda x: x + 1, 1).result() == 2
+            cluster.scale(0)
+            deadline = time.time() + 90
+            while (cluster.workers or scontrol_job(job_id)) and time.time() < deadline:
+                time.sleep(0.5)
+            assert not scontrol_job(job_id), "Slurm still knows the job (MinJobAge)"
+    run = open_run(store)
+    assert run.attrs["status"] == "incomplete"
+    (named,) = [m for m in run.attrs["missing"] if m.startswith(f"batch job {job_id}:")]
+    assert "Slurm had forgotten it before it was recorded" in named
+    (row,) = run.table("job/batch", "jobs").query("job_id == @job_id").to_dict("records")
+    assert json.loads(row["workers"]) == [address] and json.loads(row["hostnames"])
+    assert row["state"] == "" and math.isnan(row["start_time"])  # what Slurm would have said
+    env = run.table("job/batch", "environment").query("worker == @address")
+    assert env.set_index("name")["value"]["SLURM_JOB_ID"] == job_id
+    workers = run.workers().set_index("address")
+    assert workers.loc[address, "batch_job"] == job_id
+    assert workers.ended.notna().all()  # its final flush taken (the trap was added)
     assert validate_store(store) == []

@@ -96,6 +96,38 @@ def test_a_held_block_finishes_before_the_signal_takes_its_course(tmp_path):
     assert "not reached" not in printed and took >= 0.5
 
 
+def test_overlapping_held_blocks_of_one_event_loop_all_finish_first(tmp_path):
+    """Two collectors of one worker process end at once on its event loop (a worker scaled
+    down while collected into two stores), each awaiting its own final flush held: a
+    SIGTERM that comes meanwhile (the job's cancellation) waits until the last of them has
+    ended, not only the first, then the process ends by it."""
+    code, printed, stderr, lines, took = run_until_terminated(
+        tmp_path,
+        """
+        import asyncio
+
+        async def end(name, seconds):
+            with terminate.held():
+                await asyncio.sleep(seconds)
+                final(name)("done")
+
+        async def main():
+            ends = [asyncio.ensure_future(end("short", 0.5)), asyncio.ensure_future(end("long", 1.5))]
+            await asyncio.sleep(0.1)
+            print("READY", os.getpid(), flush=True)
+            await asyncio.gather(*ends)
+            final("after")("all")
+
+        asyncio.run(main())
+        print("not reached")
+        """,
+    )
+    assert code == -signal.SIGTERM, stderr
+    pid = printed[0]
+    assert lines == [f"short done {pid}", f"long done {pid}"]
+    assert "not reached" not in printed and took >= 1.0
+
+
 def test_a_held_block_in_a_process_not_watched_finishes_first_too(tmp_path):
     """``metacollect run``'s seal and ``batch stop``'s: no collector watches there, and the
     block still finishes before the process dies of the signal; after it SIGTERM is the

@@ -80,7 +80,10 @@ def _batch_recorder(client: Client, writer: StoreWriter) -> Any:
     try:
         recorder = BatchRecorder.for_client(client, writer)
         if recorder is not None:
+            recorder.trap_new_jobs()
             recorder.record()
+            # jobs come and go while the run is collected (adapt, scale, walltimes)
+            recorder.watch(config.interval("snapshot-interval"))
         return recorder
     except Exception as e:  # never lose the run over the batch metadata
         writer.group("job").record_error("batch jobs", e)
@@ -236,6 +239,8 @@ class Collection:
         the store given up (:func:`~metacollect.store.lifecycle.abandon`)."""
         with contextlib.suppress(Exception):
             self.client.unregister_scheduler_plugin(SchedulerCollector(self.store).name)
+        if self.batch is not None:
+            self.batch.stop()
         abandon(self.store)
 
     def stop(
@@ -252,9 +257,10 @@ class Collection:
                 dask.config.set({_NFRAMES: self._nframes_before})
 
     def _record_batch(self) -> list[str]:
-        if self.batch is not None:
-            self.batch.record()
-        return []
+        if self.batch is None:
+            return []
+        self.batch.record(final=True)
+        return list(self.batch.unrecorded)
 
     def _retire_batch(self) -> list[str]:
         return retire_batch(self.batch) if self.batch is not None else []

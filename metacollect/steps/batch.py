@@ -9,6 +9,7 @@ wrappers in ``jobscripts/`` record the allocation itself with the same rows
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -16,11 +17,14 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import metacollect.config as config
+from metacollect.steps import terminate
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -110,6 +114,29 @@ def as_int(value: Any) -> int:
         return -1
 
 
+#: Slurm job states of a job that is over (``COMPLETING``: its processes are being ended)
+ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "COMPLETING",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+
+
+def job_ended(fields: Mapping[str, str]) -> bool:
+    """Whether ``scontrol show job`` fields say the job is over."""
+    return fields.get("JobState", "") in ENDED_STATES
+
+
 def job_row(
     job_id: str,
     role: str,
@@ -138,6 +165,8 @@ def job_row(
         "workers": json.dumps(sorted(workers or [])),
         "submit_time": _epoch(fields.get("SubmitTime")),
         "start_time": _epoch(fields.get("StartTime")),
+        # Slurm's EndTime of a job still running is its expected end (start + time limit)
+        "end_time": _epoch(fields.get("EndTime")) if job_ended(fields) else math.nan,
         "captured": time.time(),
         "script": stored_script(script),
         "details": json.dumps(dict(fields)),
@@ -179,8 +208,17 @@ def stored_script(text: str) -> str:
 class BatchRecorder:
     """Records the batch jobs of a dask-jobqueue cluster into ``job/batch``.
 
-    :meth:`record` may run several times (at start, before shutdown); each job and each
-    worker's environment is written once, when first seen running.
+    Jobs come and go while a run is collected (``cluster.adapt()``, ``cluster.scale()``, a
+    job's walltime), and Slurm forgets a finished job within ``MinJobAge`` (5 min by
+    default): :meth:`watch` looks at the cluster every ``metacollect.snapshot-interval`` in a
+    thread of its own, and :meth:`record` at the start and the end. A job is written once,
+    when its workers have all connected, when the cluster has let it go, or at the end,
+    whichever comes first, with what the batch system says of it then; each worker's
+    environment once, when it is first seen. A look asks the scheduler for its workers only
+    while some job waits to be recorded, and the batch system about a job only when it is
+    to be written (the controller is the whole machine's: a job queued for hours is not
+    asked about every second). A job that was gone from the batch system before it could
+    be recorded is named by :attr:`unrecorded`.
     """
 
     def __init__(self, client: Client, cluster: Any, system: str, writer: StoreWriter) -> None:
@@ -188,9 +226,20 @@ class BatchRecorder:
         self.cluster = cluster
         self.system = system
         self.writer = writer
+        #: every job id the cluster had while collected, also of jobs it has forgotten since
         self.job_ids: list[str] = []
+        #: problems for the store's ``missing``: jobs gone before they could be recorded
+        self.unrecorded: list[str] = []
+        self._jobs: dict[str, Any] = {}  # job id -> its dask-jobqueue Job (its script)
         self._seen_jobs: set[str] = set()
         self._seen_workers: set[str] = set()
+        self._members: dict[str, list[tuple[str, str]]] = {}  # job id -> (worker, host)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._failed: set[str] = set()  # what failed while watching (recorded once each)
+        #: (the cluster's job template, ours with the TERM trap) while ours is in place
+        self._trapped: tuple[dict[str, Any], dict[str, Any]] | None = None
         job = getattr(cluster, "_dummy_job", None)
         self.group = writer.group(
             "batch",
@@ -214,51 +263,197 @@ class BatchRecorder:
         system = batch_system(cluster)
         return None if system is None else cls(client, cluster, system, writer)
 
-    def record(self) -> None:
-        """Capture the jobs and worker environments not recorded yet, and flush."""
-        jobs = {
+    def trap_new_jobs(self) -> None:
+        """Give the jobs the cluster submits from now on (``adapt``, ``scale``) a TERM trap
+        in their script, as :func:`~metacollect.launch.batch.jobqueue_cluster` gives all of
+        its jobs, until the last :meth:`record`.
+
+        A worker job that is scaled down or cancelled is sent SIGTERM; without the trap its
+        script's shell dies of it at once and Slurm kills what is left of the job, the worker
+        in its final flush included, which the store then names as missing. With it the
+        shell waits for the worker (:data:`~metacollect.steps.terminate.JOB_SCRIPT_TRAP`).
+        Jobs already running keep their script. The group's ``term_trap`` says what was done.
+        """
+        how = self._trap()
+        self.group.set_attrs(term_trap=how)
+
+    def _trap(self) -> str:
+        cluster = self.cluster
+        try:
+            if terminate.traps_term(cluster.job_script()):
+                return "own"  # the user's prologue, or jobqueue_cluster's
+            spec = cluster.new_spec
+            options = dict(spec["options"])
+            prologue = getattr(cluster._dummy_job, "_job_script_prologue", None)
+            if prologue is None:
+                prologue = options.get("job_script_prologue") or []
+            options["job_script_prologue"] = [*prologue, terminate.JOB_SCRIPT_TRAP]
+            with warnings.catch_warnings():  # a deprecated env_extra warns at every job
+                warnings.simplefilter("ignore")
+                probe = spec["cls"]("tcp://127.0.0.1:1", name="dummy-name", **options)
+                if not terminate.traps_term(probe.job_script()):
+                    return "none: dask-jobqueue did not take the prologue"
+            self._trapped = (spec, {**spec, "options": options})
+            cluster.new_spec = self._trapped[1]
+        except Exception as e:  # this cluster is built differently: its jobs keep their script
+            self.group.record_error("batch jobs (term trap)", e)
+            return f"none: {type(e).__name__}: {e}"
+        return "added"
+
+    def _untrap(self) -> None:
+        """The cluster's own job template back (if nothing replaced ours meanwhile)."""
+        if self._trapped is not None:
+            original, ours = self._trapped
+            self._trapped = None
+            if getattr(self.cluster, "new_spec", None) is ours:
+                self.cluster.new_spec = original
+
+    def stop(self) -> None:
+        """Stop watching, and give the cluster its job template back."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=30)
+        self._untrap()
+
+    def watch(self, interval: float) -> None:
+        """Record jobs and workers as they come, every ``interval`` seconds, until
+        :meth:`record` is called with ``final=True``."""
+        self._watcher = threading.Thread(
+            target=self._watch, args=(interval,), name="metacollect-batch", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.record()
+            except Exception as e:  # the next look may work: said once, never raised
+                if type(e).__name__ not in self._failed:
+                    self._failed.add(type(e).__name__)
+                    self.group.record_error("batch jobs (watching)", e)
+
+    def record(self, final: bool = False) -> None:
+        """Capture the jobs and worker environments not recorded yet, and flush. With
+        ``final``: the last look (the watcher stops), every job seen gets its row."""
+        if final:
+            self.stop()
+        with self._lock:
+            self._record(final)
+
+    def _record(self, final: bool) -> None:
+        current = {
             str(j.job_id): j
             for j in list(self.cluster.workers.values())
             if getattr(j, "job_id", None)
         }
-        for job_id in jobs:
-            if job_id not in self.job_ids:
+        for job_id, job in current.items():
+            if job_id not in self._jobs:
+                self._jobs[job_id] = job
                 self.job_ids.append(job_id)
-        try:
-            seen = self.client.run(batch_environment)
-        except Exception as e:  # workers gone or unreachable: keep what the queue says
-            self.group.record_error("batch environment", e)
-            seen = {}
-        by_job: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-        environment: list[dict[str, Any]] = []
-        for addr, info in seen.items():
-            by_job.setdefault(info["job_id"], []).append((addr, info))
-            if addr not in self._seen_workers:
-                self._seen_workers.add(addr)
-                environment.extend(env_rows(info["job_id"], addr, info["env"]))
+        if not final and all(j in self._seen_jobs for j in self._jobs):
+            return  # every job recorded: a look costs no request to anyone
+        environment = self._take_environments(final)
+        waiting = [j for j in self._jobs if j not in self._seen_jobs]
+        if final or any(j not in current and not self._members.get(j) for j in waiting):
+            # the workers no look saw (they came and went between two), as they said
+            environment += self._from_worker_groups()
+            waiting = [j for j in self._jobs if j not in self._seen_jobs]
         rows = []
-        for job_id, job in jobs.items():
-            if job_id in self._seen_jobs:
-                continue
+        for job_id in waiting:
+            job = self._jobs[job_id]  # None: known from its workers alone
+            members = self._members.get(job_id, [])
+            processes = getattr(job, "worker_processes", -1)
+            connected = len(members) >= max(processes, 1)
+            left = job_id not in current  # scaled down, or its job ended
+            if not (final or connected or left):
+                continue  # queued, or its workers starting: no request to the controller yet
             fields = scontrol_job(job_id)
-            if not fields and job_id not in by_job:
-                continue  # queued, not running yet: record it when it runs
+            if not fields and not members:
+                if final or left:
+                    self._seen_jobs.add(job_id)
+                    self._gone(job_id)
+                continue
             self._seen_jobs.add(job_id)
-            members = by_job.get(job_id, [])
+            if not fields and shutil.which("scontrol"):
+                self.unrecorded.append(
+                    f"batch job {job_id}: Slurm had forgotten it before it was recorded "
+                    "(MinJobAge): its row holds only what its workers said of it (id, "
+                    "workers, hosts, environment)"
+                )
+            script = job.job_script() if job is not None else scontrol_script(job_id)
             rows.append(
                 job_row(
                     job_id,
                     "worker",
                     fields,
-                    job.job_script(),
-                    processes=getattr(job, "worker_processes", -1),
+                    script,
+                    processes=processes,
                     workers=[a for a, _ in members],
-                    hostnames=[i["host"] for _, i in members],
+                    hostnames=[h for _, h in members],
                 )
             )
         write_rows(self.group, "jobs", rows)
         write_rows(self.group, "environment", environment)
-        self.group.flush()
+        if rows or environment:
+            self.group.flush()
+
+    def _take_environments(self, final: bool) -> list[dict[str, Any]]:
+        """The batch variables of the workers not seen yet (asked of them alone)."""
+        try:
+            workers = set(self.client.scheduler_info().get("workers", {}))
+            new = sorted(workers - self._seen_workers)
+            seen = self.client.run(batch_environment, workers=new, on_error="return") if new else {}
+        except Exception as e:  # workers gone or unreachable: keep what the queue says
+            if final or "environment" not in self._failed:
+                self._failed.add("environment")
+                self.group.record_error("batch environment", e)
+            return []
+        environment: list[dict[str, Any]] = []
+        for addr, info in seen.items():
+            if isinstance(info, BaseException):  # it left between the listing and the ask
+                continue
+            self._seen_workers.add(addr)
+            self._members.setdefault(info["job_id"], []).append((addr, info["host"]))
+            environment.extend(env_rows(info["job_id"], addr, info["env"]))
+        return environment
+
+    def _from_worker_groups(self) -> list[dict[str, Any]]:
+        """The workers of the store's worker groups that no look saw (they came and went
+        between two), from what each said in its group (``batch_job_id``,
+        ``batch_environment``): their jobs join those to record, and their variables are
+        returned as environment rows. Read from a store on a filesystem only."""
+        root = self.writer.path
+        if "://" in root:
+            return []
+        pattern = self.writer.schema.groups["worker"].path
+        pattern = re.sub(r"\{[^}]+\}", "*", pattern)
+        environment: list[dict[str, Any]] = []
+        for doc in sorted(glob.glob(os.path.join(root, pattern, "zarr.json"))):
+            try:
+                with open(doc, encoding="utf-8") as f:
+                    attrs = json.load(f).get("attributes") or {}
+            except (OSError, ValueError):
+                continue  # a group being made: its worker is one a look can still see
+            address, job_id = attrs.get("address"), attrs.get("batch_job_id")
+            if not job_id or not address or address in self._seen_workers:
+                continue
+            self._seen_workers.add(address)
+            self._members.setdefault(job_id, []).append((address, attrs.get("host", "")))
+            environment.extend(env_rows(job_id, address, attrs.get("batch_environment") or {}))
+            if job_id not in self._jobs:
+                self._jobs[job_id] = None
+                self.job_ids.append(job_id)
+        return environment
+
+    def _gone(self, job_id: str) -> None:
+        """A job the cluster had that no worker of was seen and the batch system no longer
+        lists: it may have run, and what it was is not in the store. Said, not guessed."""
+        if shutil.which("scontrol"):  # without it (PBS) a job never seen may never have run
+            self.unrecorded.append(
+                f"batch job {job_id}: it was gone from the batch system before it could be "
+                "recorded (Slurm forgets a finished job after MinJobAge) and none of its "
+                "workers was seen: whether it ran, and where, is not in job/batch"
+            )
 
 
 def _requested(cluster: Any, name: str) -> Any:

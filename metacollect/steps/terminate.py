@@ -56,6 +56,9 @@ _installed_in: int | None = None
 #: the process inside :func:`held`: the signal waits for the block's end (kept here until
 #: then); a child forked meanwhile is not held
 _held_in: int | None = None
+#: held blocks open in that process, and the handler the first one replaced (to give back)
+_held_depth = 0
+_held_installed: Any = None
 _pending: int | None = None
 
 
@@ -97,29 +100,42 @@ def held() -> Iterator[None]:
     """A block that SIGTERM does not cut short: an end under way (a final flush, a seal)
     finishes, then the signal takes its course (the finals still watched, then the process
     ends by it, as it would have). The batch system's grace period still bounds it: its
-    SIGKILL ends a block that takes longer. A process with a SIGTERM handler of its own
-    (other than this module's) runs the block as it is, and so does one off the main thread
-    (where Python runs no handler)."""
-    global _held_in, _pending
-    if _held_in == os.getpid() or threading.current_thread() is not threading.main_thread():
+    SIGKILL ends a block that takes longer. Blocks may nest and overlap (coroutines of one
+    event loop, each awaiting its own end): the signal waits for the last one. A process
+    with a SIGTERM handler of its own (other than this module's) runs the block as it is,
+    and so does one off the main thread (where Python runs no handler)."""
+    global _held_in, _held_depth, _held_installed
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    installed = None
-    if signal.getsignal(SIGNAL) is not _on_signal:  # not watched: held for this block only
-        if signal.getsignal(SIGNAL) != signal.SIG_DFL:
+    if _held_in != os.getpid():  # the first block (in this process: a forked child anew)
+        current = signal.getsignal(SIGNAL)
+        if current is not _on_signal and current != signal.SIG_DFL:
             yield
             return
-        installed = signal.signal(SIGNAL, _on_signal)
-    _held_in = os.getpid()
+        # not watched: held for these blocks only
+        _held_installed = signal.signal(SIGNAL, _on_signal) if current is not _on_signal else None
+        _held_in, _held_depth = os.getpid(), 0
+    _held_depth += 1
     try:
         yield
     finally:
-        _held_in = None
-        if installed is not None and signal.getsignal(SIGNAL) is _on_signal:
-            signal.signal(SIGNAL, installed)
-        signum, _pending = _pending, None
-        if signum is not None:
-            _on_signal(signum, None)
+        _held_depth -= 1
+        if _held_depth == 0:
+            _release()
+
+
+def _release() -> None:
+    """The last held block has ended: the handler it put in place given back, and a signal
+    kept meanwhile acted on."""
+    global _held_in, _held_installed, _pending
+    _held_in = None
+    installed, _held_installed = _held_installed, None
+    if installed is not None and signal.getsignal(SIGNAL) is _on_signal:
+        signal.signal(SIGNAL, installed)
+    signum, _pending = _pending, None
+    if signum is not None:
+        _on_signal(signum, None)
 
 
 def take_pending() -> int | None:
@@ -207,14 +223,20 @@ def batch_shell_warning(command: str) -> str | None:
 
 def _traps_term(script: str) -> bool:
     """Whether the batch script at ``script`` (the shell's argument: Slurm's copy of it)
-    sets a TERM trap, with which its shell waits for the command in progress instead of
-    dying at once; ``False`` when it cannot be read (the warning then stays)."""
+    sets a TERM trap (:func:`traps_term`); ``False`` when it cannot be read (the warning
+    then stays)."""
     try:
         with open(script, encoding="utf-8", errors="replace") as f:
-            lines = f.read(1 << 20).splitlines()
+            return traps_term(f.read(1 << 20))
     except OSError:
         return False
-    for line in lines:
+
+
+def traps_term(text: str) -> bool:
+    """Whether a shell script sets a TERM trap, with which its shell waits for the command
+    in progress instead of dying at once (``trap '' TERM`` counts too: what it lacks is
+    told elsewhere)."""
+    for line in text.splitlines():
         try:
             words = shlex.split(line, comments=True)
         except ValueError:  # an unbalanced quote: not a line we can read

@@ -23,6 +23,7 @@ import metacollect.config as config
 from metacollect.errors import StoreError
 from metacollect.steps import dask_profile, finemetrics, terminate
 from metacollect.steps.base import ErrorRecorder, Recording, write_parts
+from metacollect.steps.batch import batch_environment
 from metacollect.store import local, lock
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
@@ -78,6 +79,18 @@ def used_delay(seen: tuple[float, float, float], compute: list[dict[str, Any]]) 
     if not (math.isfinite(low) and low <= high):
         return delay
     return min(max(delay, low), high)
+
+
+def _batch_attrs() -> dict[str, Any]:
+    """The batch job this process runs in (``batch_job_id``, "" outside one) and its
+    ``SLURM_*``/``PBS_*`` variables, redacted (``batch_environment``, only in a job)."""
+    info = batch_environment()
+    if not info["job_id"]:
+        return {"batch_job_id": ""}
+    return {
+        "batch_job_id": info["job_id"],
+        "batch_environment": config.redact_environment(info["env"]),
+    }
 
 
 class WorkerCollector(WorkerPlugin):
@@ -156,6 +169,9 @@ class WorkerCollector(WorkerPlugin):
             # sealed lost what its worker did after its last flush (lifecycle.unended_workers)
             "ended": None,
             "profile_interval": dask_profile.profile_interval(),
+            # the batch job it runs in, said by the worker itself: the client's looks at its
+            # jobqueue cluster may miss a job that came and went between two of them
+            **_batch_attrs(),
         }
         #: the node-local store this worker writes its group to (None: the run's store)
         self.local, local_failed = self._local_store(attrs)
@@ -212,12 +228,16 @@ class WorkerCollector(WorkerPlugin):
         if not self._started:
             return
         self._started = False
+        # a worker scaled down (adapt, scale) is closed as its job is cancelled: the SIGTERM
+        # comes while this runs, and waits for it (the signal's own final flush cannot run:
+        # it would need the event loop this end holds)
+        with terminate.held():
+            if self.cycles is not None:
+                self.cycles.close()  # the cycle in progress, copied on the loop that fills it
+            await self.recording.finish()
+            self._ended()
+            gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None
         terminate.unwatch(self._watch)
-        if self.cycles is not None:
-            self.cycles.close()  # the cycle in progress, copied on the loop that fills it
-        await self.recording.finish()
-        self._ended()
-        gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None
         config.restore(self._config_before)
         if gathered is not None:
             raise gathered

@@ -456,8 +456,9 @@ class StoreReader:
         """One row per worker ever seen: address, name, host, pid, nthreads, memory_limit,
         added/removed times, its store group, when its collector took its final flush
         (``ended``: NaN if it never did, and what it did after its last flush is not in its
-        group) and the signal that ended its process after that flush (``terminated``, e.g.
-        ``SIGTERM`` at a batch job's walltime; ``""`` when it closed)."""
+        group), the signal that ended its process after that flush (``terminated``, e.g.
+        ``SIGTERM`` at a batch job's walltime; ``""`` when it closed) and the batch job it
+        ran in (``batch_job``, the ``job_id`` of ``job/batch``'s jobs; ``""`` outside one)."""
         ev = self._concat("scheduler", "workers")
         adds = (
             ev[ev.event == "add"]
@@ -488,13 +489,15 @@ class StoreReader:
                     p.split("/")[-1],
                     np.nan if a.get("ended") is None else a["ended"],
                     a.get("terminated") or "",
+                    a.get("batch_job_id") or "",
                 )
                 for p, a in self.worker_groups().items()
             ],
-            columns=["cluster", "address", "pid", "group", "ended", "terminated"],
+            columns=["cluster", "address", "pid", "group", "ended", "terminated", "batch_job"],
         )
         out = adds.merge(groups, on=["cluster", "address", "pid"], how="left")
-        out["terminated"] = out["terminated"].fillna("")  # a worker without a group
+        for column in ("terminated", "batch_job"):  # a worker without a group
+            out[column] = out[column].fillna("")
         return out.sort_values("added", ignore_index=True)
 
     def tasks(self) -> pd.DataFrame:
