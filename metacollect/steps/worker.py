@@ -229,8 +229,8 @@ class WorkerCollector(WorkerPlugin):
             return
         self._started = False
         # a worker scaled down (adapt, scale) is closed as its job is cancelled: the SIGTERM
-        # comes while this runs, and waits for it (the signal's own final flush cannot run:
-        # it would need the event loop this end holds)
+        # comes while this runs, and waits for it (the signal's own final flush cannot take
+        # this end's place: the handler runs between two steps of the loop it awaits on)
         with terminate.held():
             if self.cycles is not None:
                 self.cycles.close()  # the cycle in progress, copied on the loop that fills it
