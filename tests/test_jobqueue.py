@@ -89,6 +89,24 @@ def test_scontrol_fields_parse():
     assert math.isnan(_epoch("Unknown"))
 
 
+@pytest.mark.parametrize(
+    "state, ended",
+    [("RUNNING", False), ("PENDING", False), ("CANCELLED", True), ("TIMEOUT", True)],
+)
+def test_a_jobs_end_time_is_its_end_only_once_it_is_over(state, ended):
+    """Slurm shows an ``EndTime`` for every job: for one still running or queued it is the
+    start plus the time limit, not an end. A row says the end of a job that was over."""
+    line = (
+        f"JobId=7 JobState={state} SubmitTime=2026-11-28T08:00:00 "
+        "StartTime=2026-11-28T08:00:02 EndTime=2026-11-28T08:10:02 TimeLimit=00:10:00"
+    )
+    row = job_row("7", "worker", dict(_FIELD.findall(line)), "")
+    if ended:
+        assert row["end_time"] - row["start_time"] == 600
+    else:
+        assert math.isnan(row["end_time"])
+
+
 def test_unknown_system_is_a_usage_error():
     from metacollect.errors import UsageError
 
