@@ -234,8 +234,9 @@ def _traps_term(script: str) -> bool:
 
 def traps_term(text: str) -> bool:
     """Whether a shell script sets a TERM trap, with which its shell waits for the command
-    in progress instead of dying at once (``trap '' TERM`` counts too: what it lacks is
-    told elsewhere)."""
+    in progress instead of dying at once (``trap '' TERM`` counts too, although its
+    commands then inherit the ignored signal and only the grace period's SIGKILL ends
+    them)."""
     for line in text.splitlines():
         try:
             words = shlex.split(line, comments=True)
