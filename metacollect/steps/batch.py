@@ -226,11 +226,10 @@ class BatchRecorder:
         self.cluster = cluster
         self.system = system
         self.writer = writer
-        #: every job id the cluster had while collected, also of jobs it has forgotten since
-        self.job_ids: list[str] = []
         #: problems for the store's ``missing``: jobs gone before they could be recorded
         self.unrecorded: list[str] = []
-        self._jobs: dict[str, Any] = {}  # job id -> its dask-jobqueue Job (its script)
+        #: job id -> its dask-jobqueue Job (its script; None: known from its workers alone)
+        self._jobs: dict[str, Any] = {}
         self._seen_jobs: set[str] = set()
         self._seen_workers: set[str] = set()
         self._members: dict[str, list[tuple[str, str]]] = {}  # job id -> (worker, host)
@@ -262,6 +261,11 @@ class BatchRecorder:
         cluster = getattr(client, "cluster", None)
         system = batch_system(cluster)
         return None if system is None else cls(client, cluster, system, writer)
+
+    @property
+    def job_ids(self) -> list[str]:
+        """Every job id the cluster had while collected, also of jobs it has forgotten."""
+        return list(self._jobs)
 
     def trap_new_jobs(self) -> None:
         """Give the jobs the cluster submits from now on (``adapt``, ``scale``) a TERM trap
@@ -347,9 +351,7 @@ class BatchRecorder:
             if getattr(j, "job_id", None)
         }
         for job_id, job in current.items():
-            if job_id not in self._jobs:
-                self._jobs[job_id] = job
-                self.job_ids.append(job_id)
+            self._jobs.setdefault(job_id, job)
         if not final and all(j in self._seen_jobs for j in self._jobs):
             return  # every job recorded: a look costs no request to anyone
         environment = self._take_environments(final)
@@ -360,7 +362,7 @@ class BatchRecorder:
             waiting = [j for j in self._jobs if j not in self._seen_jobs]
         rows = []
         for job_id in waiting:
-            job = self._jobs[job_id]  # None: known from its workers alone
+            job = self._jobs[job_id]
             members = self._members.get(job_id, [])
             processes = getattr(job, "worker_processes", -1)
             connected = len(members) >= max(processes, 1)
@@ -440,9 +442,7 @@ class BatchRecorder:
             self._seen_workers.add(address)
             self._members.setdefault(job_id, []).append((address, attrs.get("host", "")))
             environment.extend(env_rows(job_id, address, attrs.get("batch_environment") or {}))
-            if job_id not in self._jobs:
-                self._jobs[job_id] = None
-                self.job_ids.append(job_id)
+            self._jobs.setdefault(job_id, None)
         return environment
 
     def _gone(self, job_id: str) -> None:
