@@ -153,6 +153,12 @@ def _check_batch(store: str, system: str, seen: dict[str, dict[str, str]], templ
         assert mine["PBS_JOBID"] == job_id  # spank_pbs: every Slurm job has it
     assert len(run.tasks()) == 20
     assert not jobs_in_queue(seen), "graceful shutdown returns only when the jobs left the queue"
+    # the collection's end retired the workers: each job ended with its worker, and says so
+    assert batch.attrs["job_ends"] == "recorded"
+    ended = run.jobs().set_index("job_id")
+    assert set(ended.index) == set(seen)
+    assert (ended.end_state == "COMPLETED").all(), ended[["end_state", "exit_code"]]
+    assert (ended.exit_code == "0:0").all() and (ended.elapsed > 0).all()
 
 
 def _collect_on(cluster, store: str) -> dict[str, dict[str, str]]:
@@ -546,6 +552,97 @@ def test_jobs_that_come_and_go_while_collected_are_all_recorded(tmp_path):
     assert dict(zip(workers.address, workers.batch_job, strict=True)) == seen["workers"]
     assert workers.ended.notna().all()  # every final flush taken, the scaled-down ones too
     assert len(run.tasks()) == 150 and len(run.worker_table("tasks")) == 150
+    assert validate_store(store) == []
+
+
+ENDS_FLOW = """\
+import json, os, signal, subprocess, sys, time
+from dask_jobqueue import SLURMCluster
+from distributed import Client
+from metacollect import collect
+
+def slurm_knows(job_id):
+    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True).returncode == 0
+
+if __name__ == "__main__":
+    store, truth, logs = sys.argv[1:4]
+    cluster = SLURMCluster(log_directory=logs, **json.loads(sys.argv[4]))
+    client = Client(cluster)  # never closed: the script's end does it
+    with collect(client, store, flush_interval="60s"):
+        cluster.scale(jobs=3)
+        client.wait_for_workers(3, timeout=120)
+        job_of = client.run(lambda: os.environ["SLURM_JOB_ID"])
+        slow = client.map(lambda x: (time.sleep(0.1), x + 1)[1], range(60))  # 2 s of work
+        assert sum(client.gather(slow)) == 1830
+        del slow
+        kept, cancelled, killed = sorted(job_of)
+        # one job cancelled by its user, another's worker killed (a kernel's OOM killer
+        # takes the nanny and the worker it started); the run goes on with the third
+        acted = time.time()
+        subprocess.run(["scancel", job_of[cancelled]], check=True)
+        for pid in client.run(lambda: (os.getppid(), os.getpid()), workers=[killed])[killed]:
+            os.kill(pid, signal.SIGKILL)
+        while set(client.scheduler_info()["workers"]) != {kept}:
+            time.sleep(0.05)
+        gone = time.time()
+        assert sum(client.gather(client.map(lambda x: x * 2, range(40)))) == 1560
+        while slurm_knows(job_of[cancelled]) or slurm_knows(job_of[killed]):
+            time.sleep(0.5)  # MinJobAge: Slurm forgets them while the run goes on
+        forgotten = time.time()
+    with open(truth, "w") as f:
+        json.dump({"job_of": job_of, "kept": kept, "cancelled": cancelled, "killed": killed,
+                   "acted": acted, "gone": gone, "forgotten": forgotten}, f)
+"""
+
+
+@pytest.mark.slurm
+def test_how_each_job_ended_is_recorded_also_after_slurm_forgot_it(tmp_path):
+    """A user's ``SLURMCluster`` of three jobs: one is cancelled mid-run, another's worker
+    killed (as an OOM killer would), the third runs to the collection's end. ``run.jobs()``
+    says how each ended - CANCELLED, FAILED with its exit code, COMPLETED once retired - and
+    ``run.workers()`` the same per worker, although Slurm had forgotten the first two long
+    before the collection ended (``MinJobAge``): the cluster watch read their ends while
+    they were fresh. The killed worker's missing last flush is named, nothing else."""
+    require_slurm()
+    store, truth = str(tmp_path / "ends.zarr"), tmp_path / "truth.json"
+    (tmp_path / "flow.py").write_text(ENDS_FLOW)
+    proc = subprocess.run(
+        [sys.executable, "flow.py", store, str(truth), str(tmp_path / "logs"), json.dumps(KW)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = json.loads(truth.read_text())
+    job_of = seen["job_of"]
+    run = open_run(store)
+    assert run.tree["job/batch"].attrs["job_ends"] == "recorded"
+    jobs = run.jobs().set_index("job_id")
+    assert set(jobs.index) == set(job_of.values())
+    ended = {job_of[seen[w]]: jobs.loc[job_of[seen[w]]] for w in ("kept", "cancelled", "killed")}
+    cancelled, killed, kept = (ended[job_of[seen[w]]] for w in ("cancelled", "killed", "kept"))
+    assert cancelled["end_state"] == "CANCELLED", cancelled.to_dict()
+    assert killed["end_state"] == "FAILED" and killed["exit_code"] not in ("", "0:0"), killed
+    assert kept["end_state"] == "COMPLETED" and kept["exit_code"] == "0:0", kept.to_dict()
+    for row in (cancelled, killed):  # ended mid-run (Slurm's times are whole seconds)
+        assert seen["acted"] - 1 <= row["end_time"] <= seen["forgotten"]
+        assert row["state"] == "RUNNING"  # as captured when its worker had connected
+    assert kept["end_time"] > seen["forgotten"] - 1
+    ends = run.table("job/batch", "ends").set_index("job_id")
+    assert len(ends) == 3 and ends.index.is_unique
+    for w in ("cancelled", "killed"):
+        assert ends.loc[job_of[seen[w]], "captured"] < seen["forgotten"]
+    workers = run.workers().set_index("address")
+    for w in ("kept", "cancelled", "killed"):
+        address = seen[w]
+        assert workers.loc[address, "batch_job"] == job_of[address]
+        assert workers.loc[address, "batch_job_end"] == jobs.loc[job_of[address], "end_state"]
+    # the killed worker's last flush interval is what the store lacks, and it says so
+    assert run.attrs["status"] == "incomplete"
+    (named,) = run.attrs["missing"]
+    assert seen["killed"] in named, run.attrs["missing"]
+    assert workers.ended.isna().tolist() == [a == seen["killed"] for a in workers.index]
     assert validate_store(store) == []
 
 

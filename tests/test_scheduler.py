@@ -77,6 +77,9 @@ def test_every_transition_and_task_is_in_the_store(client, store):
     workers = run.workers()
     assert len(workers) == 2 and workers.pid.gt(0).all() and workers.nthreads.eq(2).all()
     assert workers.group.notna().all()
+    assert (workers.batch_job == "").all() and (workers.batch_job_end == "").all()
+    jobs = run.jobs()  # no batch system: no jobs, and the columns a batch run would have
+    assert jobs.empty and {"end_state", "exit_code", "end_time", "elapsed"} <= set(jobs.columns)
     states = run.worker_states()
     assert len(states) >= 2 and set(states.worker) == set(workers.address)
     assert run.errors().empty

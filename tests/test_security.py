@@ -208,7 +208,7 @@ def test_no_pickles_and_opening_runs_no_code(secret_store, monkeypatch):
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "Unpickler", refuse)
     run = open_run(secret_store)
-    run.tasks(), run.workers(), run.errors(), run.graphs(), run.config()
+    run.tasks(), run.workers(), run.jobs(), run.errors(), run.graphs(), run.config()
     _all_text(secret_store)
 
 

@@ -1242,7 +1242,7 @@ def system(ctx: Context) -> Layout:
             heading("Batch system"),
             data_table(_attrs_table(groups["job/batch"]), height=200),
         ]
-        jobs = run.table("job/batch", "jobs")
+        jobs = run.jobs()  # with how each ended, when it ended while collected
         if len(jobs):
             parts.append(
                 data_table(

@@ -263,7 +263,12 @@ class Collection:
         return list(self.batch.unrecorded)
 
     def _retire_batch(self) -> list[str]:
-        return retire_batch(self.batch) if self.batch is not None else []
+        if self.batch is None:
+            return []
+        problems = retire_batch(self.batch)
+        # how each job ended, now that retiring its workers has ended it (Slurm keeps a
+        # finished job for MinJobAge: read at once)
+        return problems + self.batch.record_ends()
 
     def _stop_darshan(self) -> list[str]:
         if self.darshan is None:

@@ -37,6 +37,7 @@ __all__ = [
     "allocation_id",
     "batch_environment",
     "batch_system",
+    "end_row",
     "env_rows",
     "job_row",
     "scontrol_job",
@@ -83,6 +84,15 @@ def scontrol_job(job_id: str) -> dict[str, str]:
         k: ("" if v == "(null)" else v)
         for k, v in _FIELD.findall(out.stdout.strip().splitlines()[0])
     }
+
+
+def slurm_min_job_age() -> float:
+    """Slurm's ``MinJobAge``: seconds it keeps a finished job (300 if unknown, its default)."""
+    out = subprocess.run(
+        ["scontrol", "show", "config"], capture_output=True, text=True, check=False
+    )
+    found = re.search(r"^MinJobAge\s*=\s*(\d+)", out.stdout, re.MULTILINE)
+    return float(found.group(1)) if found else 300.0
 
 
 def scontrol_script(job_id: str) -> str:
@@ -132,6 +142,13 @@ ENDED_STATES = frozenset(
 )
 
 
+#: the states of a job that is over for good: how it ended (``COMPLETING`` becomes one)
+FINAL_STATES = ENDED_STATES - {"COMPLETING"}
+#: seconds at most between two questions about a job still ending (also at most a third
+#: of Slurm's MinJobAge, 300 s by default)
+ASK_AGAIN_MAX = 60.0
+
+
 def job_ended(fields: Mapping[str, str]) -> bool:
     """Whether ``scontrol show job`` fields say the job is over."""
     return fields.get("JobState", "") in ENDED_STATES
@@ -169,6 +186,19 @@ def job_row(
         "end_time": _epoch(fields.get("EndTime")) if job_ended(fields) else math.nan,
         "captured": time.time(),
         "script": stored_script(script),
+        "details": json.dumps(dict(fields)),
+    }
+
+
+def end_row(job_id: str, fields: Mapping[str, str]) -> dict[str, Any]:
+    """How a job ended, as ``scontrol show job`` said once it was over."""
+    return {
+        "job_id": str(job_id),
+        "state": fields.get("JobState", ""),
+        "reason": fields.get("Reason", ""),
+        "exit_code": fields.get("ExitCode", ""),
+        "end_time": _epoch(fields.get("EndTime")),
+        "captured": time.time(),
         "details": json.dumps(dict(fields)),
     }
 
@@ -233,6 +263,14 @@ class BatchRecorder:
         self._seen_jobs: set[str] = set()
         self._seen_workers: set[str] = set()
         self._members: dict[str, list[tuple[str, str]]] = {}  # job id -> (worker, host)
+        #: jobs recorded whose end is known (an ``ends`` row, or named in ``unrecorded``)
+        self._ended: set[str] = set()
+        #: recorded jobs some worker of which was connected at the last look
+        self._alive: set[str] = set()
+        #: recorded jobs seen leaving (the cluster let them go, or their workers all left)
+        #: -> (when to ask the batch system how they ended next, the wait before that)
+        self._leaving: dict[str, tuple[float, float]] = {}
+        self._min_job_age: float | None = None  # Slurm's, read when first needed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -252,6 +290,12 @@ class BatchRecorder:
                 "cores": getattr(job, "worker_cores", None),
                 "memory": _memory(getattr(job, "worker_memory", None)),
                 "processes": getattr(job, "worker_processes", None),
+                "job_ends": (
+                    "recorded"
+                    if shutil.which("scontrol")
+                    else "not recorded: no scontrol here (Slurm's commands read how a job "
+                    "ended; PBS alone has no such record without accounting)"
+                ),
             },
         )
 
@@ -332,9 +376,7 @@ class BatchRecorder:
             try:
                 self.record()
             except Exception as e:  # the next look may work: said once, never raised
-                if type(e).__name__ not in self._failed:
-                    self._failed.add(type(e).__name__)
-                    self.group.record_error("batch jobs (watching)", e)
+                self._fail_once(type(e).__name__, "batch jobs (watching)", e, final=False)
 
     def record(self, final: bool = False) -> None:
         """Capture the jobs and worker environments not recorded yet, and flush. With
@@ -352,15 +394,32 @@ class BatchRecorder:
         }
         for job_id, job in current.items():
             self._jobs.setdefault(job_id, job)
-        if not final and all(j in self._seen_jobs for j in self._jobs):
-            return  # every job recorded: a look costs no request to anyone
-        environment = self._take_environments(final)
+        live = self._live_workers(final)
+        environment = self._take_environments(live - self._seen_workers, final) if live else []
+        if live is not None:
+            self._see_leaving(current, live)
+        due = [j for j, (when, _) in self._leaving.items() if final or when <= time.monotonic()]
+        if not (final or due or environment) and all(j in self._seen_jobs for j in self._jobs):
+            return  # every job recorded, none leaving: a look costs no request to anyone
+        rows, ends = self._new_jobs(current, final, environment)
+        ends += self._ends(current, due, final)
+        write_rows(self.group, "jobs", rows)
+        write_rows(self.group, "environment", environment)
+        write_rows(self.group, "ends", ends)
+        if rows or environment or ends:
+            self.group.flush()
+
+    def _new_jobs(
+        self, current: Mapping[str, Any], final: bool, environment: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``jobs`` and ``ends`` rows of the jobs not recorded yet that are due (the
+        environment rows of workers only the store saw join ``environment``)."""
         waiting = [j for j in self._jobs if j not in self._seen_jobs]
         if final or any(j not in current and not self._members.get(j) for j in waiting):
             # the workers no look saw (they came and went between two), as they said
             environment += self._from_worker_groups()
             waiting = [j for j in self._jobs if j not in self._seen_jobs]
-        rows = []
+        rows, ends = [], []
         for job_id in waiting:
             job = self._jobs[job_id]
             members = self._members.get(job_id, [])
@@ -373,15 +432,20 @@ class BatchRecorder:
             if not fields and not members:
                 if final or left:
                     self._seen_jobs.add(job_id)
+                    self._ended.add(job_id)
                     self._gone(job_id)
                 continue
             self._seen_jobs.add(job_id)
             if not fields and shutil.which("scontrol"):
+                self._ended.add(job_id)  # its end is as unknown as the rest: said once
                 self.unrecorded.append(
                     f"batch job {job_id}: Slurm had forgotten it before it was recorded "
                     "(MinJobAge): its row holds only what its workers said of it (id, "
                     "workers, hosts, environment)"
                 )
+            elif fields.get("JobState") in FINAL_STATES:  # over already: how, from the same look
+                self._ended.add(job_id)
+                ends.append(end_row(job_id, fields))
             script = job.job_script() if job is not None else scontrol_script(job_id)
             rows.append(
                 job_row(
@@ -394,21 +458,98 @@ class BatchRecorder:
                     hostnames=[h for _, h in members],
                 )
             )
-        write_rows(self.group, "jobs", rows)
-        write_rows(self.group, "environment", environment)
-        if rows or environment:
-            self.group.flush()
+        return rows, ends
 
-    def _take_environments(self, final: bool) -> list[dict[str, Any]]:
-        """The batch variables of the workers not seen yet (asked of them alone)."""
+    def _see_leaving(self, current: Mapping[str, Any], live: set[str]) -> None:
+        """Mark the recorded jobs that are leaving: the cluster let them go, or the last of
+        their workers left the scheduler (a walltime, a job cancelled or killed from
+        outside). A job whose worker came back (restarted by its nanny, at a new address)
+        is running again. In memory only: the cluster keeps the scheduler's workers."""
+        for job_id in self._seen_jobs - self._ended:
+            alive = any(a in live for a, _ in self._members.get(job_id, ()))
+            if alive and job_id in current:
+                self._leaving.pop(job_id, None)
+            elif job_id not in self._leaving and (job_id not in current or job_id in self._alive):
+                self._leaving[job_id] = (time.monotonic(), 0.0)  # ask at once
+            if alive:
+                self._alive.add(job_id)
+            else:
+                self._alive.discard(job_id)
+
+    def _live_workers(self, final: bool) -> set[str] | None:
+        """The scheduler's workers, as the cluster keeps them (asked of the scheduler only
+        for a cluster that does not); ``None`` if unknown."""
+        info = getattr(self.cluster, "scheduler_info", None)
+        workers = info.get("workers") if isinstance(info, dict) else None
+        if isinstance(workers, dict):
+            return set(workers.copy())  # the event loop's thread updates it
         try:
-            workers = set(self.client.scheduler_info().get("workers", {}))
-            new = sorted(workers - self._seen_workers)
-            seen = self.client.run(batch_environment, workers=new, on_error="return") if new else {}
+            return set(self.client.scheduler_info().get("workers", {}))
+        except Exception as e:  # the scheduler unreachable: keep what the queue says
+            self._fail_once("environment", "batch environment", e, final)
+            return None
+
+    def _ends(
+        self, current: Mapping[str, Any], due: list[str], final: bool
+    ) -> list[dict[str, Any]]:
+        """``ends`` rows of the leaving jobs (``due``: those to ask now) that the batch
+        system says are over. A job it still lists as running is asked again later, 1 s,
+        2 s, 4 s ... at most a minute on (well within the 5 minutes of Slurm's default
+        MinJobAge); the last look writes one still ending as it is (``COMPLETING``)."""
+        if not due or not shutil.which("scontrol"):
+            return []
+        rows = []
+        for job_id in sorted(due):
+            fields = scontrol_job(job_id)
+            state = fields.get("JobState", "")
+            if not fields:
+                self._leaving.pop(job_id, None)
+                self._ended.add(job_id)
+                self.unrecorded.append(
+                    f"batch job {job_id}: it ended while collected, and Slurm had forgotten "
+                    "it before how it ended could be read (MinJobAge): its state, reason and "
+                    "exit code are not in job/batch's ends"
+                )
+            elif state in FINAL_STATES or (final and state in ENDED_STATES):
+                self._leaving.pop(job_id, None)
+                self._ended.add(job_id)
+                rows.append(end_row(job_id, fields))
+            else:  # ending, or its worker being restarted: ask again, less and less often
+                delay = min(max(2 * self._leaving[job_id][1], 1.0), self._ask_again_max())
+                self._leaving[job_id] = (time.monotonic() + delay, delay)
+        return rows
+
+    def _ask_again_max(self) -> float:
+        """The longest wait between two questions about a job still ending: a third of
+        Slurm's ``MinJobAge`` (asked once), so that it cannot end and be forgotten between
+        two, and at most :data:`ASK_AGAIN_MAX`."""
+        if self._min_job_age is None:
+            self._min_job_age = slurm_min_job_age()
+        return min(ASK_AGAIN_MAX, self._min_job_age / 3)
+
+    def record_ends(self) -> list[str]:
+        """How each recorded job whose end is not known yet ended: after the collection
+        retired the cluster's workers, which ends their jobs. A job still running then has
+        no ``ends`` row; one Slurm has forgotten is named in :attr:`unrecorded`, and the
+        lines this call added are returned."""
+        with self._lock:
+            said = len(self.unrecorded)
+            for job_id in self._seen_jobs - self._ended:
+                self._leaving.setdefault(job_id, (0.0, 0.0))
+            ends = self._ends({}, list(self._leaving), final=True)
+            write_rows(self.group, "ends", ends)
+            if ends:
+                self.group.flush()
+            return self.unrecorded[said:]
+
+    def _take_environments(self, new: set[str], final: bool) -> list[dict[str, Any]]:
+        """The batch variables of the workers not seen yet (asked of them alone)."""
+        if not new:
+            return []
+        try:
+            seen = self.client.run(batch_environment, workers=sorted(new), on_error="return")
         except Exception as e:  # workers gone or unreachable: keep what the queue says
-            if final or "environment" not in self._failed:
-                self._failed.add("environment")
-                self.group.record_error("batch environment", e)
+            self._fail_once("environment", "batch environment", e, final)
             return []
         environment: list[dict[str, Any]] = []
         for addr, info in seen.items():
@@ -416,8 +557,15 @@ class BatchRecorder:
                 continue
             self._seen_workers.add(addr)
             self._members.setdefault(info["job_id"], []).append((addr, info["host"]))
+            self._alive.add(info["job_id"])  # connected just now
             environment.extend(env_rows(info["job_id"], addr, info["env"]))
         return environment
+
+    def _fail_once(self, kind: str, where: str, error: BaseException, final: bool) -> None:
+        """Record a failure of this kind once (and at the last look, again)."""
+        if final or kind not in self._failed:
+            self._failed.add(kind)
+            self.group.record_error(where, error)
 
     def _from_worker_groups(self) -> list[dict[str, Any]]:
         """The workers of the store's worker groups that no look saw (they came and went

@@ -498,7 +498,30 @@ class StoreReader:
         out = adds.merge(groups, on=["cluster", "address", "pid"], how="left")
         for column in ("terminated", "batch_job"):  # a worker without a group
             out[column] = out[column].fillna("")
+        out["batch_job_end"] = _text_of(out["batch_job"], self._job_ends()["state"])
         return out.sort_values("added", ignore_index=True)
+
+    def jobs(self) -> pd.DataFrame:
+        """One row per batch job (``job/batch``'s ``jobs``; empty outside a batch system),
+        with how it ended when it ended while collected: ``end_state`` (``TIMEOUT``,
+        ``CANCELLED``, ``FAILED``, ``COMPLETED``, ...; ``""`` for a job still running when
+        the collection ended), ``end_reason``, ``exit_code`` and ``end_time``, and
+        ``elapsed`` (seconds from its start to its end). ``state`` stays what the batch
+        system said when the row was captured, while the job ran."""
+        jobs = self.table("job/batch", "jobs").drop_duplicates("job_id", keep="last")
+        ends = self._job_ends()
+        ids = jobs["job_id"]
+        jobs["end_state"] = _text_of(ids, ends["state"])
+        jobs["end_reason"] = _text_of(ids, ends["reason"])
+        jobs["exit_code"] = _text_of(ids, ends["exit_code"])
+        jobs["end_time"] = ids.map(ends["end_time"]).astype(float).fillna(jobs["end_time"])
+        jobs["elapsed"] = jobs["end_time"] - jobs["start_time"]
+        return jobs.reset_index(drop=True)
+
+    def _job_ends(self) -> pd.DataFrame:
+        """``job/batch``'s ``ends`` by job id (the last row of a job, if written twice)."""
+        ends = self.table("job/batch", "ends")
+        return ends.drop_duplicates("job_id", keep="last").set_index("job_id")
 
     def tasks(self) -> pd.DataFrame:
         """One row per execution of a task, as the scheduler learnt it (a task recomputed after
@@ -711,3 +734,9 @@ def _pandas_dtype(dtype: str) -> Any:
         "uint64": np.uint64,
         "float64": np.float64,
     }[dtype]
+
+
+def _text_of(keys: pd.Series, values: pd.Series) -> pd.Series:
+    """``values`` looked up by ``keys`` (a text column; ``""`` where none)."""
+    found = keys.map(values).astype(object)
+    return found.where(found.notna(), "")
