@@ -564,45 +564,57 @@ from metacollect import collect
 def slurm_knows(job_id):
     return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True).returncode == 0
 
+def workers(client):
+    return set(client.scheduler_info()["workers"])
+
 if __name__ == "__main__":
     store, truth, logs = sys.argv[1:4]
     cluster = SLURMCluster(log_directory=logs, **json.loads(sys.argv[4]))
     client = Client(cluster)  # never closed: the script's end does it
     with collect(client, store, flush_interval="60s"):
-        cluster.scale(jobs=3)
-        client.wait_for_workers(3, timeout=120)
+        cluster.scale(jobs=4)
+        client.wait_for_workers(4, timeout=120)
         job_of = client.run(lambda: os.environ["SLURM_JOB_ID"])
         slow = client.map(lambda x: (time.sleep(0.1), x + 1)[1], range(60))  # 2 s of work
         assert sum(client.gather(slow)) == 1830
         del slow
-        kept, cancelled, killed = sorted(job_of)
-        # one job cancelled by its user, another's worker killed (a kernel's OOM killer
-        # takes the nanny and the worker it started); the run goes on with the third
+        kept, cancelled, killed, restarted = sorted(job_of)
+        # one job cancelled by its user; another's worker killed with its nanny (what a
+        # kernel's OOM killer does: the job fails); a third's worker process alone killed,
+        # which its nanny restarts at a new address (the job runs on); the fourth kept
         acted = time.time()
         subprocess.run(["scancel", job_of[cancelled]], check=True)
         for pid in client.run(lambda: (os.getppid(), os.getpid()), workers=[killed])[killed]:
             os.kill(pid, signal.SIGKILL)
-        while set(client.scheduler_info()["workers"]) != {kept}:
+        client.run(lambda: os.kill(os.getpid(), signal.SIGKILL), workers=[restarted],
+                   on_error="ignore")
+        while len(workers(client)) != 2 or not workers(client) - set(job_of):
             time.sleep(0.05)
+        (again,) = workers(client) - set(job_of)
+        assert workers(client) == {kept, again}
         gone = time.time()
         assert sum(client.gather(client.map(lambda x: x * 2, range(40)))) == 1560
         while slurm_knows(job_of[cancelled]) or slurm_knows(job_of[killed]):
             time.sleep(0.5)  # MinJobAge: Slurm forgets them while the run goes on
         forgotten = time.time()
+    job_of[again] = job_of[restarted]
     with open(truth, "w") as f:
         json.dump({"job_of": job_of, "kept": kept, "cancelled": cancelled, "killed": killed,
-                   "acted": acted, "gone": gone, "forgotten": forgotten}, f)
+                   "restarted": restarted, "again": again, "acted": acted, "gone": gone,
+                   "forgotten": forgotten}, f)
 """
 
 
 @pytest.mark.slurm
 def test_how_each_job_ended_is_recorded_also_after_slurm_forgot_it(tmp_path):
-    """A user's ``SLURMCluster`` of three jobs: one is cancelled mid-run, another's worker
-    killed (as an OOM killer would), the third runs to the collection's end. ``run.jobs()``
-    says how each ended - CANCELLED, FAILED with its exit code, COMPLETED once retired - and
-    ``run.workers()`` the same per worker, although Slurm had forgotten the first two long
-    before the collection ended (``MinJobAge``): the cluster watch read their ends while
-    they were fresh. The killed worker's missing last flush is named, nothing else."""
+    """A user's ``SLURMCluster`` of four jobs: one is cancelled mid-run, another's worker
+    killed with its nanny (as an OOM killer would), a third's worker process alone killed
+    (its nanny restarts it), the fourth runs to the collection's end. ``run.jobs()`` says
+    how each ended - CANCELLED, FAILED with its exit code, and COMPLETED for the two the
+    collection's end retired - and ``run.workers()`` the same per worker, although Slurm had
+    forgotten the first two long before the collection ended (``MinJobAge``): the cluster
+    watch read their ends while they were fresh. The killed processes' missing last flushes
+    are named, nothing else."""
     require_slurm()
     store, truth = str(tmp_path / "ends.zarr"), tmp_path / "truth.json"
     (tmp_path / "flow.py").write_text(ENDS_FLOW)
@@ -619,30 +631,38 @@ def test_how_each_job_ended_is_recorded_also_after_slurm_forgot_it(tmp_path):
     run = open_run(store)
     assert run.tree["job/batch"].attrs["job_ends"] == "recorded"
     jobs = run.jobs().set_index("job_id")
-    assert set(jobs.index) == set(job_of.values())
-    ended = {job_of[seen[w]]: jobs.loc[job_of[seen[w]]] for w in ("kept", "cancelled", "killed")}
-    cancelled, killed, kept = (ended[job_of[seen[w]]] for w in ("cancelled", "killed", "kept"))
-    assert cancelled["end_state"] == "CANCELLED", cancelled.to_dict()
-    assert killed["end_state"] == "FAILED" and killed["exit_code"] not in ("", "0:0"), killed
-    assert kept["end_state"] == "COMPLETED" and kept["exit_code"] == "0:0", kept.to_dict()
-    for row in (cancelled, killed):  # ended mid-run (Slurm's times are whole seconds)
-        assert seen["acted"] - 1 <= row["end_time"] <= seen["forgotten"]
-        assert row["state"] == "RUNNING"  # as captured when its worker had connected
-    assert kept["end_time"] > seen["forgotten"] - 1
+    assert set(jobs.index) == set(job_of.values()) and len(jobs) == 4
+    row = {w: jobs.loc[job_of[seen[w]]] for w in ("kept", "cancelled", "killed", "restarted")}
+    assert row["cancelled"]["end_state"] == "CANCELLED", row["cancelled"].to_dict()
+    assert row["killed"]["end_state"] == "FAILED", row["killed"].to_dict()
+    assert row["killed"]["exit_code"] not in ("", "0:0")
+    for w in ("kept", "restarted"):  # ran on to the end, retired by it
+        assert row[w]["end_state"] == "COMPLETED" and row[w]["exit_code"] == "0:0", row[w]
+        assert row[w]["end_time"] > seen["forgotten"] - 1
+    for w in ("cancelled", "killed"):  # ended mid-run (Slurm's times are whole seconds)
+        assert seen["acted"] - 1 <= row[w]["end_time"] <= seen["forgotten"]
+        assert row[w]["state"] == "RUNNING"  # as captured when its worker had connected
     ends = run.table("job/batch", "ends").set_index("job_id")
-    assert len(ends) == 3 and ends.index.is_unique
-    for w in ("cancelled", "killed"):
+    assert len(ends) == 4 and ends.index.is_unique
+    for w in ("cancelled", "killed"):  # read while Slurm still had them
         assert ends.loc[job_of[seen[w]], "captured"] < seen["forgotten"]
+    # the restarted worker, at its new address, was asked for its variables too
+    env = run.table("job/batch", "environment")
+    assert set(env[env.job_id == job_of[seen["restarted"]]].worker) == {
+        seen["restarted"],
+        seen["again"],
+    }
     workers = run.workers().set_index("address")
-    for w in ("kept", "cancelled", "killed"):
-        address = seen[w]
-        assert workers.loc[address, "batch_job"] == job_of[address]
-        assert workers.loc[address, "batch_job_end"] == jobs.loc[job_of[address], "end_state"]
-    # the killed worker's last flush interval is what the store lacks, and it says so
+    assert set(workers.index) == set(job_of)
+    for address, job_id in job_of.items():
+        assert workers.loc[address, "batch_job"] == job_id
+        assert workers.loc[address, "batch_job_end"] == jobs.loc[job_id, "end_state"]
+    # the killed processes' last flush intervals are what the store lacks, and it says so
+    killed = {seen["killed"], seen["restarted"]}
     assert run.attrs["status"] == "incomplete"
-    (named,) = run.attrs["missing"]
-    assert seen["killed"] in named, run.attrs["missing"]
-    assert workers.ended.isna().tolist() == [a == seen["killed"] for a in workers.index]
+    assert len(run.attrs["missing"]) == 2, run.attrs["missing"]
+    assert all(any(a in m for a in killed) for m in run.attrs["missing"])
+    assert {a for a in workers.index if math.isnan(workers.loc[a, "ended"])} == killed
     assert validate_store(store) == []
 
 
