@@ -77,6 +77,18 @@ def _joins(run: Any, path: str, table: str) -> str:
     return f"{table}={who} (joined {len(adds)}, left {int((df.event == 'remove').sum())})"
 
 
+def _batch_jobs(run: Any) -> list[str]:
+    """``batch jobs (slurm): 4 - COMPLETED 2, CANCELLED 1, running at the end 1``: how the
+    jobs ended (``run.jobs()``)."""
+    batch = run.groups.get("job/batch")
+    if batch is None:
+        return []
+    jobs = run.jobs()
+    states = jobs.end_state.where(jobs.end_state != "", "running at the end").value_counts()
+    how = ", ".join(f"{state} {n}" for state, n in states.items())
+    return [f"batch jobs ({batch.get('batch_system')}): {len(jobs)}" + (f" - {how}" if how else "")]
+
+
 def describe(store: str) -> list[str]:
     """Lines of the ``info`` output."""
     from metacollect.analysis.run import open_run
@@ -93,6 +105,7 @@ def describe(store: str) -> list[str]:
         "versions: " + ", ".join(f"{k} {v}" for k, v in (a.get("versions") or {}).items()),
         f"clusters: {clusters}  workers: {workers}  "
         f"size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
+        *_batch_jobs(run),
         "",
     ]
     levels = run.levels()
