@@ -1,10 +1,10 @@
 """Step 1 of the metadata map for batch jobs: what the batch system says about them.
 
-A dask-jobqueue cluster's worker jobs (:class:`BatchRecorder`, while they run: ``scontrol show
-job`` - there may be no accounting, and finished jobs vanish within seconds), each job's script,
-and the ``SLURM_*`` / ``PBS_*`` variables each worker sees, into ``job/batch``; the batch
-wrappers in ``jobscripts/`` record the allocation itself with the same rows
-(:mod:`metacollect.launch.batch`).
+A dask-jobqueue cluster's worker jobs (:class:`BatchRecorder`, while they run and as each
+ends: ``scontrol show job`` - there may be no accounting, and finished jobs vanish within
+``MinJobAge``), each job's script, and the ``SLURM_*`` / ``PBS_*`` variables each worker
+sees, into ``job/batch``; the batch wrappers in ``jobscripts/`` record the allocation itself
+with the same rows (:mod:`metacollect.launch.batch`).
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ def scontrol_job(job_id: str) -> dict[str, str]:
 
 def slurm_min_job_age() -> float:
     """Slurm's ``MinJobAge``: seconds it keeps a finished job (300 if unknown, its default)."""
+    if not shutil.which("scontrol"):
+        return 300.0
     out = subprocess.run(
         ["scontrol", "show", "config"], capture_output=True, text=True, check=False
     )
@@ -249,6 +251,11 @@ class BatchRecorder:
     to be written (the controller is the whole machine's: a job queued for hours is not
     asked about every second). A job that was gone from the batch system before it could
     be recorded is named by :attr:`unrecorded`.
+
+    How each job ended goes into ``ends``: a recorded job is seen leaving in memory (the
+    cluster lets it go, or its last worker leaves the scheduler), and only then is the
+    batch system asked, until it says the job is over; the jobs the collection's end
+    retires are read by :meth:`record_ends`. An end it had forgotten is named too.
     """
 
     def __init__(self, client: Client, cluster: Any, system: str, writer: StoreWriter) -> None:
@@ -494,8 +501,8 @@ class BatchRecorder:
     ) -> list[dict[str, Any]]:
         """``ends`` rows of the leaving jobs (``due``: those to ask now) that the batch
         system says are over. A job it still lists as running is asked again later, 1 s,
-        2 s, 4 s ... at most a minute on (well within the 5 minutes of Slurm's default
-        MinJobAge); the last look writes one still ending as it is (``COMPLETING``)."""
+        2 s, 4 s ... on (:meth:`_ask_again_max`); the last look writes one still ending as it
+        is (``COMPLETING``)."""
         if not due or not shutil.which("scontrol"):
             return []
         rows = []
