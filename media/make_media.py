@@ -1,7 +1,9 @@
 """Regenerate the figures of media/: the metadata map and example report views of a demo run.
 
 Run from the repository root: ``python media/make_media.py`` (about a minute; starts a
-LocalCluster with 2 workers for the demo pipeline).
+LocalCluster with 2 workers for the demo pipeline). ``--slurm`` also draws
+``batch-jobs.png`` from a run on Slurm (``.ci/slurm-up`` starts one on this machine): three
+worker jobs, one cancelled mid-run, one whose worker is killed, one kept to the end.
 """
 
 from __future__ import annotations
@@ -43,5 +45,49 @@ def main() -> int:
     return 0
 
 
+def batch_jobs() -> None:
+    """``batch-jobs.png``: a run on a real Slurm whose jobs end in three ways."""
+    import signal
+    import subprocess
+    import time
+
+    from dask_jobqueue import SLURMCluster
+    from distributed import Client
+
+    import metacollect
+    from metacollect import plot
+
+    with tempfile.TemporaryDirectory(prefix="metacollect-media-") as work:
+        store = os.path.join(work, "batch.zarr")
+        with (
+            SLURMCluster(
+                cores=1,
+                processes=1,
+                memory="1GB",
+                walltime="00:10:00",
+                interface="lo",
+                log_directory=os.path.join(work, "logs"),
+                scheduler_options={"dashboard_address": ":0"},
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            with metacollect.collect(client, store):
+                cluster.scale(jobs=3)
+                client.wait_for_workers(3, timeout=120)
+                job_of = client.run(lambda: os.environ["SLURM_JOB_ID"])
+                client.gather(client.map(lambda x: (time.sleep(0.1), x)[1], range(60)))
+                _kept, cancelled, killed = sorted(job_of)
+                subprocess.run(["scancel", job_of[cancelled]], check=True)
+                pids = client.run(lambda: (os.getppid(), os.getpid()), workers=[killed])[killed]
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                client.gather(client.map(lambda x: (time.sleep(0.1), x)[1], range(40)))
+        run = metacollect.open_run(store)
+        plot.batch_jobs(run).savefig(os.path.join(HERE, "batch-jobs.png"), dpi=70)
+        print("media/batch-jobs.png", file=sys.stderr)
+
+
 if __name__ == "__main__":
+    if "--slurm" in sys.argv[1:]:
+        batch_jobs()
     sys.exit(main())

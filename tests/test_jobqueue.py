@@ -17,12 +17,14 @@ import sys
 import time
 
 import pytest
+from bokeh.models import Plot
 from distributed import Client
 
-from metacollect import collect, open_run
+from metacollect import collect, open_run, plot
 from metacollect.cli.info import describe
 from metacollect.launch import runner
 from metacollect.launch.batch import jobqueue_cluster
+from metacollect.report import views
 from metacollect.session.shutdown import jobs_in_queue
 from metacollect.steps import terminate
 from metacollect.steps.batch import (
@@ -669,6 +671,21 @@ def test_how_each_job_ended_is_recorded_also_after_slurm_forgot_it(tmp_path):
     assert all(any(a in m for a in killed) for m in run.attrs["missing"])
     assert {a for a in workers.index if math.isnan(workers.loc[a, "ended"])} == killed
     assert validate_store(store) == []
+    # the view of them: one row per job, coloured by how it ended, each worker marked
+    assert "batch_jobs" in plot.available_views(run)
+    ax = plot.batch_jobs(run).axes[0]
+    assert sorted(t.get_text().split()[0] for t in ax.get_yticklabels()) == sorted(jobs.index)
+    assert set(jobs.end_state) <= {t.get_text() for t in ax.get_legend().get_texts()}
+    # and the interactive report's, on the wall clock (its system tab)
+    (timeline,) = [
+        m
+        for m in views.system(views.Context(run)).select({"type": Plot})
+        if m.title is not None and m.title.text.startswith("Batch jobs")
+    ]
+    drawn = {}
+    for r in timeline.renderers[1:]:  # after the queue waits: one per end state
+        drawn.update(zip(r.data_source.data["job"], r.data_source.data["state"], strict=True))
+    assert drawn == jobs.end_state.to_dict()
     (summary,) = [line for line in describe(store) if line.startswith("batch jobs")]
     assert summary.startswith("batch jobs (slurm): 4 - ")
     states = jobs.end_state.value_counts()

@@ -72,6 +72,8 @@ def test_available_views_match_the_store(run):
     } <= set(views)
     has_io = getattr(run, "io", None) is not None and plot.io_frame(run) is not None
     assert ("io" in views) == has_io
+    assert "batch_jobs" not in views  # a LocalCluster: no batch job
+    render(plot.batch_jobs(run))  # says so, in a figure of its own
 
 
 def test_task_graph_colour_by_any_attribute(run):

@@ -22,6 +22,7 @@ from metacollect.plot.base import ACTIVITY_COLOURS, ERRED, STATE_COLOURS, color_
 from metacollect.plot.compare import compare
 from metacollect.plot.graph import critical_path, task_graph
 from metacollect.plot.io import io, io_frame
+from metacollect.plot.jobs import JOB_END_COLOURS, batch_jobs
 from metacollect.plot.profile import profile, profile_frame
 from metacollect.plot.schema import metadata_map
 from metacollect.plot.spans import FINE_METRIC_COLOURS, activity_colour, fine_metrics, span_timeline
@@ -34,10 +35,12 @@ __all__ = [
     "ACTIVITY_COLOURS",
     "ERRED",
     "FINE_METRIC_COLOURS",
+    "JOB_END_COLOURS",
     "STATE_COLOURS",
     "VIEWS",
     "activity_colour",
     "available_views",
+    "batch_jobs",
     "color_of",
     "compare",
     "critical_path",
@@ -72,6 +75,7 @@ VIEWS: dict[str, tuple[Callable[[Run], Figure], Callable[[Run], bool]]] = {
         lambda r: len(r.graph_tasks()) > 0 and has_tasks(r),
     ),
     "io": (io, lambda r: io_frame(r) is not None),
+    "batch_jobs": (batch_jobs, lambda r: len(r.jobs()) > 0),
     "profile": (profile, lambda r: profile_frame(r) is not None),
 }
 

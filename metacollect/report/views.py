@@ -41,6 +41,7 @@ from metacollect.analysis.spans import tree_order
 from metacollect.analysis.tasks import worker_addresses
 from metacollect.errors import StoreError
 from metacollect.plot.base import color_of, latest_rows, prefix_column
+from metacollect.plot.jobs import JOB_END_COLOURS, OTHER_END, QUEUED, RUNNING, RUNNING_AT_END
 from metacollect.plot.profile import PROFILE_ID, call_tree, icicle
 from metacollect.plot.spans import activity_colour
 
@@ -1221,6 +1222,72 @@ def _attrs_table(attrs: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["name", "value"])
 
 
+def _jobs_timeline(run: Any, jobs: pd.DataFrame) -> Layout:
+    """The batch jobs on the wall clock: each one's wait in the queue (grey), then its run
+    coloured by how it ended (the colours of :func:`metacollect.plot.batch_jobs`; a job
+    still running when the collection ended is drawn to its end)."""
+    ended = run.attrs.get("ended")
+    times = jobs[["submit_time", "start_time", "end_time"]].to_numpy(float)
+    run_end = float(ended) if isinstance(ended, int | float) else float(np.nanmax(times))
+    p, lane = lanes("Batch jobs: queue wait, then run, by how each ended", jobs["job_id"], "job")
+    y = np.array([lane[str(j)] for j in jobs["job_id"]], dtype=np.int32)
+    state = jobs["end_state"].where(jobs["end_state"] != "", RUNNING_AT_END).astype(str)
+    src = {
+        "y": y,
+        "job": jobs["job_id"].astype(str).to_numpy(),
+        "nodes": jobs["nodes"].astype(str).to_numpy(),
+        "state": state.to_numpy(),
+        "reason": jobs["end_reason"].astype(str).to_numpy(),
+        "exit_code": jobs["exit_code"].astype(str).to_numpy(),
+        "submit": ms(jobs["submit_time"]),
+        "start": ms(jobs["start_time"]),
+        "end": ms(jobs["end_time"].fillna(run_end)),
+    }
+    wait_end = jobs["start_time"].fillna(jobs["end_time"]).fillna(run_end)
+    waited = jobs["submit_time"].notna().to_numpy()
+    queued = p.hbar(
+        y="y",
+        left="submit",
+        right="wait_end",
+        height=0.8,
+        color=QUEUED,
+        source=ColumnDataSource(
+            {**{k: v[waited] for k, v in src.items()}, "wait_end": ms(wait_end)[waited]}
+        ),
+    )
+    items, renderers = [("queued", [queued])], [queued]
+    started = jobs["start_time"].notna().to_numpy()
+    for name in dict.fromkeys(state[started]):
+        m = started & (state == name).to_numpy()
+        colour = RUNNING if name == RUNNING_AT_END else JOB_END_COLOURS.get(name, OTHER_END)
+        r = p.hbar(
+            y="y",
+            left="start",
+            right="end",
+            height=0.6,
+            color=colour,
+            source=ColumnDataSource({k: v[m] for k, v in src.items()}),
+        )
+        renderers.append(r)
+        items.append((name, [r]))
+    p.add_tools(
+        HoverTool(
+            renderers=renderers,
+            tooltips=[
+                ("job", "@job (@nodes)"),
+                ("ended", "@state @reason, exit code @exit_code"),
+                ("submitted", f"@submit{{{TIME_FORMAT}}} UTC"),
+                ("started", f"@start{{{TIME_FORMAT}}} UTC"),
+                ("ended at", f"@end{{{TIME_FORMAT}}} UTC"),
+            ],
+            formatters={"@submit": "datetime", "@start": "datetime", "@end": "datetime"},
+        )
+    )
+    p.y_range.flipped = True
+    outside_legend(p, items, "how the job ended")
+    return p
+
+
 def system(ctx: Context) -> Layout:
     run = ctx.run
     a = dict(run.attrs)
@@ -1244,6 +1311,7 @@ def system(ctx: Context) -> Layout:
         ]
         jobs = run.jobs()  # with how each ended, when it ended while collected
         if len(jobs):
+            parts.append(_jobs_timeline(run, jobs))
             parts.append(
                 data_table(
                     jobs.drop(columns=[c for c in ("script", "details") if c in jobs]), height=200
