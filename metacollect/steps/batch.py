@@ -149,6 +149,9 @@ FINAL_STATES = ENDED_STATES - {"COMPLETING"}
 #: seconds at most between two questions about a job still ending (also at most a third
 #: of Slurm's MinJobAge, 300 s by default)
 ASK_AGAIN_MAX = 60.0
+#: seconds past the flush interval that a job which came and went unseen waits for its
+#: workers' groups before its row is written without them
+HOLD_MARGIN = 10.0
 
 
 def job_ended(fields: Mapping[str, str]) -> bool:
@@ -278,6 +281,12 @@ class BatchRecorder:
         #: -> (when to ask the batch system how they ended next, the wait before that)
         self._leaving: dict[str, tuple[float, float]] = {}
         self._min_job_age: float | None = None  # Slurm's, read when first needed
+        #: leaving jobs last seen COMPLETING -> those fields: what is written if Slurm
+        #: forgets the job before it says how it ended
+        self._completing: dict[str, dict[str, str]] = {}
+        #: jobs that came and went unseen -> (the batch system's fields, since when): their
+        #: rows wait for their workers' groups (:meth:`_new_jobs`)
+        self._held: dict[str, tuple[dict[str, str], float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -406,10 +415,12 @@ class BatchRecorder:
         if live is not None:
             self._see_leaving(current, live)
         due = [j for j, (when, _) in self._leaving.items() if final or when <= time.monotonic()]
-        if not (final or due or environment) and all(j in self._seen_jobs for j in self._jobs):
+        if not (final or due or environment or self._held) and all(
+            j in self._seen_jobs for j in self._jobs
+        ):
             return  # every job recorded, none leaving: a look costs no request to anyone
         rows, ends = self._new_jobs(current, final, environment)
-        ends += self._ends(current, due, final)
+        ends += self._ends(current, due)
         write_rows(self.group, "jobs", rows)
         write_rows(self.group, "environment", environment)
         write_rows(self.group, "ends", ends)
@@ -421,16 +432,20 @@ class BatchRecorder:
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """``jobs`` and ``ends`` rows of the jobs not recorded yet that are due (the
         environment rows of workers only the store saw join ``environment``)."""
-        waiting = [j for j in self._jobs if j not in self._seen_jobs]
-        if final or any(j not in current and not self._members.get(j) for j in waiting):
+        waiting = [j for j in self._jobs if j not in self._seen_jobs and j not in self._held]
+        if (
+            final
+            or self._held
+            or any(j not in current and not self._members.get(j) for j in waiting)
+        ):
             # the workers no look saw (they came and went between two), as they said
             environment += self._from_worker_groups()
-            waiting = [j for j in self._jobs if j not in self._seen_jobs]
-        rows, ends = [], []
+            waiting = [j for j in self._jobs if j not in self._seen_jobs and j not in self._held]
+        rows: list[dict[str, Any]] = []
+        ends: list[dict[str, Any]] = []
         for job_id in waiting:
-            job = self._jobs[job_id]
             members = self._members.get(job_id, [])
-            processes = getattr(job, "worker_processes", -1)
+            processes = getattr(self._jobs[job_id], "worker_processes", -1)
             connected = len(members) >= max(processes, 1)
             left = job_id not in current  # scaled down, or its job ended
             if not (final or connected or left):
@@ -442,30 +457,63 @@ class BatchRecorder:
                     self._ended.add(job_id)
                     self._gone(job_id)
                 continue
-            self._seen_jobs.add(job_id)
-            if not fields and shutil.which("scontrol"):
-                self._ended.add(job_id)  # its end is as unknown as the rest: said once
-                self.unrecorded.append(
-                    f"batch job {job_id}: Slurm had forgotten it before it was recorded "
-                    "(MinJobAge): its row holds only what its workers said of it (id, "
-                    "workers, hosts, environment)"
-                )
-            elif fields.get("JobState") in FINAL_STATES:  # over already: how, from the same look
-                self._ended.add(job_id)
-                ends.append(end_row(job_id, fields))
-            script = job.job_script() if job is not None else scontrol_script(job_id)
-            rows.append(
-                job_row(
-                    job_id,
-                    "worker",
-                    fields,
-                    script,
-                    processes=processes,
-                    workers=[a for a, _ in members],
-                    hostnames=[h for _, h in members],
-                )
-            )
+            if left and not members and fields.get("NodeList") and not final:
+                # it ran, and came and went between two looks: its workers write their
+                # groups (which say their job) at their final flush, which may be under
+                # way. Its row waits for them, with what the batch system says now
+                self._held[job_id] = (fields, time.monotonic())
+                if fields.get("JobState") in FINAL_STATES:
+                    self._ended.add(job_id)
+                    ends.append(end_row(job_id, fields))
+                else:  # still ending: how it ends is asked at the next looks meanwhile
+                    self._leaving[job_id] = (time.monotonic() + 1.0, 1.0)
+                continue
+            self._job_row(job_id, fields, rows, ends)
+        for job_id, (fields, since) in list(self._held.items()):
+            waited = time.monotonic() - since
+            if final or self._members.get(job_id) or waited > self._hold_limit():
+                del self._held[job_id]
+                self._job_row(job_id, fields, rows, ends)
         return rows, ends
+
+    def _hold_limit(self) -> float:
+        """How long a job that came and went unseen waits for its workers' groups: a
+        worker writes its group at its first flush, or at its final one."""
+        return config.interval("flush-interval") + HOLD_MARGIN
+
+    def _job_row(
+        self,
+        job_id: str,
+        fields: Mapping[str, str],
+        rows: list[dict[str, Any]],
+        ends: list[dict[str, Any]],
+    ) -> None:
+        """Add the ``jobs`` row of a job (and its ``ends`` row if it is over) to the lists."""
+        job = self._jobs[job_id]
+        members = self._members.get(job_id, [])
+        self._seen_jobs.add(job_id)
+        if not fields and shutil.which("scontrol"):
+            self._ended.add(job_id)  # its end is as unknown as the rest: said once
+            self.unrecorded.append(
+                f"batch job {job_id}: Slurm had forgotten it before it was recorded "
+                "(MinJobAge): its row holds only what its workers said of it (id, "
+                "workers, hosts, environment)"
+            )
+        elif fields.get("JobState") in FINAL_STATES and job_id not in self._ended:
+            self._ended.add(job_id)  # over already: how, from the same look
+            ends.append(end_row(job_id, fields))
+        script = job.job_script() if job is not None else scontrol_script(job_id)
+        rows.append(
+            job_row(
+                job_id,
+                "worker",
+                fields,
+                script,
+                processes=getattr(job, "worker_processes", -1),
+                workers=[a for a, _ in members],
+                hostnames=[h for _, h in members],
+            )
+        )
 
     def _see_leaving(self, current: Mapping[str, Any], live: set[str]) -> None:
         """Mark the recorded jobs that are leaving: the cluster let them go, or the last of
@@ -497,19 +545,24 @@ class BatchRecorder:
             return None
 
     def _ends(
-        self, current: Mapping[str, Any], due: list[str], final: bool
+        self, current: Mapping[str, Any], due: list[str], last: bool = False
     ) -> list[dict[str, Any]]:
         """``ends`` rows of the leaving jobs (``due``: those to ask now) that the batch
         system says are over. A job it still lists as running is asked again later, 1 s,
-        2 s, 4 s ... on (:meth:`_ask_again_max`); the last look writes one still ending as it
-        is (``COMPLETING``)."""
+        2 s, 4 s ... on (:meth:`_ask_again_max`); the ``last`` question (after the
+        collection's end retired the jobs) writes one still ending as it is
+        (``COMPLETING``), and so is one that Slurm forgot after it was last seen ending."""
         if not due or not shutil.which("scontrol"):
             return []
         rows = []
         for job_id in sorted(due):
             fields = scontrol_job(job_id)
             state = fields.get("JobState", "")
-            if not fields:
+            if not fields and job_id in self._completing:  # over; forgotten before it was done
+                self._leaving.pop(job_id, None)
+                self._ended.add(job_id)
+                rows.append(end_row(job_id, self._completing.pop(job_id)))
+            elif not fields:
                 self._leaving.pop(job_id, None)
                 self._ended.add(job_id)
                 self.unrecorded.append(
@@ -517,11 +570,14 @@ class BatchRecorder:
                     "it before how it ended could be read (MinJobAge): its state, reason and "
                     "exit code are not in job/batch's ends"
                 )
-            elif state in FINAL_STATES or (final and state in ENDED_STATES):
+            elif state in FINAL_STATES or (last and state in ENDED_STATES):
                 self._leaving.pop(job_id, None)
                 self._ended.add(job_id)
+                self._completing.pop(job_id, None)
                 rows.append(end_row(job_id, fields))
             else:  # ending, or its worker being restarted: ask again, less and less often
+                if state in ENDED_STATES:
+                    self._completing[job_id] = fields  # its end time, at least
                 delay = min(max(2 * self._leaving[job_id][1], 1.0), self._ask_again_max())
                 self._leaving[job_id] = (time.monotonic() + delay, delay)
         return rows
@@ -543,7 +599,7 @@ class BatchRecorder:
             said = len(self.unrecorded)
             for job_id in self._seen_jobs - self._ended:
                 self._leaving.setdefault(job_id, (0.0, 0.0))
-            ends = self._ends({}, list(self._leaving), final=True)
+            ends = self._ends({}, list(self._leaving), last=True)
             write_rows(self.group, "ends", ends)
             if ends:
                 self.group.flush()
