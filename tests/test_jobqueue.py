@@ -462,6 +462,23 @@ def test_a_sigtermed_client_of_a_jobqueue_cluster_seals_its_store(tmp_path):
     assert validate_store(store) == []
 
 
+def _run_flow(tmp_path, flow: str) -> tuple[str, dict]:
+    """Run a user's script (``flow``: its text) with its own ``SLURMCluster`` as a user
+    would, ``python flow.py STORE TRUTH LOGS KW``, and return its store and the ground truth
+    it recorded."""
+    store, truth = str(tmp_path / "run.zarr"), tmp_path / "truth.json"
+    (tmp_path / "flow.py").write_text(flow)
+    proc = subprocess.run(
+        [sys.executable, "flow.py", store, str(truth), str(tmp_path / "logs"), json.dumps(KW)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return store, json.loads(truth.read_text())
+
+
 ADAPTIVE_FLOW = """\
 import json, sys, time
 from dask_jobqueue import SLURMCluster
@@ -513,17 +530,7 @@ def test_jobs_that_come_and_go_while_collected_are_all_recorded(tmp_path):
     workers adapt scaled down (their jobs cancelled at once) took their final flush: the
     store is complete, nothing missing, against what the script itself saw."""
     require_slurm()
-    store, truth = str(tmp_path / "adaptive.zarr"), tmp_path / "truth.json"
-    (tmp_path / "flow.py").write_text(ADAPTIVE_FLOW)
-    proc = subprocess.run(
-        [sys.executable, "flow.py", store, str(truth), str(tmp_path / "logs"), json.dumps(KW)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    seen = json.loads(truth.read_text())
+    store, seen = _run_flow(tmp_path, ADAPTIVE_FLOW)
     assert len(seen["first"]) >= 1 and len(seen["second"]) >= 1, seen
     run = open_run(store)
     assert run.attrs["status"] == "complete", run.attrs.get("missing")
@@ -619,17 +626,7 @@ def test_how_each_job_ended_is_recorded_also_after_slurm_forgot_it(tmp_path):
     watch read their ends while they were fresh. The killed processes' missing last flushes
     are named, nothing else."""
     require_slurm()
-    store, truth = str(tmp_path / "ends.zarr"), tmp_path / "truth.json"
-    (tmp_path / "flow.py").write_text(ENDS_FLOW)
-    proc = subprocess.run(
-        [sys.executable, "flow.py", store, str(truth), str(tmp_path / "logs"), json.dumps(KW)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    seen = json.loads(truth.read_text())
+    store, seen = _run_flow(tmp_path, ENDS_FLOW)
     job_of = seen["job_of"]
     run = open_run(store)
     assert run.tree["job/batch"].attrs["job_ends"] == "recorded"
