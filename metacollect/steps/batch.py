@@ -149,6 +149,10 @@ FINAL_STATES = ENDED_STATES - {"COMPLETING"}
 #: seconds at most between two questions about a job still ending (also at most a third
 #: of Slurm's MinJobAge, 300 s by default)
 ASK_AGAIN_MAX = 60.0
+#: seconds between two questions about a job Slurm lists as COMPLETING: it hides the final
+#: state until the job's processes are gone, and MinJobAge counts from the end time, so
+#: Slurm may forget the job within moments of showing how it ended
+COMPLETING_ASK = 0.5
 #: seconds past the flush interval that a job which came and went unseen waits for its
 #: workers' groups before its row is written without them
 HOLD_MARGIN = 10.0
@@ -388,11 +392,17 @@ class BatchRecorder:
         self._watcher.start()
 
     def _watch(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self._next_look(interval)):
             try:
                 self.record()
             except Exception as e:  # the next look may work: said once, never raised
                 self._fail_once(type(e).__name__, "batch jobs (watching)", e, final=False)
+
+    def _next_look(self, interval: float) -> float:
+        """Seconds to the next look: ``interval``, or less when a leaving job is due sooner
+        (one still completing is asked every :data:`COMPLETING_ASK` s)."""
+        due = min((when for when, _ in list(self._leaving.values())), default=math.inf)
+        return max(0.05, min(interval, due - time.monotonic()))
 
     def record(self, final: bool = False) -> None:
         """Capture the jobs and worker environments not recorded yet, and flush. With
@@ -401,6 +411,11 @@ class BatchRecorder:
             self.stop()
         with self._lock:
             self._record(final)
+            if final:
+                # every row written: let the cluster's Job objects go. SpecCluster's close
+                # asserts that each one still alive is closed, which dask-jobqueue's Jobs
+                # never say, so a reference kept (a user's ``session``) would fail it
+                self._jobs = dict.fromkeys(self._jobs)
 
     def _record(self, final: bool) -> None:
         current = {
@@ -548,38 +563,43 @@ class BatchRecorder:
         self, current: Mapping[str, Any], due: list[str], last: bool = False
     ) -> list[dict[str, Any]]:
         """``ends`` rows of the leaving jobs (``due``: those to ask now) that the batch
-        system says are over. A job it still lists as running is asked again later, 1 s,
-        2 s, 4 s ... on (:meth:`_ask_again_max`); the ``last`` question (after the
-        collection's end retired the jobs) writes one still ending as it is
-        (``COMPLETING``), and so is one that Slurm forgot after it was last seen ending."""
+        system says are over. A job it lists as completing is asked again in
+        :data:`COMPLETING_ASK` s; one still running (its worker being restarted) 1 s, 2 s,
+        4 s ... on (:meth:`_ask_again_max`). The ``last`` question (after the collection's
+        end retired the jobs) writes one still completing as it is (``COMPLETING``), and so
+        is one that Slurm forgot while completing - named in :attr:`unrecorded`, since how
+        it ended is not in its row."""
         if not due or not shutil.which("scontrol"):
             return []
         rows = []
         for job_id in sorted(due):
             fields = scontrol_job(job_id)
             state = fields.get("JobState", "")
-            if not fields and job_id in self._completing:  # over; forgotten before it was done
-                self._leaving.pop(job_id, None)
-                self._ended.add(job_id)
-                rows.append(end_row(job_id, self._completing.pop(job_id)))
-            elif not fields:
-                self._leaving.pop(job_id, None)
-                self._ended.add(job_id)
-                self.unrecorded.append(
-                    f"batch job {job_id}: it ended while collected, and Slurm had forgotten "
-                    "it before how it ended could be read (MinJobAge): its state, reason and "
-                    "exit code are not in job/batch's ends"
-                )
-            elif state in FINAL_STATES or (last and state in ENDED_STATES):
-                self._leaving.pop(job_id, None)
-                self._ended.add(job_id)
-                self._completing.pop(job_id, None)
-                rows.append(end_row(job_id, fields))
-            else:  # ending, or its worker being restarted: ask again, less and less often
-                if state in ENDED_STATES:
-                    self._completing[job_id] = fields  # its end time, at least
-                delay = min(max(2 * self._leaving[job_id][1], 1.0), self._ask_again_max())
+            if fields and not (state in FINAL_STATES or (last and state in ENDED_STATES)):
+                if state in ENDED_STATES:  # completing: its end time, at least, is known
+                    self._completing[job_id] = fields
+                    delay = COMPLETING_ASK
+                else:  # running on, its worker being restarted: less and less often
+                    delay = min(max(2 * self._leaving[job_id][1], 1.0), self._ask_again_max())
                 self._leaving[job_id] = (time.monotonic() + delay, delay)
+                continue
+            self._leaving.pop(job_id, None)  # over, or forgotten: no more questions
+            self._ended.add(job_id)
+            last_seen = self._completing.pop(job_id, None)
+            if fields or last_seen:
+                rows.append(end_row(job_id, fields or last_seen or {}))
+            if not fields:
+                self.unrecorded.append(
+                    f"batch job {job_id}: it ended while collected, and Slurm had forgotten it "
+                    "before how it ended could be read (MinJobAge counts from its end time"
+                    + (
+                        ", and it was still completing at the last question): its end time is "
+                        "in job/batch's ends, as COMPLETING, but not its final state"
+                        if last_seen
+                        else "): its state, reason and exit code are not in job/batch's ends"
+                    )
+                    + "; a MinJobAge of minutes (Slurm's default is 300 s) keeps it"
+                )
         return rows
 
     def _ask_again_max(self) -> float:
