@@ -67,16 +67,27 @@ class Recording:
         if self.sampling:
             self.sampler.start()
 
-    async def finish(self) -> None:
-        """Last sample and final flush, on the event loop; the Yappi sink detached; the
-        writer's groups sealed (in a thread: the loop runs on)."""
+    async def finish(self, flushed: Callable[[], None]) -> None:
+        """Last sample and final flush, on the event loop, then ``flushed()`` (the collector
+        marks its group ended); the Yappi sink detached; the writer's groups sealed (in a
+        thread: the loop runs on). The seal only folds flushes already in the store, which
+        the run's seal folds too, so the end is marked before it: a process that ends under
+        it (Ctrl-C cancels every task of a worker's loop) has lost nothing. Cancelled during
+        the final flush, this waits for that flush (its thread writes on) and marks it."""
         self.sampler.stop()
         self.sample()
         if self.profile is not None:
             self.profile.last_flush = True  # the final flush takes the full profile snapshot
-        await self.flusher.close()
-        if self.profile is not None:
-            self.profile.detach()
+        try:
+            await self.flusher.close()
+        except asyncio.CancelledError:
+            self.flusher.flush_now()  # after the write in flight: nothing, or what came since
+            flushed()
+            raise
+        finally:
+            if self.profile is not None:
+                self.profile.detach()
+        flushed()
         if self.writer is not None:
             await asyncio.to_thread(self._seal)
 

@@ -223,9 +223,12 @@ class SchedulerCollector(SchedulerPlugin):
         _LIVE.discard(self)
         _DROPPED.discard(self)
         self._end_spans()
-        await self.recording.finish()
-        ended: dict[str, Any] = {"ended": time.time(), **({"detached": True} if detached else {})}
-        self.writer.group("cluster", attrs=ended, cluster=self.cluster)
+
+        def ended() -> None:
+            how = {"detached": True} if detached else {}
+            self.writer.group("cluster", attrs={"ended": time.time(), **how}, cluster=self.cluster)
+
+        await self.recording.finish(ended)
         config.restore(self._config_before)
 
     async def end(self) -> list[str]:

@@ -234,8 +234,7 @@ class WorkerCollector(WorkerPlugin):
         with terminate.held():
             if self.cycles is not None:
                 self.cycles.close()  # the cycle in progress, copied on the loop that fills it
-            await self.recording.finish()
-            self._ended()
+            await self.recording.finish(self._ended)
             gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None
         terminate.unwatch(self._watch)
         config.restore(self._config_before)

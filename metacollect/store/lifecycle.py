@@ -225,13 +225,11 @@ def finalize(
     run (``metacollect ingest``) calls :func:`consolidate` again so it never goes stale.
     """
     try:
-        # one walk of the groups and tables: the temp files of writes cut short (a failed
-        # flush) are not data; the groups with segments
-        with_segments = []
+        # one walk of the groups and tables: the groups with segments, and the temp files
+        # of writes cut short (a failed flush), which are not data
+        with_segments, partials = [], []
         for path, dirs, files in [] if _is_url(store) else segments.walk_groups(store):
-            for f in files:
-                if f.endswith(".partial"):
-                    os.remove(os.path.join(store, path, f))
+            partials += [os.path.join(path, f) for f in files if f.endswith(".partial")]
             if segments.SEG_DIR in dirs:
                 with_segments.append(path)
         root = _run_root(store)
@@ -239,6 +237,9 @@ def finalize(
         # them): what the processes that wrote them did not seal themselves (writer.seal_own;
         # one still sealing has end-timeout to finish)
         fold = fold_segments(store, groups=with_segments, wait=config.interval("end-timeout"))
+        # the temp files once those folds are over: a process folding its own groups (a
+        # worker ending under Ctrl-C as the run seals) writes its tables through them
+        _remove_partials(store, partials, [g for g in with_segments if g not in fold.groups])
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
         missing = [*(missing or []), *ungathered(nodes), *unended_workers(nodes), *fold.lost]
@@ -279,6 +280,17 @@ def finalize(
     finally:  # the run is over, sealed or not: the store is free for the next
         if not _is_url(store):
             lock.release(store)
+
+
+def _remove_partials(store: str, partials: Iterable[str], held: Iterable[str]) -> None:
+    """Remove the temp files (paths in ``store``) of writes cut short, but for those in the
+    groups ``held`` (another process was still folding them): one its write has renamed
+    meanwhile is gone already."""
+    prefixes = tuple("" if g == "" else f"{g}/" for g in held)
+    for partial in partials:
+        if not partial.startswith(prefixes):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(store, partial))
 
 
 def _unfolded_workers(nodes: Mapping[str, Mapping[str, Any]], fold: Folded) -> list[str]:
