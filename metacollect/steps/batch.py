@@ -295,6 +295,8 @@ class BatchRecorder:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._failed: set[str] = set()  # what failed while watching (recorded once each)
+        self._last_look = False  # the final look is taken: only jobs still ending are asked
+        self._reported = 0  # lines of unrecorded the final look handed over
         #: (the cluster's job template, ours with the TERM trap) while ours is in place
         self._trapped: tuple[dict[str, Any], dict[str, Any]] | None = None
         job = getattr(cluster, "_dummy_job", None)
@@ -394,9 +396,23 @@ class BatchRecorder:
     def _watch(self, interval: float) -> None:
         while not self._stop.wait(self._next_look(interval)):
             try:
-                self.record()
+                if not self._last_look:
+                    self.record()
+                elif self._leaving:  # after the last look: the jobs still ending, alone
+                    self._ask_due()
+                else:
+                    return  # nothing left to ask before record_ends
             except Exception as e:  # the next look may work: said once, never raised
                 self._fail_once(type(e).__name__, "batch jobs (watching)", e, final=False)
+
+    def _ask_due(self) -> None:
+        """Ask about the leaving jobs that are due, and write how those over ended."""
+        with self._lock:
+            now = time.monotonic()
+            ends = self._ends([j for j, (when, _) in self._leaving.items() if when <= now])
+            write_rows(self.group, "ends", ends)
+            if ends:
+                self.group.flush()
 
     def _next_look(self, interval: float) -> float:
         """Seconds to the next look: ``interval``, or less when a leaving job is due sooner
@@ -406,12 +422,15 @@ class BatchRecorder:
 
     def record(self, final: bool = False) -> None:
         """Capture the jobs and worker environments not recorded yet, and flush. With
-        ``final``: the last look (the watcher stops), every job seen gets its row."""
-        if final:
-            self.stop()
+        ``final``: the last look, every job seen gets its row; the watch then asks only
+        about the jobs still ending (one cancelled just before the end completes while the
+        workers retire, and Slurm may forget it soon after), until :meth:`record_ends`."""
         with self._lock:
             self._record(final)
             if final:
+                self._last_look = True
+                self._reported = len(self.unrecorded)  # the caller takes these now
+                self._untrap()
                 # every row written: let the cluster's Job objects go. SpecCluster's close
                 # asserts that each one still alive is closed, which dask-jobqueue's Jobs
                 # never say, so a reference kept (a user's ``session``) would fail it
@@ -435,7 +454,7 @@ class BatchRecorder:
         ):
             return  # every job recorded, none leaving: a look costs no request to anyone
         rows, ends = self._new_jobs(current, final, environment)
-        ends += self._ends(current, due)
+        ends += self._ends(due)
         write_rows(self.group, "jobs", rows)
         write_rows(self.group, "environment", environment)
         write_rows(self.group, "ends", ends)
@@ -559,9 +578,7 @@ class BatchRecorder:
             self._fail_once("environment", "batch environment", e, final)
             return None
 
-    def _ends(
-        self, current: Mapping[str, Any], due: list[str], last: bool = False
-    ) -> list[dict[str, Any]]:
+    def _ends(self, due: list[str], last: bool = False) -> list[dict[str, Any]]:
         """``ends`` rows of the leaving jobs (``due``: those to ask now) that the batch
         system says are over. A job it lists as completing is asked again in
         :data:`COMPLETING_ASK` s; one still running (its worker being restarted) 1 s, 2 s,
@@ -614,16 +631,16 @@ class BatchRecorder:
         """How each recorded job whose end is not known yet ended: after the collection
         retired the cluster's workers, which ends their jobs. A job still running then has
         no ``ends`` row; one Slurm has forgotten is named in :attr:`unrecorded`, and the
-        lines this call added are returned."""
+        lines added since the final look are returned."""
+        self.stop()
         with self._lock:
-            said = len(self.unrecorded)
             for job_id in self._seen_jobs - self._ended:
                 self._leaving.setdefault(job_id, (0.0, 0.0))
-            ends = self._ends({}, list(self._leaving), last=True)
+            ends = self._ends(list(self._leaving), last=True)
             write_rows(self.group, "ends", ends)
             if ends:
                 self.group.flush()
-            return self.unrecorded[said:]
+            return self.unrecorded[self._reported :]
 
     def _take_environments(self, new: set[str], final: bool) -> list[dict[str, Any]]:
         """The batch variables of the workers not seen yet (asked of them alone)."""
