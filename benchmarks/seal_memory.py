@@ -7,7 +7,10 @@ process needs at its end, on top of whatever it still holds: a scheduler job wit
 memory limit must have it to spare. Each size runs in its own processes: one traced for the
 peak, one untraced for the time (tracing slows allocation-heavy code).
 
-    python benchmarks/seal_memory.py [--tasks 250000 1000000]
+With ``--fold append`` the seal goes the way a seal cut short and run again goes: its
+segments appended to Zarr tables, a batch at a time (``FOLD_ROWS``), then compacted.
+
+    python benchmarks/seal_memory.py [--tasks 250000 1000000] [--fold append]
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ from typing import Any
 import _common
 
 
-def child(tasks: int, traced: bool) -> dict[str, Any]:
+def child(tasks: int, traced: bool, fold: str = "sealed") -> dict[str, Any]:
     """Write ``tasks`` tasks' transitions as the scheduler's collector does (a flush per
     200k rows, tuple keys), then seal the store; the seal's traced peak or its time."""
     from scale import transition_rows
 
+    from metacollect.store import writer as writer_mod
     from metacollect.store.lifecycle import consolidate
     from metacollect.store.writer import StoreWriter
+
+    if fold == "append":  # as when a table of the group is in Zarr already
+        writer_mod._write_sealed = writer_mod._append_folded
 
     rows = 4 * tasks
     data = transition_rows(rows)
@@ -53,7 +60,12 @@ def child(tasks: int, traced: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         consolidate(w.path)
         seal_s = time.perf_counter() - t0
-        out: dict[str, Any] = {"tasks": tasks, "transitions": rows, "segments_mb": segments / 2**20}
+        out: dict[str, Any] = {
+            "tasks": tasks,
+            "transitions": rows,
+            "segments_mb": segments / 2**20,
+            "fold": fold,
+        }
         if traced:
             out["peak_traced_mb"] = (tracemalloc.get_traced_memory()[1] - base) / 2**20
             tracemalloc.stop()
@@ -71,15 +83,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", type=int, nargs="+", default=[250_000, 1_000_000])
     p.add_argument("--child", choices=["traced", "timed"])
+    p.add_argument("--fold", choices=["sealed", "append"], default="sealed")
     a = p.parse_args(argv)
     if a.child:
-        print("RESULT " + json.dumps(child(a.tasks[0], a.child == "traced")), flush=True)
+        print("RESULT " + json.dumps(child(a.tasks[0], a.child == "traced", a.fold)), flush=True)
         return {}
     out: dict[str, Any] = {"sizes": []}
     for tasks in a.tasks:
         row: dict[str, Any] = {}
         for mode in ("traced", "timed"):
-            cmd = [sys.executable, __file__, "--child", mode, "--tasks", str(tasks)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--tasks",
+                str(tasks),
+                "--fold",
+                a.fold,
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if not lines:
@@ -94,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"| {r['tasks']:,} | {r['transitions']:,} | {r['segments_mb']:.0f} | {r['seal_s']:.1f} "
             f"| {r['peak_traced_mb']:.0f} | {r['rss_growth_mb']:.0f} |"
         )
-    _common.save("seal_memory", out)
+    _common.save("seal_memory" if a.fold == "sealed" else "seal_memory_append", out)
     return out
 
 

@@ -497,6 +497,102 @@ def test_a_long_groups_seal_holds_a_window_of_its_strings(store, tmp_path, monke
     assert validate_store(store) == []
 
 
+def test_the_append_fold_decodes_one_segment_at_a_time(store, monkeypatch):
+    """The fold that appends segments to Zarr (a seal cut short, then run again) decodes a
+    segment as its turn comes and lets it go once its rows are in a batch: a many-hour run's
+    segments decoded all at once would not fit where the seal runs. Six flushes, folded in
+    batches of two, leave every row, in order, through several commits."""
+    from metacollect.store import writer as writer_mod
+
+    _, g = _run(store)
+    for f in range(6):
+        _flush_events(g, 10 * f, 10)
+    monkeypatch.setattr(writer_mod, "FOLD_ROWS", 20)
+    monkeypatch.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
+    decoded_at_commit: list[int] = []
+    fold, append = writer_mod._fold_table, writer_mod.GroupWriter._append_zarr
+
+    def counting_fold(gw, found, table):
+        def append_and_count(self, tables):
+            decoded_at_commit.append(sum(s.decoded for s in found.segments))
+            return append(self, tables)
+
+        monkeypatch.setattr(writer_mod.GroupWriter, "_append_zarr", append_and_count)
+        return fold(gw, found, table)
+
+    monkeypatch.setattr(writer_mod, "_fold_table", counting_fold)
+    finalize(store)
+
+    assert len(decoded_at_commit) >= 3 * 2  # events and transitions, three batches each
+    assert max(decoded_at_commit) == 0, decoded_at_commit  # the old fold: all six
+    run = open_run(store)
+    assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(60)]
+    assert run.transitions().key.tolist() == [str(("x", i)) for i in range(60)]
+    assert not os.path.exists(segments.directory(store, GROUP))
+    assert validate_store(store) == []
+
+
+def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, monkeypatch):
+    """A table appended to Zarr (a seal cut short and run again, ``metacollect ingest``
+    after the seal) larger than ``COMPACT_ROWS`` is read a block of chunks at a time as it
+    is compacted, never a whole column, and leaves what the seal's one write leaves. One of
+    its chunks that does not decode leaves it as written, with nothing half-written beside
+    it."""
+    from metacollect.store import compact, zarrio
+    from metacollect.store import lifecycle as lifecycle_mod
+    from metacollect.store import writer as writer_mod
+
+    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
+    _, g = _run(store)
+    for f in range(20):
+        _flush_events(g, 500 * f, 500)  # 10,000 rows in each of two tables
+    appended, damaged = str(tmp_path / "appended.zarr"), str(tmp_path / "damaged.zarr")
+    shutil.copytree(store, appended)
+    shutil.copytree(store, damaged)
+    finalize(store)
+
+    monkeypatch.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
+    whole, blocks = [], []
+    read_rows, read_block = zarrio.read_rows, zarrio.read_block
+
+    async def counted_rows(arrays, n):
+        whole.extend((a.path, n) for a in arrays)
+        return await read_rows(arrays, n)
+
+    async def counted_block(arr, lo, hi):
+        blocks.append((arr.path, hi - lo))
+        return await read_block(arr, lo, hi)
+
+    monkeypatch.setattr(zarrio, "read_rows", counted_rows)
+    monkeypatch.setattr(zarrio, "read_block", counted_block)
+    finalize(appended)
+    assert {p.rsplit("/", 1)[-1] for p, _ in blocks} >= {"key", "time", "msg"}
+    assert max(n for _, n in blocks) <= 4000
+    assert not [(p, n) for p, n in whole if n > 1000]
+    assert _docs(store) == _docs(appended)
+    once, twice = xr.open_datatree(store, engine="zarr"), xr.open_datatree(appended, engine="zarr")
+    for node in once.subtree:
+        if node.path != "/":
+            assert node.to_dataset().identical(twice[node.path].to_dataset()), node.path
+
+    with monkeypatch.context() as m:  # folded into Zarr, not compacted
+        m.setattr(lifecycle_mod, "compact", lambda root, nodes: 0)
+        finalize(damaged)
+    table = os.path.join(damaged, *GROUP.split("/"), "transitions")
+    chunk = os.path.join(table, "time", "c.0")
+    with open(chunk, "rb") as f:
+        body = bytearray(f.read())
+    body[len(body) // 2] ^= 0xFF
+    with open(chunk, "wb") as f:
+        f.write(bytes(body))
+    root = zarrio.open_group(damaged, mode="a")
+    before = set(os.listdir(os.path.dirname(table)))
+    assert compact.compact(root, writer_mod.read_nodes(root)) == 1  # the events table
+    assert set(os.listdir(os.path.dirname(table))) == before  # no .compacting left
+    with open(chunk, "rb") as f:
+        assert f.read() == bytes(body)  # left as written
+
+
 def test_a_segment_says_whether_its_strings_may_be_blank():
     """A segment's header lists the string columns that may hold an empty or NUL-only
     string (four zero bytes in their encoding: no such string without them), so the seal

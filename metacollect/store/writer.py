@@ -822,8 +822,10 @@ class StoreWriter:
         )
 
 
-#: rows of a table the fold appends to Zarr at a time (whole segments: at least this many)
-FOLD_ROWS = 1_048_576
+#: rows of a table the fold appends to Zarr at a time (whole segments: at least this many);
+#: a batch of a strings table is Python strings, ~80 bytes a row: 1M rows a batch made the
+#: fold of 1M tasks' transitions peak at 308 MB, a quarter of that at 94 MB
+FOLD_ROWS = 262_144
 #: rows per chunk of the arrays the fold makes
 FOLD_CHUNK_ROWS = 65_536
 
@@ -1063,18 +1065,24 @@ def _write_sealed(
 
 def _fold_table(gw: GroupWriter, found: seg.GroupSegments, table: str) -> None:
     """Append a table's rows of the segments not folded yet, a batch of whole segments at a
-    time, each batch committed with the last segment it holds."""
+    time, each batch committed with the last segment it holds. A segment is decoded as its
+    turn comes and let go once this table's rows are taken from it: the fold of a many-hour
+    run's seal that was cut short holds one batch of rows, not the run's segments decoded."""
     after = gw._folded(table)
-    parts = [(s.seq, s.tables[table]) for s in found.segments if s.seq > after and s.holds(table)]
+    todo = [s for s in found.segments if s.seq > after and s.holds(table)]
     batch: list[Mapping[str, np.ndarray]] = []
     rows = 0
-    for i, (seq, part) in enumerate(parts):
+    for i, s in enumerate(todo):
+        held = s.decoded  # decoded by its caller: theirs to let go
+        part = s.tables[table]
+        if not held:
+            s.release()  # ``part`` keeps this table's columns only
         batch.append(part)
         rows += len(next(iter(part.values())))
-        if rows >= FOLD_ROWS or i == len(parts) - 1:
+        if rows >= FOLD_ROWS or i == len(todo) - 1:
             columns = seg.concat(batch)
             if columns:
-                gw._commit_attrs[table] = {seg.FOLDED: seq}
+                gw._commit_attrs[table] = {seg.FOLDED: s.seq}
                 gw._append_zarr({table: columns})
             batch, rows = [], 0
 

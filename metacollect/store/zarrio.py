@@ -716,6 +716,11 @@ def read_slices(arrays: list[Array], lo: int, hi: int) -> list[np.ndarray | Stor
     return out
 
 
+async def read_block(arr: Array, lo: int, hi: int) -> np.ndarray:
+    """Rows ``lo:hi`` of an array, on the store's I/O loop (see :func:`read_rows`)."""
+    return await _rows(arr, lo, hi)
+
+
 def read_slice(arr: Array, lo: int, hi: int) -> np.ndarray:
     """Rows ``lo:hi`` of an array (see :func:`read_rows`)."""
     return run(_rows(arr, lo, hi))
