@@ -209,6 +209,50 @@ def test_which_groups_the_seal_names_as_unended():
     assert all("tcp://h:1 (host h, pid 7) never took its final flush" in m for m in said)
 
 
+def test_an_unended_worker_is_named_with_how_its_batch_job_ended(tmp_path):
+    """A worker that never took its final flush is named in ``missing`` with how its batch
+    job ended, as the run recorded it (``job/batch``'s ends): a walltime or an out-of-memory
+    kill is most often why. A worker whose job has no recorded end is named as before."""
+    from metacollect.session import init_root
+    from metacollect.store.lifecycle import finalize, prepare_store
+    from metacollect.store.writer import StoreWriter
+    from tests.test_store import CLUSTER_ATTRS
+
+    store = str(tmp_path / "run.zarr")
+    prepare_store(store)
+    w = StoreWriter(store)
+    init_root(w, "r1")
+    w.group("cluster", attrs={**CLUSTER_ATTRS, "ended": 3.0}, cluster="c1")
+    for name, job in (("w-1", "1604"), ("w-2", "1605")):
+        attrs = {"address": f"tcp://h:{name}", "host": "h", "pid": 7, "ended": None}
+        w.group("worker", attrs={**attrs, "batch_job_id": job}, cluster="c1", worker=name)
+    ends = w.group("batch", attrs={"batch_system": "slurm"})
+    ends.append(
+        "ends",
+        {
+            "job_id": ["1604", "1604"],  # asked twice: the last row is how it ended
+            "state": ["COMPLETING", "TIMEOUT"],
+            "reason": ["None", "TimeLimit"],
+            "exit_code": ["", "0:15"],
+            "end_time": [1.7e9, 1.7e9],
+            "captured": [1.7e9, 1.7e9 + 1],
+            "details": ["{}", "{}"],
+        },
+    )
+    w.flush()
+    status, missing = finalize(store)
+
+    assert status == "incomplete"
+    by_worker = {m.split(":", 1)[0].rsplit("/", 1)[-1]: m for m in missing}
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1.7e9))
+    assert by_worker["w-1"].endswith(
+        f"Its batch job 1604 ended TIMEOUT (TimeLimit) at {at}, exit code 0:15."
+    )
+    assert "never took its final flush" in by_worker["w-2"]
+    assert "batch job" not in by_worker["w-2"]
+    assert open_run(store).attrs["missing"] == missing
+
+
 # -- client / scheduler processes killed -------------------------------------------------------
 
 CLIENT_SCRIPT = """

@@ -686,6 +686,10 @@ def test_how_each_job_ended_is_recorded_also_after_slurm_forgot_it(tmp_path):
     assert run.attrs["status"] == "incomplete"
     lacks = [m for m in run.attrs["missing"] if not m.startswith("batch")]
     assert len(lacks) == 2 and all(any(a in m for a in killed) for m in lacks), lacks
+    for address in killed:  # each line says how that worker's job ended, as recorded
+        (line,) = [m for m in lacks if f"worker {address} " in m]
+        state = jobs.loc[job_of[address], "end_state"]
+        assert f"Its batch job {job_of[address]} ended {state}" in line, line
     assert unread <= {job_of[seen["cancelled"]], job_of[seen["killed"]]}, run.attrs["missing"]
     assert {a for a in workers.index if math.isnan(workers.loc[a, "ended"])} == killed
     assert validate_store(store) == []

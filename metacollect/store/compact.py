@@ -183,7 +183,7 @@ def compact(
         if not _needs(owner[1], nodes[path], arrays):
             continue
         if any(owner[1].variables[v].dtype == "code" for v in arrays) and group not in strings:
-            strings[group] = _strings(root, nodes, group)
+            strings[group] = group_strings(root, nodes, group)
         try:
             docs = zarrio.run(
                 _rewrite(
@@ -244,7 +244,9 @@ def _needs(tspec: TableSpec, doc: dict[str, Any], arrays: dict[str, dict[str, An
     return False
 
 
-def _strings(root: zarrio.Group, nodes: dict[str, dict[str, Any]], group: str) -> np.ndarray | None:
+def group_strings(
+    root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]], group: str
+) -> np.ndarray | None:
     """A group's committed strings (``None``: it has no strings table that reads)."""
     path = f"{group}/strings" if group else "strings"
     doc = nodes.get(path)

@@ -18,12 +18,14 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import segments
-from metacollect.store.compact import compact, local_dir
+from metacollect.store.compact import column_values, compact, group_strings, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
 from metacollect.store.writer import Folded, fold_segments, read_nodes, seal, trim
 
@@ -242,7 +244,8 @@ def finalize(
         _remove_partials(store, partials, [g for g in with_segments if g not in fold.groups])
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
-        missing = [*(missing or []), *ungathered(nodes), *unended_workers(nodes), *fold.lost]
+        ends = batch_job_ends(root, nodes)
+        missing = [*(missing or []), *ungathered(nodes), *unended_workers(nodes, ends), *fold.lost]
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         consolidate(
@@ -264,7 +267,7 @@ def finalize(
         late = segments.written_since(store, [*fold.groups, *unfolded])
         if late:  # a flush that ended during the seal, under the run's lock: say so
             missing = [
-                *_without_late_ends(root, nodes, missing, late),
+                *_without_late_ends(root, nodes, missing, late, ends),
                 *(_late_flush(group, seqs) for group, seqs in late.items()),
             ]
             status = "incomplete" if status in ("complete", "failed") else status
@@ -311,6 +314,7 @@ def _without_late_ends(
     nodes: Mapping[str, Mapping[str, Any]],
     missing: list[str],
     late: Iterable[str],
+    ends: Mapping[str, str],
 ) -> list[str]:
     """``missing`` without the :func:`unended_workers` line of each worker group among
     ``late`` that has recorded its end since the seal read ``nodes``: its final flush came
@@ -320,7 +324,7 @@ def _without_late_ends(
         doc = zarrio.run(zarrio.read_doc(root.store_path / group)) or {}
         if (doc.get("attributes") or {}).get("ended") is not None:
             since[group] = nodes[group]
-    stale = set(unended_workers(since))
+    stale = set(unended_workers(since, ends))
     return [line for line in missing if line not in stale]
 
 
@@ -368,12 +372,16 @@ def cluster_ends(store: str) -> dict[str, float | None]:
     return ends
 
 
-def unended_workers(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def unended_workers(
+    nodes: Mapping[str, Mapping[str, Any]], ends: Mapping[str, str] | None = None
+) -> list[str]:
     """What the store misses because a worker's collector never took its final flush (the
     worker was killed, or its process died), one line per worker group (``nodes``: the
-    store's nodes as the seal reads them). A group written before workers recorded their
-    end has no ``ended`` at all and is not named; one kept on node-local disk and never
-    gathered is named by :func:`~metacollect.store.local.ungathered`."""
+    store's nodes as the seal reads them), with how its batch job ended when ``ends`` (see
+    :func:`batch_job_ends`) has it: a walltime or an out-of-memory kill is most often why.
+    A group written before workers recorded their end has no ``ended`` at all and is not
+    named; one kept on node-local disk and never gathered is named by
+    :func:`~metacollect.store.local.ungathered`."""
     missing = []
     for path, doc in sorted(nodes.items()):
         attrs = doc.get("attributes") or {}
@@ -381,15 +389,56 @@ def unended_workers(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
             continue
         if LOCAL_ATTR in attrs and GATHERED_ATTR not in attrs:
             continue
+        job = str(attrs.get("batch_job_id") or "")
+        how = f" Its batch job {job} {ends[job]}." if ends and job in ends else ""
         missing.append(
             f"{path}: worker {attrs.get('address')} (host {attrs.get('host')}, pid "
             f"{attrs.get('pid')}) never took its final flush (it was killed, its process "
             "died, or that flush failed): what it did after its last flush (up to "
             "metacollect.flush-interval, longer "
             "if the interval was stretched) is not in its group; the scheduler's record of "
-            "its tasks is"
+            f"its tasks is.{how}"
         )
     return missing
+
+
+#: the table of how a run's batch jobs ended (see schema/step1-job.yaml)
+ENDS_TABLE = "job/batch/ends"
+
+
+def batch_job_ends(root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """How each batch job of the run ended, by id, in words for a ``missing`` line ("ended
+    TIMEOUT (TimeLimit) at 2026-11-28 12:03:04, exit code 0:15"), from the store's
+    ``job/batch`` ends; empty when it has none (not a batch run), or when that table does
+    not read (the line then says less; the table itself is what ``validate`` checks)."""
+    doc = nodes.get(ENDS_TABLE)
+    names = ("job_id", "state", "reason", "exit_code", "end_time")
+    if doc is None or any(f"{ENDS_TABLE}/{v}" not in nodes for v in names):
+        return {}
+    rows = int((doc.get("attributes") or {}).get("rows", 0))
+    try:
+        arrays = [zarrio.array_at(root, f"{ENDS_TABLE}/{v}") for v in names]
+        found = dict(zip(names, zarrio.run(zarrio.read_rows(arrays, rows)), strict=True))
+        strings = group_strings(root, nodes, ENDS_TABLE.rpartition("/")[0])
+        text = {
+            v: column_values(
+                found[v],
+                nodes[f"{ENDS_TABLE}/{v}"].get("attributes") or {},
+                strings if strings is not None else np.empty(0, object),
+            )
+            for v in names[:-1]
+        }
+    except (StoreError, KeyError) as e:
+        logger.warning("metacollect: how the batch jobs ended does not read (%s)", e)
+        return {}
+    out = {}
+    for i in range(rows):  # the last row of a job, if written twice
+        reason = f" ({text['reason'][i]})" if text["reason"][i] not in (None, "", "None") else ""
+        when = float(found["end_time"][i])
+        at = "" if when != when else time.strftime(" at %Y-%m-%d %H:%M:%S", time.localtime(when))
+        code = f", exit code {text['exit_code'][i]}" if text["exit_code"][i] else ""
+        out[str(text["job_id"][i])] = f"ended {text['state'][i]}{reason}{at}{code}"
+    return out
 
 
 def unended_clusters(store: str) -> list[str]:
@@ -434,7 +483,8 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
         missing = [str(m) for m in attrs.get("missing") or [] if not str(m).startswith(tuple(done))]
         # a group left behind by a killed worker holds its rows up to its last flush only
         nodes = read_nodes(root)
-        missing += [m for m in unended_workers(nodes) if m.startswith(tuple(f"{p}:" for p in done))]
+        unended = unended_workers(nodes, batch_job_ends(root, nodes))
+        missing += [m for m in unended if m.startswith(tuple(f"{p}:" for p in done))]
         status = str(attrs.get("status", "incomplete"))
         if done and not missing and status == "incomplete":
             failed = attrs.get("script_exit_code") not in (None, 0) or any(
