@@ -289,12 +289,7 @@ async def _rewrite(
         columns = dict(zip(known, await zarrio.read_rows(handles, n), strict=True))
     else:
         for h in handles:
-            gone = await zarrio.missing_chunks(h, 0, n)
-            if gone:
-                raise StoreError(
-                    f"array {h.path} is damaged: its chunk {gone[0]} is missing "
-                    f"({len(gone)} missing); restore the store from a copy"
-                )
+            await zarrio.require_chunks(h, 0, n)
         columns = {v: _StoredColumn(h, n) for v, h in zip(known, handles, strict=True)}
     layouts = {
         name: (old.get("dimension_names"), old.get("attributes", {})) for name, old in known.items()

@@ -613,14 +613,19 @@ async def read_rows(arrays: list[Array], n: int) -> list[np.ndarray]:
     return list(found)
 
 
-async def _rows(arr: Array, lo: int, hi: int) -> np.ndarray:
-    """Rows ``lo:hi`` of an array, every chunk they need present and decoded."""
+async def require_chunks(arr: Array, lo: int, hi: int) -> None:
+    """Raise a :class:`StoreError` naming the array if a chunk rows ``lo:hi`` need is missing."""
     gone = await missing_chunks(arr, lo, hi)
     if gone:
         raise StoreError(
             f"array {arr.path} is damaged: its chunk {gone[0]} is missing "
             f"({len(gone)} missing); restore the store from a copy"
         )
+
+
+async def _rows(arr: Array, lo: int, hi: int) -> np.ndarray:
+    """Rows ``lo:hi`` of an array, every chunk they need present and decoded."""
+    await require_chunks(arr, lo, hi)
     try:
         text = await _text_rows(arr, lo, hi)
         if text is not None:
