@@ -451,7 +451,11 @@ def test_a_long_groups_seal_holds_a_window_of_its_strings(store, tmp_path, monke
 
     monkeypatch.setattr(segments.StringWindow, "_decode", decode_and_count)
     keys, stimuli, workers, topics = [], [], [], []
-    with dask.config.set({"metacollect.strings.cache-size": 1000}):
+    # a segment a flush (merged ones hold the strings of many: a window of a merged one is
+    # that one, see test_merged_segments_*)
+    with dask.config.set(
+        {"metacollect.strings.cache-size": 1000, "metacollect.store.segment-merge": 0}
+    ):
         _, g = _run(store)
         for f in range(40):
             ids = range(500 * f, 500 * (f + 1))
@@ -672,14 +676,21 @@ _WRITER = textwrap.dedent(
 )
 
 
-def test_a_process_killed_mid_run_loses_nothing_flushed(store, tmp_path):
+@pytest.mark.parametrize("merge", ["16", "2"])
+def test_a_process_killed_mid_run_loses_nothing_flushed(store, tmp_path, merge):
     """SIGKILL a real process that flushes a store in a loop; the seal of what it left (as
     ``metacollect batch finalize`` does) folds its segments: every row of every flush that
-    returned before the kill is in the sealed store, in order, and it validates."""
+    returned before the kill is in the sealed store, in order, and it validates. Its writer
+    merges its segments every 16 flushes (the default), or every other flush: then the kill
+    lands in a merge as often as not."""
     prepare_store(store)
     script = tmp_path / "writer.py"
     script.write_text(_WRITER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "DASK_METACOLLECT__STORE__SEGMENT_MERGE": merge,
+    }
     proc = subprocess.Popen(
         [sys.executable, str(script), store, json.dumps(CLUSTER_ATTRS)],
         stdout=subprocess.PIPE,
@@ -770,3 +781,206 @@ def test_new_files_go_through_zarrs_store_where_it_is_not_a_directory():
         "t/a/c/0": b"chunk",
         "t/a/zarr.json": b"{}",
     }
+
+
+def _levels(store: str) -> list[tuple[int, int, int]]:
+    """``(seq, first, level)`` of each segment file of the group, as on disk."""
+    found = segments.load(store, GROUP, decoded=False)
+    return [(s.seq, s.first, s.head.get("level", 0)) for s in found.segments]
+
+
+def test_a_writers_segments_merge_as_a_counter_carries(store):
+    """Every K (``store.segment-merge``) segments of one level a writer wrote become one of
+    the next: after 300 flushes at K=4 the group holds the digits of 300 in base 4 (1, 0, 2,
+    3, 0: six files), not 300. Readers of the live store, the seal and validate see each row
+    once, in order, with its strings, whatever merged it."""
+    import dask.config
+
+    with dask.config.set({"metacollect.store.segment-merge": 4}):
+        _, g = _run(store)
+        for f in range(300):
+            _flush_events(g, 10 * f, 10)
+    assert _levels(store) == [
+        (255, 0, 4),
+        (271, 256, 2),
+        (287, 272, 2),
+        (291, 288, 1),
+        (295, 292, 1),
+        (299, 296, 1),
+    ]
+    assert set(os.listdir(segments.directory(store, GROUP))) == {
+        segments.file_name(s) for s in (255, 271, 287, 291, 295, 299)
+    }
+    run = open_run(store)
+    assert run.transitions().key.tolist() == [str(("x", i)) for i in range(3000)]
+    live = run.table(GROUP, "events")
+    assert live.msg.tolist() == [f"m{i}" for i in range(3000)]
+    assert validate_store(store) == []
+    assert finalize(store) == ("complete", [])
+    assert open_run(store).table(GROUP, "events").equals(live)
+    assert validate_store(store) == []
+
+
+def _bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_a_merge_cut_short_at_any_step_leaves_each_row_once(store, tmp_path):
+    """A merge writes the merged segment beside the others, renames it over the last, then
+    removes the others: a process killed between any two steps leaves a directory that the
+    live readers, validate and the seal read as each row once, and the seal leaves no file of
+    it behind."""
+    import dask.config
+
+    with dask.config.set({"metacollect.store.segment-merge": 0}):
+        _, g = _run(store)
+        for f in range(8):
+            _flush_events(g, 10 * f, 10)
+    segdir = segments.directory(store, GROUP)
+    singles = {n: _bytes(os.path.join(segdir, n)) for n in os.listdir(segdir)}
+    expected = open_run(store).table(GROUP, "events")
+    segments.merge(segdir, list(range(8)), level=1)
+    merged = _bytes(os.path.join(segdir, segments.file_name(7)))
+    assert os.listdir(segdir) == [segments.file_name(7)]
+
+    def state(name: str, files: dict[str, bytes]) -> str:
+        copy = str(tmp_path / name)
+        shutil.copytree(store, copy)
+        seg_copy = segments.directory(copy, GROUP)
+        for n in os.listdir(seg_copy):
+            os.remove(os.path.join(seg_copy, n))
+        for n, data in files.items():
+            with open(os.path.join(seg_copy, n), "wb") as f:
+                f.write(data)
+        return copy
+
+    cut = {
+        # killed while writing the merged segment, or before renaming it
+        "written": {**singles, f"{7:09d}{segments.MERGING}": merged[:100]},
+        "renamed": {**singles, segments.file_name(7): merged},
+        "half removed": {
+            **{segments.file_name(s): singles[segments.file_name(s)] for s in (4, 5, 6)},
+            segments.file_name(7): merged,
+        },
+    }
+    for name, files in cut.items():
+        copy = state(name, files)
+        assert open_run(copy).table(GROUP, "events").equals(expected), name
+        assert validate_store(copy) == [], name
+        assert finalize(copy) == ("complete", []), name
+        assert not os.path.exists(segments.directory(copy, GROUP)), name
+        assert open_run(copy).table(GROUP, "events").equals(expected), name
+
+
+def test_live_readers_see_each_row_once_while_the_writer_merges(store):
+    """A reader of the live store lists a group's segments, then reads them in order, while
+    its writer merges them: whatever it finds gone was merged into a later one it reads, and
+    a merged one it reads supersedes those it read before. Every read is the rows flushed so
+    far, each once, in order."""
+    import threading
+
+    import dask.config
+
+    done = threading.Event()
+    seen: list[int] = []
+    bad: list[str] = []
+
+    def read() -> None:
+        while not done.is_set():
+            found = segments.load(store, GROUP)
+            rows = found.rows("events")
+            times = rows["time"] if rows is not None else np.empty(0)
+            if not np.array_equal(times, np.arange(len(times), dtype=float)):
+                bad.append(f"{len(times)} rows, not 0..n in order")
+            seen.append(len(times))
+
+    with dask.config.set({"metacollect.store.segment-merge": 2}):
+        _, g = _run(store)
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            for f in range(400):
+                _flush_events(g, 5 * f, 5)
+        finally:
+            done.set()
+            reader.join()
+    assert not bad, bad[:3]
+    assert len(seen) > 10 and seen == sorted(seen)
+    assert len(os.listdir(segments.directory(store, GROUP))) == bin(400).count("1")
+
+
+def test_a_merge_that_fails_is_recorded_and_loses_nothing_else(store, tmp_path):
+    """A group whose fold another process has claimed is not merged meanwhile. A merged
+    segment the writer cannot read back (damaged on disk) stops its merges: the failure is
+    in the group's errors (what, where, why), the other segments stay as written, and the
+    seal names the damaged one in what the store misses."""
+    import dask.config
+
+    from metacollect.store import writer as writer_mod
+
+    with dask.config.set({"metacollect.store.segment-merge": 2}):
+        claimed = str(tmp_path / "claimed.zarr")
+        _, g = _run(claimed)
+        segdir = segments.directory(claimed, GROUP)
+        assert writer_mod._claim(segdir, 0.0) is None  # another process folds it
+        for f in range(3):
+            _flush_events(g, 10 * f, 10)
+        assert sorted(os.listdir(segdir)) == [
+            *(segments.file_name(s) for s in range(3)),
+            writer_mod.CLAIM,
+        ]
+
+        _, g = _run(store)
+        segdir = segments.directory(store, GROUP)
+        for f in range(2):  # merged into segment 1, a flush's bytes merged as written
+            _flush_events(g, 10 * f, 10)
+        path = os.path.join(segdir, segments.file_name(1))
+        data = bytearray(_bytes(path))
+        data[len(data) // 2] ^= 0xFF
+        with open(path, "wb") as f:
+            f.write(bytes(data))
+        for f in range(2, 4):  # 2 and 3 merge into 3, then 1 and 3 would: 1 is read back
+            _flush_events(g, 10 * f, 10)
+        assert g.flush() == 1  # the error's row
+        for f in range(4, 7):
+            _flush_events(g, 10 * f, 10)
+        assert sorted(os.listdir(segdir)) == [segments.file_name(s) for s in (1, 3, 4, 5, 6, 7)]
+    errors = open_run(store).errors()
+    assert errors["where"].tolist() == ["merge segments"], errors
+    assert "CRC-32" in errors.what.iloc[0]
+    status, missing = finalize(store)
+    assert status == "incomplete" and any(segments.file_name(1) in m for m in missing)
+    events = open_run(store).table(GROUP, "events")
+    assert events.time.tolist() == [float(i) for i in range(20, 70)]
+
+
+def test_a_merged_segment_holds_its_parts_rows_bytes_joined_not_decoded(tmp_path):
+    """A merge joins the parts' column bytes as they are (strings: their counts added):
+    decoded, the merged segment is the parts' columns concatenated, a table only some parts
+    hold included, and it says a string column may hold a blank string only where a part
+    said so."""
+    segdir = str(tmp_path)
+    parts = [
+        {
+            "strings": {"value": np.array(["a", "", "b"], dtype=object)},
+            "events": {"time": np.arange(2.0), "topic": np.array(["x", "y"], dtype=object)},
+        },
+        {"events": {"time": np.arange(2.0, 5.0), "topic": np.array(["z", "é", "w"], dtype=object)}},
+        {
+            "strings": {"value": np.array(["c"], dtype=object)},
+            "metrics": {"value": np.arange(6, dtype=np.int32).reshape(3, 2)},
+        },
+    ]
+    for seq, tables in enumerate(parts):
+        segments.write(segdir, seq, segments.encode(tables))
+    merged = segments.merge(segdir, [0, 1, 2], level=1)
+    assert os.listdir(segdir) == [segments.file_name(2)]
+    assert (merged.seq, merged.first, merged.head["level"]) == (2, 0, 1)
+    tables = merged.tables
+    assert tables["strings"]["value"].tolist() == ["a", "", "b", "c"]
+    assert tables["events"]["time"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert tables["events"]["topic"].tolist() == ["x", "y", "z", "é", "w"]
+    assert tables["metrics"]["value"].tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert merged.may_hold_blank("strings", "value")
+    assert not merged.may_hold_blank("events", "topic")

@@ -16,6 +16,12 @@ file's length (8 bytes) and the CRC-32 of everything before it (4 bytes). A proc
 mid-write leaves a segment that is short or fails its CRC: *torn*; readers skip it (its rows
 are those of the flush the kill interrupted), ``metacollect validate`` names it.
 
+Each writer merges its own segments as it goes (:func:`merge`, called by
+:meth:`~metacollect.store.writer.GroupWriter._merge_tail`): a run of hours leaves a few dozen
+segments a group, not one a flush. A merged segment takes the ``seq`` of the last it holds, and
+its header names the first (``first``): readers skip the segments it spans, should a merge cut
+short leave them.
+
 Readers fold a group's segments after its Zarr rows (a table's ``segments_folded`` attribute:
 segments up to that ``seq`` are in Zarr already). The seal writes each table whose rows are
 all in segments once, in its sealed form (:mod:`metacollect.store.compact`: large chunks,
@@ -52,6 +58,8 @@ SUFFIX = ".seg"
 MAGIC = b"MCSEG\x001\n"
 #: attribute of a table group: the last ``seq`` whose rows of the table are in Zarr
 FOLDED = "segments_folded"
+#: suffix of a merged segment being written (not a segment until renamed; see :func:`merge`)
+MERGING = ".merging"
 #: Zstandard level of a segment's body: segments live until the seal, which recompresses
 LEVEL = 1
 #: seconds a reader of a live store gives a segment it found torn to become whole: a flush
@@ -68,30 +76,43 @@ _VLEN = numcodecs.VLenUTF8()
 _BLANK = b"\0\0\0\0"
 
 
+#: a column as a segment stores it: its dtype (``"vlen"``: strings), shape and bytes
+_Column = tuple[str, list[int], bytes]
+
+
 def encode(tables: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
     """The bytes of a segment holding ``tables`` (``{table: {variable: column}}``)."""
-    parts: list[bytes] = []
-    header: dict[str, dict[str, list[Any]]] = {}
+    columns: dict[str, dict[str, _Column]] = {}
     blank: list[str] = []
-    offset = 0
-    for table, columns in tables.items():
-        entry = header[table] = {}
-        for name, data in columns.items():
-            arr = np.asarray(data)
+    for table, data in tables.items():
+        out = columns[table] = {}
+        for name, values in data.items():
+            arr = np.asarray(values)
             if arr.dtype == object:
                 raw, dtype = bytes(_VLEN.encode(arr.reshape(-1))), "vlen"
             else:
                 arr = np.ascontiguousarray(arr)
                 raw, dtype = arr.tobytes(), arr.dtype.str
-            entry[name] = [dtype, list(arr.shape), offset, len(raw)]
+            out[name] = (dtype, list(arr.shape), raw)
             if dtype == "vlen" and _BLANK in raw:
                 blank.append(f"{table}/{name}")
+    return _assemble(columns, {"blank": blank})
+
+
+def _assemble(columns: Mapping[str, Mapping[str, _Column]], marks: Mapping[str, Any]) -> bytes:
+    """A segment's bytes: its columns' bytes compressed as one body, and its header (their
+    places in the body, and ``marks``)."""
+    parts: list[bytes] = []
+    header: dict[str, dict[str, list[Any]]] = {}
+    offset = 0
+    for table, data in columns.items():
+        entry = header[table] = {}
+        for name, (dtype, shape, raw) in data.items():
+            entry[name] = [dtype, shape, offset, len(raw)]
             parts.append(raw)
             offset += len(raw)
     body = bytes(_ZSTD.encode(b"".join(parts))) if offset else b""
-    head = json.dumps(
-        {"tables": header, "raw": offset, "blank": blank}, separators=(",", ":")
-    ).encode()
+    head = json.dumps({"tables": header, "raw": offset, **marks}, separators=(",", ":")).encode()
     out = b"".join([MAGIC, _HEAD.pack(len(head)), head, body])
     size = len(out) + _TRAILER.size
     return out + _TRAILER.pack(size, zlib.crc32(out))
@@ -126,6 +147,18 @@ class Segment:
 
     def holds(self, table: str) -> bool:
         return table in self.head["tables"]
+
+    @property
+    def first(self) -> int:
+        """The first ``seq`` whose rows this segment holds: its own, or, for one that
+        :func:`merge` made, the first of those it took the place of."""
+        found = self.head.get("first", self.seq)
+        return found if isinstance(found, int) else self.seq
+
+    @property
+    def raw(self) -> int:
+        """Bytes of its body decompressed."""
+        return int(self.head["raw"])
 
     def shape(self, table: str, name: str) -> tuple[int, ...]:
         return tuple(self.head["tables"][table][name][1])
@@ -193,10 +226,17 @@ def file_name(seq: int) -> str:
 
 def seqs(segdir: str) -> list[int]:
     """Sequence numbers of the segment files in ``segdir``, in order (none: no directory)."""
+    return _seqs(_listing(segdir))
+
+
+def _listing(segdir: str) -> list[str]:
     try:
-        names = os.listdir(segdir)
+        return os.listdir(segdir)
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def _seqs(names: Iterable[str]) -> list[int]:
     return sorted(int(n[: -len(SUFFIX)]) for n in names if _is_segment(n))
 
 
@@ -237,12 +277,84 @@ def write(segdir: str, seq: int, data: bytes) -> int:
     raise StoreError(f"{segdir} holds a thousand segments past {seq}; the store is damaged")
 
 
+def merge(
+    segdir: str, run: Sequence[int], level: int, known: Mapping[int, bytes] | None = None
+) -> Segment:
+    """Put one segment in the place of the consecutive segments ``run`` of ``segdir``: their
+    rows, table by table in ``seq`` order, as the last one's ``seq`` (the codes still index
+    the group's strings in ``seq`` order, so they stand as written), its header naming the
+    first (``first``) and how many merges made it (``level``). Written beside, then renamed
+    over the last, then the others removed: a process killed at any step leaves each row in
+    the segments exactly once as :func:`load` reads them (a merged segment supersedes the
+    segments its ``first`` and ``seq`` span, should they be left). ``known``: the bytes of
+    some of them, as written (not read back). ``ValueError`` when one of ``run`` is not
+    whole, or their tables differ in their variables; nothing is changed then."""
+    parts = []
+    for seq in run:
+        data = (known or {}).get(seq)
+        if data is None:
+            with open(os.path.join(segdir, file_name(seq)), "rb") as f:
+                data = f.read()
+        parts.append(read(seq, data))
+    data = _merged(parts, level)
+    last = run[-1]
+    temporary = os.path.join(segdir, f"{last:09d}{MERGING}")
+    with open(temporary, "wb") as f:  # a merge killed before left it: written anew
+        f.write(data)
+    os.replace(temporary, os.path.join(segdir, file_name(last)))
+    for seq in run[:-1]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(segdir, file_name(seq)))
+    return read(last, data)
+
+
+def _merged(parts: Sequence[Segment], level: int) -> bytes:
+    """The bytes of one segment holding the rows of ``parts``, in order: each column's bytes
+    joined as they are (a column of strings, numcodecs' VLenUTF8, is a count and then each
+    string with its length: the counts added, the rest joined), never decoded into arrays,
+    which costs a few microseconds a column of a worker's few dozen."""
+    bodies = [bytes(_ZSTD.decode(p._body)) if p.raw else b"" for p in parts]
+    columns: dict[str, dict[str, _Column]] = {}
+    blank: set[str] = set()
+    for table in dict.fromkeys(t for p in parts for t in p.head["tables"]):
+        holding = [(p, body) for p, body in zip(parts, bodies, strict=True) if p.holds(table)]
+        layouts = [p.head["tables"][table] for p, _ in holding]
+        names = list(layouts[0])
+        if any(list(lay) != names for lay in layouts):
+            raise ValueError(f"the segments' {table} differ in their variables")
+        out = columns[table] = {}
+        for name in names:
+            dtype, shape = layouts[0][name][0], layouts[0][name][1]
+            if any(lay[name][0] != dtype or lay[name][1][1:] != shape[1:] for lay in layouts):
+                raise ValueError(f"the segments' {table}/{name} differ in dtype or shape")
+            pieces = [
+                body[off : off + n]
+                for body, (_, _, off, n) in zip(
+                    (b for _, b in holding), (lay[name] for lay in layouts), strict=True
+                )
+            ]
+            if dtype == "vlen":
+                count = sum(_HEAD.unpack_from(piece)[0] for piece in pieces)
+                raw = b"".join([_HEAD.pack(count), *(piece[_HEAD.size :] for piece in pieces)])
+            else:
+                raw = b"".join(pieces)
+            rows = sum(lay[name][1][0] for lay in layouts)
+            out[name] = (dtype, [rows, *shape[1:]], raw)
+            if dtype == "vlen" and any(p.may_hold_blank(table, name) for p, _ in holding):
+                blank.add(f"{table}/{name}")
+    return _assemble(columns, {"blank": sorted(blank), "first": parts[0].first, "level": level})
+
+
 @dataclass
 class GroupSegments:
     """A group's whole segments, in ``seq`` order, and those that are torn (``{path: why}``)."""
 
     segments: list[Segment] = field(default_factory=list)
     torn: dict[str, str] = field(default_factory=dict)
+    #: files whose rows a merged segment holds (its merge was cut short before it removed
+    #: them), and merged segments never renamed into place: read by no one, removed by the
+    #: fold
+    superseded: list[str] = field(default_factory=list)
 
     def rows(self, table: str, after: int = -1) -> dict[str, np.ndarray] | None:
         """A table's rows in the segments past ``after``, each variable concatenated in
@@ -398,21 +510,55 @@ def _common_names(parts: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
 
 def load(store: str, group: str, decoded: bool = True) -> GroupSegments:
     """Every segment of ``group`` in the local store ``store``: decoded, or with
-    ``decoded=False`` checked (length, CRC-32) and left compressed until read."""
+    ``decoded=False`` checked (length, CRC-32) and left compressed until read.
+
+    Read while the group's writer merges (:func:`merge`), a listed segment can be gone:
+    merged into a later one, which this reads too, listed again if need be (a merge's
+    segment is the newest of its writer's at the time). Of a merged segment and those it
+    took the place of, only the merged one is kept. What is gone and held by no later
+    segment was folded by the seal meanwhile."""
     segdir = directory(store, group)
     out = GroupSegments()
-    for seq in seqs(segdir):
-        path = os.path.join(segdir, file_name(seq))
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:  # folded meanwhile by the seal
-            continue
-        try:
-            out.segments.append(decode(seq, data) if decoded else read(seq, data))
-        except Exception as e:  # whatever a torn body raises in its codecs
-            out.torn[path] = str(e)
+    names = _listing(segdir)
+    todo, gone, last = _seqs(names), [], -1
+    for _ in range(100):  # a listing again per merge met while reading: one, mostly
+        for seq in todo:
+            path = os.path.join(segdir, file_name(seq))
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:  # folded meanwhile by the seal, or merged
+                gone.append(seq)
+                continue
+            try:
+                out.segments.append(decode(seq, data) if decoded else read(seq, data))
+            except Exception as e:  # whatever a torn body raises in its codecs
+                out.torn[path] = str(e)
+        last = max(last, *todo) if todo else last
+        spans = [(s.first, s.seq) for s in out.segments if s.first < s.seq]
+
+        def covered(seq: int, spans: list[tuple[int, int]] = spans) -> bool:
+            return any(first <= seq < end for first, end in spans)
+
+        if all(covered(seq) for seq in gone):
+            break
+        names = _listing(segdir)
+        todo = [seq for seq in _seqs(names) if seq > last]
+        if not todo:
+            break  # folded: gone for good
+    if spans:  # a merge cut short (or made while this read): each row once, in the merged one
+        out.superseded = [
+            os.path.join(segdir, file_name(s.seq)) for s in out.segments if covered(s.seq)
+        ]
+        out.superseded += [p for p in out.torn if covered(_seq_of(p))]
+        out.segments = [s for s in out.segments if not covered(s.seq)]
+        out.torn = {p: why for p, why in out.torn.items() if not covered(_seq_of(p))}
+    out.superseded += [os.path.join(segdir, n) for n in sorted(names) if n.endswith(MERGING)]
     return out
+
+
+def _seq_of(path: str) -> int:
+    return int(os.path.basename(path)[: -len(SUFFIX)])
 
 
 def groups_with_segments(store: str) -> list[str]:

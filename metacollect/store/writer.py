@@ -54,6 +54,9 @@ FLUSH_ROWS = 131_072
 #: second in every worker process, 350 modules and ~2,400 stat and open calls on a shared
 #: filesystem, while the session's start waits for the workers); most of its flushes are small
 SMALL_ENCODE = 4096
+#: rows (all tables) past which a group's writer merges no more of its segments into one:
+#: a merge holds them decoded for a moment, in the flush thread of a worker
+MERGE_MAX_ROWS = 262_144
 #: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
 UNRECOGNIZED = zarrio.UNRECOGNIZED
 compact_json = zarrio.compact_json
@@ -67,6 +70,15 @@ def _addresses(items: np.ndarray) -> np.ndarray:
     themselves costs 25-110 ns (a tuple's hash is computed anew each time)."""
     slots = items.ctypes.data_as(ctypes.POINTER(ctypes.c_ssize_t))
     return np.ctypeslib.as_array(slots, shape=(len(items),))
+
+
+class _Written(NamedTuple):
+    """One of a writer's own segments, as :meth:`GroupWriter._merge_tail` tracks them."""
+
+    seq: int
+    level: int  # merges that made it (0: a flush's)
+    rows: int
+    data: bytes | None = None  # a flush's bytes, kept until merged: not read back
 
 
 class StringTable:
@@ -262,6 +274,10 @@ class GroupWriter:
         #: ``seq`` of the next one
         self._segdir: str | None = None
         self._seq = 0
+        #: this writer's segments that may merge yet, oldest first (see _merge_tail), and
+        #: how many of one level make one of the next (0: none)
+        self._written: list[_Written] = []
+        self._merge = int(config.get("store.segment-merge"))
         #: attributes a table's next commit writes with its rows (the fold's progress)
         self._commit_attrs: dict[str, dict[str, Any]] = {}
         self.group: zarrio.Group | None = None
@@ -373,6 +389,8 @@ class GroupWriter:
                         got = sum(n for n, _ in chunks)
                         left[name] = left[name] - got if got else 0
                     written += self._write(taken)
+                if written and self._segdir is not None:
+                    self._merge_tail()
             except Exception as e:
                 if not self._failed:
                     self._failed = True
@@ -440,6 +458,63 @@ class GroupWriter:
         except FileNotFoundError:  # the run's seal folded the group and removed its empty
             os.makedirs(self._segdir, exist_ok=True)  # directory: the seal names this flush
             self._seq = seg.write(self._segdir, self._seq, data) + 1
+            self._written.clear()  # folded: not there to merge
+        rows = sum(len(next(iter(c.values()), ())) for c in tables.values())
+        # a flush's bytes are kept until merged if it can be (a few KB for most): the merge
+        # then reads none of its files back
+        mergeable = self._merge > 1 and rows * self._merge <= MERGE_MAX_ROWS
+        self._written.append(_Written(self._seq - 1, 0, rows, data if mergeable else None))
+
+    def _merge_tail(self) -> None:
+        """Merge this writer's last ``store.segment-merge`` (K) segments into one when they
+        are of one level, as a counter carries: K flushes make a segment of level 1, K of
+        those one of level 2, and so on while a merge holds at most :data:`MERGE_MAX_ROWS`
+        rows. A group's directory then holds about K-1 segments a level, a few dozen over a
+        run of days, where it held one a flush (17,280 a day at 5 s; on Lustre or GPFS each
+        is an inode and a metadata-server call for every reader and for the seal). Each row
+        is written again once a level, in the flush thread. Only this writer's own,
+        consecutive segments merge, the group's fold claimed meanwhile (:func:`_claim`: a
+        run's seal folding it goes first, and the merge waits for a later flush); a group
+        with tables in Zarr already (a fold cut short) is left to the seal as it is."""
+        k = self._merge
+        while k > 1 and len(self._written) >= k:
+            run = self._written[-k:]
+            level, rows = run[0].level, sum(w.rows for w in run)
+            if any(w.level != level for w in run):
+                return
+            if rows > MERGE_MAX_ROWS:  # these stay as they are; merges go on after them
+                self._written.clear()
+                return
+            if not self._merge_run(run, level + 1):
+                return
+            self._written[-k:] = [_Written(run[-1].seq, level + 1, rows)]
+
+    def _merge_run(self, run: list[_Written], level: int) -> bool:
+        """Merge the segments ``run`` (see :func:`segments.merge`); whether it was done. A
+        failure is recorded once and ends this writer's merging: its segments stay as
+        written, nothing lost, only more files until the seal."""
+        segdir = self._segdir
+        assert segdir is not None
+        try:
+            if _claim(segdir, time.monotonic()) is not None:
+                return False  # the run's seal is folding the group: not now
+            try:
+                # a table's directory (one listing, not a stat a table): a fold began
+                if not self.spec.tables.keys().isdisjoint(os.listdir(os.path.dirname(segdir))):
+                    self._merge = 0
+                    return False
+                seqs = [w.seq for w in run]
+                if [s for s in seg.seqs(segdir) if seqs[0] <= s <= seqs[-1]] != seqs:
+                    self._written.clear()  # not all there, or another writer's between
+                    return False
+                seg.merge(segdir, seqs, level, {w.seq: w.data for w in run if w.data})
+                return True
+            finally:
+                _unclaim(segdir)
+        except Exception as e:
+            self._merge = 0  # its segments stay as written (nothing lost) for the seal
+            self.record_error("merge segments", e)
+            return False
 
     def _write_errors_alone(self) -> None:
         """After a failed flush, try the errors table by itself: a failure that stays with
@@ -974,8 +1049,9 @@ def _fold_claimed(
         # wrote meanwhile stays, for validate to name, instead of vanishing
         for s in found.segments:
             os.remove(os.path.join(segdir, seg.file_name(s.seq)))
-        for file in found.torn if torn else ():
-            os.remove(file)
+        for file in [*found.superseded, *(found.torn if torn else ())]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(file)
         return lost
     finally:
         _unclaim(segdir)
