@@ -821,6 +821,43 @@ def test_a_writers_segments_merge_as_a_counter_carries(store):
     assert validate_store(store) == []
 
 
+def test_segments_too_large_to_merge_whole_merge_up_to_the_limit(store, monkeypatch):
+    """K segments of one level that hold more rows than a merge may hold do not merge; the
+    oldest of them that fit become one that merges no more, and the counter goes on: a
+    group that flushes many rows holds about one segment a ``MERGE_MAX_ROWS`` rows, none of
+    them larger, not one a level-1 merge's worth."""
+    import dask.config
+
+    from metacollect.store import writer as writer_mod
+
+    monkeypatch.setattr(writer_mod, "MERGE_MAX_ROWS", 300)
+    with dask.config.set({"metacollect.store.segment-merge": 4}):
+        _, g = _run(store)
+        for f in range(200):
+            _flush_events(g, 10 * f, 10)
+    found = segments.load(store, GROUP, decoded=False)
+    sizes = [
+        sum(
+            shape[0]
+            for cols in s.head["tables"].values()
+            for _, shape, _, _ in [next(iter(cols.values()))]
+        )
+        for s in found.segments
+    ]
+    total = sum(sizes)
+    assert max(sizes) <= 300, sizes
+    # 4 flushes of ~30 rows merge whole (level 1); 4 of those would be ~480 rows: the
+    # oldest 2 merge (level 2), and merge no more
+    assert len(sizes) <= total / 240 + 2 * 3, sizes
+    assert [s.head.get("level", 0) for s in found.segments][:3] == [2, 2, 2]
+    run = open_run(store)
+    assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(2000)]
+    assert run.transitions().key.tolist() == [str(("x", i)) for i in range(2000)]
+    assert validate_store(store) == []
+    assert finalize(store) == ("complete", [])
+    assert open_run(store).transitions().key.tolist() == [str(("x", i)) for i in range(2000)]
+
+
 def _bytes(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()

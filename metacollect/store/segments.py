@@ -311,8 +311,8 @@ def merge(
 def _merged(parts: Sequence[Segment], level: int) -> bytes:
     """The bytes of one segment holding the rows of ``parts``, in order: each column's bytes
     joined as they are (a column of strings, numcodecs' VLenUTF8, is a count and then each
-    string with its length: the counts added, the rest joined), never decoded into arrays,
-    which costs a few microseconds a column of a worker's few dozen."""
+    string with its length: the counts added, the rest joined), never decoded into arrays
+    (a few microseconds a column, and a worker's group has ~60)."""
     bodies = [bytes(_ZSTD.decode(p._body)) if p.raw else b"" for p in parts]
     columns: dict[str, dict[str, _Column]] = {}
     blank: set[str] = set()

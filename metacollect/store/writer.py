@@ -54,8 +54,8 @@ FLUSH_ROWS = 131_072
 #: second in every worker process, 350 modules and ~2,400 stat and open calls on a shared
 #: filesystem, while the session's start waits for the workers); most of its flushes are small
 SMALL_ENCODE = 4096
-#: rows (all tables) past which a group's writer merges no more of its segments into one:
-#: a merge holds them decoded for a moment, in the flush thread of a worker
+#: rows (all tables) a merge of a group's segments holds at most: their bytes, decompressed
+#: (~10-20 MB), for a moment in a worker's flush thread
 MERGE_MAX_ROWS = 262_144
 #: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
 UNRECOGNIZED = zarrio.UNRECOGNIZED
@@ -468,26 +468,38 @@ class GroupWriter:
     def _merge_tail(self) -> None:
         """Merge this writer's last ``store.segment-merge`` (K) segments into one when they
         are of one level, as a counter carries: K flushes make a segment of level 1, K of
-        those one of level 2, and so on while a merge holds at most :data:`MERGE_MAX_ROWS`
-        rows. A group's directory then holds about K-1 segments a level, a few dozen over a
-        run of days, where it held one a flush (17,280 a day at 5 s; on Lustre or GPFS each
-        is an inode and a metadata-server call for every reader and for the seal). Each row
-        is written again once a level, in the flush thread. Only this writer's own,
-        consecutive segments merge, the group's fold claimed meanwhile (:func:`_claim`: a
-        run's seal folding it goes first, and the merge waits for a later flush); a group
-        with tables in Zarr already (a fold cut short) is left to the seal as it is."""
+        those one of level 2, and so on. K segments holding more than
+        :data:`MERGE_MAX_ROWS` rows in all (a merge holds them in memory) do not merge; the
+        oldest of them that do fit under it become one segment that merges no more, and the
+        counter goes on with the rest. A group's directory then holds about K-1 segments a
+        level and one a :data:`MERGE_MAX_ROWS` rows, where it held one a flush (17,280 a day
+        at 5 s; on Lustre or GPFS each is an inode and a metadata-server call for every
+        reader and for the seal). Each row is written again once a level, in the flush
+        thread. Only this writer's own, consecutive segments merge, the group's fold claimed
+        meanwhile (:func:`_claim`: a run's seal folding it goes first, and the merge waits
+        for a later flush); a group with tables in Zarr already (a fold cut short) is left
+        to the seal as it is."""
         k = self._merge
         while k > 1 and len(self._written) >= k:
             run = self._written[-k:]
-            level, rows = run[0].level, sum(w.rows for w in run)
+            level = run[0].level
             if any(w.level != level for w in run):
                 return
-            if rows > MERGE_MAX_ROWS:  # these stay as they are; merges go on after them
-                self._written.clear()
+            fit, rows = 0, 0  # how many of the oldest fit under the limit, their rows
+            for w in run:
+                if rows + w.rows > MERGE_MAX_ROWS:
+                    break
+                fit, rows = fit + 1, rows + w.rows
+            if fit == k:
+                if not self._merge_run(run, level + 1):
+                    return
+                self._written[-k:] = [_Written(run[-1].seq, level + 1, rows)]
+                continue
+            # the oldest that fit become one, merged no more: so are all before them, which
+            # could only merge across it
+            if fit >= 2 and not self._merge_run(run[:fit], level + 1):
                 return
-            if not self._merge_run(run, level + 1):
-                return
-            self._written[-k:] = [_Written(run[-1].seq, level + 1, rows)]
+            del self._written[: len(self._written) - k + max(fit, 1)]
 
     def _merge_run(self, run: list[_Written], level: int) -> bool:
         """Merge the segments ``run`` (see :func:`segments.merge`); whether it was done. A
