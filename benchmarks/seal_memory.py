@@ -8,9 +8,13 @@ memory limit must have it to spare. Each size runs in its own processes: one tra
 peak, one untraced for the time (tracing slows allocation-heavy code).
 
 With ``--fold append`` the seal goes the way a seal cut short and run again goes: its
-segments appended to Zarr tables, a batch at a time (``FOLD_ROWS``), then compacted.
+segments appended to Zarr tables, a batch at a time (``FOLD_ROWS``), then compacted. With
+``--flush-rows`` smaller than the default 200,000 the writer's segments merge as a long
+run's do (``store.segment-merge``), into segments of up to ``MERGE_MAX_ROWS`` rows, and the
+seal holds the strings of those.
 
     python benchmarks/seal_memory.py [--tasks 250000 1000000] [--fold append]
+        [--flush-rows 200000]
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ from typing import Any
 import _common
 
 
-def child(tasks: int, traced: bool, fold: str = "sealed") -> dict[str, Any]:
+def child(
+    tasks: int, traced: bool, fold: str = "sealed", flush_rows: int = 200_000
+) -> dict[str, Any]:
     """Write ``tasks`` tasks' transitions as the scheduler's collector does (a flush per
-    200k rows, tuple keys), then seal the store; the seal's traced peak or its time."""
+    ``flush_rows`` rows, tuple keys), then seal the store; the seal's traced peak or its
+    time, and the segment files it sealed."""
     from scale import transition_rows
 
     from metacollect.store import writer as writer_mod
@@ -48,9 +55,10 @@ def child(tasks: int, traced: bool, fold: str = "sealed") -> dict[str, Any]:
     try:
         w = StoreWriter(os.path.join(tmp, "s.zarr"))
         g = w.group("scheduler", cluster="bench")
-        for i in range(0, rows, 200_000):
-            g.append("transitions", {k: v[i : i + 200_000] for k, v in data.items()})
+        for i in range(0, rows, flush_rows):
+            g.append("transitions", {k: v[i : i + flush_rows] for k, v in data.items()})
             g.flush()
+        files = len(os.listdir(os.path.join(w.path, g.path, ".segments")))
         del data, g
         segments = _common.du(w.path)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -64,6 +72,8 @@ def child(tasks: int, traced: bool, fold: str = "sealed") -> dict[str, Any]:
             "tasks": tasks,
             "transitions": rows,
             "segments_mb": segments / 2**20,
+            "segment_files": files,
+            "flush_rows": flush_rows,
             "fold": fold,
         }
         if traced:
@@ -84,9 +94,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--tasks", type=int, nargs="+", default=[250_000, 1_000_000])
     p.add_argument("--child", choices=["traced", "timed"])
     p.add_argument("--fold", choices=["sealed", "append"], default="sealed")
+    p.add_argument("--flush-rows", type=int, default=200_000)
     a = p.parse_args(argv)
     if a.child:
-        print("RESULT " + json.dumps(child(a.tasks[0], a.child == "traced", a.fold)), flush=True)
+        result = child(a.tasks[0], a.child == "traced", a.fold, a.flush_rows)
+        print("RESULT " + json.dumps(result), flush=True)
         return {}
     out: dict[str, Any] = {"sizes": []}
     for tasks in a.tasks:
@@ -101,6 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 str(tasks),
                 "--fold",
                 a.fold,
+                "--flush-rows",
+                str(a.flush_rows),
             ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -109,14 +123,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row.update(json.loads(lines[-1][7:]))
         _common.log(f"{tasks} tasks: {row}")
         out["sizes"].append(row)
-    print("| tasks | transitions | segments (MB) | seal (s) | traced peak (MB) | RSS growth (MB) |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| tasks | transitions | rows a flush | segment files | segments (MB) | seal (s) "
+        "| traced peak (MB) | RSS growth (MB) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in out["sizes"]:
         print(
-            f"| {r['tasks']:,} | {r['transitions']:,} | {r['segments_mb']:.0f} | {r['seal_s']:.1f} "
+            f"| {r['tasks']:,} | {r['transitions']:,} | {r['flush_rows']:,} "
+            f"| {r['segment_files']:,} | {r['segments_mb']:.0f} | {r['seal_s']:.1f} "
             f"| {r['peak_traced_mb']:.0f} | {r['rss_growth_mb']:.0f} |"
         )
-    _common.save("seal_memory" if a.fold == "sealed" else "seal_memory_append", out)
+    key = "seal_memory" if a.fold == "sealed" else "seal_memory_append"
+    _common.save(key if a.flush_rows == 200_000 else f"{key}_flush_{a.flush_rows}", out)
     return out
 
 
