@@ -520,8 +520,8 @@ def load(store: str, group: str, decoded: bool = True) -> GroupSegments:
     segdir = directory(store, group)
     out = GroupSegments()
     names = _listing(segdir)
-    todo, gone, last = _seqs(names), [], -1
-    for _ in range(100):  # a listing again per merge met while reading: one, mostly
+    todo, gone = _seqs(names), []
+    for _ in range(100):  # listed again once per merge met while reading, mostly never
         for seq in todo:
             path = os.path.join(segdir, file_name(seq))
             try:
@@ -534,27 +534,29 @@ def load(store: str, group: str, decoded: bool = True) -> GroupSegments:
                 out.segments.append(decode(seq, data) if decoded else read(seq, data))
             except Exception as e:  # whatever a torn body raises in its codecs
                 out.torn[path] = str(e)
-        last = max(last, *todo) if todo else last
-        spans = [(s.first, s.seq) for s in out.segments if s.first < s.seq]
-
-        def covered(seq: int, spans: list[tuple[int, int]] = spans) -> bool:
-            return any(first <= seq < end for first, end in spans)
-
-        if all(covered(seq) for seq in gone):
+        spans = _spans(out.segments)
+        if not todo or all(_covered(spans, seq) for seq in gone):
             break
         names = _listing(segdir)
-        todo = [seq for seq in _seqs(names) if seq > last]
-        if not todo:
-            break  # folded: gone for good
+        todo = [seq for seq in _seqs(names) if seq > todo[-1]]  # none: folded for good
     if spans:  # a merge cut short (or made while this read): each row once, in the merged one
         out.superseded = [
-            os.path.join(segdir, file_name(s.seq)) for s in out.segments if covered(s.seq)
+            os.path.join(segdir, file_name(s.seq)) for s in out.segments if _covered(spans, s.seq)
         ]
-        out.superseded += [p for p in out.torn if covered(_seq_of(p))]
-        out.segments = [s for s in out.segments if not covered(s.seq)]
-        out.torn = {p: why for p, why in out.torn.items() if not covered(_seq_of(p))}
+        out.superseded += [p for p in out.torn if _covered(spans, _seq_of(p))]
+        out.segments = [s for s in out.segments if not _covered(spans, s.seq)]
+        out.torn = {p: why for p, why in out.torn.items() if not _covered(spans, _seq_of(p))}
     out.superseded += [os.path.join(segdir, n) for n in sorted(names) if n.endswith(MERGING)]
     return out
+
+
+def _spans(found: Iterable[Segment]) -> list[tuple[int, int]]:
+    """``(first, seq)`` of the merged segments among ``found``: the seqs each took the place of."""
+    return [(s.first, s.seq) for s in found if s.first < s.seq]
+
+
+def _covered(spans: Iterable[tuple[int, int]], seq: int) -> bool:
+    return any(first <= seq < end for first, end in spans)
 
 
 def _seq_of(path: str) -> int:

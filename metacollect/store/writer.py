@@ -511,8 +511,7 @@ class GroupWriter:
             if _claim(segdir, time.monotonic()) is not None:
                 return False  # the run's seal is folding the group: not now
             try:
-                # a table's directory (one listing, not a stat a table): a fold began
-                if not self.spec.tables.keys().isdisjoint(os.listdir(os.path.dirname(segdir))):
+                if tables_in_zarr(self.store.path, self.path, self.spec):  # a fold began
                     self._merge = 0
                     return False
                 seqs = [w.seq for w in run]
@@ -984,14 +983,27 @@ def seal_own(writer: StoreWriter) -> None:
         if spec is None or _claim(segdir, time.monotonic()) is not None:
             continue
         try:
-            if any(
-                os.path.exists(os.path.join(writer.path, group, t, "zarr.json"))
-                for t in spec.tables
-            ):
+            if tables_in_zarr(writer.path, group, spec):
                 continue
             _fold_claimed(writer.path, group, spec, lambda: writer, torn=False)
         finally:
             _unclaim(segdir)
+
+
+def tables_in_zarr(store: str, group: str, spec: GroupSpec) -> bool:
+    """Whether a table of ``group`` (in the local store ``store``) is in Zarr already, its
+    ``zarr.json`` written: a fold cut short, or rows appended without segments. Its
+    segments then take the append path and the compaction at the seal, and do not merge
+    meanwhile. One listing of the group's directory, and a stat a table directory there
+    (mostly none: a table's directory is made at the seal)."""
+    try:
+        names = os.listdir(os.path.join(store, group))
+    except FileNotFoundError:
+        return False
+    return any(
+        os.path.exists(os.path.join(store, group, t, "zarr.json"))
+        for t in spec.tables.keys() & set(names)
+    )
 
 
 #: a process folding a group's segments holds this file in their directory (see lock.take)
