@@ -19,6 +19,7 @@ import time
 import pytest
 from bokeh.models import Plot
 from distributed import Client
+from pbs_site import pbs_site_path
 
 from metacollect import collect, open_run, plot
 from metacollect.cli.info import describe
@@ -28,14 +29,13 @@ from metacollect.report import views
 from metacollect.session.shutdown import jobs_in_queue
 from metacollect.steps import terminate
 from metacollect.steps.batch import (
-    _FIELD,
     ENDED_STATES,
-    _epoch,
     batch_system,
     job_row,
     scontrol_job,
     scontrol_script,
 )
+from metacollect.steps.batch_status import _FIELD, _epoch, parse_qstat
 from metacollect.store.validate import validate_store
 
 KW = {
@@ -205,6 +205,76 @@ def test_pbs_cluster_through_torque_wrappers(tmp_path):
         seen = _collect_on(cluster, store)
     _check_batch(store, "pbs", seen, template)
     assert any(p.suffix == ".err" for p in logs.iterdir())
+
+
+@pytest.mark.pbs
+def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(tmp_path, monkeypatch):
+    """Where ``qstat`` is the only way to ask about a job, as on a PBS site, the jobs' rows
+    and how each ended come from ``qstat -f``: compared with what ``qstat -f`` and Slurm
+    itself said of the same jobs to the test while they ran."""
+    require_slurm()
+    scontrol = shutil.which("scontrol")
+    assert scontrol is not None
+    monkeypatch.setenv("PATH", pbs_site_path(tmp_path))
+    assert shutil.which("scontrol") is None and shutil.which("squeue") is None
+    assert shutil.which("qstat") and shutil.which("qsub")
+    store = str(tmp_path / "pbs.zarr")
+    with jobqueue_cluster("pbs", log_directory=str(tmp_path / "logs"), **KW) as cluster:
+        cluster.scale(jobs=2)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            ids = sorted(str(j.job_id) for j in cluster.workers.values())
+            qstat = {
+                i: parse_qstat(
+                    subprocess.run(
+                        ["qstat", "-f", i], capture_output=True, text=True, check=True
+                    ).stdout
+                )
+                for i in ids
+            }
+            slurm = {
+                i: dict(
+                    _FIELD.findall(
+                        subprocess.run(
+                            [scontrol, "show", "job", "-o", i],
+                            capture_output=True,
+                            text=True,
+                            check=True,
+                        ).stdout.strip()
+                    )
+                )
+                for i in ids
+            }
+            with collect(client, store, flush_interval="0.5s"):
+                assert sum(client.gather(client.map(lambda x: x + 1, range(20)))) == 210
+    assert not jobs_in_queue(ids), "the end waited for the jobs to leave qstat's queue"
+    assert validate_store(store) == []
+    run = open_run(store)
+    assert run.attrs["status"] == "complete", run.attrs.get("missing")
+    batch = run.tree["job/batch"].attrs
+    assert (batch["batch_system"], batch["job_status"], batch["job_ends"]) == (
+        "pbs",
+        "qstat",
+        "recorded",
+    )
+    jobs = run.jobs().set_index("job_id")
+    assert sorted(jobs.index) == ids
+    for i in ids:
+        row, said, truth = jobs.loc[i], qstat[i], slurm[i]
+        assert said["job_state"] == row["state"] == "R"
+        assert row["partition"] == said["queue"] == truth["Partition"]
+        assert row["nodes"] == said["exec_host"].split("/")[0] == truth["NodeList"]
+        assert row["time_limit"] == said["Resource_List.walltime"] == truth["TimeLimit"]
+        assert row["cpus"] == int(said["Resource_List.ncpus"]) == int(truth["NumCPUs"])
+        assert row["num_nodes"] == int(truth["NumNodes"]) == 1
+        assert row["submit_time"] == _epoch(truth["SubmitTime"])
+        assert json.loads(row["details"])["job_state"] == "R"
+        # the wrappers' qstat -f gives no start time (PBS's stime) nor how the job exited:
+        # the store says what qstat said, and guesses nothing
+        assert math.isnan(row["start_time"])
+        assert row["end_state"] == "C" and row["exit_code"] == ""
+        assert "#PBS -l walltime=00:10:00" in row["script"]
+    assert "batch jobs (pbs): 2 - C 2" in describe(store)
 
 
 def _run_on_cluster(tmp_path, system, script_text, *options, env=None):

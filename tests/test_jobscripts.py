@@ -6,13 +6,17 @@ commands are Slurm's torque wrappers); they run in CI.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from pbs_site import pbs_site_path
 
 from metacollect import open_run
 from metacollect.cli import main
@@ -167,7 +171,9 @@ def test_finalize_after_a_signal_seals_an_interrupted_store(tmp_path, capsys):
 
 
 # -- real submissions ----------------------------------------------------------------------------
-def _submit(tmp_path, system: str, *args: str) -> tuple[str, str]:
+def _submit(
+    tmp_path, system: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[str, str]:
     (tmp_path / "wf.py").write_text(WORKFLOW)
     store = str(tmp_path / "run.zarr")
     render(
@@ -210,7 +216,7 @@ def _submit(tmp_path, system: str, *args: str) -> tuple[str, str]:
             *(["-v", f"WORKFLOW_ARGS={' '.join(args)}"] if args else []),
             script,
         ]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, check=True, env=env)
     return out.stdout.strip().split(";")[0], store
 
 
@@ -341,6 +347,45 @@ def test_qsub_wrapper_complete(tmp_path):
     assert validate_store(store) == []
     assert open_run(store).attrs["status"] == "complete"
     _check_allocation(store, job_id, "pbs", None)
+
+
+@pytest.mark.pbs
+def test_qsub_wrapper_on_a_pbs_site_records_its_allocation_from_qstat(tmp_path):
+    """The PBS wrapper where ``qstat`` is the only way to ask about a job (a PBS site's
+    ``PATH``, which the job inherits): its allocation's row is what ``qstat -f`` says."""
+    require_slurm()
+    if shutil.which("qsub") is None:
+        pytest.fail("qsub is missing: install slurm-wlm-torque (.ci/slurm-up does)")
+    path = pbs_site_path(tmp_path)
+    job_id, store = _submit(tmp_path, "pbs", env={**os.environ, "PATH": path})
+    wait_gone(job_id)
+    log = (tmp_path / "out.txt").read_text()
+    assert "first 2450" in log and "second 3675" in log, log + (tmp_path / "err.txt").read_text()
+    assert validate_store(store) == []
+    run = open_run(store)
+    assert run.attrs["status"] == "complete"
+    batch = run.root["job/batch"]
+    assert (batch.attrs["batch_system"], batch.attrs["job_status"]) == ("pbs", "qstat")
+    assert (batch.attrs["queue"], batch.attrs["walltime"], batch.attrs["cores"]) == (
+        "debug",
+        "00:05:00",
+        2,
+    )
+    row = run.table("job/batch", "jobs").iloc[0]
+    assert (row["job_id"], row["role"], row["name"], row["state"]) == (
+        job_id,
+        "allocation",
+        "mc-pbs",
+        "R",
+    )
+    assert (row["time_limit"], row["cpus"], row["nodes"], row["partition"]) == (
+        "00:05:00",
+        2,
+        socket.gethostname(),
+        "debug",
+    )
+    assert json.loads(row["details"])["Job_Name"] == "mc-pbs"
+    assert row["submit_time"] <= run.attrs["started"]
 
 
 RUN_FLOW = """\

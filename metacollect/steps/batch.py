@@ -1,10 +1,11 @@
 """Step 1 of the metadata map for batch jobs: what the batch system says about them.
 
 A dask-jobqueue cluster's worker jobs (:class:`BatchRecorder`, while they run and as each
-ends: ``scontrol show job`` - there may be no accounting, and finished jobs vanish within
-``MinJobAge``), each job's script, and the ``SLURM_*`` / ``PBS_*`` variables each worker
-sees, into ``job/batch``; the batch wrappers in ``jobscripts/`` record the allocation itself
-with the same rows (:mod:`metacollect.launch.batch`).
+ends: ``scontrol show job``, or PBS's ``qstat -f``, as
+:mod:`~metacollect.steps.batch_status` reads them - there may be no accounting, and finished
+jobs vanish within minutes), each job's script, and the ``SLURM_*`` / ``PBS_*`` variables
+each worker sees, into ``job/batch``; the batch wrappers in ``jobscripts/`` record the
+allocation itself with the same rows (:mod:`metacollect.launch.batch`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import json
 import math
 import os
 import re
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -25,6 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import metacollect.config as config
 from metacollect.steps import terminate
+from metacollect.steps.batch_status import (
+    ENDED_STATES,
+    FINAL_STATES,
+    SLURM,
+    BatchCommands,
+    as_int,
+    batch_commands,
+    scontrol_job,
+    scontrol_script,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -33,8 +42,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_PREFIXES",
+    "ENDED_STATES",
+    "FINAL_STATES",
     "BatchRecorder",
     "allocation_id",
+    "as_int",
     "batch_environment",
     "batch_system",
     "end_row",
@@ -64,90 +76,8 @@ def batch_system(cluster: Any) -> str | None:
     return None
 
 
-# -- what the batch system says -------------------------------------------------------------
-_FIELD = re.compile(r"(\S+?)=(.*?)(?=\s\S+?=|$)")
-
-
-def scontrol_job(job_id: str) -> dict[str, str]:
-    """Fields of ``scontrol show job -o ID`` (empty if Slurm no longer knows the job)."""
-    if not shutil.which("scontrol"):
-        return {}
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", str(job_id)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0 or not out.stdout.strip():
-        return {}
-    return {
-        k: ("" if v == "(null)" else v)
-        for k, v in _FIELD.findall(out.stdout.strip().splitlines()[0])
-    }
-
-
-def slurm_min_job_age() -> float:
-    """Slurm's ``MinJobAge``: seconds it keeps a finished job (300 if unknown, its default)."""
-    if not shutil.which("scontrol"):
-        return 300.0
-    out = subprocess.run(
-        ["scontrol", "show", "config"], capture_output=True, text=True, check=False
-    )
-    found = re.search(r"^MinJobAge\s*=\s*(\d+)", out.stdout, re.MULTILINE)
-    return float(found.group(1)) if found else 300.0
-
-
-def scontrol_script(job_id: str) -> str:
-    """The batch script Slurm stored for a job ("" if unavailable)."""
-    if not shutil.which("scontrol"):
-        return ""
-    out = subprocess.run(
-        ["scontrol", "write", "batch_script", str(job_id), "-"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return out.stdout if out.returncode == 0 else ""
-
-
-def _epoch(value: str | None) -> float:
-    if not value or value in ("Unknown", "None", "N/A"):
-        return math.nan
-    try:
-        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return math.nan
-
-
-def as_int(value: Any) -> int:
-    try:
-        return int(str(value).split("-")[0])
-    except (TypeError, ValueError):
-        return -1
-
-
-#: Slurm job states of a job that is over (``COMPLETING``: its processes are being ended)
-ENDED_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "COMPLETING",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "SPECIAL_EXIT",
-        "TIMEOUT",
-    }
-)
-
-
-#: the states of a job that is over for good: how it ended (``COMPLETING`` becomes one)
-FINAL_STATES = ENDED_STATES - {"COMPLETING"}
 #: seconds at most between two questions about a job still ending (also at most a third
-#: of Slurm's MinJobAge, 300 s by default)
+#: of the time the batch system keeps a finished job: Slurm's MinJobAge, 300 s by default)
 ASK_AGAIN_MAX = 60.0
 #: seconds between two questions about a job Slurm lists as COMPLETING: it hides the final
 #: state until the job's processes are gone, and MinJobAge counts from the end time, so
@@ -158,9 +88,9 @@ COMPLETING_ASK = 0.5
 HOLD_MARGIN = 10.0
 
 
-def job_ended(fields: Mapping[str, str]) -> bool:
-    """Whether ``scontrol show job`` fields say the job is over."""
-    return fields.get("JobState", "") in ENDED_STATES
+def job_ended(fields: Mapping[str, str], commands: BatchCommands = SLURM) -> bool:
+    """Whether what the batch system said (Slurm's by default) says the job is over."""
+    return commands.ended(fields)
 
 
 def job_row(
@@ -171,42 +101,37 @@ def job_row(
     processes: int = -1,
     workers: list[str] | None = None,
     hostnames: list[str] | None = None,
+    commands: BatchCommands = SLURM,
 ) -> dict[str, Any]:
-    memory = fields.get("MinMemoryNode") or fields.get("MinMemoryCPU") or ""
-    tres = dict(kv.split("=", 1) for kv in fields.get("TRES", "").split(",") if "=" in kv)
+    """The ``jobs`` row of a job, from what its batch system (``commands``) said of it."""
+    columns = commands.columns(fields)
     return {
         "job_id": str(job_id),
         "role": role,
-        "name": fields.get("JobName", ""),
-        "state": fields.get("JobState", ""),
-        "partition": fields.get("Partition", ""),
-        "account": fields.get("Account", ""),
-        "time_limit": fields.get("TimeLimit", ""),
-        "cpus": as_int(fields.get("NumCPUs", tres.get("cpu"))),
-        "memory": tres.get("mem", memory),
+        **{k: columns[k] for k in ("name", "state", "partition", "account", "time_limit")},
+        "cpus": columns["cpus"],
+        "memory": columns["memory"],
         "processes": processes,
-        "num_nodes": as_int(fields.get("NumNodes")),
-        "nodes": fields.get("NodeList", ""),
+        "num_nodes": columns["num_nodes"],
+        "nodes": columns["nodes"],
         "hostnames": json.dumps(sorted(set(hostnames or []))),
         "workers": json.dumps(sorted(workers or [])),
-        "submit_time": _epoch(fields.get("SubmitTime")),
-        "start_time": _epoch(fields.get("StartTime")),
-        # Slurm's EndTime of a job still running is its expected end (start + time limit)
-        "end_time": _epoch(fields.get("EndTime")) if job_ended(fields) else math.nan,
+        "submit_time": columns["submit_time"],
+        "start_time": columns["start_time"],
+        "end_time": columns["end_time"],
         "captured": time.time(),
         "script": stored_script(script),
         "details": json.dumps(dict(fields)),
     }
 
 
-def end_row(job_id: str, fields: Mapping[str, str]) -> dict[str, Any]:
-    """How a job ended, as ``scontrol show job`` said once it was over."""
+def end_row(
+    job_id: str, fields: Mapping[str, str], commands: BatchCommands = SLURM
+) -> dict[str, Any]:
+    """How a job ended, as its batch system (``commands``) said once it was over."""
     return {
         "job_id": str(job_id),
-        "state": fields.get("JobState", ""),
-        "reason": fields.get("Reason", ""),
-        "exit_code": fields.get("ExitCode", ""),
-        "end_time": _epoch(fields.get("EndTime")),
+        **commands.end(fields),
         "captured": time.time(),
         "details": json.dumps(dict(fields)),
     }
@@ -248,16 +173,17 @@ class BatchRecorder:
     """Records the batch jobs of a dask-jobqueue cluster into ``job/batch``.
 
     Jobs come and go while a run is collected (``cluster.adapt()``, ``cluster.scale()``, a
-    job's walltime), and Slurm forgets a finished job within ``MinJobAge`` (5 min by
-    default): :meth:`watch` looks at the cluster every ``metacollect.snapshot-interval`` in a
-    thread of its own, and :meth:`record` at the start and the end. A job is written once,
-    when its workers have all connected, when the cluster has let it go, or at the end,
-    whichever comes first, with what the batch system says of it then; each worker's
-    environment once, when it is first seen. A look asks the scheduler for its workers only
-    while some job waits to be recorded, and the batch system about a job only when it is
-    to be written (the controller is the whole machine's: a job queued for hours is not
-    asked about every second). A job that was gone from the batch system before it could
-    be recorded is named by :attr:`unrecorded`.
+    job's walltime), and the batch system forgets a finished job within minutes (Slurm's
+    ``MinJobAge``, 5 min by default; PBS's job history, often off): :meth:`watch` looks at
+    the cluster every ``metacollect.snapshot-interval`` in a thread of its own, and
+    :meth:`record` at the start and the end. A job is written once, when its workers have
+    all connected, when the cluster has let it go, or at the end, whichever comes first,
+    with what the batch system says of it then; each worker's environment once, when it is
+    first seen. A look asks the scheduler for its workers only while some job waits to be
+    recorded, and the batch system about a job only when it is to be written (the controller
+    is the whole machine's: a job queued for hours is not asked about every second). A job
+    that was gone from the batch system before it could be recorded is named by
+    :attr:`unrecorded`.
 
     How each job ended goes into ``ends``: a recorded job is seen leaving in memory (the
     cluster lets it go, or its last worker leaves the scheduler), and only then is the
@@ -270,6 +196,8 @@ class BatchRecorder:
         self.cluster = cluster
         self.system = system
         self.writer = writer
+        #: how the batch system here is asked about a job (None: it cannot be)
+        self.commands = batch_commands()
         #: problems for the store's ``missing``: jobs gone before they could be recorded
         self.unrecorded: list[str] = []
         #: job id -> its dask-jobqueue Job (its script; None: known from its workers alone)
@@ -284,9 +212,9 @@ class BatchRecorder:
         #: recorded jobs seen leaving (the cluster let them go, or their workers all left)
         #: -> (when to ask the batch system how they ended next, the wait before that)
         self._leaving: dict[str, tuple[float, float]] = {}
-        self._min_job_age: float | None = None  # Slurm's, read when first needed
-        #: leaving jobs last seen COMPLETING -> those fields: what is written if Slurm
-        #: forgets the job before it says how it ended
+        self._keeps_finished: float | None = None  # Slurm's MinJobAge, read when first needed
+        #: leaving jobs last seen ending (COMPLETING, E) -> those fields: what is written if
+        #: the batch system forgets the job before it says how it ended
         self._completing: dict[str, dict[str, str]] = {}
         #: jobs that came and went unseen -> (the batch system's fields, since when): their
         #: rows wait for their workers' groups (:meth:`_new_jobs`)
@@ -314,10 +242,10 @@ class BatchRecorder:
                 "processes": getattr(job, "worker_processes", None),
                 "job_ends": (
                     "recorded"
-                    if shutil.which("scontrol")
-                    else "not recorded: no scontrol here (Slurm's commands read how a job "
-                    "ended; PBS alone has no such record without accounting)"
+                    if self.commands is not None
+                    else "not recorded: neither scontrol nor qstat is here to say how a job ended"
                 ),
+                "job_status": "" if self.commands is None else self.commands.command,
             },
         )
 
@@ -484,21 +412,21 @@ class BatchRecorder:
             left = job_id not in current  # scaled down, or its job ended
             if not (final or connected or left):
                 continue  # queued, or its workers starting: no request to the controller yet
-            fields = scontrol_job(job_id)
+            fields = self._fields(job_id)
             if not fields and not members:
                 if final or left:
                     self._seen_jobs.add(job_id)
                     self._ended.add(job_id)
                     self._gone(job_id)
                 continue
-            if left and not members and fields.get("NodeList") and not final:
+            if left and not members and self._ran(fields) and not final:
                 # it ran, and came and went between two looks: its workers write their
                 # groups (which say their job) at their final flush, which may be under
                 # way. Its row waits for them, with what the batch system says now
                 self._held[job_id] = (fields, time.monotonic())
-                if fields.get("JobState") in FINAL_STATES:
+                if self._final(fields):
                     self._ended.add(job_id)
-                    ends.append(end_row(job_id, fields))
+                    ends.append(self._end_row(job_id, fields))
                 else:  # still ending: how it ends is asked at the next looks meanwhile
                     self._leaving[job_id] = (time.monotonic() + 1.0, 1.0)
                 continue
@@ -526,17 +454,20 @@ class BatchRecorder:
         job = self._jobs[job_id]
         members = self._members.get(job_id, [])
         self._seen_jobs.add(job_id)
-        if not fields and shutil.which("scontrol"):
+        if not fields and self.commands is not None:
             self._ended.add(job_id)  # its end is as unknown as the rest: said once
             self.unrecorded.append(
-                f"batch job {job_id}: Slurm had forgotten it before it was recorded "
-                "(MinJobAge): its row holds only what its workers said of it (id, "
-                "workers, hosts, environment)"
+                f"batch job {job_id}: {self.commands.system} had forgotten it before it was "
+                f"recorded ({self.commands.forgets}): its row holds only what its workers "
+                "said of it (id, workers, hosts, environment)"
             )
-        elif fields.get("JobState") in FINAL_STATES and job_id not in self._ended:
+        elif self._final(fields) and job_id not in self._ended:
             self._ended.add(job_id)  # over already: how, from the same look
-            ends.append(end_row(job_id, fields))
-        script = job.job_script() if job is not None else scontrol_script(job_id)
+            ends.append(self._end_row(job_id, fields))
+        if job is not None:
+            script = job.job_script()
+        else:
+            script = self.commands.script(job_id) if self.commands is not None else ""
         rows.append(
             job_row(
                 job_id,
@@ -546,6 +477,7 @@ class BatchRecorder:
                 processes=getattr(job, "worker_processes", -1),
                 workers=[a for a, _ in members],
                 hostnames=[h for _, h in members],
+                commands=self.commands or SLURM,
             )
         )
 
@@ -583,17 +515,18 @@ class BatchRecorder:
         system says are over. A job it lists as completing is asked again in
         :data:`COMPLETING_ASK` s; one still running (its worker being restarted) 1 s, 2 s,
         4 s ... on (:meth:`_ask_again_max`). The ``last`` question (after the collection's
-        end retired the jobs) writes one still completing as it is (``COMPLETING``), and so
-        is one that Slurm forgot while completing - named in :attr:`unrecorded`, since how
-        it ended is not in its row."""
-        if not due or not shutil.which("scontrol"):
+        end retired the jobs) writes one still completing as it is (``COMPLETING``, PBS's
+        ``E``), and so is one that the batch system forgot while completing - named in
+        :attr:`unrecorded`, since how it ended is not in its row."""
+        commands = self.commands
+        if not due or commands is None:
             return []
         rows = []
         for job_id in sorted(due):
-            fields = scontrol_job(job_id)
-            state = fields.get("JobState", "")
-            if fields and not (state in FINAL_STATES or (last and state in ENDED_STATES)):
-                if state in ENDED_STATES:  # completing: its end time, at least, is known
+            fields = commands.fields(job_id)
+            ending = commands.ended(fields)
+            if fields and not (commands.final(fields) or (last and ending)):
+                if ending:  # completing: its end time, at least, is known
                     self._completing[job_id] = fields
                     delay = COMPLETING_ASK
                 else:  # running on, its worker being restarted: less and less often
@@ -604,33 +537,49 @@ class BatchRecorder:
             self._ended.add(job_id)
             last_seen = self._completing.pop(job_id, None)
             if fields or last_seen:
-                rows.append(end_row(job_id, fields or last_seen or {}))
+                rows.append(self._end_row(job_id, fields or last_seen or {}))
             if not fields:
                 self.unrecorded.append(
-                    f"batch job {job_id}: it ended while collected, and Slurm had forgotten it "
-                    "before how it ended could be read (MinJobAge counts from its end time"
+                    f"batch job {job_id}: it ended while collected, and {commands.system} had "
+                    "forgotten it before how it ended could be read"
                     + (
-                        ", and it was still completing at the last question): its end time is "
-                        "in job/batch's ends, as COMPLETING, but not its final state"
+                        " (it was still completing at the last question): its end time is "
+                        f"in job/batch's ends, as {commands.state(last_seen)}, but not its "
+                        "final state"
                         if last_seen
-                        else "): its state, reason and exit code are not in job/batch's ends"
+                        else ": its state, reason and exit code are not in job/batch's ends"
                     )
-                    + "; a MinJobAge of minutes (Slurm's default is 300 s) keeps it"
+                    + f" ({commands.forgets})"
                 )
         return rows
 
+    def _fields(self, job_id: str) -> dict[str, str]:
+        """What the batch system says of a job now (empty: it does not know it, or cannot
+        be asked)."""
+        return self.commands.fields(job_id) if self.commands is not None else {}
+
+    def _ran(self, fields: Mapping[str, str]) -> bool:
+        return self.commands is not None and self.commands.ran(fields)
+
+    def _final(self, fields: Mapping[str, str]) -> bool:
+        return self.commands is not None and self.commands.final(fields)
+
+    def _end_row(self, job_id: str, fields: Mapping[str, str]) -> dict[str, Any]:
+        return end_row(job_id, fields, self.commands or SLURM)
+
     def _ask_again_max(self) -> float:
-        """The longest wait between two questions about a job still ending: a third of
-        Slurm's ``MinJobAge`` (asked once), so that it cannot end and be forgotten between
-        two, and at most :data:`ASK_AGAIN_MAX`."""
-        if self._min_job_age is None:
-            self._min_job_age = slurm_min_job_age()
-        return min(ASK_AGAIN_MAX, self._min_job_age / 3)
+        """The longest wait between two questions about a job still ending: a third of the
+        time the batch system keeps a finished job (Slurm's ``MinJobAge``, asked once), so
+        that it cannot end and be forgotten between two, and at most :data:`ASK_AGAIN_MAX`."""
+        if self._keeps_finished is None:
+            commands = self.commands
+            self._keeps_finished = commands.keeps_finished() if commands is not None else 300.0
+        return min(ASK_AGAIN_MAX, self._keeps_finished / 3)
 
     def record_ends(self) -> list[str]:
         """How each recorded job whose end is not known yet ended: after the collection
         retired the cluster's workers, which ends their jobs. A job still running then has
-        no ``ends`` row; one Slurm has forgotten is named in :attr:`unrecorded`, and the
+        no ``ends`` row; one the batch system has forgotten is named in :attr:`unrecorded`, and the
         lines added since the final look are returned."""
         self.stop()
         with self._lock:
@@ -696,11 +645,11 @@ class BatchRecorder:
     def _gone(self, job_id: str) -> None:
         """A job the cluster had that no worker of was seen and the batch system no longer
         lists: it may have run, and what it was is not in the store. Said, not guessed."""
-        if shutil.which("scontrol"):  # without it (PBS) a job never seen may never have run
+        if self.commands is not None:  # else no job is known to it: not a sign of anything
             self.unrecorded.append(
                 f"batch job {job_id}: it was gone from the batch system before it could be "
-                "recorded (Slurm forgets a finished job after MinJobAge) and none of its "
-                "workers was seen: whether it ran, and where, is not in job/batch"
+                f"recorded ({self.commands.forgets}) and none of its workers was seen: "
+                "whether it ran, and where, is not in job/batch"
             )
 
 

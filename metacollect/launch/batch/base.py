@@ -27,15 +27,13 @@ from metacollect.steps import terminate
 from metacollect.steps.batch import (
     BATCH_PREFIXES,
     allocation_id,
-    as_int,
     batch_environment,
     env_rows,
     job_row,
-    scontrol_job,
-    scontrol_script,
     stored_script,
     write_rows,
 )
+from metacollect.steps.batch_status import SLURM, batch_commands
 
 __all__ = [
     "SYSTEMS",
@@ -135,24 +133,34 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
     writer = StoreWriter(store)
     init_root(writer, uuid.uuid4().hex)
     write_job(writer, JobInfo.capture("jobscript", cluster_type=f"{system}-allocation"))
-    fields = scontrol_job(job_id) if job_id else {}
-    script = scontrol_script(job_id) if job_id else ""
+    commands = batch_commands() or SLURM  # SLURM: nothing to ask, its rows say so
+    fields = commands.fields(job_id) if job_id else {}
+    script = commands.script(job_id) if job_id else ""
+    asked = commands.columns(fields) if fields else {}
     group = writer.group(
         "batch",
         attrs={
             "batch_system": system,
             "source": "jobscript",
             "job_script": stored_script(script),
-            "queue": fields.get("Partition") or os.environ.get("PBS_QUEUE"),
-            "account": fields.get("Account") or None,
-            "walltime": fields.get("TimeLimit") or None,
-            "cores": as_int(fields.get("NumCPUs")) if fields else None,
-            "memory": (fields.get("MinMemoryNode") or None) if fields else None,
+            "queue": asked.get("partition") or os.environ.get("PBS_QUEUE"),
+            "account": asked.get("account") or None,
+            "walltime": asked.get("time_limit") or None,
+            "cores": asked.get("cpus"),
+            "memory": asked.get("memory") or None,
             "processes": None,
+            "job_status": commands.command if fields else "",
         },
     )
     if job_id:
-        row = job_row(job_id, "allocation", fields, script, hostnames=[socket.gethostname()])
+        row = job_row(
+            job_id,
+            "allocation",
+            fields,
+            script,
+            hostnames=[socket.gethostname()],
+            commands=commands,
+        )
         write_rows(group, "jobs", [row])
     env = {k: v for k, v in os.environ.items() if k.startswith(BATCH_PREFIXES)}
     write_rows(group, "environment", env_rows(job_id or "", "", env))

@@ -1,0 +1,165 @@
+"""What a batch system says of a job, read into ``job/batch``'s rows: PBS's ``qstat -f`` forms.
+
+Slurm's ``scontrol`` and the torque wrappers' ``qstat -f`` run for real in
+``test_jobqueue.py``. PBS Pro / OpenPBS and Torque themselves cannot run here, so their
+``qstat -f`` output is given in the form their documentation shows; the stand-in ``qstat``
+below only reproduces what the wrappers cannot: PBS Pro's refusal to show a finished job
+without ``-x``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from metacollect.steps.batch import end_row, job_row
+from metacollect.steps.batch_status import PBS, PBS_TIME, parse_qstat
+
+#: ``qstat -fx`` of a finished PBS Pro job, long values wrapped as PBS wraps them (a newline
+#: and a tab, inside a word), with a secret in the job's variables
+PBS_PRO = """Job Id: 4321.pbs01
+    Job_Name = dask-worker
+    Job_Owner = alice@login01
+    resources_used.cput = 00:09:41
+    resources_used.walltime = 00:10:02
+    job_state = F
+    queue = casper
+    server = pbs01
+    Account_Name = UABC0001
+    ctime = Sat Nov 28 08:00:00 2026
+    exec_host = crhtc53/2*8
+    exec_vnode = (crhtc53:ncpus=8:mem=16777216kb)
+    mtime = Sat Nov 28 08:10:05 2026
+    qtime = Sat Nov 28 08:00:00 2026
+    Resource_List.mem = 16gb
+    Resource_List.ncpus = 8
+    Resource_List.nodect = 1
+    Resource_List.select = 1:ncpus=8:mem=16GB
+    Resource_List.walltime = 00:10:00
+    stime = Sat Nov 28 08:00:03 2026
+    obittime = Sat Nov 28 08:10:05 2026
+    Variable_List = PBS_O_HOME=/glade/u/alice,PBS_O_LANG=en_US.UTF-8,PBS_O_LOGNA
+\tME=alice,AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI,PBS_O_WORKDIR=/glade/u/alice,PBS
+\t_O_QUEUE=casper
+    comment = Job run at Sat Nov 28 at 08:00 on (crhtc53:ncpus=8:mem=16777216kb) a
+\tnd finished
+    Exit_status = 271
+    project = _pbs_project_default
+
+"""
+
+#: ``qstat -f`` of a completed Torque job on two nodes (times in seconds)
+TORQUE = """Job Id: 123.torque-server
+    Job_Name = dask-worker
+    job_state = C
+    queue = batch
+    Account_Name = proj1
+    exec_host = n001/0-3+n002/0-3
+    Resource_List.nodect = 2
+    Resource_List.nodes = 2:ppn=4
+    Resource_List.walltime = 01:00:00
+    qtime = Sat Nov 28 08:00:00 2026
+    start_time = 1795852803
+    comp_time = 1795853405
+    exit_status = 0
+Job Id: 124.torque-server
+    Job_Name = another
+"""
+
+
+def _at(text: str) -> float:
+    return time.mktime(time.strptime(text, PBS_TIME))
+
+
+def test_a_finished_pbs_pro_job_reads_into_its_rows():
+    fields = parse_qstat(PBS_PRO)
+    assert fields["Job_Id"] == "4321.pbs01"
+    assert fields["Variable_List"].endswith(
+        "PBS_O_LOGNAME=alice,AWS_SECRET_ACCESS_KEY="
+        "wJalrXUtnFEMI,PBS_O_WORKDIR=/glade/u/alice,"
+        "PBS_O_QUEUE=casper"
+    )
+    row = job_row("4321", "worker", fields, "", commands=PBS)
+    assert (row["name"], row["state"], row["partition"], row["account"]) == (
+        "dask-worker",
+        "F",
+        "casper",
+        "UABC0001",
+    )
+    assert (row["time_limit"], row["cpus"], row["memory"], row["num_nodes"], row["nodes"]) == (
+        "00:10:00",
+        8,
+        "16gb",
+        1,
+        "crhtc53",
+    )
+    assert row["submit_time"] == _at("Sat Nov 28 08:00:00 2026")
+    assert row["start_time"] == _at("Sat Nov 28 08:00:03 2026")
+    assert row["end_time"] - row["start_time"] == 602
+    end = end_row("4321", fields, PBS)
+    assert (end["state"], end["exit_code"]) == ("F", "271")
+    assert end["reason"].endswith("(crhtc53:ncpus=8:mem=16777216kb) and finished")
+    assert end["end_time"] == row["end_time"]
+    assert PBS.final(fields) and PBS.ended(fields) and PBS.ran(fields)
+
+
+def test_a_running_pbs_job_has_no_end_time_yet():
+    fields = parse_qstat(PBS_PRO.replace("job_state = F", "job_state = R"))
+    row = job_row("4321", "worker", fields, "", commands=PBS)
+    assert row["state"] == "R" and math.isnan(row["end_time"])
+    assert not PBS.ended(fields) and not PBS.final(fields)
+    exiting = parse_qstat(PBS_PRO.replace("job_state = F", "job_state = E"))
+    assert PBS.ended(exiting) and not PBS.final(exiting)  # as Slurm's COMPLETING
+
+
+def test_a_torque_job_on_two_nodes_reads_its_times_in_seconds():
+    fields = parse_qstat(TORQUE)
+    assert fields["Job_Id"] == "123.torque-server" and "another" not in fields.values()
+    row = job_row("123", "worker", fields, "", commands=PBS)
+    assert (row["nodes"], row["num_nodes"], row["account"], row["state"]) == (
+        "n001,n002",
+        2,
+        "proj1",
+        "C",
+    )
+    assert (row["start_time"], row["end_time"]) == (1795852803.0, 1795853405.0)
+    assert row["cpus"] == -1  # Torque asks for nodes=2:ppn=4, not ncpus: unknown, not guessed
+    assert end_row("123", fields, PBS)["exit_code"] == "0"
+
+
+def test_a_finished_pbs_pro_job_is_asked_again_with_x_and_its_secrets_redacted(
+    tmp_path, monkeypatch
+):
+    """PBS Pro shows a finished job only to ``qstat -x`` (with job history on): the first
+    answer is a refusal naming ``-x``, and the job is asked again that way."""
+    asked = tmp_path / "asked"
+    answer = tmp_path / "answer"
+    answer.write_text(PBS_PRO)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    qstat = bin_dir / "qstat"
+    qstat.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        f"open({str(asked)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "if '-x' not in sys.argv:\n"
+        "    sys.exit('qstat: 4321.pbs01 Job has finished, use -x or -H to obtain historical "
+        "job information')\n"
+        f"print(open({str(answer)!r}).read(), end='')\n"
+    )
+    qstat.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fields = PBS.fields("4321")
+    assert asked.read_text().splitlines() == ["-f 4321", "-f -x 4321"]
+    assert fields["job_state"] == "F"
+    assert "wJalrXUtnFEMI" not in json.dumps(fields)
+    assert "PBS_O_WORKDIR=/glade/u/alice" in fields["Variable_List"]
+    assert "wJalrXUtnFEMI" not in job_row("4321", "worker", fields, "", commands=PBS)["details"]
+    # a job it does not know at all: nothing, asked once
+    qstat.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.exit('qstat: Unknown Job Id 99.pbs01')\n"
+    )
+    assert PBS.fields("99") == {}
