@@ -170,6 +170,27 @@ def test_finalize_after_a_signal_seals_an_interrupted_store(tmp_path, capsys):
     assert open_run(store).attrs["ended"] == attrs["ended"]
 
 
+def test_batch_start_records_the_job_script_it_is_given(tmp_path):
+    """Where the batch system shows no script (PBS), ``batch start`` records the file the
+    wrapper runs from (``$0``); a ``$0`` that is no file (Torque may feed the script to the
+    shell on stdin) is said, not fatal."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#PBS -N mine\necho hi\n")
+    store = str(tmp_path / "s.zarr")
+    assert main(["batch", "start", store, "--job-script", str(script)]) == 0
+    attrs = open_run(store).root["job/batch"].attrs
+    assert attrs["job_script"] == script.read_text()
+    assert attrs["job_script_source"] == f"file {script}"
+    other = str(tmp_path / "t.zarr")
+    assert main(["batch", "start", other, "--job-script", str(tmp_path / "bash")]) == 0
+    attrs = open_run(other).root["job/batch"].attrs
+    assert attrs["job_script"] == ""
+    assert (
+        attrs["job_script_source"]
+        == f"none: {tmp_path / 'bash'} does not read (No such file or directory)"
+    )
+
+
 # -- real submissions ----------------------------------------------------------------------------
 def _submit(
     tmp_path, system: str, *args: str, env: dict[str, str] | None = None
@@ -347,6 +368,7 @@ def test_qsub_wrapper_complete(tmp_path):
     assert validate_store(store) == []
     assert open_run(store).attrs["status"] == "complete"
     _check_allocation(store, job_id, "pbs", None)
+    assert open_run(store).root["job/batch"].attrs["job_script_source"] == "scontrol"
 
 
 @pytest.mark.pbs
@@ -386,6 +408,10 @@ def test_qsub_wrapper_on_a_pbs_site_records_its_allocation_from_qstat(tmp_path):
     )
     assert json.loads(row["details"])["Job_Name"] == "mc-pbs"
     assert row["submit_time"] <= run.attrs["started"]
+    # qstat shows no script: the one the job ran from ($0, Slurm's spooled copy here) is read
+    submitted = (tmp_path / "job-pbs.sh").read_text()
+    assert row["script"] == batch.attrs["job_script"] == submitted
+    assert batch.attrs["job_script_source"].startswith("file /")
 
 
 RUN_FLOW = """\

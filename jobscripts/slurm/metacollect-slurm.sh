@@ -56,7 +56,7 @@ NODES=${SLURM_JOB_NUM_NODES:-1}
 # scheduler and workers to take their final flushes and end, then seals the store.
 TERMINATED=
 trap 'TERMINATED=1' TERM
-"$PYTHON" -m metacollect batch start "$STORE" || exit $?
+"$PYTHON" -m metacollect batch start "$STORE" --job-script "$0" || exit $?
 "$PYTHON" -m dask scheduler --scheduler-file "$SCHEDULER_FILE" --dashboard-address :0 "${IFACE[@]}" \
     --preload metacollect.launch.preload --metacollect-store "$STORE" &
 SCHEDULER_PID=$!

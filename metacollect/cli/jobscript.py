@@ -139,6 +139,12 @@ def _add_batch_parser(sub: Any) -> None:
     s.add_argument("store")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")
     s.add_argument("--system", choices=["slurm", "pbs"], help="batch system (default: detected)")
+    s.add_argument(
+        "--job-script",
+        metavar="FILE",
+        help='the job\'s script (the wrappers pass "$0"): recorded where the batch system '
+        "shows none (PBS)",
+    )
     stop = bsub.add_parser(
         "stop", help="record worker environments, retire workers, close the scheduler"
     )
@@ -261,7 +267,9 @@ def run_batch(args: argparse.Namespace) -> int:
     from metacollect.launch import batch
 
     if args.action == "start":
-        store = batch.batch_start(args.store, overwrite=args.overwrite, system=args.system)
+        store = batch.batch_start(
+            args.store, overwrite=args.overwrite, system=args.system, job_script=args.job_script
+        )
         print(f"metacollect: collecting into {store}", file=sys.stderr)
     elif args.action == "stop":
         for problem in batch.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):

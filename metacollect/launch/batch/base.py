@@ -33,7 +33,7 @@ from metacollect.steps.batch import (
     stored_script,
     write_rows,
 )
-from metacollect.steps.batch_status import SLURM, batch_commands
+from metacollect.steps.batch_status import SLURM, BatchCommands, batch_commands
 
 __all__ = [
     "SYSTEMS",
@@ -113,8 +113,20 @@ def jobqueue_cluster(system: str, *, darshan_store: str | None = None, **kwargs:
         raise UsageError(f"cannot start a {system} cluster: {e}") from e
 
 
-def batch_start(store: str, overwrite: bool = False, system: str | None = None) -> str:
+#: bytes of a job script read at most (a script is a few KB; a wrong path is not read whole)
+JOB_SCRIPT_LIMIT = 1 << 20
+
+
+def batch_start(
+    store: str,
+    overwrite: bool = False,
+    system: str | None = None,
+    job_script: str | None = None,
+) -> str:
     """Create the store of a batch wrapper: root, step 1 and the allocation's job row.
+
+    ``job_script`` is the file the wrapper runs from (``$0``): its text is the allocation's
+    script where the batch system keeps none it shows (PBS's ``qstat`` does not).
 
     Returns the store's absolute path. Runs inside the allocation, before the scheduler starts.
     """
@@ -135,7 +147,7 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
     write_job(writer, JobInfo.capture("jobscript", cluster_type=f"{system}-allocation"))
     commands = batch_commands() or SLURM  # SLURM: nothing to ask, its rows say so
     fields = commands.fields(job_id) if job_id else {}
-    script = commands.script(job_id) if job_id else ""
+    script, script_source = _allocation_script(commands, job_id, job_script)
     asked = commands.columns(fields) if fields else {}
     group = writer.group(
         "batch",
@@ -150,6 +162,7 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
             "memory": asked.get("memory") or None,
             "processes": None,
             "job_status": commands.command if fields else "",
+            "job_script_source": script_source,
         },
     )
     if job_id:
@@ -166,6 +179,26 @@ def batch_start(store: str, overwrite: bool = False, system: str | None = None) 
     write_rows(group, "environment", env_rows(job_id or "", "", env))
     writer.flush()
     return store
+
+
+def _allocation_script(
+    commands: BatchCommands, job_id: str | None, job_script: str | None
+) -> tuple[str, str]:
+    """The allocation's script, and where it was read: what the batch system keeps
+    (Slurm's ``scontrol``), else the file the wrapper runs from."""
+    script = commands.script(job_id) if job_id else ""
+    if script:
+        return script, commands.command
+    if not job_script:
+        return "", "none: the batch system shows no script of the job, and none was given"
+    try:
+        with open(job_script, encoding="utf-8", errors="replace") as f:
+            text = f.read(JOB_SCRIPT_LIMIT + 1)
+    except OSError as e:  # Torque may feed the script on stdin: $0 is then the shell
+        return "", f"none: {job_script} does not read ({e.strerror or e})"
+    if len(text) > JOB_SCRIPT_LIMIT:
+        return "", f"none: {job_script} is over {JOB_SCRIPT_LIMIT} bytes, not a job script"
+    return text, f"file {os.path.abspath(job_script)}"
 
 
 def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[str]:
