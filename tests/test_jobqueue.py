@@ -412,6 +412,48 @@ def test_jobs_in_queue_lists_the_jobs_asked_for():
     assert not set(submitted) & squeue_ids()
 
 
+@pytest.mark.pbs
+def test_jobs_in_queue_on_a_pbs_site_asks_qstat_once(tmp_path, monkeypatch):
+    """Where ``qstat`` is the only way to ask (a PBS site's ``PATH``), the jobs asked for are
+    listed by one call, whatever their number: an unknown id and a job that ended
+    (``C``) count as gone, an id with its server's name is asked and matched by its number."""
+    require_slurm()
+    sbatch, scancel = shutil.which("sbatch"), shutil.which("scancel")
+    submitted = [
+        subprocess.run(
+            [sbatch, "--parsable", "-o", "/dev/null", "--wrap", "sleep 120"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for _ in range(2)
+    ]
+    ours, other = submitted
+    calls = tmp_path / "qstat-calls"
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "qstat").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\nexec {shutil.which("qstat")} "$@"\n'
+    )
+    (shim / "qstat").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{pbs_site_path(tmp_path)}")
+    assert shutil.which("squeue") is None
+    try:
+        gone = str(max(int(j) for j in submitted) + 10_000)  # an id Slurm has not given out
+        assert jobs_in_queue([ours, gone]) == {ours}
+        assert calls.read_text().split("\n")[-2].split() == sorted([ours, gone])
+        assert jobs_in_queue([gone]) == set()
+        named = f"{ours}.{socket.gethostname()}"
+        assert jobs_in_queue([named, other]) == {named, other}
+    finally:
+        subprocess.run([scancel, ours, other], check=True)
+    deadline = time.monotonic() + 60
+    while jobs_in_queue([ours, other]) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert jobs_in_queue([ours, other]) == set()
+    assert len(calls.read_text().splitlines()) >= 4
+
+
 def _job_info_requests() -> dict[str, int]:
     """How many requests for jobs Slurm's controller has served, by kind (``sdiag``)."""
     out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout

@@ -67,15 +67,17 @@ def end_through(client: Client, store: str | None = None) -> list[str] | None:
 #: look is a request to the controller the whole machine shares (with several ids, Slurm's
 #: ``squeue -j`` still has it send every job, and filters them itself)
 QUEUE_POLL = 1.0
+#: PBS states of a job that has left (Torque's completed, PBS Pro's finished, shown with -x)
+PBS_GONE = frozenset({"C", "F"})
 
 
 def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
     """The ids among ``job_ids`` that the batch system still lists (any state).
 
-    Uses ``squeue`` when Slurm's commands are there (also under the torque wrappers),
-    else ``qstat``. A job the batch system has forgotten counts as gone. ``squeue`` is asked
-    for these jobs only (``-j``): for one job, Slurm's controller then looks up that job
-    instead of sending its whole queue, every user's jobs.
+    Uses ``squeue`` when Slurm's commands are there (also under the torque wrappers), else
+    one ``qstat`` with every id (a PBS site). A job the batch system has forgotten counts as
+    gone. ``squeue`` is asked for these jobs only (``-j``): for one job, Slurm's controller
+    then looks up that job instead of sending its whole queue, every user's jobs.
     """
     ids = {str(j) for j in job_ids if j}
     if not ids:
@@ -93,12 +95,18 @@ def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
         listed = {line.strip() for line in out.stdout.splitlines()}
         return {j for j in ids if j.split(".")[0] in listed}
     if shutil.which("qstat"):
-        left = set()
-        for j in ids:
-            out = subprocess.run(["qstat", j], capture_output=True, text=True, check=False)
-            if out.returncode == 0 and j.split(".")[0] in out.stdout and " C " not in out.stdout:
-                left.add(j)
-        return left
+        # one call for all: PBS lists the jobs it knows (an unknown or, on PBS Pro, finished
+        # one is an error on stderr, and the exit code is not 0 then), in columns ending with
+        # the state and the queue. Asked and compared by number, as squeue is: PBS lists ids
+        # cut short, and Slurm's torque wrappers know no server name
+        numbers = sorted({j.split(".")[0] for j in ids})
+        out = subprocess.run(["qstat", *numbers], capture_output=True, text=True, check=False)
+        listed = set()
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0][:1].isdigit() and parts[-2] not in PBS_GONE:
+                listed.add(parts[0].split(".")[0])
+        return {j for j in ids if j.split(".")[0] in listed}
     return set()
 
 
