@@ -375,21 +375,26 @@ def test_a_malformed_scheduler_options_fails_the_start_in_one_line(tmp_path, sys
     assert not store.exists()
 
 
-@pytest.mark.slurm
-def test_jobs_in_queue_lists_the_jobs_asked_for():
-    """The wait for retired workers' jobs asks Slurm about those jobs only (``squeue -j``):
-    a job of the queue not asked for is not reported, one unknown id alone (an error for
-    ``squeue``) and a job that has ended count as gone."""
-    require_slurm()
-    submitted = [
+def _sleeping_jobs(n: int) -> list[str]:
+    """Ids of ``n`` jobs that sleep for two minutes (cancel them)."""
+    return [
         subprocess.run(
             ["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 120"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
-        for _ in range(2)
+        for _ in range(n)
     ]
+
+
+@pytest.mark.slurm
+def test_jobs_in_queue_lists_the_jobs_asked_for():
+    """The wait for retired workers' jobs asks Slurm about those jobs only (``squeue -j``):
+    a job of the queue not asked for is not reported, one unknown id alone (an error for
+    ``squeue``) and a job that has ended count as gone."""
+    require_slurm()
+    submitted = _sleeping_jobs(2)
     ours, other = submitted
     try:
         before = _job_info_requests()
@@ -418,16 +423,8 @@ def test_jobs_in_queue_on_a_pbs_site_asks_qstat_once(tmp_path, monkeypatch):
     listed by one call, whatever their number: an unknown id and a job that ended
     (``C``) count as gone, an id with its server's name is asked and matched by its number."""
     require_slurm()
-    sbatch, scancel = shutil.which("sbatch"), shutil.which("scancel")
-    submitted = [
-        subprocess.run(
-            [sbatch, "--parsable", "-o", "/dev/null", "--wrap", "sleep 120"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        for _ in range(2)
-    ]
+    scancel = shutil.which("scancel")
+    submitted = _sleeping_jobs(2)  # before the PATH is a PBS site's
     ours, other = submitted
     calls = tmp_path / "qstat-calls"
     shim = tmp_path / "shim"
