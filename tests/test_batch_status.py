@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from metacollect.steps.batch import end_row, job_row
+from metacollect.steps.batch import allocation_id, end_row, job_row
 from metacollect.steps.batch_status import PBS, PBS_TIME, parse_qstat
 
 #: ``qstat -fx`` of a finished PBS Pro job, long values wrapped as PBS wraps them (a newline
@@ -163,3 +163,10 @@ def test_a_finished_pbs_pro_job_is_asked_again_with_x_and_its_secrets_redacted(
         f"#!{sys.executable}\nimport sys\nsys.exit('qstat: Unknown Job Id 99.pbs01')\n"
     )
     assert PBS.fields("99") == {}
+
+
+def test_a_pbs_jobs_id_is_its_number_as_dask_jobqueue_and_darshan_read_it():
+    """PBS gives a job's processes ``PBS_JOBID=1234.server``, where dask-jobqueue keeps what
+    ``qsub`` printed as the number: the store keys the job by the number everywhere."""
+    assert allocation_id({"PBS_JOBID": "1234.pbs01"}) == ("1234", "pbs")
+    assert allocation_id({"SLURM_JOB_ID": "77", "PBS_JOBID": "77"}) == ("77", "slurm")

@@ -211,7 +211,9 @@ def test_pbs_cluster_through_torque_wrappers(tmp_path):
 def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(tmp_path, monkeypatch):
     """Where ``qstat`` is the only way to ask about a job, as on a PBS site, the jobs' rows
     and how each ended come from ``qstat -f``: compared with what ``qstat -f`` and Slurm
-    itself said of the same jobs to the test while they ran."""
+    itself said of the same jobs to the test while they ran. The workers see their job's id
+    as PBS gives it (``PBS_JOBID=1234.server``; dask-jobqueue keeps the number): each is
+    still counted as its job's worker."""
     require_slurm()
     scontrol = shutil.which("scontrol")
     assert scontrol is not None
@@ -219,7 +221,12 @@ def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(tmp_path
     assert shutil.which("scontrol") is None and shutil.which("squeue") is None
     assert shutil.which("qstat") and shutil.which("qsub")
     store = str(tmp_path / "pbs.zarr")
-    with jobqueue_cluster("pbs", log_directory=str(tmp_path / "logs"), **KW) as cluster:
+    # the workers' environment a PBS job has: no SLURM_* variables, and PBS_JOBID in PBS's
+    # form (Slurm's spank_pbs gives the number alone)
+    pbs_env = ["unset $(compgen -e SLURM_)", 'export PBS_JOBID="$PBS_JOBID.pbs01"']
+    with jobqueue_cluster(
+        "pbs", log_directory=str(tmp_path / "logs"), job_script_prologue=pbs_env, **KW
+    ) as cluster:
         cluster.scale(jobs=2)
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)
@@ -274,6 +281,14 @@ def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(tmp_path
         assert math.isnan(row["start_time"])
         assert row["end_state"] == "C" and row["exit_code"] == ""
         assert "#PBS -l walltime=00:10:00" in row["script"]
+        assert len(json.loads(row["workers"])) == 1 and json.loads(row["hostnames"])
+    env = run.table("job/batch", "environment")
+    assert sorted(set(env.job_id)) == ids and not env.name.str.startswith("SLURM_").any()
+    assert {i: f"{i}.pbs01" for i in ids} == dict(
+        env[env.name == "PBS_JOBID"][["job_id", "value"]].itertuples(index=False)
+    )
+    workers = run.workers()
+    assert sorted(workers.batch_job) == ids and set(workers.batch_job_end) == {"C"}
     assert "batch jobs (pbs): 2 - C 2" in describe(store)
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "batch_system",
     "end_row",
     "env_rows",
+    "job_number",
     "job_row",
     "scontrol_job",
     "scontrol_script",
@@ -59,6 +60,13 @@ __all__ = [
 ]
 
 BATCH_PREFIXES = ("SLURM_", "PBS_")
+
+
+def job_number(job_id: str) -> str:
+    """A batch job's id as the store keys it: what dask-jobqueue reads from the submission
+    (the number), also for the ids PBS gives its jobs' processes (``PBS_JOBID=1234.server``
+    is job 1234, as ``qstat 1234`` and Darshan's log names have it). Slurm's are numbers."""
+    return job_id.strip().split(".")[0]
 
 
 def batch_system(cluster: Any) -> str | None:
@@ -146,7 +154,7 @@ def batch_environment() -> dict[str, Any]:
     return {
         "host": _socket.gethostname(),
         "env": env,
-        "job_id": env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or "",
+        "job_id": job_number(env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or ""),
     }
 
 
@@ -633,7 +641,7 @@ class BatchRecorder:
                     attrs = json.load(f).get("attributes") or {}
             except (OSError, ValueError):
                 continue  # a group being made: its worker is one a look can still see
-            address, job_id = attrs.get("address"), attrs.get("batch_job_id")
+            address, job_id = attrs.get("address"), job_number(str(attrs.get("batch_job_id") or ""))
             if not job_id or not address or address in self._seen_workers:
                 continue
             self._seen_workers.add(address)
@@ -682,5 +690,5 @@ def allocation_id(environ: Mapping[str, str] | None = None) -> tuple[str | None,
             "pbs" if env.get("METACOLLECT_BATCH_SYSTEM") == "pbs" else "slurm"
         )
     if env.get("PBS_JOBID"):
-        return env["PBS_JOBID"], "pbs"
+        return job_number(env["PBS_JOBID"]), "pbs"
     return None, env.get("METACOLLECT_BATCH_SYSTEM", "slurm")
