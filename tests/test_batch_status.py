@@ -16,7 +16,7 @@ import sys
 import time
 
 from metacollect.steps.batch import allocation_id, end_row, job_row
-from metacollect.steps.batch_status import PBS, PBS_TIME, parse_qstat
+from metacollect.steps.batch_status import NO_COMMANDS, PBS, PBS_TIME, batch_commands, parse_qstat
 
 #: ``qstat -fx`` of a finished PBS Pro job, long values wrapped as PBS wraps them (a newline
 #: and a tab, inside a word), with a secret in the job's variables
@@ -170,3 +170,13 @@ def test_a_pbs_jobs_id_is_its_number_as_dask_jobqueue_and_darshan_read_it():
     ``qsub`` printed as the number: the store keys the job by the number everywhere."""
     assert allocation_id({"PBS_JOBID": "1234.pbs01"}) == ("1234", "pbs")
     assert allocation_id({"SLURM_JOB_ID": "77", "PBS_JOBID": "77"}) == ("77", "slurm")
+
+
+def test_where_no_command_can_ask_every_job_reads_as_unknown(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither scontrol nor qstat
+    commands = batch_commands()
+    assert commands is NO_COMMANDS and commands.command == ""
+    assert commands.fields("1") == {} and commands.script("1") == ""
+    row = job_row("1", "worker", commands.fields("1"), "", commands=commands)
+    assert (row["state"], row["cpus"], row["nodes"]) == ("", -1, "")
+    assert math.isnan(row["submit_time"]) and not commands.final({})

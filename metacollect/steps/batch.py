@@ -96,11 +96,6 @@ COMPLETING_ASK = 0.5
 HOLD_MARGIN = 10.0
 
 
-def job_ended(fields: Mapping[str, str], commands: BatchCommands = SLURM) -> bool:
-    """Whether what the batch system said (Slurm's by default) says the job is over."""
-    return commands.ended(fields)
-
-
 def job_row(
     job_id: str,
     role: str,
@@ -204,7 +199,7 @@ class BatchRecorder:
         self.cluster = cluster
         self.system = system
         self.writer = writer
-        #: how the batch system here is asked about a job (None: it cannot be)
+        #: how the batch system here is asked about a job (its ``command`` empty: it cannot be)
         self.commands = batch_commands()
         #: problems for the store's ``missing``: jobs gone before they could be recorded
         self.unrecorded: list[str] = []
@@ -250,10 +245,10 @@ class BatchRecorder:
                 "processes": getattr(job, "worker_processes", None),
                 "job_ends": (
                     "recorded"
-                    if self.commands is not None
+                    if self.commands.command
                     else "not recorded: neither scontrol nor qstat is here to say how a job ended"
                 ),
-                "job_status": "" if self.commands is None else self.commands.command,
+                "job_status": self.commands.command,
             },
         )
 
@@ -420,21 +415,21 @@ class BatchRecorder:
             left = job_id not in current  # scaled down, or its job ended
             if not (final or connected or left):
                 continue  # queued, or its workers starting: no request to the controller yet
-            fields = self._fields(job_id)
+            fields = self.commands.fields(job_id)
             if not fields and not members:
                 if final or left:
                     self._seen_jobs.add(job_id)
                     self._ended.add(job_id)
                     self._gone(job_id)
                 continue
-            if left and not members and self._ran(fields) and not final:
+            if left and not members and self.commands.ran(fields) and not final:
                 # it ran, and came and went between two looks: its workers write their
                 # groups (which say their job) at their final flush, which may be under
                 # way. Its row waits for them, with what the batch system says now
                 self._held[job_id] = (fields, time.monotonic())
-                if self._final(fields):
+                if self.commands.final(fields):
                     self._ended.add(job_id)
-                    ends.append(self._end_row(job_id, fields))
+                    ends.append(end_row(job_id, fields, self.commands))
                 else:  # still ending: how it ends is asked at the next looks meanwhile
                     self._leaving[job_id] = (time.monotonic() + 1.0, 1.0)
                 continue
@@ -462,20 +457,17 @@ class BatchRecorder:
         job = self._jobs[job_id]
         members = self._members.get(job_id, [])
         self._seen_jobs.add(job_id)
-        if not fields and self.commands is not None:
+        if not fields and self.commands.command:
             self._ended.add(job_id)  # its end is as unknown as the rest: said once
             self.unrecorded.append(
                 f"batch job {job_id}: {self.commands.system} had forgotten it before it was "
                 f"recorded ({self.commands.forgets}): its row holds only what its workers "
                 "said of it (id, workers, hosts, environment)"
             )
-        elif self._final(fields) and job_id not in self._ended:
+        elif self.commands.final(fields) and job_id not in self._ended:
             self._ended.add(job_id)  # over already: how, from the same look
-            ends.append(self._end_row(job_id, fields))
-        if job is not None:
-            script = job.job_script()
-        else:
-            script = self.commands.script(job_id) if self.commands is not None else ""
+            ends.append(end_row(job_id, fields, self.commands))
+        script = job.job_script() if job is not None else self.commands.script(job_id)
         rows.append(
             job_row(
                 job_id,
@@ -485,7 +477,7 @@ class BatchRecorder:
                 processes=getattr(job, "worker_processes", -1),
                 workers=[a for a, _ in members],
                 hostnames=[h for _, h in members],
-                commands=self.commands or SLURM,
+                commands=self.commands,
             )
         )
 
@@ -527,7 +519,7 @@ class BatchRecorder:
         ``E``), and so is one that the batch system forgot while completing - named in
         :attr:`unrecorded`, since how it ended is not in its row."""
         commands = self.commands
-        if not due or commands is None:
+        if not due or not commands.command:
             return []
         rows = []
         for job_id in sorted(due):
@@ -545,7 +537,7 @@ class BatchRecorder:
             self._ended.add(job_id)
             last_seen = self._completing.pop(job_id, None)
             if fields or last_seen:
-                rows.append(self._end_row(job_id, fields or last_seen or {}))
+                rows.append(end_row(job_id, fields or last_seen or {}, commands))
             if not fields:
                 self.unrecorded.append(
                     f"batch job {job_id}: it ended while collected, and {commands.system} had "
@@ -561,27 +553,12 @@ class BatchRecorder:
                 )
         return rows
 
-    def _fields(self, job_id: str) -> dict[str, str]:
-        """What the batch system says of a job now (empty: it does not know it, or cannot
-        be asked)."""
-        return self.commands.fields(job_id) if self.commands is not None else {}
-
-    def _ran(self, fields: Mapping[str, str]) -> bool:
-        return self.commands is not None and self.commands.ran(fields)
-
-    def _final(self, fields: Mapping[str, str]) -> bool:
-        return self.commands is not None and self.commands.final(fields)
-
-    def _end_row(self, job_id: str, fields: Mapping[str, str]) -> dict[str, Any]:
-        return end_row(job_id, fields, self.commands or SLURM)
-
     def _ask_again_max(self) -> float:
         """The longest wait between two questions about a job still ending: a third of the
         time the batch system keeps a finished job (Slurm's ``MinJobAge``, asked once), so
         that it cannot end and be forgotten between two, and at most :data:`ASK_AGAIN_MAX`."""
         if self._keeps_finished is None:
-            commands = self.commands
-            self._keeps_finished = commands.keeps_finished() if commands is not None else 300.0
+            self._keeps_finished = self.commands.keeps_finished()
         return min(ASK_AGAIN_MAX, self._keeps_finished / 3)
 
     def record_ends(self) -> list[str]:
@@ -653,7 +630,7 @@ class BatchRecorder:
     def _gone(self, job_id: str) -> None:
         """A job the cluster had that no worker of was seen and the batch system no longer
         lists: it may have run, and what it was is not in the store. Said, not guessed."""
-        if self.commands is not None:  # else no job is known to it: not a sign of anything
+        if self.commands.command:  # else no job is known to it: not a sign of anything
             self.unrecorded.append(
                 f"batch job {job_id}: it was gone from the batch system before it could be "
                 f"recorded ({self.commands.forgets}) and none of its workers was seen: "

@@ -24,6 +24,7 @@ import metacollect.config as config
 __all__ = [
     "ENDED_STATES",
     "FINAL_STATES",
+    "NO_COMMANDS",
     "PBS",
     "SLURM",
     "BatchCommands",
@@ -325,16 +326,35 @@ def _hosts(exec_host: str) -> list[str]:
     return list(dict.fromkeys(h for h in hosts if h))
 
 
+class NoCommands(SlurmCommands):
+    """Where neither ``scontrol`` nor ``qstat`` is: no job can be asked about, and what it
+    says of every job is nothing (each column unknown, as Slurm's would read)."""
+
+    command = ""
+    system = "the batch system"
+    forgets = "no command here says what it keeps"
+
+    def fields(self, job_id: str) -> dict[str, str]:
+        return {}
+
+    def script(self, job_id: str) -> str:
+        return ""
+
+    def keeps_finished(self) -> float:
+        return 300.0
+
+
 SLURM = SlurmCommands()
 PBS = PBSCommands()
+NO_COMMANDS = NoCommands()
 
 
-def batch_commands() -> BatchCommands | None:
+def batch_commands() -> BatchCommands:
     """The commands to ask about a job here: Slurm's where they are (also under its torque
-    wrappers, where ``scontrol`` says more than ``qstat``), else PBS's ``qstat``; ``None``
-    where there are neither."""
+    wrappers, where ``scontrol`` says more than ``qstat``), else PBS's ``qstat``, else
+    :data:`NO_COMMANDS` (its ``command`` is empty)."""
     if shutil.which("scontrol"):
         return SLURM
     if shutil.which("qstat"):
         return PBS
-    return None
+    return NO_COMMANDS

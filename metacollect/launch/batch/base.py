@@ -33,7 +33,7 @@ from metacollect.steps.batch import (
     stored_script,
     write_rows,
 )
-from metacollect.steps.batch_status import SLURM, BatchCommands, batch_commands
+from metacollect.steps.batch_status import BatchCommands, batch_commands
 
 __all__ = [
     "SYSTEMS",
@@ -145,7 +145,7 @@ def batch_start(
     writer = StoreWriter(store)
     init_root(writer, uuid.uuid4().hex)
     write_job(writer, JobInfo.capture("jobscript", cluster_type=f"{system}-allocation"))
-    commands = batch_commands() or SLURM  # SLURM: nothing to ask, its rows say so
+    commands = batch_commands()
     fields = commands.fields(job_id) if job_id else {}
     script, script_source = _allocation_script(commands, job_id, job_script)
     asked = commands.columns(fields) if fields else {}
