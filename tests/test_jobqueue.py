@@ -207,18 +207,37 @@ def test_pbs_cluster_through_torque_wrappers(tmp_path):
     assert any(p.suffix == ".err" for p in logs.iterdir())
 
 
+#: ``scontrol`` of a Slurm client whose controller is not this machine's batch system
+UNREACHABLE_SCONTROL = """#!/bin/sh
+echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2
+exit 1
+"""
+
+
 @pytest.mark.pbs
-def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stray_scontrol", [False, True], ids=["pbs-alone", "another-slurm"])
+def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(
+    tmp_path, monkeypatch, stray_scontrol
+):
     """Where ``qstat`` is the only way to ask about a job, as on a PBS site, the jobs' rows
     and how each ended come from ``qstat -f``: compared with what ``qstat -f`` and Slurm
     itself said of the same jobs to the test while they ran. The workers see their job's id
     as PBS gives it (``PBS_JOBID=1234.server``; dask-jobqueue keeps the number): each is
-    still counted as its job's worker."""
+    still counted as its job's worker. A site may also have the ``scontrol`` of another
+    machine's Slurm, which knows none of these jobs: they are then asked of ``qstat``."""
     require_slurm()
     scontrol = shutil.which("scontrol")
     assert scontrol is not None
-    monkeypatch.setenv("PATH", pbs_site_path(tmp_path))
-    assert shutil.which("scontrol") is None and shutil.which("squeue") is None
+    path = pbs_site_path(tmp_path)
+    if stray_scontrol:
+        other = tmp_path / "another-slurm"
+        other.mkdir()
+        (other / "scontrol").write_text(UNREACHABLE_SCONTROL)
+        (other / "scontrol").chmod(0o755)
+        path = f"{path}{os.pathsep}{other}"
+    monkeypatch.setenv("PATH", path)
+    assert (shutil.which("scontrol") is not None) == stray_scontrol
+    assert shutil.which("squeue") is None
     assert shutil.which("qstat") and shutil.which("qsub")
     store = str(tmp_path / "pbs.zarr")
     # the workers' environment a PBS job has: no SLURM_* variables, and PBS_JOBID in PBS's
@@ -261,7 +280,7 @@ def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(tmp_path
     batch = run.tree["job/batch"].attrs
     assert (batch["batch_system"], batch["job_status"], batch["job_ends"]) == (
         "pbs",
-        "qstat",
+        "scontrol, else qstat" if stray_scontrol else "qstat",
         "recorded",
     )
     jobs = run.jobs().set_index("job_id")

@@ -200,7 +200,7 @@ class BatchRecorder:
         self.system = system
         self.writer = writer
         #: how the batch system here is asked about a job (its ``command`` empty: it cannot be)
-        self.commands = batch_commands()
+        self.commands = batch_commands(system)
         #: problems for the store's ``missing``: jobs gone before they could be recorded
         self.unrecorded: list[str] = []
         #: job id -> its dask-jobqueue Job (its script; None: known from its workers alone)

@@ -30,6 +30,7 @@ __all__ = [
     "BatchCommands",
     "PBSCommands",
     "SlurmCommands",
+    "SlurmElsePBSCommands",
     "as_int",
     "batch_commands",
     "parse_qstat",
@@ -88,6 +89,8 @@ class BatchCommands(ABC):
 
     #: the command asked, and the system, as the store's attrs and ``missing`` lines name them
     command = ""
+    #: the command :meth:`script` asks ("": the system shows no job's script)
+    script_command = ""
     system = ""
     #: how this system forgets a finished job, for a line saying it did
     forgets = ""
@@ -139,6 +142,7 @@ class SlurmCommands(BatchCommands):
     ``MinJobAge``)."""
 
     command = "scontrol"
+    script_command = "scontrol"
     system = "Slurm"
     forgets = "Slurm forgets a finished job after MinJobAge, 300 s by default"
     ended_states = ENDED_STATES
@@ -331,6 +335,7 @@ class NoCommands(SlurmCommands):
     says of every job is nothing (each column unknown, as Slurm's would read)."""
 
     command = ""
+    script_command = ""
     system = "the batch system"
     forgets = "no command here says what it keeps"
 
@@ -349,12 +354,58 @@ PBS = PBSCommands()
 NO_COMMANDS = NoCommands()
 
 
-def batch_commands() -> BatchCommands:
-    """The commands to ask about a job here: Slurm's where they are (also under its torque
-    wrappers, where ``scontrol`` says more than ``qstat``), else PBS's ``qstat``, else
-    :data:`NO_COMMANDS` (its ``command`` is empty)."""
-    if shutil.which("scontrol"):
+class SlurmElsePBSCommands(BatchCommands):
+    """PBS jobs where Slurm's commands are found too: ``scontrol`` first, which says more of
+    a job submitted through Slurm's torque wrappers, and ``qstat -f`` for a job Slurm does not
+    know - a PBS site whose ``scontrol`` belongs to another machine's Slurm, or reaches none.
+    Each job's fields are read by the system that gave them (PBS's carry its ``Job_Id``)."""
+
+    command = "scontrol, else qstat"
+    script_command = "scontrol"
+    system = "the batch system"
+    forgets = f"{SLURM.forgets}; {PBS.forgets}"
+
+    def fields(self, job_id: str) -> dict[str, str]:
+        return SLURM.fields(job_id) or PBS.fields(job_id)
+
+    def script(self, job_id: str) -> str:
+        return SLURM.script(job_id)
+
+    def keeps_finished(self) -> float:
+        return SLURM.keeps_finished()
+
+    @staticmethod
+    def _of(fields: Mapping[str, str]) -> BatchCommands:
+        return PBS if "Job_Id" in fields else SLURM
+
+    def columns(self, fields: Mapping[str, str]) -> dict[str, Any]:
+        return self._of(fields).columns(fields)
+
+    def end(self, fields: Mapping[str, str]) -> dict[str, Any]:
+        return self._of(fields).end(fields)
+
+    def state(self, fields: Mapping[str, str]) -> str:
+        return self._of(fields).state(fields)
+
+    def ran(self, fields: Mapping[str, str]) -> bool:
+        return self._of(fields).ran(fields)
+
+    def ended(self, fields: Mapping[str, str]) -> bool:
+        return self._of(fields).ended(fields)
+
+    def final(self, fields: Mapping[str, str]) -> bool:
+        return self._of(fields).final(fields)
+
+
+def batch_commands(system: str | None = None) -> BatchCommands:
+    """The commands to ask about a job of ``system`` (``"slurm"``, ``"pbs"``) here: Slurm's
+    where they are, else PBS's ``qstat``, else :data:`NO_COMMANDS` (its ``command`` is
+    empty). A PBS job where both are asks ``scontrol`` first (:class:`SlurmElsePBSCommands`)."""
+    slurm, pbs = shutil.which("scontrol"), shutil.which("qstat")
+    if slurm and pbs and system == "pbs":
+        return SlurmElsePBSCommands()
+    if slurm:
         return SLURM
-    if shutil.which("qstat"):
+    if pbs:
         return PBS
     return NO_COMMANDS

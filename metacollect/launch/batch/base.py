@@ -145,7 +145,7 @@ def batch_start(
     writer = StoreWriter(store)
     init_root(writer, uuid.uuid4().hex)
     write_job(writer, JobInfo.capture("jobscript", cluster_type=f"{system}-allocation"))
-    commands = batch_commands()
+    commands = batch_commands(system)
     fields = commands.fields(job_id) if job_id else {}
     script, script_source = _allocation_script(commands, job_id, job_script)
     asked = commands.columns(fields) if fields else {}
@@ -188,7 +188,7 @@ def _allocation_script(
     (Slurm's ``scontrol``), else the file the wrapper runs from."""
     script = commands.script(job_id) if job_id else ""
     if script:
-        return script, commands.command
+        return script, commands.script_command
     if not job_script:
         return "", "none: the batch system shows no script of the job, and none was given"
     try:
