@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+from metacollect.steps import batch_status
 from metacollect.steps.batch import allocation_id, end_row, job_row
 from metacollect.steps.batch_status import NO_COMMANDS, PBS, PBS_TIME, batch_commands, parse_qstat
 
@@ -180,3 +181,17 @@ def test_where_no_command_can_ask_every_job_reads_as_unknown(tmp_path, monkeypat
     row = job_row("1", "worker", commands.fields("1"), "", commands=commands)
     assert (row["state"], row["cpus"], row["nodes"]) == ("", -1, "")
     assert math.isnan(row["submit_time"]) and not commands.final({})
+
+
+def test_a_batch_command_that_does_not_answer_is_a_failed_call(tmp_path, monkeypatch):
+    """A PBS server or Slurm controller that does not answer must not hold the recorder, nor
+    the collection's end that asks how the jobs ended, for good."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "qstat").write_text("#!/bin/sh\nsleep 30\n")
+    (bin_dir / "qstat").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(batch_status, "COMMAND_TIMEOUT", 0.5)
+    t0 = time.monotonic()
+    assert PBS.fields("4321") == {}
+    assert time.monotonic() - t0 < 10

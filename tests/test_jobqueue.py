@@ -207,8 +207,10 @@ def test_pbs_cluster_through_torque_wrappers(tmp_path):
     assert any(p.suffix == ".err" for p in logs.iterdir())
 
 
-#: ``scontrol`` of a Slurm client whose controller is not this machine's batch system
+#: ``scontrol`` of a Slurm client whose controller is not this machine's batch system (each
+#: call is written to the file named by $CALLS)
 UNREACHABLE_SCONTROL = """#!/bin/sh
+echo "$*" >> "$CALLS"
 echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2
 exit 1
 """
@@ -235,6 +237,7 @@ def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(
         (other / "scontrol").write_text(UNREACHABLE_SCONTROL)
         (other / "scontrol").chmod(0o755)
         path = f"{path}{os.pathsep}{other}"
+        monkeypatch.setenv("CALLS", str(tmp_path / "scontrol-calls"))
     monkeypatch.setenv("PATH", path)
     assert (shutil.which("scontrol") is not None) == stray_scontrol
     assert shutil.which("squeue") is None
@@ -283,6 +286,8 @@ def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(
         "scontrol, else qstat" if stray_scontrol else "qstat",
         "recorded",
     )
+    if stray_scontrol:  # once PBS knew a job Slurm did not, that scontrol was not asked again
+        assert (tmp_path / "scontrol-calls").read_text().count("show job") == 1
     jobs = run.jobs().set_index("job_id")
     assert sorted(jobs.index) == ids
     for i in ids:

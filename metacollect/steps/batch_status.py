@@ -3,9 +3,10 @@ PBS (PBS Pro, OpenPBS, Torque) through ``qstat -f``.
 
 Each system's answer is kept as it said it (``details``, and ``state`` in its own words:
 Slurm's ``COMPLETED``, PBS's ``F``), and read into the same columns by a
-:class:`BatchCommands` of its own. Slurm's commands are used wherever they are, also under
-its torque wrappers, where they say more than the wrappers' ``qstat``; ``qstat`` where they
-are not, as on a PBS site.
+:class:`BatchCommands` of its own (:func:`batch_commands` chooses): Slurm's commands wherever
+they are; ``qstat`` where they are not, as on a PBS site; for PBS jobs where both are,
+``scontrol`` first (under Slurm's torque wrappers it says more) and ``qstat`` for a job Slurm
+does not know (a PBS site with another machine's Slurm client).
 """
 
 from __future__ import annotations
@@ -78,8 +79,19 @@ def _epoch(value: str | None, form: str = "%Y-%m-%dT%H:%M:%S") -> float:
         return math.nan
 
 
+#: seconds a batch command may take: a controller or server that does not answer must not
+#: hold the recorder (and the collection's end, which asks how the jobs ended) for good
+COMMAND_TIMEOUT = 60.0
+
+
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=False)
+    """``argv``'s output; one that took over :data:`COMMAND_TIMEOUT` is a failed call."""
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, check=False, timeout=COMMAND_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"timed out after {COMMAND_TIMEOUT} s")
 
 
 class BatchCommands(ABC):
@@ -365,14 +377,25 @@ class SlurmElsePBSCommands(BatchCommands):
     system = "the batch system"
     forgets = f"{SLURM.forgets}; {PBS.forgets}"
 
+    def __init__(self) -> None:
+        #: Slurm did not know a job that PBS did: this is a PBS site, and its ``scontrol``
+        #: (which may wait on a controller that does not answer) is not asked again
+        self._pbs_site = False
+
     def fields(self, job_id: str) -> dict[str, str]:
-        return SLURM.fields(job_id) or PBS.fields(job_id)
+        if not self._pbs_site:
+            fields = SLURM.fields(job_id)
+            if fields:
+                return fields
+        fields = PBS.fields(job_id)
+        self._pbs_site = self._pbs_site or bool(fields)
+        return fields
 
     def script(self, job_id: str) -> str:
-        return SLURM.script(job_id)
+        return "" if self._pbs_site else SLURM.script(job_id)
 
     def keeps_finished(self) -> float:
-        return SLURM.keeps_finished()
+        return PBS.keeps_finished() if self._pbs_site else SLURM.keeps_finished()
 
     @staticmethod
     def _of(fields: Mapping[str, str]) -> BatchCommands:
