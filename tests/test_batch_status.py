@@ -15,9 +15,20 @@ import os
 import sys
 import time
 
+import pytest
+
 from metacollect.steps import batch_status
 from metacollect.steps.batch import allocation_id, end_row, job_row
-from metacollect.steps.batch_status import NO_COMMANDS, PBS, PBS_TIME, batch_commands, parse_qstat
+from metacollect.steps.batch_status import (
+    NO_COMMANDS,
+    PBS,
+    PBS_TIME,
+    SLURM,
+    BatchCommandError,
+    SlurmElsePBSCommands,
+    batch_commands,
+    parse_qstat,
+)
 
 #: ``qstat -fx`` of a finished PBS Pro job, long values wrapped as PBS wraps them (a newline
 #: and a tab, inside a word), with a secret in the job's variables
@@ -193,5 +204,51 @@ def test_a_batch_command_that_does_not_answer_is_a_failed_call(tmp_path, monkeyp
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(batch_status, "COMMAND_TIMEOUT", 0.5)
     t0 = time.monotonic()
-    assert PBS.fields("4321") == {}
+    with pytest.raises(BatchCommandError, match=r"timed out after 0\.5 s"):
+        PBS.fields("4321")  # not an answer: the job is not said to be gone
     assert time.monotonic() - t0 < 10
+
+
+def _command(bin_dir, name: str, stderr: str, code: int) -> None:
+    """A stand-in for a batch command that fails as the real one does, on stderr."""
+    path = bin_dir / name
+    path.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.stderr.write({stderr!r} + '\\n')\nsys.exit({code})\n"
+    )
+    path.chmod(0o755)
+
+
+def test_a_job_the_batch_system_does_not_know_is_told_from_one_it_could_not_be_asked_about(
+    tmp_path, monkeypatch
+):
+    """``Invalid job id`` (Slurm) and exit code 153 (PBS's PBSE_UNKJOBID) mean the system does
+    not know the job: no fields. A controller or server that does not answer is no answer,
+    which the recorder must not read as a job forgotten: an error naming the command and
+    what it said. (Slurm's own commands give the first here for real, in test_jobqueue.py;
+    the stand-ins give what a site's controller or server gives when it is down.)"""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    _command(bin_dir, "scontrol", "slurm_load_jobs error: Invalid job id specified", 1)
+    assert SLURM.fields("12") == {}
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    _command(bin_dir, "scontrol", down, 1)
+    with pytest.raises(BatchCommandError, match=r"`scontrol show job -o 12` failed: .*connect"):
+        SLURM.fields("12")
+    _command(bin_dir, "qstat", "qstat: Unknown Job Id 99.pbs01", 153)
+    assert PBS.fields("99") == {}
+    _command(
+        bin_dir, "qstat", "Connection refused\nqstat: cannot connect to server pbs01 (errno=111)", 2
+    )
+    with pytest.raises(BatchCommandError, match=r"`qstat -f 99` failed: qstat: cannot connect"):
+        PBS.fields("99")
+    # both here: Slurm not answering, PBS not knowing the job - unknown, not forgotten
+    both = SlurmElsePBSCommands()
+    _command(bin_dir, "qstat", "qstat: Unknown Job Id 99.pbs01", 153)
+    with pytest.raises(BatchCommandError, match=r"connect failure.*qstat does not know the job"):
+        both.fields("99")
+    # ... and PBS knowing it: a PBS site whose scontrol reaches no controller
+    answer = tmp_path / "answer"
+    answer.write_text(PBS_PRO)
+    (bin_dir / "qstat").write_text(f"#!/bin/sh\ncat {answer}\n")
+    assert both.fields("4321")["job_state"] == "F"

@@ -925,6 +925,82 @@ def test_a_job_slurm_forgot_while_it_was_completing_is_named(tmp_path):
     assert validate_store(store) == []
 
 
+def _controller_that_stops_answering(bin_dir, down) -> None:
+    """An ``scontrol`` before Slurm's on ``PATH``: while the file ``down`` exists, ``show job``
+    fails as it does when Slurm's controller does not answer; anything else is Slurm's own.
+    (Stopping the real controller would stop it for every test running beside this one.)"""
+    real = shutil.which("scontrol")
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = show ] && [ "$2" = job ] && [ -e {down} ]; then\n'
+        '  echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2\n'
+        "  exit 1\n"
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+
+
+@pytest.mark.slurm
+def test_jobs_the_controller_could_not_be_asked_about_are_not_read_as_forgotten(
+    tmp_path, monkeypatch
+):
+    """Slurm's controller stops answering while two recorded jobs end. A failed question is
+    no answer: the first job's end is asked again until the controller is back, and read
+    (CANCELLED); the second's is still unanswered when the collection ends, and the store
+    names it as not asked, with what ``scontrol`` said - not as a job Slurm had forgotten,
+    which is what it read before. The failures are in job/batch's errors table."""
+    require_slurm()
+    bin_dir, down = tmp_path / "bin", tmp_path / "controller-down"
+    bin_dir.mkdir()
+    _controller_that_stops_answering(bin_dir, down)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    store = str(tmp_path / "unanswered.zarr")
+    from dask_jobqueue import SLURMCluster
+
+    with (
+        SLURMCluster(log_directory=str(tmp_path / "logs"), **KW) as cluster,
+        Client(cluster) as client,
+    ):
+        with collect(client, store, snapshot_interval="1s") as session:
+            batch = session.batch
+            assert batch is not None
+            cluster.scale(jobs=2)
+            client.wait_for_workers(2, timeout=60)
+            first, second = sorted((str(j.job_id) for j in cluster.workers.values()), key=int)
+            assert client.submit(lambda x: x + 1, 1).result() == 2
+            batch.record()  # both rows, while they run
+            down.touch()
+            subprocess.run(["scancel", first], check=True)
+            deadline = time.time() + 30
+            while first in squeue_ids() and time.time() < deadline:
+                time.sleep(0.2)  # over: its end is there to read, for whoever can ask
+            time.sleep(2)  # two looks and a question again, none answered
+            assert first not in batch._ended, "its end was taken for an answer"
+            down.unlink()  # the controller is back
+            deadline = time.time() + 30
+            while first not in batch._ended and time.time() < deadline:
+                time.sleep(0.2)
+            down.touch()  # and gone again, until the collection has ended
+            subprocess.run(["scancel", second], check=True)
+            deadline = time.time() + 30
+            while len(client.scheduler_info()["workers"]) and time.time() < deadline:
+                time.sleep(0.2)
+    run = open_run(store)
+    ends = run.table("job/batch", "ends").set_index("job_id")
+    assert ends.loc[first, "state"] == "CANCELLED"
+    assert second not in ends.index
+    assert run.attrs["status"] == "incomplete"
+    missing = run.attrs["missing"]
+    (named,) = [m for m in missing if m.startswith(f"batch job {second}:")]
+    assert "could not be asked how" in named and "connect failure" in named, named
+    assert not any("forgotten" in m for m in missing), missing
+    errors = run.errors()
+    asked = errors[errors["where"] == "batch jobs (asking)"]
+    assert len(asked) >= 2 and asked.what.str.contains("Unable to contact").all(), errors
+    assert validate_store(store) == []
+
+
 @pytest.mark.slurm
 def test_a_job_slurm_forgot_before_it_was_recorded_is_named(tmp_path):
     """A job that came and went between two looks at the cluster (here none: they are a

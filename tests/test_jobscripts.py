@@ -191,6 +191,35 @@ def test_batch_start_records_the_job_script_it_is_given(tmp_path):
     )
 
 
+def test_batch_start_where_the_controller_does_not_answer_says_so(tmp_path, monkeypatch):
+    """``batch start`` in an allocation whose controller does not answer ``scontrol`` (a
+    stand-in: the real one cannot be taken away from the other tests): the allocation's row
+    holds what its environment says, the failure is in the errors table, and the sealed
+    store names the gap instead of reading as complete."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\necho 'slurm_load_jobs error: Socket timed out on send/recv operation' >&2\n"
+        "exit 1\n"
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    store = str(tmp_path / "s.zarr")
+    assert main(["batch", "start", store]) == 0
+    assert main(["batch", "finalize", store, "--exit-code", "0"]) == 0
+    run = open_run(store)
+    batch = run.root["job/batch"].attrs
+    assert batch["job_status"].startswith("not answered: `scontrol show job -o 4242` failed")
+    (row,) = run.table("job/batch", "jobs").to_dict("records")
+    assert (row["job_id"], row["state"]) == ("4242", "")
+    assert "Socket timed out" in " ".join(run.errors().what)
+    assert run.attrs["status"] == "incomplete"
+    (named,) = run.attrs["missing"]
+    assert named.startswith("batch job 4242: Slurm could not be asked about the allocation")
+    assert validate_store(store) == []
+
+
 # -- real submissions ----------------------------------------------------------------------------
 def _submit(
     tmp_path, system: str, *args: str, env: dict[str, str] | None = None

@@ -28,6 +28,7 @@ from metacollect.steps.batch_status import (
     ENDED_STATES,
     FINAL_STATES,
     SLURM,
+    BatchCommandError,
     BatchCommands,
     as_int,
     batch_commands,
@@ -415,12 +416,18 @@ class BatchRecorder:
             left = job_id not in current  # scaled down, or its job ended
             if not (final or connected or left):
                 continue  # queued, or its workers starting: no request to the controller yet
-            fields = self.commands.fields(job_id)
+            try:
+                fields, unasked = self.commands.fields(job_id), None
+            except BatchCommandError as e:  # not an answer: asked again at the next look
+                self._fail_once("status", "batch jobs (asking)", e, final)
+                if not final:
+                    continue
+                fields, unasked = {}, e
             if not fields and not members:
                 if final or left:
                     self._seen_jobs.add(job_id)
                     self._ended.add(job_id)
-                    self._gone(job_id)
+                    self._gone(job_id, unasked)
                 continue
             if left and not members and self.commands.ran(fields) and not final:
                 # it ran, and came and went between two looks: its workers write their
@@ -433,7 +440,7 @@ class BatchRecorder:
                 else:  # still ending: how it ends is asked at the next looks meanwhile
                     self._leaving[job_id] = (time.monotonic() + 1.0, 1.0)
                 continue
-            self._job_row(job_id, fields, rows, ends)
+            self._job_row(job_id, fields, rows, ends, unasked)
         for job_id, (fields, since) in list(self._held.items()):
             waited = time.monotonic() - since
             if final or self._members.get(job_id) or waited > self._hold_limit():
@@ -452,12 +459,21 @@ class BatchRecorder:
         fields: Mapping[str, str],
         rows: list[dict[str, Any]],
         ends: list[dict[str, Any]],
+        unasked: BatchCommandError | None = None,
     ) -> None:
-        """Add the ``jobs`` row of a job (and its ``ends`` row if it is over) to the lists."""
+        """Add the ``jobs`` row of a job (and its ``ends`` row if it is over) to the lists;
+        ``unasked``: why the batch system could not be asked about it at the last look."""
         job = self._jobs[job_id]
         members = self._members.get(job_id, [])
         self._seen_jobs.add(job_id)
-        if not fields and self.commands.command:
+        if unasked is not None:
+            self._ended.add(job_id)
+            self.unrecorded.append(
+                f"batch job {job_id}: {self.commands.system} could not be asked about it "
+                f"({unasked}): its row holds only what its workers said of it (id, workers, "
+                "hosts, environment), and how it ended is not in job/batch's ends"
+            )
+        elif not fields and self.commands.command:
             self._ended.add(job_id)  # its end is as unknown as the rest: said once
             self.unrecorded.append(
                 f"batch job {job_id}: {self.commands.system} had forgotten it before it was "
@@ -523,7 +539,16 @@ class BatchRecorder:
             return []
         rows = []
         for job_id in sorted(due):
-            fields = commands.fields(job_id)
+            try:
+                fields = commands.fields(job_id)
+            except BatchCommandError as e:
+                self._fail_once("status", "batch jobs (asking)", e, last)
+                if not last:  # not an answer: asked again, less and less often
+                    delay = min(max(2 * self._leaving[job_id][1], 1.0), self._ask_again_max())
+                    self._leaving[job_id] = (time.monotonic() + delay, delay)
+                else:
+                    rows += self._unanswered_end(job_id, e)
+                continue
             ending = commands.ended(fields)
             if fields and not (commands.final(fields) or (last and ending)):
                 if ending:  # completing: its end time, at least, is known
@@ -553,6 +578,24 @@ class BatchRecorder:
                 )
         return rows
 
+    def _unanswered_end(self, job_id: str, why: BatchCommandError) -> list[dict[str, Any]]:
+        """The last question about a leaving job got no answer: it is written as last seen
+        (ending, if it was), and the store names what is not known."""
+        self._leaving.pop(job_id, None)
+        self._ended.add(job_id)
+        last_seen = self._completing.pop(job_id, None)
+        self.unrecorded.append(
+            f"batch job {job_id}: it ended while collected, and {self.commands.system} could "
+            f"not be asked how ({why})"
+            + (
+                f": its end time is in job/batch's ends, as {self.commands.state(last_seen)}, "
+                "but not its final state"
+                if last_seen
+                else ": its state, reason and exit code are not in job/batch's ends"
+            )
+        )
+        return [end_row(job_id, last_seen, self.commands)] if last_seen else []
+
     def _ask_again_max(self) -> float:
         """The longest wait between two questions about a job still ending: a third of the
         time the batch system keeps a finished job (Slurm's ``MinJobAge``, asked once), so
@@ -572,8 +615,7 @@ class BatchRecorder:
                 self._leaving.setdefault(job_id, (0.0, 0.0))
             ends = self._ends(list(self._leaving), last=True)
             write_rows(self.group, "ends", ends)
-            if ends:
-                self.group.flush()
+            self.group.flush()  # with the failures the last questions met, if any
             return self.unrecorded[self._reported :]
 
     def _take_environments(self, new: set[str], final: bool) -> list[dict[str, Any]]:
@@ -627,10 +669,17 @@ class BatchRecorder:
             self._jobs.setdefault(job_id, None)
         return environment
 
-    def _gone(self, job_id: str) -> None:
+    def _gone(self, job_id: str, unasked: BatchCommandError | None = None) -> None:
         """A job the cluster had that no worker of was seen and the batch system no longer
-        lists: it may have run, and what it was is not in the store. Said, not guessed."""
-        if self.commands.command:  # else no job is known to it: not a sign of anything
+        lists (or, ``unasked``, could not be asked about): it may have run, and what it was
+        is not in the store. Said, not guessed."""
+        if unasked is not None:
+            self.unrecorded.append(
+                f"batch job {job_id}: {self.commands.system} could not be asked about it "
+                f"({unasked}) and none of its workers was seen: whether it ran, and where, "
+                "is not in job/batch"
+            )
+        elif self.commands.command:  # else no job is known to it: not a sign of anything
             self.unrecorded.append(
                 f"batch job {job_id}: it was gone from the batch system before it could be "
                 f"recorded ({self.commands.forgets}) and none of its workers was seen: "

@@ -28,6 +28,7 @@ __all__ = [
     "NO_COMMANDS",
     "PBS",
     "SLURM",
+    "BatchCommandError",
     "BatchCommands",
     "PBSCommands",
     "SlurmCommands",
@@ -94,10 +95,27 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 124, "", f"timed out after {COMMAND_TIMEOUT} s")
 
 
+class BatchCommandError(RuntimeError):
+    """A batch command failed for another reason than not knowing the job: a controller or
+    server that does not answer, a timeout, a refused connection. What the system says of
+    the job is then unknown, which is not the same as the system having forgotten it."""
+
+
+def _why(out: subprocess.CompletedProcess[str]) -> str:
+    """What a failed command said, in one line (its last line on stderr, or its exit code)."""
+    lines = [line.strip() for line in (out.stderr or "").splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit code {out.returncode}"
+
+
+def _failed(out: subprocess.CompletedProcess[str]) -> BatchCommandError:
+    return BatchCommandError(f"`{' '.join(map(str, out.args))}` failed: {_why(out)}")
+
+
 class BatchCommands(ABC):
     """How a batch system is asked about one job, and how its answer reads into the rows of
     ``job/batch``. ``fields`` are the job's attributes as the system said them; an empty
-    mapping means the system does not know the job (any more)."""
+    mapping means the system does not know the job (any more); a command that could not say
+    raises :class:`BatchCommandError`."""
 
     #: the command asked, and the system, as the store's attrs and ``missing`` lines name them
     command = ""
@@ -203,12 +221,21 @@ class SlurmCommands(BatchCommands):
         }
 
 
+#: what ``scontrol``/``squeue`` say of a job id Slurm does not know (never had, or forgot)
+SLURM_UNKNOWN = "Invalid job id specified"
+
+
 def scontrol_job(job_id: str) -> dict[str, str]:
-    """Fields of ``scontrol show job -o ID`` (empty if Slurm no longer knows the job)."""
+    """Fields of ``scontrol show job -o ID`` (empty if Slurm no longer knows the job);
+    :class:`BatchCommandError` if Slurm could not be asked (its controller did not answer)."""
     if not shutil.which("scontrol"):
         return {}
     out = _run("scontrol", "show", "job", "-o", str(job_id))
-    if out.returncode != 0 or not out.stdout.strip():
+    if out.returncode != 0:
+        if SLURM_UNKNOWN in out.stderr:
+            return {}
+        raise _failed(out)
+    if not out.stdout.strip():
         return {}
     return {
         k: ("" if v == "(null)" else v)
@@ -236,6 +263,9 @@ def scontrol_script(job_id: str) -> str:
 #: ``    name = value``: an attribute line of ``qstat -f`` (a longer value goes on over
 #: lines that start with a tab, and have no `` = `` of their own)
 _QSTAT_ATTRIBUTE = re.compile(r"^\s+([A-Za-z_][\w.]*) = (.*)$")
+#: ``qstat``'s exit code for a job id the server does not know (PBSE_UNKJOBID, 15001, as a
+#: byte: PBS Pro, OpenPBS, Torque and Slurm's torque wrappers alike)
+PBS_UNKNOWN_EXIT = 153
 #: how PBS writes a time (``ctime = Sat Nov 28 20:39:49 2026``)
 PBS_TIME = "%a %b %d %H:%M:%S %Y"
 
@@ -295,7 +325,9 @@ class PBSCommands(BatchCommands):
             # PBS Pro: "Job has finished, use -x or -H to obtain historical job information"
             out = _run("qstat", "-f", "-x", str(job_id))
         if out.returncode != 0:
-            return {}
+            if out.returncode == PBS_UNKNOWN_EXIT or "Unknown Job" in out.stderr:
+                return {}
+            raise _failed(out)
         return dict(config.redact_mapping(parse_qstat(out.stdout)))
 
     def state(self, fields: Mapping[str, str]) -> str:
@@ -383,12 +415,19 @@ class SlurmElsePBSCommands(BatchCommands):
         self._pbs_site = False
 
     def fields(self, job_id: str) -> dict[str, str]:
+        unasked: BatchCommandError | None = None
         if not self._pbs_site:
-            fields = SLURM.fields(job_id)
-            if fields:
-                return fields
+            try:
+                fields = SLURM.fields(job_id)
+            except BatchCommandError as e:  # no controller answered: maybe PBS's job
+                unasked = e
+            else:
+                if fields:
+                    return fields
         fields = PBS.fields(job_id)
         self._pbs_site = self._pbs_site or bool(fields)
+        if not fields and unasked is not None:  # neither knows it, and Slurm could not say
+            raise BatchCommandError(f"{unasked}; qstat does not know the job")
         return fields
 
     def script(self, job_id: str) -> str:

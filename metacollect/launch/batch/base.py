@@ -33,7 +33,7 @@ from metacollect.steps.batch import (
     stored_script,
     write_rows,
 )
-from metacollect.steps.batch_status import BatchCommands, batch_commands
+from metacollect.steps.batch_status import BatchCommandError, BatchCommands, batch_commands
 
 __all__ = [
     "SYSTEMS",
@@ -146,7 +146,11 @@ def batch_start(
     init_root(writer, uuid.uuid4().hex)
     write_job(writer, JobInfo.capture("jobscript", cluster_type=f"{system}-allocation"))
     commands = batch_commands(system)
-    fields = commands.fields(job_id) if job_id else {}
+    unasked: BatchCommandError | None = None
+    try:
+        fields = commands.fields(job_id) if job_id else {}
+    except BatchCommandError as e:  # the row holds what the job's own environment says
+        fields, unasked = {}, e
     script, script_source = _allocation_script(commands, job_id, job_script)
     asked = commands.columns(fields) if fields else {}
     group = writer.group(
@@ -161,7 +165,9 @@ def batch_start(
             "cores": asked.get("cpus"),
             "memory": asked.get("memory") or None,
             "processes": None,
-            "job_status": commands.command if fields else "",
+            "job_status": commands.command
+            if fields
+            else (f"not answered: {unasked}" if unasked else ""),
             "job_script_source": script_source,
         },
     )
@@ -177,6 +183,14 @@ def batch_start(
         write_rows(group, "jobs", [row])
     env = {k: v for k, v in os.environ.items() if k.startswith(BATCH_PREFIXES)}
     write_rows(group, "environment", env_rows(job_id or "", "", env))
+    if unasked is not None:  # a gap in the record, which batch_finalize puts in 'missing'
+        group.record_error("batch start", unasked)
+        problem = (
+            f"batch job {job_id}: {commands.system} could not be asked about the allocation "
+            f"({unasked}): its row holds what the job's environment says, not the batch "
+            "system's fields"
+        )
+        writer.group("root", attrs={"start_problems": [problem]})
     writer.flush()
     return store
 
@@ -286,7 +300,11 @@ def batch_finalize(store: str, exit_code: int = 0, signal_name: str | None = Non
         raise StoreError(f"{store} is not a metacollect store: {fix}")
     if attrs.get("ended") is not None:  # sealed: its status says how the run ended
         return str(attrs["status"])
-    missing = [*(attrs.get("shutdown_problems") or []), *unended_clusters(store)]
+    missing = [
+        *(attrs.get("start_problems") or []),
+        *(attrs.get("shutdown_problems") or []),
+        *unended_clusters(store),
+    ]
     extra: dict[str, Any] = {"script_exit_code": exit_code}
     if signal_name is not None:
         status = "interrupted"
