@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from metacollect.session.shutdown import jobs_in_queue, retire_and_wait
 from metacollect.steps import batch_status
 from metacollect.steps.batch import allocation_id, end_row, job_row
 from metacollect.steps.batch_status import (
@@ -252,3 +253,31 @@ def test_a_job_the_batch_system_does_not_know_is_told_from_one_it_could_not_be_a
     answer.write_text(PBS_PRO)
     (bin_dir / "qstat").write_text(f"#!/bin/sh\ncat {answer}\n")
     assert both.fields("4321")["job_state"] == "F"
+
+
+def test_a_queue_that_cannot_be_asked_is_not_read_as_empty(tmp_path, monkeypatch, client):
+    """The collection's end waits until the retired workers' jobs have left the queue. A
+    ``squeue`` or ``qstat`` that gets no answer used to read as an empty queue, and the end
+    went on as if the jobs were gone. It is asked again until the timeout now, and the
+    problem says that whether they left is not known, and why."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    _command(bin_dir, "squeue", "slurm_load_jobs error: Invalid job id specified", 1)
+    assert jobs_in_queue(["12"]) == set()  # Slurm does not know it: gone
+    down = "squeue: error: Unable to contact slurm controller (connect failure)"
+    _command(bin_dir, "squeue", down, 1)
+    with pytest.raises(BatchCommandError, match="connect failure"):
+        jobs_in_queue(["12"])
+    (problem,) = retire_and_wait(client, ["12"], timeout=1.5, poll=0.1)
+    assert problem.startswith("whether batch jobs ['12'] left the queue after retiring is not")
+    assert "could not be asked for 1.5 s" in problem and "connect failure" in problem
+    assert not client.scheduler_info()["workers"]  # retired all the same
+    # a PBS site (no squeue): qstat's 153 for a job it does not know, an error otherwise
+    (bin_dir / "squeue").unlink()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    _command(bin_dir, "qstat", "qstat: Unknown Job Id 12.pbs01", 153)
+    assert jobs_in_queue(["12"]) == set()
+    _command(bin_dir, "qstat", "qstat: cannot connect to server pbs01 (errno=15010)", 2)
+    with pytest.raises(BatchCommandError, match="cannot connect to server"):
+        jobs_in_queue(["12"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterable
@@ -23,6 +22,13 @@ if TYPE_CHECKING:
     from metacollect.steps.batch import BatchRecorder
 
 import metacollect.config as config
+from metacollect.steps.batch_status import (
+    PBS_UNKNOWN_EXIT,
+    SLURM_UNKNOWN,
+    BatchCommandError,
+    failed_command,
+    run_command,
+)
 from metacollect.steps.scheduler import DRAIN_OP, accept_drain_marks, end_collection
 
 logger = logging.getLogger(__name__)
@@ -78,6 +84,9 @@ def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
     one ``qstat`` with every id (a PBS site). A job the batch system has forgotten counts as
     gone. ``squeue`` is asked for these jobs only (``-j``): for one job, Slurm's controller
     then looks up that job instead of sending its whole queue, every user's jobs.
+    A command that fails otherwise than on a job it does not know (a controller or server
+    that does not answer) raises :class:`~metacollect.steps.batch_status.BatchCommandError`:
+    no answer is not an empty queue.
     """
     ids = {str(j) for j in job_ids if j}
     if not ids:
@@ -86,12 +95,9 @@ def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
         # one unknown id alone is an error ("Invalid job id specified"), not an empty list:
         # either way nothing is listed, and that job is gone
         wanted = ",".join(sorted({j.split(".")[0] for j in ids}))
-        out = subprocess.run(
-            ["squeue", "-h", "-o", "%i", "-j", wanted],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        out = run_command("squeue", "-h", "-o", "%i", "-j", wanted)
+        if out.returncode != 0 and SLURM_UNKNOWN not in out.stderr:
+            raise failed_command(out)
         listed = {line.strip() for line in out.stdout.splitlines()}
         return {j for j in ids if j.split(".")[0] in listed}
     if shutil.which("qstat"):
@@ -100,7 +106,13 @@ def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
         # the state and the queue. Asked and compared by number, as squeue is: PBS lists ids
         # cut short, and Slurm's torque wrappers know no server name
         numbers = sorted({j.split(".")[0] for j in ids})
-        out = subprocess.run(["qstat", *numbers], capture_output=True, text=True, check=False)
+        out = run_command("qstat", *numbers)
+        if out.returncode not in (0, PBS_UNKNOWN_EXIT) and any(
+            "Unknown Job" not in line and "finished" not in line
+            for line in out.stderr.splitlines()
+            if line.strip()
+        ):
+            raise failed_command(out)
         listed = set()
         for line in out.stdout.splitlines():
             parts = line.split()
@@ -187,13 +199,37 @@ def retire_and_wait(
             )
     if not _wait(lambda: not client.scheduler_info(n_workers=-1).get("workers"), timeout, poll):
         problems.append(f"workers still connected {timeout:g} s after retire_workers")
-    if job_ids and not _wait(lambda: not jobs_in_queue(job_ids), timeout, max(poll, QUEUE_POLL)):
-        problems.append(
-            f"batch jobs {sorted(jobs_in_queue(job_ids))} still queued {timeout:g} s after retiring"
-        )
+    if job_ids:
+        problems += _wait_queue_left(job_ids, timeout, max(poll, QUEUE_POLL))
     for p in problems:
         logger.warning("metacollect: graceful shutdown: %s", p)
     return problems
+
+
+def _wait_queue_left(job_ids: list[str], timeout: float, poll: float) -> list[str]:
+    """Wait until the batch queue no longer lists ``job_ids``; the problem if it still did
+    after ``timeout`` s, or if it could not be asked (then whether they left is unknown)."""
+    listed: set[str] = set()
+    unanswered: list[BatchCommandError] = []
+
+    def left() -> bool:
+        try:
+            listed.clear()
+            listed.update(jobs_in_queue(job_ids))
+        except BatchCommandError as e:  # asked again until the timeout: it may come back
+            unanswered[:] = [e]
+            return False
+        unanswered.clear()
+        return not listed
+
+    if _wait(left, timeout, poll):
+        return []
+    if unanswered:
+        return [
+            f"whether batch jobs {sorted(job_ids)} left the queue after retiring is not known: "
+            f"the batch system could not be asked for {timeout:g} s ({unanswered[0]})"
+        ]
+    return [f"batch jobs {sorted(listed)} still queued {timeout:g} s after retiring"]
 
 
 def _wanted(dask_scheduler: Any) -> int:

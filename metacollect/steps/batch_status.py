@@ -27,7 +27,9 @@ __all__ = [
     "FINAL_STATES",
     "NO_COMMANDS",
     "PBS",
+    "PBS_UNKNOWN_EXIT",
     "SLURM",
+    "SLURM_UNKNOWN",
     "BatchCommandError",
     "BatchCommands",
     "PBSCommands",
@@ -35,7 +37,9 @@ __all__ = [
     "SlurmElsePBSCommands",
     "as_int",
     "batch_commands",
+    "failed_command",
     "parse_qstat",
+    "run_command",
     "scontrol_job",
     "scontrol_script",
     "slurm_min_job_age",
@@ -85,7 +89,7 @@ def _epoch(value: str | None, form: str = "%Y-%m-%dT%H:%M:%S") -> float:
 COMMAND_TIMEOUT = 60.0
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+def run_command(*argv: str) -> subprocess.CompletedProcess[str]:
     """``argv``'s output; one that took over :data:`COMMAND_TIMEOUT` is a failed call."""
     try:
         return subprocess.run(
@@ -107,7 +111,8 @@ def _why(out: subprocess.CompletedProcess[str]) -> str:
     return lines[-1] if lines else f"exit code {out.returncode}"
 
 
-def _failed(out: subprocess.CompletedProcess[str]) -> BatchCommandError:
+def failed_command(out: subprocess.CompletedProcess[str]) -> BatchCommandError:
+    """The error of a batch command that gave no answer: the command and what it said."""
     return BatchCommandError(f"`{' '.join(map(str, out.args))}` failed: {_why(out)}")
 
 
@@ -230,11 +235,11 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     :class:`BatchCommandError` if Slurm could not be asked (its controller did not answer)."""
     if not shutil.which("scontrol"):
         return {}
-    out = _run("scontrol", "show", "job", "-o", str(job_id))
+    out = run_command("scontrol", "show", "job", "-o", str(job_id))
     if out.returncode != 0:
         if SLURM_UNKNOWN in out.stderr:
             return {}
-        raise _failed(out)
+        raise failed_command(out)
     if not out.stdout.strip():
         return {}
     return {
@@ -247,7 +252,7 @@ def slurm_min_job_age() -> float:
     """Slurm's ``MinJobAge``: seconds it keeps a finished job (300 if unknown, its default)."""
     if not shutil.which("scontrol"):
         return 300.0
-    out = _run("scontrol", "show", "config")
+    out = run_command("scontrol", "show", "config")
     found = re.search(r"^MinJobAge\s*=\s*(\d+)", out.stdout, re.MULTILINE)
     return float(found.group(1)) if found else 300.0
 
@@ -256,7 +261,7 @@ def scontrol_script(job_id: str) -> str:
     """The batch script Slurm stored for a job ("" if unavailable)."""
     if not shutil.which("scontrol"):
         return ""
-    out = _run("scontrol", "write", "batch_script", str(job_id), "-")
+    out = run_command("scontrol", "write", "batch_script", str(job_id), "-")
     return out.stdout if out.returncode == 0 else ""
 
 
@@ -320,14 +325,14 @@ class PBSCommands(BatchCommands):
     def fields(self, job_id: str) -> dict[str, str]:
         if not shutil.which("qstat"):
             return {}
-        out = _run("qstat", "-f", str(job_id))
+        out = run_command("qstat", "-f", str(job_id))
         if out.returncode != 0 and "-x" in out.stderr:
             # PBS Pro: "Job has finished, use -x or -H to obtain historical job information"
-            out = _run("qstat", "-f", "-x", str(job_id))
+            out = run_command("qstat", "-f", "-x", str(job_id))
         if out.returncode != 0:
             if out.returncode == PBS_UNKNOWN_EXIT or "Unknown Job" in out.stderr:
                 return {}
-            raise _failed(out)
+            raise failed_command(out)
         return dict(config.redact_mapping(parse_qstat(out.stdout)))
 
     def state(self, fields: Mapping[str, str]) -> str:
