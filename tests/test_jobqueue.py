@@ -314,6 +314,9 @@ def test_a_pbs_site_without_slurms_commands_records_its_jobs_from_qstat(
     workers = run.workers()
     assert sorted(workers.batch_job) == ids and set(workers.batch_job_end) == {"C"}
     assert "batch jobs (pbs): 2 - C 2" in describe(store)
+    # drawn as what PBS said: over, with no exit status from the wrappers' qstat
+    legend = plot.batch_jobs(run).axes[0].get_legend().get_texts()
+    assert "C: exit status unknown" in {t.get_text() for t in legend}
 
 
 def _run_on_cluster(tmp_path, system, script_text, *options, env=None):

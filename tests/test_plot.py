@@ -12,6 +12,7 @@ from views_runs import CHAIN, LONG_CHAIN, WIDE, basic_store, chain_store
 import metacollect
 from metacollect import analysis, plot
 from metacollect.errors import UsageError
+from metacollect.plot.jobs import JOB_END_COLOURS, OTHER_END, RUNNING, how_ended
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +233,23 @@ def test_flame_root_that_never_returned_is_as_wide_as_what_ran_under_it():
     assert dict(children["_worker"]) == {"task": 2.0, "get": 1.0}
     boxes = icicle(children, roots, 3.5, 10, 0.0)
     assert {name for *_, name in boxes} == {"run", "_worker", "task", "get", "sort", "helper"}
+
+
+@pytest.mark.parametrize(
+    "state, exit_code, label, colour",
+    [
+        ("", "", "running at the end", RUNNING),
+        ("TIMEOUT", "0:15", "TIMEOUT", JOB_END_COLOURS["TIMEOUT"]),
+        ("F", "0", "F: exit 0", JOB_END_COLOURS["COMPLETED"]),
+        ("C", "3", "C: exit > 0", JOB_END_COLOURS["FAILED"]),
+        ("F", "271", "F: killed by a signal", JOB_END_COLOURS["CANCELLED"]),  # qdel: 256+15
+        ("F", "-29", "F: exit -29 (batch system)", OTHER_END),
+        ("C", "", "C: exit status unknown", OTHER_END),
+        ("E", "", "E (exiting)", JOB_END_COLOURS["COMPLETING"]),
+        ("SPECIAL", "", "SPECIAL", OTHER_END),
+    ],
+)
+def test_a_pbs_jobs_end_is_drawn_by_its_exit_status(state, exit_code, label, colour):
+    """PBS says only that a job is over (F, C, X); how, its exit status says. The batch
+    jobs views draw it as Slurm's like end would be, and label it with what PBS said."""
+    assert how_ended(state, exit_code) == (label, colour)

@@ -36,6 +36,40 @@ RUNNING_AT_END = "running at the end"
 QUEUED = "#dcdcdc"
 #: an end state without a colour of its own
 OTHER_END = "#17becf"
+#: PBS's states of a job that is over (F: PBS Pro, OpenPBS; C: Torque; X: a subjob), whose
+#: ``Exit_status`` says how it ended; and E, a job exiting
+PBS_OVER = frozenset({"F", "C", "X"})
+PBS_EXITING = "E"
+#: PBS (Pro and Torque alike) gives a job killed by a signal the exit status 256 + signal
+PBS_SIGNAL_BASE = 256
+
+
+def how_ended(state: str, exit_code: str) -> tuple[str, str]:
+    """The legend label and colour of a job by how it ended (``run.jobs()``'s ``end_state``
+    and ``exit_code``). Slurm's states are their own labels. PBS says only that a job is over
+    (F, C, X), and how in its exit status: 0 is drawn as COMPLETED, a script's non-zero exit
+    as FAILED, a signal (256 + n: ``qdel``, a walltime) as CANCELLED; a negative status is the
+    batch system's own failure to run the job, whose codes differ between PBS Pro and
+    Torque, so it keeps its number and the catch-all colour."""
+    if not state:
+        return RUNNING_AT_END, RUNNING
+    if state in JOB_END_COLOURS:
+        return state, JOB_END_COLOURS[state]
+    if state == PBS_EXITING:
+        return f"{state} (exiting)", JOB_END_COLOURS["COMPLETING"]
+    if state not in PBS_OVER:
+        return state, OTHER_END
+    try:
+        code = int(str(exit_code).strip())
+    except ValueError:
+        return f"{state}: exit status unknown", OTHER_END
+    if code == 0:
+        return f"{state}: exit 0", JOB_END_COLOURS["COMPLETED"]
+    if code >= PBS_SIGNAL_BASE:
+        return f"{state}: killed by a signal", JOB_END_COLOURS["CANCELLED"]
+    if code > 0:
+        return f"{state}: exit > 0", JOB_END_COLOURS["FAILED"]
+    return f"{state}: exit {code} (batch system)", OTHER_END
 
 
 def batch_jobs(run: Run) -> Figure:
@@ -67,10 +101,9 @@ def batch_jobs(run: Run) -> Figure:
     ax = fig.add_subplot()
     bars(ax, jobs["submit"][waited], stop_wait[waited], row[waited], [QUEUED] * int(waited.sum()))
     started = jobs["start"].notna().to_numpy()
-    states = jobs["end_state"].where(jobs["end_state"] != "", RUNNING_AT_END)
-    colours = [
-        RUNNING if s == RUNNING_AT_END else JOB_END_COLOURS.get(s, OTHER_END) for s in states
-    ]
+    ended_as = [how_ended(s, c) for s, c in zip(jobs["end_state"], jobs["exit_code"], strict=True)]
+    states = [label for label, _ in ended_as]
+    colours = [colour for _, colour in ended_as]
     bars(
         ax,
         jobs["start"][started],

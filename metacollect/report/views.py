@@ -41,7 +41,7 @@ from metacollect.analysis.spans import tree_order
 from metacollect.analysis.tasks import worker_addresses
 from metacollect.errors import StoreError
 from metacollect.plot.base import color_of, latest_rows, prefix_column
-from metacollect.plot.jobs import JOB_END_COLOURS, OTHER_END, QUEUED, RUNNING, RUNNING_AT_END
+from metacollect.plot.jobs import QUEUED, how_ended
 from metacollect.plot.profile import PROFILE_ID, call_tree, icicle
 from metacollect.plot.spans import activity_colour
 
@@ -1231,7 +1231,11 @@ def _jobs_timeline(run: Any, jobs: pd.DataFrame) -> Layout:
     run_end = float(ended) if isinstance(ended, int | float) else float(np.nanmax(times))
     p, lane = lanes("Batch jobs: queue wait, then run, by how each ended", jobs["job_id"], "job")
     y = np.array([lane[str(j)] for j in jobs["job_id"]], dtype=np.int32)
-    state = jobs["end_state"].where(jobs["end_state"] != "", RUNNING_AT_END).astype(str)
+    ended_as = [
+        how_ended(str(s), str(c)) for s, c in zip(jobs["end_state"], jobs["exit_code"], strict=True)
+    ]
+    state = pd.Series([label for label, _ in ended_as], index=jobs.index, dtype=str)
+    colour_of = dict(ended_as)
     src = {
         "y": y,
         "job": jobs["job_id"].astype(str).to_numpy(),
@@ -1259,7 +1263,7 @@ def _jobs_timeline(run: Any, jobs: pd.DataFrame) -> Layout:
     started = jobs["start_time"].notna().to_numpy()
     for name in dict.fromkeys(state[started]):
         m = started & (state == name).to_numpy()
-        colour = RUNNING if name == RUNNING_AT_END else JOB_END_COLOURS.get(name, OTHER_END)
+        colour = colour_of[name]
         r = p.hbar(
             y="y",
             left="start",
