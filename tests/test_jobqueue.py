@@ -28,14 +28,15 @@ from metacollect.launch.batch import jobqueue_cluster
 from metacollect.report import views
 from metacollect.session.shutdown import jobs_in_queue
 from metacollect.steps import terminate
-from metacollect.steps.batch import (
+from metacollect.steps.batch import batch_system, job_row
+from metacollect.steps.batch_status import (
+    _FIELD,
     ENDED_STATES,
-    batch_system,
-    job_row,
+    _epoch,
+    parse_qstat,
     scontrol_job,
     scontrol_script,
 )
-from metacollect.steps.batch_status import _FIELD, _epoch, parse_qstat
 from metacollect.store.validate import validate_store
 
 KW = {

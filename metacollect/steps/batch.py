@@ -25,15 +25,10 @@ from typing import TYPE_CHECKING, Any
 import metacollect.config as config
 from metacollect.steps import terminate
 from metacollect.steps.batch_status import (
-    ENDED_STATES,
-    FINAL_STATES,
     SLURM,
     BatchCommandError,
     BatchCommands,
-    as_int,
     batch_commands,
-    scontrol_job,
-    scontrol_script,
 )
 
 if TYPE_CHECKING:
@@ -43,19 +38,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_PREFIXES",
-    "ENDED_STATES",
-    "FINAL_STATES",
     "BatchRecorder",
     "allocation_id",
-    "as_int",
     "batch_environment",
     "batch_system",
     "end_row",
     "env_rows",
     "job_number",
     "job_row",
-    "scontrol_job",
-    "scontrol_script",
     "stored_script",
     "write_rows",
 ]
