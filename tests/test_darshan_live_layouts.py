@@ -16,6 +16,7 @@ with REAL runtimes: ``/opt/darshan`` (``--with-log-path-by-env=DARSHAN_LOG_DIR_P
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import re
 import shutil
@@ -72,6 +73,14 @@ def dated_library() -> str:
     prefix = os.environ.get(
         "METACOLLECT_DARSHAN_DATED", f"/tmp/metacollect-darshan-dated-{VERSION}-{os.getuid()}"
     )
+    # both test processes (xdist) may need it at once: one builds, the other waits for it
+    # (two builds in one directory removed each other's files: configure failed in both)
+    with open(f"{prefix}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_dated(prefix)
+
+
+def _build_dated(prefix: str) -> str:
     lib = os.path.join(prefix, "lib", "libdarshan.so")
     stamp = os.path.join(prefix, ".darshan-version")
     if os.path.isfile(lib) and os.path.isfile(stamp):
