@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 
 import metacollect.config as config
 from metacollect.steps.batch_status import (
-    PBS_UNKNOWN_EXIT,
     SLURM_UNKNOWN,
     BatchCommandError,
     failed_command,
+    qstat_unknown,
     run_command,
 )
 from metacollect.steps.scheduler import DRAIN_OP, accept_drain_marks, end_collection
@@ -107,11 +107,7 @@ def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
         # cut short, and Slurm's torque wrappers know no server name
         numbers = sorted({j.split(".")[0] for j in ids})
         out = run_command("qstat", *numbers)
-        if out.returncode not in (0, PBS_UNKNOWN_EXIT) and any(
-            "Unknown Job" not in line and "finished" not in line
-            for line in out.stderr.splitlines()
-            if line.strip()
-        ):
+        if out.returncode != 0 and not qstat_unknown(out):
             raise failed_command(out)
         listed = set()
         for line in out.stdout.splitlines():

@@ -39,6 +39,7 @@ __all__ = [
     "batch_commands",
     "failed_command",
     "parse_qstat",
+    "qstat_unknown",
     "run_command",
     "scontrol_job",
     "scontrol_script",
@@ -271,6 +272,18 @@ _QSTAT_ATTRIBUTE = re.compile(r"^\s+([A-Za-z_][\w.]*) = (.*)$")
 #: ``qstat``'s exit code for a job id the server does not know (PBSE_UNKJOBID, 15001, as a
 #: byte: PBS Pro, OpenPBS, Torque and Slurm's torque wrappers alike)
 PBS_UNKNOWN_EXIT = 153
+
+
+def qstat_unknown(out: subprocess.CompletedProcess[str]) -> bool:
+    """Whether a ``qstat`` that failed said only that PBS does not know the job ids asked
+    (exit 153, or each line on stderr an unknown or, on PBS Pro, finished job): an answer,
+    unlike a server that does not answer."""
+    if out.returncode == PBS_UNKNOWN_EXIT:
+        return True
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    return bool(lines) and all("Unknown Job" in line or "finished" in line for line in lines)
+
+
 #: how PBS writes a time (``ctime = Sat Nov 28 20:39:49 2026``)
 PBS_TIME = "%a %b %d %H:%M:%S %Y"
 
@@ -330,7 +343,7 @@ class PBSCommands(BatchCommands):
             # PBS Pro: "Job has finished, use -x or -H to obtain historical job information"
             out = run_command("qstat", "-f", "-x", str(job_id))
         if out.returncode != 0:
-            if out.returncode == PBS_UNKNOWN_EXIT or "Unknown Job" in out.stderr:
+            if qstat_unknown(out):
                 return {}
             raise failed_command(out)
         return dict(config.redact_mapping(parse_qstat(out.stdout)))
