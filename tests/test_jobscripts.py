@@ -331,7 +331,8 @@ def test_a_cancelled_job_seals_an_interrupted_store(tmp_path, system):
     wait_gone(job_id)
     log = "".join(p.read_text() for p in tmp_path.glob("out*.txt"))
     run = open_run(store)
-    assert run.attrs["status"] == "interrupted", log
+    assert run.attrs["ended"] is not None, f"never sealed (SIGKILL at the grace's end?)\n{log}"
+    assert run.attrs["status"] == "interrupted", (run.attrs["missing"], log)
     assert run.attrs["missing"] == [] and run.attrs["script_signal"] == "SIGTERM"
     assert run.attrs["script_exit_code"] == 128 + signal.SIGTERM
     transitions = run.transitions()
@@ -346,6 +347,45 @@ def test_a_cancelled_job_seals_an_interrupted_store(tmp_path, system):
     assert len(run.worker_table("tasks")) >= 50
     assert validate_store(store) == []
     _check_allocation(store, job_id, system, None)
+
+
+def test_the_seal_after_a_sigterm_waits_for_the_workers_ends_not_for_srun(tmp_path):
+    """``batch finalize --worker-launcher``: once the scheduler has exited, the seal waits
+    until the launcher (srun) exits or every worker recorded its end, whichever comes first.
+    Slurm keeps srun 3.2 s after its workers ended, most of its 5 s grace. A worker that
+    has not recorded its end, or whose end comes with its gathering from node-local disk,
+    is waited for through the launcher."""
+    import zarr
+
+    from metacollect.launch.batch import wait_cluster_end
+    from metacollect.store.local import LOCAL_ATTR
+
+    store = str(tmp_path / "run.zarr")
+    root = zarr.open_group(store, mode="w")
+    workers = ["clusters/c0/workers/a", "clusters/c0/workers/b"]
+    for path in workers:
+        root.create_group(path, attributes={"kind": "worker", "ended": None})
+    scheduler = subprocess.Popen(["true"])
+    scheduler.wait()
+    launcher = subprocess.Popen(["sleep", "120"])
+    try:
+        # b still flushing: the launcher is waited for, and named if it outlives the wait
+        root[workers[0]].attrs["ended"] = time.time()
+        assert wait_cluster_end(store, [scheduler.pid], launcher.pid, 1.0) == [launcher.pid]
+        root[workers[1]].attrs.update({"ended": time.time(), LOCAL_ATTR: "n1:/scratch/r"})
+        assert wait_cluster_end(store, [scheduler.pid], launcher.pid, 1.0) == [launcher.pid]
+        del root[workers[1]].attrs[LOCAL_ATTR]
+        # every worker ended: srun, which would run for minutes yet, is not waited for
+        assert wait_cluster_end(store, [scheduler.pid], launcher.pid, 60.0) == []
+        assert launcher.poll() is None
+        # and without worker groups (none started collecting) the launcher's exit is waited for
+        empty = str(tmp_path / "empty.zarr")
+        zarr.open_group(empty, mode="w")
+        assert wait_cluster_end(empty, [], launcher.pid, 0.5) == [launcher.pid]
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert wait_cluster_end(empty, [], launcher.pid, 60.0) == []
 
 
 @pytest.mark.slurm

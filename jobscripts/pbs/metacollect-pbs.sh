@@ -71,9 +71,10 @@ export DASK_SCHEDULER_ADDRESS
 
 # shellcheck disable=SC2086
 if [ -z "$TERMINATED" ]; then "$PYTHON" "$WORKFLOW" $WORKFLOW_ARGS "$@"; STATUS=$?; else STATUS=143; fi
-if [ -n "$TERMINATED" ]; then  # SIGTERM: the workflow (128 + 15) and the cluster end on it
-    wait
-    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS" --signal SIGTERM
+if [ -n "$TERMINATED" ]; then  # SIGTERM: the workflow (128 + 15) and the cluster end on it;
+    # the seal starts now (its imports overlap the cluster's end) and waits for it first
+    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS" --signal SIGTERM \
+        --wait-pid "$SCHEDULER_PID" --worker-launcher "$WORKERS_PID"
     rm -f "$SCHEDULER_FILE"
     exit "$STATUS"
 fi
@@ -82,8 +83,9 @@ fi
 "$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE" \
     --wait-pid "$WORKERS_PID" --wait-pid "$SCHEDULER_PID" --exit-code "$STATUS"
 if [ -n "$TERMINATED" ]; then  # the job ended during the stop, which it may have cut short:
-    wait                       # the cluster ends on the signal; a store not sealed yet is now
-    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS"
+    # the cluster ends on the signal; a store not sealed yet is sealed once it has
+    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS" \
+        --wait-pid "$SCHEDULER_PID" --worker-launcher "$WORKERS_PID"
 fi
 kill "$WORKERS_PID" "$SCHEDULER_PID" 2>/dev/null; wait
 rm -f "$SCHEDULER_FILE"

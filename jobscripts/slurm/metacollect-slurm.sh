@@ -12,8 +12,9 @@
 #      scheduler, waits for the worker processes to exit and marks the
 #      store complete. A job ended by its walltime or scancel (SIGTERM to all its processes):
 #      the workers take their final flush and die of the signal, the scheduler closes on it,
-#      and this script, which outlives it, waits for them and seals the store "interrupted"
-#      (`metacollect batch finalize --signal SIGTERM`). All of that must fit in Slurm's grace
+#      and this script, which outlives it, seals the store "interrupted" once they have ended
+#      (`metacollect batch finalize --signal SIGTERM`: it does not wait for srun, which Slurm
+#      keeps seconds after its workers have ended). All of that must fit in Slurm's grace
 #      before SIGKILL (KillWait); cut short, the store stays readable, status "incomplete",
 #      with everything flushed until then (`metacollect doctor` seals it). The signal during
 #      `batch stop` cuts the stop short: the store is then sealed by the workflow's exit code.
@@ -74,9 +75,10 @@ DASK_SCHEDULER_ADDRESS=$("$PYTHON" -c 'import json, sys; print(json.load(open(sy
 export DASK_SCHEDULER_ADDRESS
 
 if [ -z "$TERMINATED" ]; then "$PYTHON" "$WORKFLOW" "$@"; STATUS=$?; else STATUS=143; fi
-if [ -n "$TERMINATED" ]; then  # SIGTERM: the workflow (128 + 15) and the cluster end on it
-    wait
-    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS" --signal SIGTERM
+if [ -n "$TERMINATED" ]; then  # SIGTERM: the workflow (128 + 15) and the cluster end on it;
+    # the seal starts now (its imports overlap the cluster's end) and waits for it first
+    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS" --signal SIGTERM \
+        --wait-pid "$SCHEDULER_PID" --worker-launcher "$WORKERS_PID"
     rm -f "$SCHEDULER_FILE"
     exit "$STATUS"
 fi
@@ -85,8 +87,9 @@ fi
 "$PYTHON" -m metacollect batch stop "$STORE" --scheduler-file "$SCHEDULER_FILE" \
     --wait-pid "$WORKERS_PID" --wait-pid "$SCHEDULER_PID" --exit-code "$STATUS"
 if [ -n "$TERMINATED" ]; then  # the job ended during the stop, which it may have cut short:
-    wait                       # the cluster ends on the signal; a store not sealed yet is now
-    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS"
+    # the cluster ends on the signal; a store not sealed yet is sealed once it has
+    "$PYTHON" -m metacollect batch finalize "$STORE" --exit-code "$STATUS" \
+        --wait-pid "$SCHEDULER_PID" --worker-launcher "$WORKERS_PID"
 fi
 kill "$WORKERS_PID" "$SCHEDULER_PID" 2>/dev/null; wait
 rm -f "$SCHEDULER_FILE"

@@ -177,6 +177,23 @@ def _add_batch_parser(sub: Any) -> None:
         choices=["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"],
         help="the signal that ended the job (its walltime, scancel, qdel): status interrupted",
     )
+    f.add_argument(
+        "--wait-pid",
+        type=t.integer(1, "--wait-pid 4242"),
+        action="append",
+        default=[],
+        help="first wait until this process (the scheduler) exited; repeatable",
+    )
+    f.add_argument(
+        "--worker-launcher",
+        type=t.integer(1, "--worker-launcher 4242"),
+        metavar="PID",
+        help="first wait until this process (srun, or the `dask worker` command) exited or "
+        "every worker recorded its end in the store, whichever comes first",
+    )
+    f.add_argument(
+        "--timeout", type=t.seconds, default=60.0, help="seconds to wait for those processes"
+    )
     b.set_defaults(func=run_batch)
 
 
@@ -283,5 +300,13 @@ def run_batch(args: argparse.Namespace) -> int:
         if args.exit_code is not None:
             _seal(args.store, args.exit_code, None)
     else:
+        left = batch.wait_cluster_end(
+            args.store, args.wait_pid, args.worker_launcher, timeout=args.timeout
+        )
+        if left:
+            print(
+                f"metacollect batch finalize: processes {left} still running; finalising anyway",
+                file=sys.stderr,
+            )
         _seal(args.store, args.exit_code, args.signal)
     return 0

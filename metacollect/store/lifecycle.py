@@ -40,6 +40,7 @@ __all__ = [
     "finalize",
     "levels_index",
     "prepare_store",
+    "workers_ended",
 ]
 
 
@@ -370,6 +371,25 @@ def cluster_ends(store: str) -> dict[str, float | None]:
             ended = member.attrs.get("ended")
             ends[name] = float(ended) if isinstance(ended, int | float) else None
     return ends
+
+
+def workers_ended(store: str) -> bool:
+    """Whether every worker that collected into ``store`` has recorded its end there (its
+    final flush taken): at least one worker group, each with its ``ended`` time, and none
+    kept on node-local disk (its end reaches the store as its rows are gathered). A store
+    that cannot be read has not: the caller waits for the workers' processes instead."""
+    groups: list[zarrio.Group] = []
+    try:
+        clusters = zarrio.open_group(store, mode="r")["clusters"]
+        for _, cluster in clusters.members() if zarrio.is_group(clusters) else ():
+            workers = cluster.get("workers") if zarrio.is_group(cluster) else None
+            if zarrio.is_group(workers):
+                groups += [w for _, w in workers.members() if zarrio.is_group(w)]
+    except Exception:  # not written yet, or being written: not known to have ended
+        return False
+    return bool(groups) and all(
+        isinstance(w.attrs.get("ended"), int | float) and LOCAL_ATTR not in w.attrs for w in groups
+    )
 
 
 def unended_workers(

@@ -9,6 +9,7 @@ from metacollect.launch.batch.base import (
     batch_start,
     batch_stop,
     jobqueue_cluster,
+    wait_cluster_end,
     wait_pids,
 )
 
@@ -18,5 +19,6 @@ __all__ = [
     "batch_start",
     "batch_stop",
     "jobqueue_cluster",
+    "wait_cluster_end",
     "wait_pids",
 ]
