@@ -157,13 +157,7 @@ def _add_batch_parser(sub: Any) -> None:
     stop.add_argument(
         "--timeout", type=t.seconds, default=120.0, help="seconds to wait for each phase"
     )
-    stop.add_argument(
-        "--wait-pid",
-        type=t.integer(1, "--wait-pid 4242"),
-        action="append",
-        default=[],
-        help="then wait until this process (a worker launcher, the scheduler) exited; repeatable",
-    )
+    _wait_pid_option(stop, "then wait until this process (a worker launcher, the scheduler) exited")
     stop.add_argument(
         "--exit-code",
         type=int,
@@ -177,13 +171,7 @@ def _add_batch_parser(sub: Any) -> None:
         choices=["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"],
         help="the signal that ended the job (its walltime, scancel, qdel): status interrupted",
     )
-    f.add_argument(
-        "--wait-pid",
-        type=t.integer(1, "--wait-pid 4242"),
-        action="append",
-        default=[],
-        help="first wait until this process (the scheduler) exited; repeatable",
-    )
+    _wait_pid_option(f, "first wait until this process (the scheduler) exited")
     f.add_argument(
         "--worker-launcher",
         type=t.integer(1, "--worker-launcher 4242"),
@@ -195,6 +183,16 @@ def _add_batch_parser(sub: Any) -> None:
         "--timeout", type=t.seconds, default=60.0, help="seconds to wait for those processes"
     )
     b.set_defaults(func=run_batch)
+
+
+def _wait_pid_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--wait-pid",
+        type=t.integer(1, "--wait-pid 4242"),
+        action="append",
+        default=[],
+        help=f"{what}; repeatable",
+    )
 
 
 def _add_jobscript_parser(sub: Any) -> argparse.ArgumentParser:
@@ -280,6 +278,14 @@ def _seal(store: str, exit_code: int, signal_name: str | None) -> None:
     print(f"metacollect: store {store} sealed (status {status})", file=sys.stderr)
 
 
+def _still_running(action: str, left: list[int]) -> None:
+    if left:
+        print(
+            f"metacollect batch {action}: processes {left} still running; finalising anyway",
+            file=sys.stderr,
+        )
+
+
 def run_batch(args: argparse.Namespace) -> int:
     from metacollect.launch import batch
 
@@ -291,22 +297,13 @@ def run_batch(args: argparse.Namespace) -> int:
     elif args.action == "stop":
         for problem in batch.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):
             print(f"metacollect batch stop: {problem}", file=sys.stderr)
-        left = batch.wait_pids(args.wait_pid, timeout=args.timeout)
-        if left:
-            print(
-                f"metacollect batch stop: processes {left} still running; finalising anyway",
-                file=sys.stderr,
-            )
+        _still_running("stop", batch.wait_pids(args.wait_pid, timeout=args.timeout))
         if args.exit_code is not None:
             _seal(args.store, args.exit_code, None)
     else:
         left = batch.wait_cluster_end(
             args.store, args.wait_pid, args.worker_launcher, timeout=args.timeout
         )
-        if left:
-            print(
-                f"metacollect batch finalize: processes {left} still running; finalising anyway",
-                file=sys.stderr,
-            )
+        _still_running("finalize", left)
         _seal(args.store, args.exit_code, args.signal)
     return 0
