@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import dask.array as da
 import numpy as np
+import pytest
 from reference import wait_idle
 
 from metacollect import collect, open_run
@@ -95,9 +98,36 @@ def test_clock_delay_is_the_one_distributed_used_when_a_heartbeat_moves_it(clien
     assert len(wt) == 20
     # the delay distributed added: the task's reported start minus its own first clock read
     used = wt["start"] - wt.index.map(began)
-    assert (used - wt["clock_delay"]).abs().max() < 0.05, (used, wt["clock_delay"])
+    off = (used - wt["clock_delay"]).abs()
+    assert off.max() < 0.05, (used, wt["clock_delay"])
+    # read again at the task's end, the delay is exact but where two changes came during
+    # the task (the other thread's jump): median 30 us, against 0.9 ms from the clamp alone
+    assert off.median() < 3e-4, off.describe()
     # the jump landed before distributed read the delay (a heartbeat may undo one meanwhile)
     assert (used.abs() > 0.25).sum() >= 10
+
+
+def test_the_delay_is_told_by_both_reads_when_a_heartbeat_came_before_distributeds():
+    """The case of a Darshan run on a loaded machine (11-29): the delay seen as the task began
+    was stale by 0.74 ms, distributed added the new one, and the clamp alone kept the stale
+    one within the run's overhead, 0.5 ms off: the task's last write fell outside it. Read
+    again at the finish, the delay that fits the run's bounds is the one used."""
+    from metacollect.steps.worker import used_delay
+
+    true, stale = -0.24938, -0.24864
+    began, start_time, run_start, run_stop, finished = 100.0, 100.0004, 100.0005, 100.0025, 100.003
+    compute = [{"action": "compute", "start": run_start + true, "stop": run_stop + true}]
+    assert used_delay((stale, began, finished, true, start_time), compute) == true
+    # without the second read (or the same value): moved into the bounds, not exact
+    assert used_delay((stale, began, finished, stale, start_time), compute) == pytest.approx(
+        true + 0.0001
+    )
+    # the change came during the run, after distributed's read: the first read was the one
+    later = [{"action": "compute", "start": run_start + stale, "stop": run_stop + stale}]
+    assert used_delay((stale, began, finished, true, start_time), later) == stale
+    # unchanged: exact; never executed here (no compute): the delay as seen
+    assert used_delay((true, began, finished, true, start_time), compute) == true
+    assert used_delay((stale, math.nan, finished, true, None), []) == stale
 
 
 def test_a_second_session_holds_only_its_own_transfers(client, tmp_path):

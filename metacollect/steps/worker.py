@@ -59,25 +59,34 @@ def worker_id(worker: Worker) -> str:
     return f"{safe_name(worker.name)}-{worker.id.rsplit('-', 1)[-1][:8]}"
 
 
-def used_delay(seen: tuple[float, float, float], compute: list[dict[str, Any]]) -> float:
+def used_delay(
+    seen: tuple[float, float, float, float, float | None], compute: list[dict[str, Any]]
+) -> float:
     """The ``scheduler_delay`` distributed added to a run's start and stop, from ``seen``:
-    the delay when the task began executing, the worker's time then and when it finished.
+    the delay when the task began executing and the worker's time then, its time when the
+    task finished and the delay then, and the task's ``start_time`` (the worker's time
+    just before distributed read the delay it adds).
 
-    distributed reads the delay a moment after the task begins executing (once its run is
-    deserialized): a heartbeat answered in between changes it, by tens of ms on a loaded
-    machine, and Darshan's times would then miss the task. The run's compute began after
-    the first of our times and ended before the second, so the delay used lies between
-    ``stop - finished`` and ``start - began``: the delay seen is moved into that range
-    (exact when it did not change; otherwise within the run's overhead of the truth).
-    """
-    delay, began, finished = seen
-    delay = float(delay or 0.0)
+    A heartbeat answered between two of those moments changes the delay, by tens of ms on a
+    loaded machine, and Darshan's times would then miss the task (11-29: by 0.6 ms, a 0.7 ms
+    change). The run's compute began after ``start_time`` and ended before the finish, so
+    the delay used lies between ``stop - finished`` and ``start - start_time``. Seen the
+    same at both ends, the delay is exact; else the one of the two in that range (only one
+    can be, unless the range is wider than the change), else the first moved into it
+    (within the run's overhead of the truth)."""
+    delay, began, finished, after, start_time = seen
+    delay, after = float(delay or 0.0), float(after or 0.0)
     if not compute:
         return delay
+    first = start_time if start_time is not None and math.isfinite(start_time) else began
     low = compute[-1].get("stop", math.nan) - finished
-    high = compute[0].get("start", math.nan) - began if math.isfinite(began) else math.inf
+    high = compute[0].get("start", math.nan) - first if math.isfinite(first) else math.inf
     if not (math.isfinite(low) and low <= high):
         return delay
+    if after != delay:
+        fits = [d for d in (delay, after) if low <= d <= high]
+        if len(fits) == 1:
+            return fits[0]
     return min(max(delay, low), high)
 
 
@@ -349,8 +358,14 @@ class WorkerCollector(WorkerPlugin):
                         ts.nbytes,
                         ts.type,
                         # what the worker added to its clock for startstops (Worker.
-                        # scheduler_delay): Darshan's times need it to meet them
-                        (*delay, now),
+                        # scheduler_delay, read as distributed did at ts.start_time):
+                        # Darshan's times need it to meet them (used_delay)
+                        (
+                            *delay,
+                            now,
+                            getattr(self.worker, "scheduler_delay", 0.0),
+                            getattr(ts, "start_time", None),
+                        ),
                     )
                     for add, value in zip(self._eappend, row, strict=True):
                         add(value)
