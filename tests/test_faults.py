@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -150,6 +151,46 @@ def test_a_worker_retired_mid_run_ends_its_record(tmp_path):
     # the retired worker's own record holds what it ran before it left
     ran = run.worker_table("tasks")
     assert (ran.worker_group == groups[victim].rsplit("/", 1)[-1]).any()
+
+
+def _sigterm_as_the_end_begins(dask_worker) -> None:
+    """In the worker: SIGTERM just before its collector's end holds the signal, as a
+    ``scancel`` right after adapt retired the worker can land on a busy machine."""
+    from metacollect.steps import terminate
+
+    held = terminate.held
+
+    @contextlib.contextmanager
+    def late():
+        terminate.held = held
+        signal.raise_signal(signal.SIGTERM)  # handled before the next line
+        with held():
+            yield
+
+    terminate.held = late
+
+
+def test_a_sigterm_as_a_retired_workers_end_begins_still_takes_its_final_flush(tmp_path):
+    """11-29, a full run on Slurm: adapt retired a worker and cancelled its job; the SIGTERM
+    was handled as its collector's end began, after the end had marked the collector as
+    stopped but before it held the signal. The signal's final flush then found nothing to
+    do, the process died of it, and the group never ended. Either the end or the signal's
+    own final flush must take it."""
+    store = str(tmp_path / "late.zarr")
+    with _cluster(2) as cluster, Client(cluster) as client:
+        with collect(client, store, flush_interval="60s"):  # no flush but the final ones
+            first = client.gather(client.map(slow_inc, range(10), pure=False))
+            victim = sorted(client.scheduler_info()["workers"])[0]
+            pid = client.run(os.getpid, workers=[victim])[victim]
+            client.run(_sigterm_as_the_end_begins, workers=[victim])
+            client.retire_workers([victim], close_workers=True)
+            then = client.gather(client.map(slow_inc, range(10, 20), pure=False))
+    assert first + then == list(range(1, 21))
+    run = open_run(store)
+    assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
+    workers = run.workers().set_index("pid")
+    assert workers.loc[pid, "terminated"] == "SIGTERM", workers
+    assert workers.ended.notna().all()
 
 
 @pytest.mark.parametrize("whose", ["worker", "scheduler"])

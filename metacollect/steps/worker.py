@@ -233,14 +233,17 @@ class WorkerCollector(WorkerPlugin):
         self._watch = terminate.watch(self._terminated)
 
     async def teardown(self, worker: Worker) -> None:
-        # not started: setup failed (the scheduler records it) or this ran already
-        if not self._started:
-            return
-        self._started = False
         # a worker scaled down (adapt, scale) is closed as its job is cancelled: the SIGTERM
         # comes while this runs, and waits for it (the signal's own final flush cannot take
-        # this end's place: the handler runs between two steps of the loop it awaits on)
+        # this end's place: the handler runs between two steps of the loop it awaits on). The
+        # block is entered before this end takes the collector over: a signal handled just
+        # before it holds (a busy machine can stop this thread anywhere) finds the collector
+        # still started, and takes the final flush itself
         with terminate.held():
+            # not started: setup failed (the scheduler records it) or this ran already
+            if not self._started:
+                return
+            self._started = False
             if self.cycles is not None:
                 self.cycles.close()  # the cycle in progress, copied on the loop that fills it
             await self.recording.finish(self._ended)
