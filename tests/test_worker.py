@@ -125,6 +125,12 @@ def test_the_delay_is_told_by_both_reads_when_a_heartbeat_came_before_distribute
     # the change came during the run, after distributed's read: the first read was the one
     later = [{"action": "compute", "start": run_start + stale, "stop": run_stop + stale}]
     assert used_delay((stale, began, finished, true, start_time), later) == stale
+    # a change smaller than the bounds: both fit, and the longer span decides where it came
+    near = true + 0.0001
+    short = [{"action": "compute", "start": run_start + true, "stop": 100.0007 + true}]
+    assert used_delay((near, began, 100.0008, true, start_time), short) == true
+    long_run = [{"action": "compute", "start": run_start + near, "stop": 100.9999 + near}]
+    assert used_delay((near, began, 101.0, true, start_time), long_run) == near
     # unchanged: exact; never executed here (no compute): the delay as seen
     assert used_delay((true, began, finished, true, start_time), compute) == true
     assert used_delay((stale, math.nan, finished, true, None), []) == stale

@@ -71,9 +71,11 @@ def used_delay(
     loaded machine, and Darshan's times would then miss the task (11-29: by 0.6 ms, a 0.7 ms
     change). The run's compute began after ``start_time`` and ended before the finish, so
     the delay used lies between ``stop - finished`` and ``start - start_time``. Seen the
-    same at both ends, the delay is exact; else the one of the two in that range (only one
-    can be, unless the range is wider than the change), else the first moved into it
-    (within the run's overhead of the truth)."""
+    same at both ends, the delay is exact; else the one of the two in that range. Where both
+    are (the range is wider than the change: 11-29, a 0.3 ms change and a task 0.2 ms
+    long), the change more likely fell in the longer span: between the task's start and
+    distributed's read (the second read was used), or during the run (the first). Else the
+    first moved into the range (within the run's overhead of the truth)."""
     delay, began, finished, after, start_time = seen
     delay, after = float(delay or 0.0), float(after or 0.0)
     if not compute:
@@ -87,6 +89,10 @@ def used_delay(
         fits = [d for d in (delay, after) if low <= d <= high]
         if len(fits) == 1:
             return fits[0]
+        if fits and math.isfinite(began) and first != began:
+            # both fit (the bounds are wider than the change): the change more likely came
+            # in the longer of the two spans, before distributed's read or during the run
+            return after if first - began >= finished - first else delay
     return min(max(delay, low), high)
 
 
