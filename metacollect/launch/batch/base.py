@@ -258,25 +258,26 @@ def batch_stop(store: str, scheduler_file: str, timeout: float = 120.0) -> list[
     return problems
 
 
+def running(pid: int) -> bool:
+    """Whether the process ``pid`` is still running (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return not os.path.exists("/proc")
+
+
 def wait_pids(pids: list[int], timeout: float = 60.0) -> list[int]:
     """Wait until the processes ``pids`` exited (zombies count as exited); returns those left."""
-
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            try:
-                os.kill(pid, 0)
-            except OSError:
-                return False
-            return not os.path.exists("/proc")
-
     deadline = time.monotonic() + timeout
-    left = [p for p in pids if alive(p)]
+    left = [p for p in pids if running(p)]
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = [p for p in left if alive(p)]
+        left = [p for p in left if running(p)]
     return left
 
 
@@ -294,9 +295,7 @@ def wait_cluster_end(
 
     deadline = time.monotonic() + timeout
     left = wait_pids(pids, timeout)
-    if launcher is None:
-        return left
-    while wait_pids([launcher], timeout=0.0) and not workers_ended(store):
+    while launcher is not None and running(launcher) and not workers_ended(store):
         if time.monotonic() >= deadline:
             return [*left, launcher]
         time.sleep(0.1)
