@@ -21,6 +21,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
@@ -74,6 +75,10 @@ def test_worker_sigkilled_mid_run(tmp_path):
     ends = {a["address"]: a["ended"] for a in run.worker_groups().values()}
     assert ends[victim] is None
     assert all(isinstance(t, float) for w, t in ends.items() if w != victim)
+    # what collecting cost a process is set with its end: the killed one has none to say
+    cost = run.collector_cost().set_index("address")
+    assert np.isnan(cost.loc[victim, "flush_cpu_s"])
+    assert cost.drop(index=victim).flushes.ge(1).all()
     workers = run.workers()
     gone = workers[workers.address == victim]
     assert len(gone) == 1
@@ -123,6 +128,9 @@ def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
     workers = run.workers().set_index("pid")
     assert workers.loc[pid, "terminated"] == "SIGTERM" and workers.ended.notna().all()
+    # its end under the signal sets what collecting cost it, as a worker that closed does
+    cost = run.collector_cost().set_index("pid")
+    assert cost.loc[pid, "flushes"] >= 1 and cost.loc[pid, "process_cpu_s"] > 0
     assert (workers.drop(index=pid).terminated == "").all()  # the others closed
     own = run.worker_table("tasks")
     mine = set(own[own.worker_group == workers.loc[pid, "group"]].key)

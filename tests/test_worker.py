@@ -10,6 +10,7 @@ import pytest
 from reference import wait_idle
 
 from metacollect import collect, open_run
+from metacollect.cli import main
 
 
 def test_worker_groups_hold_their_executions(client, store):
@@ -157,3 +158,65 @@ def test_a_second_session_holds_only_its_own_transfers(client, tmp_path):
         moved = " ".join(map(str, tf["keys"]))
         assert key in moved and other not in moved, (store, list(tf["keys"]))
         assert (tf.start >= open_run(store).attrs["started"]).all()
+
+
+def _spin_cpu(seconds):
+    """Burn ``seconds`` of this thread's CPU; this process's pid and the CPU it burnt."""
+    import os
+    import time
+
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+    return os.getpid(), time.thread_time() - t0
+
+
+def _process_cpu(dask_worker=None):
+    import os
+    import time
+
+    return os.getpid(), time.process_time()
+
+
+def test_each_process_records_what_collecting_cost_it(client, store, capsys):
+    """The scheduler's and each worker's group say what collecting cost their process (its
+    flushes' count, wall and CPU time, and the process's CPU while collected), checked
+    against what the test measures itself: the CPU the tasks burnt (inside the window) and
+    each process's CPU around the whole session (outside it)."""
+    import time
+
+    before = client.run(_process_cpu)
+    test_cpu = time.process_time()  # the scheduler runs in this process
+    with collect(client, store, flush_interval="0.3s"):
+        burnt = client.gather(client.map(_spin_cpu, [0.15] * 8, pure=False))
+        x = da.random.random((400, 400), chunks=(100, 100))
+        (x @ x.T).sum().compute()
+        time.sleep(0.7)  # a few ticks of the flush thread
+    test_cpu = time.process_time() - test_cpu
+    after = client.run(_process_cpu)
+    outside = {pid: after[w][1] - before[w][1] for w, (pid, _) in before.items()}
+    by_task: dict[int, float] = {}
+    for pid, cpu in burnt:
+        by_task[pid] = by_task.get(pid, 0.0) + cpu
+
+    cost = open_run(store).collector_cost()
+    assert sorted(cost.kind) == ["scheduler", "worker", "worker"]
+    assert cost.flushes.ge(3).all()  # the ticks and the final one
+    assert (cost.flush_cpu_s > 0).all() and (cost.flush_wall_s > 0).all()
+    assert (cost.flush_cpu_s < cost.process_cpu_s).all()
+    assert cost.flush_cpu_share.between(0, 1, inclusive="neither").all()
+    # the interval, stretched by slow flushes (flush-budget) at most 6 times
+    assert cost.longest_gap_s.between(0.3, 6 * 0.3).all()
+    workers = cost[cost.kind == "worker"].set_index("pid")
+    assert sorted(workers.index) == sorted(outside)
+    for pid, row in workers.iterrows():
+        # the window holds the tasks' own CPU and lies inside the test's measurement
+        assert by_task.get(pid, 0.0) <= row.process_cpu_s <= outside[pid]
+    assert sum(by_task.values()) >= 8 * 0.15
+    (scheduler,) = cost[cost.kind == "scheduler"].itertuples()
+    assert 0 < scheduler.process_cpu_s <= test_cpu
+    # and `metacollect info` says it in one line
+    assert main(["info", store]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "collecting cost" in ln]
+    flush, process = cost.flush_cpu_s.sum(), cost.process_cpu_s.sum()
+    assert f"flushes {flush:.2f} CPU-s of {process:.1f} " in line and "in 3 processes" in line

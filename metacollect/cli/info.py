@@ -89,6 +89,27 @@ def _batch_jobs(run: Any) -> list[str]:
     return [f"batch jobs ({batch.get('batch_system')}): {len(jobs)}" + (f" - {how}" if how else "")]
 
 
+def _collector_cost(run: Any) -> list[str]:
+    """``collecting cost: flushes 0.21 CPU-s of 31.4 (0.7 %) in 3 processes, ...``: the
+    collector's own flushing against the CPU of the processes it ran in
+    (``run.collector_cost()``), and how many processes did not say (killed)."""
+    cost = run.collector_cost()
+    if not len(cost):
+        return []
+    said = cost[cost.process_cpu_s.notna()]
+    line = "collecting cost: "
+    if len(said):
+        flush, process = said.flush_cpu_s.sum(), said.process_cpu_s.sum()
+        share = f" ({100 * flush / process:.2f} %)" if process > 0 else ""
+        line += (
+            f"flushes {flush:.2f} CPU-s of {process:.1f}{share} in {len(said)} processes, "
+            f"{int(said.flushes.sum())} flushes, longest gap {said.longest_gap_s.max():.1f} s"
+        )
+    if len(said) < len(cost):
+        line += ("; " if len(said) else "") + f"{len(cost) - len(said)} processes never said"
+    return [line]
+
+
 def describe(store: str) -> list[str]:
     """Lines of the ``info`` output."""
     from metacollect.analysis.run import open_run
@@ -106,6 +127,7 @@ def describe(store: str) -> list[str]:
         f"clusters: {clusters}  workers: {workers}  "
         f"size: {_human(_size(store)) if os.path.isdir(store) else '?'}",
         *_batch_jobs(run),
+        *_collector_cost(run),
         "",
     ]
     levels = run.levels()

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -61,11 +62,25 @@ class Recording:
         )
         self.sampler = PeriodicCallback(sample, config.interval("snapshot-interval") * 1000)
         self.sampling = sampling
+        self._cpu_at_start = time.process_time()
 
     def start(self) -> None:
+        self._cpu_at_start = time.process_time()
         self.flusher.start()
         if self.sampling:
             self.sampler.start()
+
+    def cost(self) -> dict[str, float | int]:
+        """The collector's own cost in its process so far, for the group it writes (the
+        ``collector_cost`` attr): the flushes' (:meth:`PeriodicFlusher.cost`) and the CPU
+        seconds every thread of the process used since the collection began
+        (``process_cpu_s``: the workload's and the collector's together), which the flushes'
+        CPU is a share of. The hooks run inside Dask's own steps, at ~1 us each: timing them
+        would double their cost, so they are not in it (``benchmarks/hook.py`` measures them)."""
+        return {
+            **self.flusher.cost(),
+            "process_cpu_s": round(time.process_time() - self._cpu_at_start, 6),
+        }
 
     async def finish(self, flushed: Callable[[], None]) -> None:
         """Last sample and final flush, on the event loop, then ``flushed()`` (the collector

@@ -224,11 +224,9 @@ class SchedulerCollector(SchedulerPlugin):
         _DROPPED.discard(self)
         self._end_spans()
 
-        def ended() -> None:
-            how = {"detached": True} if detached else {}
-            self.writer.group("cluster", attrs={"ended": time.time(), **how}, cluster=self.cluster)
-
-        await self.recording.finish(ended)
+        await self.recording.finish(
+            lambda: self._mark_ended(detached=True) if detached else self._mark_ended()
+        )
         config.restore(self._config_before)
 
     async def end(self) -> list[str]:
@@ -284,7 +282,13 @@ class SchedulerCollector(SchedulerPlugin):
         _DROPPED.discard(self)
         self._end_spans()
         self.recording.finish_now()
-        self.writer.group("cluster", attrs={"ended": time.time()}, cluster=self.cluster)
+        self._mark_ended()
+
+    def _mark_ended(self, **how: Any) -> None:
+        """The scheduler's final flush is in the store: the cluster group's ``ended`` (with
+        ``how``), then what collecting cost this process (``collector_cost``)."""
+        self.writer.group("cluster", attrs={"ended": time.time(), **how}, cluster=self.cluster)
+        self.group.set_attrs(collector_cost=self.recording.cost())
 
     # -- hooks (event loop) -------------------------------------------------------------------
     def transition(

@@ -298,7 +298,7 @@ class WorkerCollector(WorkerPlugin):
                 self.id,
             )
             return
-        self.group.set_attrs(ended=time.time(), **how)
+        self.group.set_attrs(ended=time.time(), collector_cost=self.recording.cost(), **how)
 
     def _terminated(self, signal_name: str) -> None:
         """The end of a process that a signal ends (:mod:`~metacollect.steps.terminate`, in a

@@ -125,6 +125,10 @@ class PeriodicFlusher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: flushes so far, and the wall and CPU seconds they took (see :meth:`cost`)
+        self.flushes = 0
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
 
     def start(self) -> None:
         """Start ticking."""
@@ -158,7 +162,17 @@ class PeriodicFlusher:
 
     def _flush(self) -> None:
         """One swap and write, then the memory they freed given back (part of the flush's
-        time, so of its budget); failures go to ``on_error``, never out of the thread."""
+        time, so of its budget); failures go to ``on_error``, never out of the thread. Its
+        wall and CPU time are added to :meth:`cost` (two clock reads a flush)."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            self._flush_once()
+        finally:
+            self.cpu_s += time.thread_time() - cpu
+            self.wall_s += time.perf_counter() - wall
+            self.flushes += 1
+
+    def _flush_once(self) -> None:
         try:
             batch = self._swap()
         except Exception as e:  # a failing swap must never stop the flushes
@@ -170,6 +184,19 @@ class PeriodicFlusher:
             self._on_error("flush", e)
         del batch  # the rows taken are written (or back in the tables): free them first
         release_freed_memory()
+
+    def cost(self) -> dict[str, float | int]:
+        """What flushing has cost its process so far: ``flushes``, their wall seconds
+        (``flush_wall_s``), the CPU seconds of the thread that ran them (``flush_cpu_s``:
+        converting, encoding and compressing the rows; Zarr's own I/O thread, which writes
+        the files, is not in it) and the longest time between two (``longest_gap_s``: what a
+        killed process can lose)."""
+        return {
+            "flushes": self.flushes,
+            "flush_wall_s": round(self.wall_s, 6),
+            "flush_cpu_s": round(self.cpu_s, 6),
+            "longest_gap_s": round(self.longest, 3),
+        }
 
     def stop_ticking(self) -> None:
         """Stop after the flush in progress, without a last one (from inside a flush: the

@@ -501,6 +501,30 @@ class StoreReader:
         out["batch_job_end"] = _text_of(out["batch_job"], self._job_ends()["state"])
         return out.sort_values("added", ignore_index=True)
 
+    def collector_cost(self) -> pd.DataFrame:
+        """What collecting cost each process it ran in: one row per scheduler and worker
+        group, from the ``collector_cost`` its collector set with its end: ``flushes``,
+        ``flush_wall_s``, ``flush_cpu_s`` (the flushing thread's CPU: converting, encoding
+        and compressing rows; Zarr's I/O thread not in it), ``longest_gap_s``, and
+        ``process_cpu_s`` (every thread of the process while collected, the workload's
+        too); ``flush_cpu_share`` is the one over the other. NaN for a process that never
+        ended its collection (killed: ``ended`` says so) or a store written before it was
+        recorded. The hooks, ~1 us each inside Dask's own steps, are not timed."""
+        fields = ["flushes", "flush_wall_s", "flush_cpu_s", "longest_gap_s", "process_cpu_s"]
+        rows = []
+        for path, a in self.groups.items():
+            if a.get("kind") not in ("scheduler", "worker"):
+                continue
+            cost = a.get("collector_cost") or {}
+            said = (float(cost.get(f, np.nan)) for f in fields)
+            rows.append(
+                (path.split("/")[1], a["kind"], path, a.get("address", ""), a.get("pid"), *said)
+            )
+        out = pd.DataFrame(rows, columns=["cluster", "kind", "group", "address", "pid", *fields])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out["flush_cpu_share"] = out["flush_cpu_s"] / out["process_cpu_s"]
+        return out.sort_values(["cluster", "kind", "group"], ignore_index=True)
+
     def jobs(self) -> pd.DataFrame:
         """One row per batch job (``job/batch``'s ``jobs``; empty outside a batch system),
         with how it ended when it ended while collected: ``end_state`` (``TIMEOUT``,
