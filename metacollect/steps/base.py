@@ -62,10 +62,10 @@ class Recording:
         )
         self.sampler = PeriodicCallback(sample, config.interval("snapshot-interval") * 1000)
         self.sampling = sampling
+        #: the process's CPU as the collection began (see :meth:`cost`)
         self._cpu_at_start = time.process_time()
 
     def start(self) -> None:
-        self._cpu_at_start = time.process_time()
         self.flusher.start()
         if self.sampling:
             self.sampler.start()
