@@ -27,6 +27,7 @@ from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.cli import main
+from metacollect.cli.info import describe
 from metacollect.errors import MetacollectError
 from metacollect.steps.scheduler import SchedulerCollector, collectors
 from metacollect.steps.worker import WorkerCollector
@@ -79,6 +80,9 @@ def test_worker_sigkilled_mid_run(tmp_path):
     cost = run.collector_cost().set_index("address")
     assert np.isnan(cost.loc[victim, "flush_cpu_s"])
     assert cost.drop(index=victim).flushes.ge(1).all()
+    assert "1 process did not say (killed before the collection's end)" in "\n".join(
+        describe(store)
+    )
     workers = run.workers()
     gone = workers[workers.address == victim]
     assert len(gone) == 1

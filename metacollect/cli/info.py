@@ -92,7 +92,7 @@ def _batch_jobs(run: Any) -> list[str]:
 def _collector_cost(run: Any) -> list[str]:
     """``collecting cost: flushes 0.21 CPU-s of 31.4 (0.7 %) in 3 processes, ...``: the
     collector's own flushing against the CPU of the processes it ran in
-    (``run.collector_cost()``), and how many processes did not say (killed)."""
+    (``run.collector_cost()``), and how many processes did not say (killed before their end)."""
     cost = run.collector_cost()
     if not len(cost):
         return []
@@ -105,8 +105,12 @@ def _collector_cost(run: Any) -> list[str]:
             f"flushes {flush:.2f} CPU-s of {process:.1f}{share} in {len(said)} processes, "
             f"{int(said.flushes.sum())} flushes, longest gap {said.longest_gap_s.max():.1f} s"
         )
-    if len(said) < len(cost):
-        line += ("; " if len(said) else "") + f"{len(cost) - len(said)} processes never said"
+    unsaid = len(cost) - len(said)
+    if unsaid:
+        line += ("; " if len(said) else "") + (
+            f"{unsaid} {'process' if unsaid == 1 else 'processes'} did not say "
+            "(killed before the collection's end)"
+        )
     return [line]
 
 

@@ -224,9 +224,8 @@ class SchedulerCollector(SchedulerPlugin):
         _DROPPED.discard(self)
         self._end_spans()
 
-        await self.recording.finish(
-            lambda: self._mark_ended(detached=True) if detached else self._mark_ended()
-        )
+        how = {"detached": True} if detached else {}
+        await self.recording.finish(lambda: self._mark_ended(**how))
         config.restore(self._config_before)
 
     async def end(self) -> list[str]:
