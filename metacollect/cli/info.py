@@ -89,10 +89,15 @@ def _batch_jobs(run: Any) -> list[str]:
     return [f"batch jobs ({batch.get('batch_system')}): {len(jobs)}" + (f" - {how}" if how else "")]
 
 
+def _processes(n: int) -> str:
+    return f"{n} {'process' if n == 1 else 'processes'}"
+
+
 def _collector_cost(run: Any) -> list[str]:
     """``collecting cost: flushes 0.21 CPU-s of 31.4 (0.7 %) in 3 processes, ...``: the
     collector's own flushing against the CPU of the processes it ran in
-    (``run.collector_cost()``), and how many processes did not say (killed before their end)."""
+    (``run.collector_cost()``), and why the processes that did not say did not: killed
+    before their end, or a store written before the cost was recorded."""
     cost = run.collector_cost()
     if not len(cost):
         return []
@@ -102,15 +107,20 @@ def _collector_cost(run: Any) -> list[str]:
         flush, process = said.flush_cpu_s.sum(), said.process_cpu_s.sum()
         share = f" ({100 * flush / process:.2f} %)" if process > 0 else ""
         line += (
-            f"flushes {flush:.2f} CPU-s of {process:.1f}{share} in {len(said)} processes, "
+            f"flushes {flush:.2f} CPU-s of {process:.1f}{share} in {_processes(len(said))}, "
             f"{int(said.flushes.sum())} flushes, longest gap {said.longest_gap_s.max():.1f} s"
         )
-    unsaid = len(cost) - len(said)
-    if unsaid:
-        line += ("; " if len(said) else "") + (
-            f"{unsaid} {'process' if unsaid == 1 else 'processes'} did not say "
-            "(killed before the collection's end)"
-        )
+    unsaid = cost[cost.process_cpu_s.isna()]
+    killed = int(unsaid.ended.isna().sum())
+    why = {
+        "killed before the collection's end": killed,
+        "not recorded: a store written before collector_cost": len(unsaid) - killed,
+    }
+    for reason, n in why.items():
+        if n:
+            line += ("" if line.endswith(": ") else "; ") + (
+                f"{_processes(n)} did not say ({reason})"
+            )
     return [line]
 
 

@@ -507,20 +507,26 @@ class StoreReader:
         ``flush_wall_s``, ``flush_cpu_s`` (the flushing thread's CPU: converting, encoding
         and compressing rows; Zarr's I/O thread not in it), ``longest_gap_s``, and
         ``process_cpu_s`` (every thread of the process while collected, the workload's
-        too); ``flush_cpu_share`` is the one over the other. NaN for a process that never
-        ended its collection (killed: ``ended`` says so) or a store written before it was
-        recorded. The hooks, ~1 us each inside Dask's own steps, are not timed."""
+        too); ``flush_cpu_share`` is the one over the other. ``ended``: when the process
+        ended its collection (a worker's group's ``ended``, the cluster's for the
+        scheduler), NaN if it never did (killed). The cost is NaN for a process killed, or
+        one in a store written before it was recorded (``ended`` set). The hooks, ~1 us
+        each inside Dask's own steps, are not timed."""
         fields = ["flushes", "flush_wall_s", "flush_cpu_s", "longest_gap_s", "process_cpu_s"]
         rows = []
         for path, a in self.groups.items():
             if a.get("kind") not in ("scheduler", "worker"):
                 continue
+            cluster = path.split("/")[1]
+            ends = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
+            ended = np.nan if ends.get("ended") is None else float(ends["ended"])
             cost = a.get("collector_cost") or {}
             said = (float(cost.get(f, np.nan)) for f in fields)
             rows.append(
-                (path.split("/")[1], a["kind"], path, a.get("address", ""), a.get("pid"), *said)
+                (cluster, a["kind"], path, a.get("address", ""), a.get("pid"), *said, ended)
             )
-        out = pd.DataFrame(rows, columns=["cluster", "kind", "group", "address", "pid", *fields])
+        columns = ["cluster", "kind", "group", "address", "pid", *fields, "ended"]
+        out = pd.DataFrame(rows, columns=columns)
         with np.errstate(divide="ignore", invalid="ignore"):
             out["flush_cpu_share"] = out["flush_cpu_s"] / out["process_cpu_s"]
         return out.sort_values(["cluster", "kind", "group"], ignore_index=True)
