@@ -66,7 +66,7 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
 
         def read_cost(path: str) -> None:
             read.add(path)
-            cost = open_run(path).collector_cost()
+            cost = open_run(path).collector_cost(per="process")
             own.append(
                 {
                     "flush_cpu_s": float(cost.flush_cpu_s.sum()),

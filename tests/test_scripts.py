@@ -152,6 +152,25 @@ CORPUS: dict[str, tuple[str, int, str]] = {
         0,
         "complete",  # SIGTERM: the killed worker takes its final flush, then dies of it
     ),
+    # an asynchronous script whose scheduler and worker outlive asyncio.run: never closed,
+    # their event loop gone, so the scheduler's final flush is taken without it at the end
+    "asyncio_run_never_closed": (
+        """
+        import asyncio
+        from dask.distributed import Client, Scheduler, Worker
+
+        async def main():
+            scheduler = await Scheduler(port=0, dashboard_address=":0")
+            worker = await Worker(scheduler.address, nthreads=2)
+            client = await Client(scheduler.address, asynchronous=True)
+            futures = client.map(lambda x: x + 1, range(20))
+            print(sum(await client.gather(futures)))
+
+        asyncio.run(main())
+        """,
+        0,
+        "complete",
+    ),
     # every collection type, futures, as_completed and tasks that submit tasks
     "collections_and_tasks_in_tasks": (
         """
@@ -244,10 +263,20 @@ def test_script_is_recorded_completely(tmp_path, name):
         workers = run.workers()
         assert sorted(workers.terminated) == ["", "", "SIGTERM"]  # and the nanny's new one
         assert workers.ended.notna().all()
+    # every process ended its collection, and so says what collecting cost it
+    cost = run.collector_cost(per="process")
+    assert cost.ended.notna().all() and (cost.flushes >= 1).all(), cost
+    assert cost.flush_cpu_share.between(0, 1, inclusive="neither").all(), cost
+    # the scheduler and its workers in the script's own process: its CPU counted once
+    in_one_process = {"asyncio_run_never_closed": 2, "module_level_in_process": 3}
+    if name in in_one_process:
+        assert cost.kind.tolist() == ["scheduler+worker"], cost
+        assert cost.groups.tolist() == [in_one_process[name]]
     counts = groundtruth.compare(run, truth)
     assert counts["executed"] > 0 and counts["transitions"] > counts["executed"]
     assert validate_store(store) == []
-    if name != "uncaught_exception":
+    # distributed itself logs the tracebacks of the connections asyncio.run cancels
+    if name not in ("uncaught_exception", "asyncio_run_never_closed"):
         assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     print(name, counts)
 

@@ -98,7 +98,7 @@ def _collector_cost(run: Any) -> list[str]:
     collector's own flushing against the CPU of the processes it ran in
     (``run.collector_cost()``), and why the processes that did not say did not: killed
     before their end, or a store written before the cost was recorded."""
-    cost = run.collector_cost()
+    cost = run.collector_cost(per="process")  # an in-process cluster's CPU counted once
     if not len(cost):
         return []
     said = cost[cost.process_cpu_s.notna()]

@@ -501,7 +501,7 @@ class StoreReader:
         out["batch_job_end"] = _text_of(out["batch_job"], self._job_ends()["state"])
         return out.sort_values("added", ignore_index=True)
 
-    def collector_cost(self) -> pd.DataFrame:
+    def collector_cost(self, per: str = "group") -> pd.DataFrame:
         """What collecting cost each process it ran in: one row per scheduler and worker
         group, from the ``collector_cost`` its collector set with its end: ``flushes``,
         ``flush_wall_s``, ``flush_cpu_s`` (the flushing thread's CPU: converting, encoding
@@ -511,25 +511,48 @@ class StoreReader:
         ended its collection (a worker's group's ``ended``, the cluster's for the
         scheduler), NaN if it never did (killed). The cost is NaN for a process killed, or
         one in a store written before it was recorded (``ended`` set). The hooks, ~1 us
-        each inside Dask's own steps, are not timed."""
+        each inside Dask's own steps, are not timed.
+
+        ``per="process"``: one row per process of each cluster (``host``, ``pid``), for an
+        in-process cluster whose scheduler and workers share one process and so its CPU:
+        their flushes summed, ``process_cpu_s`` counted once (the longest window), and
+        ``groups`` naming how many groups it held."""
+        if per not in ("group", "process"):
+            raise ValueError(f"per={per!r}: pass per='group' or per='process'")
         fields = ["flushes", "flush_wall_s", "flush_cpu_s", "longest_gap_s", "process_cpu_s"]
         rows = []
         for path, a in self.groups.items():
             if a.get("kind") not in ("scheduler", "worker"):
                 continue
             cluster = path.split("/")[1]
-            ends = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
-            ended = np.nan if ends.get("ended") is None else float(ends["ended"])
+            # a scheduler's group: its address, host, pid and end are its cluster's
+            own = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
+            ended = np.nan if own.get("ended") is None else float(own["ended"])
             cost = a.get("collector_cost") or {}
             said = (float(cost.get(f, np.nan)) for f in fields)
-            rows.append(
-                (cluster, a["kind"], path, a.get("address", ""), a.get("pid"), *said, ended)
-            )
-        columns = ["cluster", "kind", "group", "address", "pid", *fields, "ended"]
+            where = (own.get("address", ""), own.get("host", ""), own.get("pid"))
+            rows.append((cluster, a["kind"], path, *where, *said, ended))
+        columns = ["cluster", "kind", "group", "address", "host", "pid", *fields, "ended"]
         out = pd.DataFrame(rows, columns=columns)
+        if per == "process":
+            out = (
+                out.groupby(["cluster", "host", "pid"], dropna=False, sort=False)
+                .agg(
+                    groups=("group", "size"),
+                    kind=("kind", lambda k: "+".join(sorted(set(k)))),
+                    flushes=("flushes", lambda v: v.sum(min_count=1)),
+                    flush_wall_s=("flush_wall_s", lambda v: v.sum(min_count=1)),
+                    flush_cpu_s=("flush_cpu_s", lambda v: v.sum(min_count=1)),
+                    longest_gap_s=("longest_gap_s", "max"),
+                    process_cpu_s=("process_cpu_s", "max"),
+                    ended=("ended", "max"),
+                )
+                .reset_index()
+            )
         with np.errstate(divide="ignore", invalid="ignore"):
             out["flush_cpu_share"] = out["flush_cpu_s"] / out["process_cpu_s"]
-        return out.sort_values(["cluster", "kind", "group"], ignore_index=True)
+        order = ["cluster", "kind", "group"] if per == "group" else ["cluster", "kind", "pid"]
+        return out.sort_values(order, ignore_index=True)
 
     def jobs(self) -> pd.DataFrame:
         """One row per batch job (``job/batch``'s ``jobs``; empty outside a batch system),
