@@ -1111,6 +1111,41 @@ def test_one_slow_flush_does_not_stretch_the_interval():
     assert len(writes) > 8
 
 
+def test_each_flush_hands_its_own_row_to_the_next_and_the_last_its_own_at_once():
+    """A flush's own row (when it began, its wall and CPU time, the rows its write said it
+    wrote) goes to ``log`` at the start of the next flush, so that flush writes it; the last
+    one's right after it, marked final. A ``log`` that fails is recorded and costs only
+    those rows: the flushes and their totals go on."""
+    from metacollect.store.flush import FLUSH_COLUMNS, PeriodicFlusher
+
+    written = iter([5, None, 7, 9])
+    logged: list[tuple[list[float], bool]] = []
+    errors: list[str] = []
+    during: list[int] = []  # how many flushes log had heard of as each write ran
+
+    def log(rows, final):
+        assert list(rows) == list(FLUSH_COLUMNS)
+        if len(logged) == 2:
+            logged.append(([], final))
+            raise OSError("the store's filesystem is full")
+        logged.append((rows["rows"], final))
+
+    def write(batch):
+        during.append(sum(len(r) for r, _ in logged))
+        return next(written)
+
+    flusher = PeriodicFlusher(lambda: [], write, 60.0, lambda w, e: errors.append(w), "t", log=log)
+    for _ in range(3):
+        with flusher._lock:
+            flusher._flush()
+    flusher.flush_now()
+    assert during == [0, 1, 2, 2]  # each write came after the rows before it were logged
+    # a write that did not say how many rows: -1; the third flush's row lost, and said
+    assert logged == [([5], False), ([-1], False), ([], False), ([9], True)]
+    assert errors == ["flush record"]
+    assert flusher.cost()["flushes"] == 4
+
+
 def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
     """A hook appends a row column by column (the last column last) in one thread while
     the flush thread takes rows: every row taken is whole, none is lost or repeated."""

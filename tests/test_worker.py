@@ -187,11 +187,13 @@ def test_each_process_records_what_collecting_cost_it(client, store, capsys):
 
     before = client.run(_process_cpu)
     test_cpu = time.process_time()  # the scheduler runs in this process
+    session_began = time.time()
     with collect(client, store, flush_interval="0.3s"):
         burnt = client.gather(client.map(_spin_cpu, [0.15] * 8, pure=False))
         x = da.random.random((400, 400), chunks=(100, 100))
         (x @ x.T).sum().compute()
         time.sleep(0.7)  # a few ticks of the flush thread
+    session_ended = time.time()
     test_cpu = time.process_time() - test_cpu
     after = client.run(_process_cpu)
     outside = {pid: after[w][1] - before[w][1] for w, (pid, _) in before.items()}
@@ -199,14 +201,15 @@ def test_each_process_records_what_collecting_cost_it(client, store, capsys):
     for pid, cpu in burnt:
         by_task[pid] = by_task.get(pid, 0.0) + cpu
 
-    cost = open_run(store).collector_cost()
+    run = open_run(store)
+    cost = run.collector_cost()
     assert sorted(cost.kind) == ["scheduler", "worker", "worker"]
     assert cost.flushes.ge(3).all()  # the ticks and the final one
     assert (cost.flush_cpu_s > 0).all() and (cost.flush_wall_s > 0).all()
     assert (cost.flush_cpu_s < cost.process_cpu_s).all()
     assert cost.flush_cpu_share.between(0, 1, inclusive="neither").all()
     # the interval, stretched by slow flushes (flush-budget) at most 6 times
-    assert cost.longest_gap_s.between(0.3, 6 * 0.3).all()
+    assert cost.longest_gap_s.between(0.3, 6 * 0.3 + 1e-3).all()  # rounded to ms
     workers = cost[cost.kind == "worker"].set_index("pid")
     assert sorted(workers.index) == sorted(outside)
     for pid, row in workers.iterrows():
@@ -215,6 +218,24 @@ def test_each_process_records_what_collecting_cost_it(client, store, capsys):
     assert sum(by_task.values()) >= 8 * 0.15
     (scheduler,) = cost[cost.kind == "scheduler"].itertuples()
     assert 0 < scheduler.process_cpu_s <= test_cpu
+    # each flush's own row, the final one's included, adds up to the totals
+    flushes = run.flushes()
+    assert flushes.time.is_monotonic_increasing
+    for row in cost.itertuples():
+        mine = flushes[flushes.group == row.group]
+        assert len(mine) == row.flushes
+        assert mine.cpu_s.sum() == pytest.approx(row.flush_cpu_s, abs=1e-5)
+        assert mine.wall_s.sum() == pytest.approx(row.flush_wall_s, abs=1e-5)
+        assert (mine.cpu_s <= mine.wall_s + 1e-3).all()
+        # a tick comes an interval after the last began (or later); the final flush, any time
+        assert (mine.gap_s.iloc[:-1] >= 0.3 - 0.01).all() and mine.gap_s.iloc[-1] > 0
+        assert mine.time.between(session_began, session_ended).all()
+    for group in cost[cost.kind == "worker"].group:
+        # a worker's flushes wrote every row of its group: each table's (its strings
+        # apart), but the final flush's own row, written after it
+        tables = set(run.schema.groups["worker"].tables) - {"strings"}
+        held = sum(len(run.table(group, t)) for t in tables)
+        assert flushes[flushes.group == group].rows.sum() == held - 1
     # and `metacollect info` says it in one line
     assert main(["info", store]) == 0
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "collecting cost" in ln]

@@ -39,12 +39,13 @@ class Recording:
     def __init__(
         self,
         swap: Callable[[], Any],
-        write: Callable[[Any], None],
+        write: Callable[[Any], int | None],
         on_error: Callable[[str, BaseException], None],
         sample: Callable[[], None],
         sampling: bool,
         profile: Any = None,
         writer: StoreWriter | None = None,
+        group: GroupWriter | None = None,
     ) -> None:
         from tornado.ioloop import PeriodicCallback
 
@@ -52,6 +53,7 @@ class Recording:
         self.sample = sample
         self.writer = writer
         self.on_error = on_error
+        self.group = group
         self.flusher = PeriodicFlusher(
             swap,
             write,
@@ -59,6 +61,7 @@ class Recording:
             on_error,
             "metacollect-flush",
             budget=float(config.get("flush-budget")),
+            log=self._log_flushes if group is not None else None,
         )
         self.sampler = PeriodicCallback(sample, config.interval("snapshot-interval") * 1000)
         self.sampling = sampling
@@ -81,6 +84,14 @@ class Recording:
             **self.flusher.cost(),
             "process_cpu_s": round(time.process_time() - self._cpu_at_start, 6),
         }
+
+    def _log_flushes(self, rows: dict[str, list[Any]], final: bool) -> None:
+        """Each flush's own row into the collector's group (its ``flushes`` table), with the
+        next flush; the final flush's row written at once: one more small segment."""
+        assert self.group is not None
+        self.group.append("flushes", rows)
+        if final:
+            self.group.flush()
 
     async def finish(self, flushed: Callable[[], None]) -> None:
         """Last sample and final flush, on the event loop, then ``flushed()`` (the collector

@@ -185,6 +185,7 @@ class SchedulerCollector(SchedulerPlugin):
             sampling=bool(config.get("capture.worker-states")),
             profile=self.profile,
             writer=self.writer,
+            group=self.group,
         )
         self.recording.start()
         self._capture_events = bool(config.get("capture.events"))
@@ -455,9 +456,9 @@ class SchedulerCollector(SchedulerPlugin):
             self.graphs.swap(),
         )
 
-    def _write(self, batch: tuple[Any, ...]) -> None:
-        """Append a swapped batch to the tables and flush them. Each part is converted on
-        its own: one that fails is recorded and costs only its own rows."""
+    def _write(self, batch: tuple[Any, ...]) -> int:
+        """Append a swapped batch to the tables and flush them; the rows written. Each part
+        is converted on its own: one that fails is recorded and costs only its own rows."""
         transitions, events, workers, samples, graphs = batch
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
             ("graphs", lambda: GraphRecorder.write(self.client_group, graphs, self._on_error)),
@@ -472,7 +473,7 @@ class SchedulerCollector(SchedulerPlugin):
         if self._dropped_by_scheduler():
             self._stop_dropped()
         self.errors.report_counts()
-        self.writer.flush()
+        return self.writer.flush()
 
     def _dropped_by_scheduler(self) -> bool:
         """The scheduler held this collector and no longer does, and it did not end: a

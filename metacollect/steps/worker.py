@@ -232,6 +232,7 @@ class WorkerCollector(WorkerPlugin):
             sampling=bool(config.get("capture.worker-metrics")),
             profile=self.profile,
             writer=self.writer,
+            group=self.group,
         )
         self.recording.start()
         self._started = True
@@ -462,9 +463,9 @@ class WorkerCollector(WorkerPlugin):
         self._unread.discard(what)
         return taken
 
-    def _write(self, batch: tuple[Any, ...]) -> None:
-        """Append a swapped batch to the tables and flush them. Each part is converted on
-        its own: one that fails is recorded and costs only its own rows."""
+    def _write(self, batch: tuple[Any, ...]) -> int:
+        """Append a swapped batch to the tables and flush them; the rows written. Each part
+        is converted on its own: one that fails is recorded and costs only its own rows."""
         transitions, executions, samples, digests, cycles = batch
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
             ("transitions", lambda: self._write_transitions(transitions)),
@@ -476,7 +477,7 @@ class WorkerCollector(WorkerPlugin):
         )
         self.losses += write_parts(parts, self._on_error)
         self.errors.report_counts()
-        self.writer.flush()
+        return self.writer.flush()
 
     def _write_fine_metrics(self, digests: Any) -> None:
         if digests is not None and digests[1]:

@@ -96,23 +96,37 @@ def release_freed_memory() -> bool:
     return True
 
 
+#: the columns of a flush's own row (see :class:`PeriodicFlusher`'s ``log``)
+FLUSH_COLUMNS = ("time", "wall_s", "cpu_s", "rows")
+
+
 class PeriodicFlusher:
     """Run ``write(swap())`` every ``interval`` seconds (stretched to keep writing within
     ``budget`` of the time) in a thread of its own; ``swap`` must be safe to call while the
-    hooks append (see :func:`take`)."""
+    hooks append (see :func:`take`). ``write`` returns the rows it wrote (or ``None``).
+
+    ``log``, when given, gets each flush's own row (:data:`FLUSH_COLUMNS`: when it began,
+    its wall and CPU seconds, the rows it wrote), as columns: those of the flushes before
+    at the start of the next flush (so they are written with it), and the last one's right
+    after it, with ``final=True`` (``log`` then writes it itself). A run of hours keeps each
+    flush's cost, not only the totals."""
 
     def __init__(
         self,
         swap: Callable[[], Any],
-        write: Callable[[Any], None],
+        write: Callable[[Any], int | None],
         interval: float,
         on_error: Callable[[str, BaseException], None],
         name: str,
         budget: float = 1.0,
+        log: Callable[[dict[str, list[Any]], bool], None] | None = None,
     ) -> None:
         self._swap = swap
         self._write = write
         self._on_error = on_error
+        self._log = log
+        #: the flushes' rows not handed to ``log`` yet
+        self._done: dict[str, list[Any]] = {c: [] for c in FLUSH_COLUMNS}
         self.interval = interval
         self.budget = budget
         self.name = name
@@ -163,27 +177,50 @@ class PeriodicFlusher:
     def _flush(self) -> None:
         """One swap and write, then the memory they freed given back (part of the flush's
         time, so of its budget); failures go to ``on_error``, never out of the thread. Its
-        wall and CPU time are added to :meth:`cost` (two clock reads a flush)."""
+        wall and CPU time are added to :meth:`cost` (two clock reads a flush) and kept as
+        its row for ``log``."""
+        began = time.time()
         wall, cpu = time.perf_counter(), time.thread_time()
+        rows: int | None = None
         try:
-            self._flush_once()
+            rows = self._flush_once()
         finally:
-            self.cpu_s += time.thread_time() - cpu
-            self.wall_s += time.perf_counter() - wall
+            spent_cpu = time.thread_time() - cpu
+            spent = time.perf_counter() - wall
+            self.cpu_s += spent_cpu
+            self.wall_s += spent
             self.flushes += 1
+            if self._log is not None:
+                row = (began, spent, spent_cpu, -1 if rows is None else rows)
+                for column, value in zip(FLUSH_COLUMNS, row, strict=True):
+                    self._done[column].append(value)
 
-    def _flush_once(self) -> None:
+    def _flush_once(self) -> int | None:
+        self._hand_over(final=False)  # the flushes before: written with this one
         try:
             batch = self._swap()
         except Exception as e:  # a failing swap must never stop the flushes
             self._on_error("swap", e)
-            return
+            return None
+        rows = None
         try:
-            self._write(batch)
+            rows = self._write(batch)
         except Exception as e:
             self._on_error("flush", e)
         del batch  # the rows taken are written (or back in the tables): free them first
         release_freed_memory()
+        return rows
+
+    def _hand_over(self, final: bool) -> None:
+        """Give ``log`` the flushes' rows it has not had; one that fails is recorded (the
+        rows are not kept: the totals of :meth:`cost` still count those flushes)."""
+        if self._log is None or not self._done["time"]:
+            return
+        done, self._done = self._done, {c: [] for c in FLUSH_COLUMNS}
+        try:
+            self._log(done, final)
+        except Exception as e:
+            self._on_error("flush record", e)
 
     def cost(self) -> dict[str, float | int]:
         """What flushing has cost its process so far: ``flushes``, their wall seconds
@@ -208,6 +245,7 @@ class PeriodicFlusher:
         self._stop.set()
         with self._lock:
             self._flush()
+            self._hand_over(final=True)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 

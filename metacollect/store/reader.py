@@ -554,6 +554,33 @@ class StoreReader:
         order = ["cluster", "kind", "group"] if per == "group" else ["cluster", "kind", "pid"]
         return out.sort_values(order, ignore_index=True)
 
+    def flushes(self) -> pd.DataFrame:
+        """Each flush of every scheduler's and worker's collector, in time order: cluster,
+        kind, group, then its ``flushes`` row - when it began (``time``), ``wall_s``,
+        ``cpu_s`` (its thread's), ``rows`` written - and ``gap_s``, the seconds since the
+        one before began (since its collection began, for the first): what a process killed
+        just before that flush lost. What :meth:`collector_cost` totals, over the run: a
+        flush whose cost grows with the hours shows here. Empty for a store written before
+        flushes were recorded."""
+        spec = self.schema.groups["scheduler"].tables["flushes"]
+        frames = []
+        for path, a in self.groups.items():
+            if a.get("kind") not in ("scheduler", "worker"):
+                continue
+            cluster = path.split("/")[1]
+            own = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
+            df = self.table(path, "flushes").sort_values("time")
+            began = own.get("started")
+            before = df["time"].shift(1, fill_value=np.nan if began is None else float(began))
+            frames.append(
+                df.assign(cluster=cluster, kind=a["kind"], group=path, gap_s=df["time"] - before)
+            )
+        columns = ["cluster", "kind", "group", *spec.variables, "gap_s"]
+        if not frames:
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+        out = pd.concat(frames, ignore_index=True)[columns]
+        return out.sort_values(["time", "group"], ignore_index=True)
+
     def jobs(self) -> pd.DataFrame:
         """One row per batch job (``job/batch``'s ``jobs``; empty outside a batch system),
         with how it ended when it ended while collected: ``end_state`` (``TIMEOUT``,

@@ -163,10 +163,12 @@ def load_schema(directory: str = SCHEMA_DIR) -> Schema:
             docs.append(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     base = next(d for d in docs if "schema_version" in d)
     common = {n: _table(n, t) for n, t in base.get("common_tables", {}).items()}
+    shared = {n: _table(n, t) for n, t in base.get("shared_tables", {}).items()}
     groups: dict[str, GroupSpec] = {}
     for doc in docs:
         for kind, g in doc.get("groups", {}).items():
-            tables = {n: _table(n, t) for n, t in (g.get("tables") or {}).items()}
+            tables = {n: shared[n] for n in g.get("include") or []}
+            tables.update({n: _table(n, t) for n, t in (g.get("tables") or {}).items()})
             if tables or kind == "root":  # every group that holds data gets strings + errors
                 tables = {**common, **tables}
             regex = re.sub(r"\\\{[a-z_]+\\\}", r"[^/]+", re.escape(g["path"]))
