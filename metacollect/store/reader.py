@@ -501,6 +501,16 @@ class StoreReader:
         out["batch_job_end"] = _text_of(out["batch_job"], self._job_ends()["state"])
         return out.sort_values("added", ignore_index=True)
 
+    def _collector_groups(self) -> Iterator[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+        """``(path, cluster, attrs, own)`` of each scheduler's and worker's group: ``own``
+        are the attrs that say where the process ran and when it started and ended - the
+        worker group's own, the cluster group's for a scheduler."""
+        for path, a in self.groups.items():
+            if a.get("kind") in ("scheduler", "worker"):
+                cluster = path.split("/")[1]
+                own = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
+                yield path, cluster, a, own
+
     def collector_cost(self, per: str = "group") -> pd.DataFrame:
         """What collecting cost each process it ran in: one row per scheduler and worker
         group, from the ``collector_cost`` its collector set with its end: ``flushes``,
@@ -521,12 +531,7 @@ class StoreReader:
             raise ValueError(f"per={per!r}: pass per='group' or per='process'")
         fields = ["flushes", "flush_wall_s", "flush_cpu_s", "longest_gap_s", "process_cpu_s"]
         rows = []
-        for path, a in self.groups.items():
-            if a.get("kind") not in ("scheduler", "worker"):
-                continue
-            cluster = path.split("/")[1]
-            # a scheduler's group: its address, host, pid and end are its cluster's
-            own = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
+        for path, cluster, a, own in self._collector_groups():
             ended = np.nan if own.get("ended") is None else float(own["ended"])
             cost = a.get("collector_cost") or {}
             said = (float(cost.get(f, np.nan)) for f in fields)
@@ -564,11 +569,7 @@ class StoreReader:
         flushes were recorded."""
         spec = self.schema.groups["scheduler"].tables["flushes"]
         frames = []
-        for path, a in self.groups.items():
-            if a.get("kind") not in ("scheduler", "worker"):
-                continue
-            cluster = path.split("/")[1]
-            own = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
+        for path, cluster, a, own in self._collector_groups():
             df = self.table(path, "flushes").sort_values("time")
             began = own.get("started")
             before = df["time"].shift(1, fill_value=np.nan if began is None else float(began))
