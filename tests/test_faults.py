@@ -177,6 +177,9 @@ def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     # its end under the signal sets what collecting cost it, as a worker that closed does
     cost = run.collector_cost().set_index("pid")
     assert cost.loc[pid, "flushes"] >= 1 and cost.loc[pid, "process_cpu_s"] > 0
+    # and each of its flushes' rows, the final one's written under the signal too
+    flushes = run.flushes()
+    assert (flushes.group == cost.loc[pid, "group"]).sum() == cost.loc[pid, "flushes"]
     assert (workers.drop(index=pid).terminated == "").all()  # the others closed
     own = run.worker_table("tasks")
     mine = set(own[own.worker_group == workers.loc[pid, "group"]].key)

@@ -266,6 +266,7 @@ def test_script_is_recorded_completely(tmp_path, name):
     # every process ended its collection, and so says what collecting cost it
     cost = run.collector_cost(per="process")
     assert cost.ended.notna().all() and (cost.flushes >= 1).all(), cost
+    assert len(run.flushes()) == cost.flushes.sum()  # each flush's row, the final ones too
     assert cost.flush_cpu_share.between(0, 1, inclusive="neither").all(), cost
     # the scheduler and its workers in the script's own process: its CPU counted once
     in_one_process = {"asyncio_run_never_closed": 2, "module_level_in_process": 3}
