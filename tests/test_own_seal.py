@@ -225,7 +225,9 @@ def test_a_failed_own_seal_is_recorded_and_the_run_seal_folds_what_is_left(store
     async def fail(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    recording = Recording(lambda: None, lambda _: None, on_error, lambda: None, False, writer=w)
+    recording = Recording(
+        lambda: None, lambda _: None, on_error, lambda: None, False, group=g, writer=w
+    )
     monkeypatch.setattr(writer_mod, "write_sealed_stream", fail)
     recording._seal()
     monkeypatch.undo()
@@ -270,7 +272,7 @@ def test_an_end_cancelled_under_its_own_seal_is_marked_and_loses_nothing(store):
             return taken
 
         marked: list[float] = []
-        recording = Recording(swap, write, lambda *e: None, lambda: None, False, writer=w)
+        recording = Recording(swap, write, lambda *e: None, lambda: None, False, group=g, writer=w)
         recording.start()
         sealing = threading.Event()
         seal = recording._seal

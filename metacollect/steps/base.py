@@ -43,9 +43,9 @@ class Recording:
         on_error: Callable[[str, BaseException], None],
         sample: Callable[[], None],
         sampling: bool,
+        group: GroupWriter,
         profile: Any = None,
         writer: StoreWriter | None = None,
-        group: GroupWriter | None = None,
     ) -> None:
         from tornado.ioloop import PeriodicCallback
 
@@ -61,7 +61,7 @@ class Recording:
             on_error,
             "metacollect-flush",
             budget=float(config.get("flush-budget")),
-            log=self._log_flushes if group is not None else None,
+            log=self._log_flushes,
         )
         self.sampler = PeriodicCallback(sample, config.interval("snapshot-interval") * 1000)
         self.sampling = sampling
@@ -88,7 +88,6 @@ class Recording:
     def _log_flushes(self, rows: dict[str, list[Any]], final: bool) -> None:
         """Each flush's own row into the collector's group (its ``flushes`` table), with the
         next flush; the final flush's row written at once: one more small segment."""
-        assert self.group is not None
         self.group.append("flushes", rows)
         if final:
             self.group.flush()
