@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 import xarray as xr
+import zarr
 
 from metacollect import open_run
 from metacollect.session import init_root
@@ -597,6 +598,32 @@ def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, 
         assert f.read() == bytes(body)  # left as written
 
 
+def test_a_store_sealed_with_the_chunks_of_before_is_not_sealed_again(store, monkeypatch):
+    """Seals before 2026-11-29 cut a large table into chunks of ``COMPACT_ROWS`` and a padded
+    last one; today's divide it nearly evenly. A store sealed either way and sealed again
+    (``metacollect finalize`` run twice, a merge) is left as it is, not rewritten."""
+    from metacollect.store import compact, zarrio
+    from metacollect.store import writer as writer_mod
+
+    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)
+    tables = {}
+    for name, before in (("before", True), ("today", False)):
+        where = os.path.join(os.path.dirname(store), f"{name}.zarr")
+        _, g = _run(where)
+        for f in range(5):
+            _flush_events(g, 500 * f, 500)  # 2,500 rows in each of two tables
+        with monkeypatch.context() as m:
+            if before:
+                m.setattr(compact, "_chunk", lambda n, extra: min(n, compact._base_rows(extra)))
+            finalize(where)
+        table = os.path.join(where, *GROUP.split("/"), "transitions")
+        tables[name] = zarr.open_array(os.path.join(table, "time"), mode="r").chunks
+        root = zarrio.open_group(where, mode="a")
+        assert compact.compact(root, writer_mod.read_nodes(root)) == 0, name
+        assert validate_store(where) == []
+    assert tables == {"before": (1000,), "today": (1250,)}
+
+
 def test_a_segment_says_whether_its_strings_may_be_blank():
     """A segment's header lists the string columns that may hold an empty or NUL-only
     string (four zero bytes in their encoding: no such string without them), so the seal
@@ -727,16 +754,16 @@ def test_the_seals_own_chunk_files_are_the_bytes_zarr_writes(store, tmp_path):
     from zarr.storage import LocalStore, StorePath
 
     _, g = _run(store)
-    n = 70_000  # more than one sealed chunk (65,536 rows): a full chunk and a padded one
+    n = 2 * 65_536 + 1  # two sealed chunks of 65,537 rows, the last padded by one
     g.append(
         "transitions",
         {
             "key": [("x", i % 50_000) for i in range(n)],
             "start": ["released"] * n,
-            "finish": ["waiting", "memory"] * (n // 2),
+            "finish": [("waiting", "memory")[i % 2] for i in range(n)],
             "time": np.arange(n, dtype=float),
             "stimulus_id": [f"s{i // 100}" for i in range(n)],
-            "worker": [None, "tcp://w:1"] * (n // 2),
+            "worker": [(None, "tcp://w:1")[i % 2] for i in range(n)],
         },
     )
     g.flush()
@@ -748,7 +775,7 @@ def test_the_seals_own_chunk_files_are_the_bytes_zarr_writes(store, tmp_path):
         with open(os.path.join(table, name, "zarr.json")) as f:
             doc = json.load(f)
         values = zarr.open_array(os.path.join(table, name), mode="r")[:]
-        assert len(values) == n
+        assert len(values) == n and doc["chunk_grid"]["configuration"]["chunk_shape"][0] == 65_537
         by_zarr = zarr.Array(zarr.AsyncArray.from_dict(StorePath(LocalStore(again), name), doc))
         by_zarr[:] = values
         ours = _files(os.path.join(table, name)) - {"zarr.json"}

@@ -165,14 +165,15 @@ def _files(path: str) -> int:
 
 def test_files_of_a_sealed_table_grow_with_rows_not_flushes(tmp_path):
     store = str(tmp_path / "s.zarr")
-    _many_flushes(store, flushes=200, rows=500)  # 100k rows: two 65536-row chunks
+    _many_flushes(store, flushes=200, rows=500)  # 100k rows: one chunk, none of it padding
     table = os.path.join(store, "clusters/c1/scheduler/transitions")
     # during the run, one segment file per flush of the group, none in the table's arrays,
     # and every 16 of them merged into one (store.segment-merge): 12 merged, 8 flushes
     assert _files(os.path.join(store, "clusters/c1/scheduler/.segments")) == 200 // 16 + 200 % 16
     finalize(store)
     arrays = 6
-    assert _files(table) == 1 + arrays * (1 + 2)  # zarr.json of the table, each array's
+    assert _files(table) == 1 + arrays * (1 + 1)  # zarr.json of the table, each array's
+    assert {a.chunks for _, a in zarr.open_group(table, mode="r").arrays()} == {(100_000,)}
     assert not os.path.exists(os.path.join(store, "clusters/c1/scheduler/.segments"))
     tr = open_run(store).transitions()
     assert len(tr) == 100_000
@@ -195,12 +196,12 @@ def test_a_large_table_sealed_a_few_chunks_at_a_time_holds_what_was_appended(tmp
     whole, blocks = str(tmp_path / "whole.zarr"), str(tmp_path / "blocks.zarr")
     _many_flushes(whole, flushes, rows)
     finalize(whole)
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # 8 chunks ...
+    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # 7 chunks of 1,058 rows ...
     monkeypatch.setattr(compact, "BLOCK_CHUNKS", 3)  # ... written 3 at a time
     _many_flushes(blocks, flushes, rows)
     finalize(blocks)
     table = "clusters/c1/scheduler/transitions"
-    assert _files(os.path.join(blocks, table)) == 1 + 6 * (1 + 8)
+    assert _files(os.path.join(blocks, table)) == 1 + 6 * (1 + 7)
     streamed, one_piece = _arrays(blocks, table), _arrays(whole, table)
     assert (
         set(streamed)

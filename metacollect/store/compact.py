@@ -4,8 +4,9 @@ During a run writers append compact int32 codes (``code`` variables index their 
 ``strings`` table) in chunks of ``store.chunk-rows``: cheap appends. Sealing rewrites each
 table once, so the sealed store reads as plain data and has files in proportion to its data:
 
-- chunks of :data:`COMPACT_ROWS` rows (the whole table when it is smaller), so a table's
-  files grow with its rows, never with the flushes that wrote them;
+- chunks of at least :data:`COMPACT_ROWS` rows that divide the table nearly evenly (the
+  whole table when it is smaller), so a table's files grow with its rows, never with the
+  flushes that wrote them, and its last chunk is not mostly padding;
 - every ``code`` variable as variable-length strings (Zstandard on whole chunks absorbs the
   repetition the codes saved), so ``xarray.open_datatree`` shows names, not numbers; a
   group's ``strings`` table goes once none of its codes is left;
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 #: the seal's array templates by kind (see :func:`_template`), shared by a store's tables
 Templates = dict[Any, "asyncio.Future[tuple[dict[str, Any], zarrio.ArrayCodec]]"]
-#: rows in a chunk of a sealed table (fewer for a 2-D variable: about as many values)
+#: fewest rows in a chunk of a large sealed table (see :func:`_chunk`)
 COMPACT_ROWS = 65_536
 #: chunks of a large table's array made and stored at a time (bounds the seal's memory)
 BLOCK_CHUNKS = 4
@@ -222,9 +223,28 @@ def _arrays_by_table(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, di
 
 
 def _chunk(n: int, extra: list[int]) -> int:
+    """Rows in each chunk of a sealed array of ``n`` rows (``extra``: its shape past them):
+    the whole array when it is short, else as few chunks of at least the base length as
+    divide it nearly evenly, so the last one is padded by fewer rows than there are chunks
+    (one chunk of the base length and a last one nearly empty would encode its padding:
+    a tenth of a 20k-task run's seal)."""
+    base = _base_rows(extra)
+    if n <= base:
+        return max(1, n)
+    return -(-n // (n // base))
+
+
+def _base_rows(extra: Sequence[int]) -> int:
+    """The shortest chunk of a large sealed array (fewer rows for a 2-D variable: about as
+    many values)."""
     width = int(np.prod(extra)) if extra else 1
-    rows = max(1024, COMPACT_ROWS // width) if width > 1 else COMPACT_ROWS
-    return max(1, min(rows, n))
+    return max(1024, COMPACT_ROWS // width) if width > 1 else COMPACT_ROWS
+
+
+def _sealed_chunks(n: int, extra: list[int]) -> set[int]:
+    """The chunk lengths a sealed array of ``n`` rows may have: this seal's, and the base
+    length a seal before 2026-11-29 gave every large array (not sealed again for it)."""
+    return {_chunk(n, extra), min(max(1, n), _base_rows(extra))}
 
 
 def _needs(tspec: TableSpec, doc: dict[str, Any], arrays: dict[str, dict[str, Any]]) -> bool:
@@ -235,7 +255,7 @@ def _needs(tspec: TableSpec, doc: dict[str, Any], arrays: dict[str, dict[str, An
     for name, a in arrays.items():
         var = tspec.variables[name]
         chunks = a["chunk_grid"]["configuration"]["chunk_shape"]
-        if a["shape"][0] != n or chunks[0] != _chunk(n, a["shape"][1:]):
+        if a["shape"][0] != n or chunks[0] not in _sealed_chunks(n, a["shape"][1:]):
             return True
         if var.dtype == "code" and a["data_type"] != "string":
             return True
