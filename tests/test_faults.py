@@ -107,29 +107,16 @@ def test_info_tells_a_process_killed_from_a_store_older_than_its_cost(tmp_path):
     """A process without ``collector_cost`` either never ended (killed: no ``ended``) or
     ended in a store written before the cost was recorded: ``collector_cost()`` says which
     through ``ended``, and ``info`` names each cause, never an older store's as killed."""
-    from metacollect.session import init_root
-    from metacollect.store.lifecycle import finalize, prepare_store
-    from metacollect.store.writer import StoreWriter
-    from tests.test_store import CLUSTER_ATTRS
+    from tests.test_store import store_of_groups
 
-    store = str(tmp_path / "run.zarr")
-    prepare_store(store)
-    w = StoreWriter(store)
-    init_root(w, "r1")
     # an older store's scheduler: its cluster ended, its group has no cost
-    w.group("cluster", attrs={**CLUSTER_ATTRS, "ended": 3.0}, cluster="c1")
-    w.group("scheduler", cluster="c1")
     cost = {"flushes": 4, "flush_wall_s": 0.02, "flush_cpu_s": 0.01, "longest_gap_s": 5.0}
     workers = {
         "older": {"ended": 2.0},
         "killed": {"ended": None},
         "said": {"ended": 2.5, "collector_cost": {**cost, "process_cpu_s": 2.0}},
     }
-    for i, (name, attrs) in enumerate(workers.items()):
-        where = {"address": f"tcp://h:{i}", "host": "h", "pid": 10 + i}
-        w.group("worker", attrs={**where, **attrs}, cluster="c1", worker=name)
-    w.flush()
-    finalize(store)
+    store = store_of_groups(str(tmp_path / "run.zarr"), {"ended": 3.0}, workers)
 
     got = open_run(store).collector_cost().set_index("pid")
     assert got.loc[10, "ended"] == 2.0 and np.isnan(got.loc[10, "flush_cpu_s"])

@@ -253,3 +253,54 @@ def test_a_pbs_jobs_end_is_drawn_by_its_exit_status(state, exit_code, label, col
     """PBS says only that a job is over (F, C, X); how, its exit status says. The batch
     jobs views draw it as Slurm's like end would be, and label it with what PBS said."""
     assert how_ended(state, exit_code) == (label, colour)
+
+
+def test_collector_draws_every_flush_of_every_process(run):
+    """One line per process (the scheduler, each worker by its address), a point per flush:
+    its CPU, its rows and the time since the one before, as the store's flushes table holds
+    them; the title gives the totals each process recorded at its end."""
+    import numpy as np
+
+    flushes = run.flushes()
+    assert len(flushes) and "collector" in plot.available_views(run)
+    fig = plot.collector(run)
+    render(fig)
+    cpu, rows, gaps = fig.axes[:3]
+    addresses = set(run.workers()["address"])
+    drawn = {line.get_label(): line for line in cpu.get_lines()}
+    assert set(drawn) == {"scheduler", *addresses}
+    t0 = analysis.origin(run)
+    for label, line in drawn.items():
+        kind = "scheduler" if label == "scheduler" else "worker"
+        mine = flushes[flushes["kind"] == kind]
+        if kind == "worker":
+            group = run.workers().set_index("address").loc[label, "group"]
+            mine = mine[mine["group"].str.endswith("/" + group)]
+        assert np.allclose(line.get_xdata(), mine["time"] - t0)
+        assert np.allclose(line.get_ydata(), mine["cpu_s"] * 1000)
+    assert sum(len(line.get_xdata()) for line in rows.get_lines()) == len(flushes)
+    ys = np.concatenate([line.get_ydata() for line in gaps.get_lines()])
+    assert np.allclose(np.sort(ys), np.sort(flushes["gap_s"]))
+    cost = run.collector_cost(per="process")
+    assert (
+        fig.axes[0]
+        .get_title()
+        .startswith(
+            f"What collecting cost: flushes {cost.flush_cpu_s.sum():.2f} CPU-s of "
+            f"{cost.process_cpu_s.sum():.1f} CPU-s ("
+        )
+    )
+    assert fig.axes[0].get_title().endswith(f"in 3 processes, {len(flushes)} flushes")
+
+
+def test_collector_of_a_store_without_flushes_says_so(tmp_path):
+    """A store written before each flush was recorded: the view says so in one figure, and
+    the report leaves it out."""
+    from tests.test_store import store_of_groups
+
+    store = store_of_groups(str(tmp_path / "older.zarr"), {"ended": 3.0}, {})
+    older = metacollect.open_run(store)
+    assert len(older.collector_cost()) == 1 and not len(older.flushes())
+    assert "collector" not in plot.available_views(older)
+    (text,) = plot.collector(older).axes[0].texts
+    assert "no flush was recorded one by one" in text.get_text()

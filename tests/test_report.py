@@ -33,6 +33,7 @@ def test_report_cli_writes_every_view(store, tmp_path, capsys):
         "critical_path",
         "fine_metrics",
         "span_timeline",
+        "collector",
     ]:
         assert f'src="{view}.png"' in text
         assert (out / f"{view}.png").stat().st_size > 1000
@@ -87,7 +88,7 @@ def test_export_without_a_format_teaches(store, capsys):
 def test_report_api_and_perfetto_counts(store, tmp_path):
     index = write_report(store, tmp_path / "r", dpi=30)
     with open(index) as f:
-        assert f.read().count("<img") == 8  # the six above, fine metrics and spans
+        assert f.read().count("<img") == 9  # the six above, fine metrics, spans, collector
     run = metacollect.open_run(basic_store())
     meta = perfetto.write(run, tmp_path / "t.json")
     assert meta["executed_tasks"] == len(run.tasks())

@@ -34,6 +34,7 @@ TABS = [
     "I/O (Darshan)",
     "Events and logs",
     "System",
+    "What collecting cost",
 ]
 
 
@@ -135,6 +136,24 @@ def test_task_stream_holds_every_task_with_hover(report):
     hovers = [o["attributes"].get("tooltips") for o in objs if o["name"] == "HoverTool"]
     fields = [{t[0] for t in h} for h in hovers if isinstance(h, list)]
     assert any({"key", "worker", "thread", "start", "duration", "bytes"} <= f for f in fields)
+
+
+def test_collector_holds_every_flush_with_hover(report):
+    """The collector's tab: every flush of every process (a small run: none sampled out),
+    with its CPU and the time since the flush before, as the store holds them."""
+    run = metacollect.open_run(basic_store())
+    flushes = run.flushes()
+    objs = _objects(report.read_text())
+    drawn = _sources(objs, "x", "cpu_ms", "wall_ms", "rows", "gap_s", "process")
+    assert {p for s in drawn for p in s["process"]} == {"scheduler", *run.workers()["address"]}
+    points = sorted((x, c, g) for s in drawn for x, c, g in zip(s["x"], s["cpu_ms"], s["gap_s"]))
+    truth = sorted(
+        zip(flushes["time"] * 1000.0, flushes["cpu_s"] * 1000.0, flushes["gap_s"], strict=True)
+    )
+    assert np.array(points) == pytest.approx(np.array(truth))
+    hovers = [o["attributes"].get("tooltips") for o in objs if o["name"] == "HoverTool"]
+    fields = [{t[0] for t in h} for h in hovers if isinstance(h, list)]
+    assert any({"process", "CPU", "wall", "rows", "since the one before"} <= f for f in fields)
 
 
 def test_200k_tasks_bounded_and_said(tmp_path):

@@ -85,6 +85,26 @@ CLUSTER_ATTRS = {
 }
 
 
+def store_of_groups(store: str, cluster: dict, workers: dict[str, dict]) -> str:
+    """A sealed store made by the writer alone (no collector ran): one cluster with
+    ``cluster``'s attrs over :data:`CLUSTER_ATTRS`, its scheduler's group, and a worker
+    group of each ``workers`` entry's attrs (``tcp://h:<i>`` on host ``h``, pid 10 + i):
+    the shape of a store written before a group's attrs or tables were recorded."""
+    from metacollect.store.lifecycle import prepare_store
+
+    prepare_store(store)
+    w = StoreWriter(store)
+    init_root(w, "r1")
+    w.group("cluster", attrs={**CLUSTER_ATTRS, **cluster}, cluster="c1")
+    w.group("scheduler", cluster="c1")
+    for i, (name, attrs) in enumerate(workers.items()):
+        where = {"address": f"tcp://h:{i}", "host": "h", "pid": 10 + i}
+        w.group("worker", attrs={**where, **attrs}, cluster="c1", worker=name)
+    w.flush()
+    finalize(store)
+    return store
+
+
 def test_roundtrip_tables_strings_and_datatree(store):
     w = StoreWriter(store)
     init_root(w, "r1")

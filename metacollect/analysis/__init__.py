@@ -14,6 +14,7 @@ Examples
 
 from __future__ import annotations
 
+from metacollect.analysis.collector import collector_totals, flush_series
 from metacollect.analysis.compare import (
     catalog,
     compare,
@@ -40,6 +41,7 @@ __all__ = [
     "PROGRESS_STATES",
     "activity",
     "catalog",
+    "collector_totals",
     "compare",
     "compare_io",
     "compare_prefixes",
@@ -47,6 +49,7 @@ __all__ = [
     "critical_path",
     "dependency_depths",
     "events",
+    "flush_series",
     "graph_nodes",
     "memory",
     "origin",

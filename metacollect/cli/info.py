@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 from typing import Any
 
@@ -96,29 +97,27 @@ def _processes(n: int) -> str:
 def _collector_cost(run: Any) -> list[str]:
     """``collecting cost: flushes 0.21 CPU-s of 31.4 (0.7 %) in 3 processes, 30 flushes
     (slowest 26 ms CPU), ...``: the collector's own flushing against the CPU of the
-    processes it ran in (``run.collector_cost()``, ``run.flushes()``), and why the processes
-    that did not say did not: killed before their end, or a store written before the cost
-    was recorded."""
-    cost = run.collector_cost(per="process")  # an in-process cluster's CPU counted once
-    if not len(cost):
+    processes it ran in (:func:`~metacollect.analysis.collector.collector_totals`), and why
+    the processes that did not say did not: killed before their end, or a store written
+    before the cost was recorded."""
+    from metacollect.analysis.collector import collector_totals
+
+    if not len(run.collector_cost()):
         return []
-    said = cost[cost.process_cpu_s.notna()]
+    c = collector_totals(run)
     line = "collecting cost: "
-    if len(said):
-        flush, process = said.flush_cpu_s.sum(), said.process_cpu_s.sum()
-        share = f" ({100 * flush / process:.2f} %)" if process > 0 else ""
-        each = run.flushes()  # each flush's own row (none in a store from before them)
-        slowest = f" (slowest {1000 * each.cpu_s.max():.0f} ms CPU)" if len(each) else ""
+    if c["processes"]:
+        share = f" ({100 * c['share']:.2f} %)" if c["process_cpu_s"] > 0 else ""
+        slowest = c["slowest_cpu_s"]
+        each = "" if math.isnan(slowest) else f" (slowest {1000 * slowest:.0f} ms CPU)"
         line += (
-            f"flushes {flush:.2f} CPU-s of {process:.1f}{share} in {_processes(len(said))}, "
-            f"{int(said.flushes.sum())} flushes{slowest}, "
-            f"longest gap {said.longest_gap_s.max():.1f} s"
+            f"flushes {c['flush_cpu_s']:.2f} CPU-s of {c['process_cpu_s']:.1f}{share} in "
+            f"{_processes(c['processes'])}, {c['flushes']} flushes{each}, "
+            f"longest gap {c['longest_gap_s']:.1f} s"
         )
-    unsaid = cost[cost.process_cpu_s.isna()]
-    killed = int(unsaid.ended.isna().sum())
     why = {
-        "killed before the collection's end": killed,
-        "not recorded: a store written before collector_cost": len(unsaid) - killed,
+        "killed before the collection's end": c["killed"],
+        "not recorded: a store written before collector_cost": c["older"],
     }
     for reason, n in why.items():
         if n:

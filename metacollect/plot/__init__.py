@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from matplotlib.figure import Figure
 
 from metacollect.plot.base import ACTIVITY_COLOURS, ERRED, STATE_COLOURS, color_of
+from metacollect.plot.collector import collector
 from metacollect.plot.compare import compare
 from metacollect.plot.graph import critical_path, task_graph
 from metacollect.plot.io import io, io_frame
@@ -41,6 +42,7 @@ __all__ = [
     "activity_colour",
     "available_views",
     "batch_jobs",
+    "collector",
     "color_of",
     "compare",
     "critical_path",
@@ -77,6 +79,7 @@ VIEWS: dict[str, tuple[Callable[[Run], Figure], Callable[[Run], bool]]] = {
     "io": (io, lambda r: io_frame(r) is not None),
     "batch_jobs": (batch_jobs, lambda r: len(r.jobs()) > 0),
     "profile": (profile, lambda r: profile_frame(r) is not None),
+    "collector": (collector, lambda r: len(r.flushes()) > 0),
 }
 
 

@@ -45,6 +45,7 @@ _TITLES = {
     "critical_path": "Critical path",
     "io": "I/O (Darshan)",
     "profile": "Profile (Yappi)",
+    "collector": "What collecting cost",
 }
 
 
@@ -61,6 +62,8 @@ _MEMO = {
     "errors",
     "worker_table",
     "scheduler_table",
+    "flushes",
+    "collector_cost",
 }
 
 
@@ -77,10 +80,11 @@ class Memo:
         if name not in _MEMO:
             return attr
 
-        def call(*args: Any) -> pd.DataFrame:
-            if (name, *args) not in self._cache:
-                self._cache[(name, *args)] = attr(*args)
-            return self._cache[(name, *args)].copy()
+        def call(*args: Any, **kwargs: Any) -> pd.DataFrame:
+            key = (name, *args, *sorted(kwargs.items()))
+            if key not in self._cache:
+                self._cache[key] = attr(*args, **kwargs)
+            return self._cache[key].copy()
 
         return call
 
