@@ -699,6 +699,34 @@ per_prefix.join(counts, rsuffix=" tasks").round(3)""",
         ("code", "plot.compare(list(median_run.values()), labels)"),
         (
             "md",
+            "## Did the profiler weigh on what was compared?\n"
+            "Each store records what collecting cost the processes it ran in: every flush's "
+            "CPU against the CPU of the whole process (the workload's too), and when each "
+            "flush ran. A session ends with its final flushes, tens of milliseconds a "
+            "process whatever its length: a large share of a sub-second session, a fraction "
+            "of a percent of an hour's. What matters for the comparison above is whether "
+            "flushes ran inside the task window it compares.",
+        ),
+        (
+            "code",
+            """\\
+def collecting(path):
+    run = metacollect.open_run(path)
+    tasks, flushes = run.tasks(), run.flushes()
+    inside = flushes.time.between(tasks.start.min(), tasks.stop.max())
+    return pd.Series({**analysis.collector_totals(run), "in_window": int(inside.sum())})
+cost = pd.DataFrame([collecting(s) for s in measured.store], index=measured.config.to_numpy())
+cost = cost.astype({"processes": int, "flushes": int, "in_window": int})
+cost["share_%"] = 100 * cost.share
+by_config = cost.groupby(level=0)["share_%"].agg(["min", "max"])
+print("flushes' share of the processes' CPU, per configuration: " + "; ".join(
+    f"{c}: {r['min']:.2f}-{r['max']:.2f} %" for c, r in by_config.iterrows()))
+print(f"flushes inside the compared task windows: {int(cost.in_window.sum())} of {int(cost.flushes.sum())}")
+cost[["processes", "flushes", "in_window", "flush_cpu_s", "process_cpu_s", "share_%"]].round(3)""",
+        ),
+        ("code", "plot.collector(median_run[labels[0]])"),
+        (
+            "md",
             "## A catalog of every run\n"
             "One row per store under the directory, warm-up runs included, with its main figures.",
         ),
