@@ -26,10 +26,9 @@ def flush_series(run: Run) -> pd.DataFrame:
     several = df["cluster"].nunique() > 1
     names = []
     for cluster, kind, group in zip(df["cluster"], df["kind"], df["group"], strict=True):
-        name = (
-            "scheduler" if kind == "scheduler" else addresses.get((cluster, group.split("/")[-1]))
-        )
-        names.append(f"{cluster} {name}" if several else str(name))
+        worker = group.split("/")[-1]
+        name = "scheduler" if kind == "scheduler" else addresses.get((cluster, worker), worker)
+        names.append(f"{cluster} {name}" if several else name)
     t0 = origin(run) if len(df) else 0.0
     return df.assign(process=names, t=df["time"] - t0, cpu_ms=df["cpu_s"] * 1000.0)
 

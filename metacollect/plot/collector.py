@@ -39,6 +39,7 @@ def collector(run: Run) -> Figure:
         )
     order = df.groupby("process")["cpu_s"].sum().sort_values(ascending=False).index
     named = list(order[:MAX_PROCESSES])
+    of = dict(tuple(df.groupby("process", sort=False)))  # once: dozens of workers, hours
     fig = new_figure(10, 7)
     axes = fig.subplots(3, 1, sharex=True)
     for what, ax, label in (
@@ -47,7 +48,7 @@ def collector(run: Run) -> Figure:
         ("gap_s", axes[2], "seconds since\nthe flush before"),
     ):
         for process in [*order[MAX_PROCESSES:], *reversed(named)]:  # the heaviest on top
-            d = df[df["process"] == process]
+            d = of[process]
             y = d[what].to_numpy(float)
             if what == "rows":
                 y = np.where(y < 0, np.nan, y)

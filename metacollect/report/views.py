@@ -1453,8 +1453,9 @@ def collector(ctx: Context) -> Layout:
         x_range=p1.x_range,
     )
     items1, items2 = [], []
+    of = dict(tuple(df.groupby("process", sort=False)))
     for i, process in enumerate(shown):
-        g = df[df["process"] == process]
+        g = of[process]
         g = g.iloc[keep_longest_and_sample(g["cpu_s"].to_numpy(), MAX_POINTS)]
         colour = PALETTE[i % len(PALETTE)]
         src = ColumnDataSource(
