@@ -551,6 +551,9 @@ def test_a_collected_script_in_a_batch_script_at_the_jobs_end(tmp_path, launcher
         assert not warned
         assert run.attrs["status"] == "interrupted" and run.attrs["missing"] == [], log
         assert run.attrs["script_signal"] == "SIGTERM"
+        # the workers the job's end signalled are not restarted: none left unended
+        assert "Restarting worker" not in log, log
+        assert len(run.worker_groups()) == 2 and run.workers().ended.notna().all()
         assert len(run.tasks()) == 100  # its workers' final flushes hold theirs too
         assert len(run.worker_table("tasks")) == 100
         assert validate_store(str(store)) == []

@@ -541,10 +541,13 @@ def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, to_gro
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == -signum, stderr[-4000:]
     assert "Traceback" not in stderr or "KeyboardInterrupt" in stderr
+    # the workers the signal ended are not restarted: the script's two, each ended
+    assert "Restarting worker" not in stderr, stderr[-4000:]
     run = open_run(store)
     assert run.attrs["status"] == "interrupted"
     assert run.attrs["script_signal"] == signum.name
     assert run.attrs["missing"] == []
+    assert len(run.worker_groups()) == 2 and run.workers().ended.notna().all()
     counts = groundtruth.compare(run, truth)
     assert counts["executed"] == 100
 

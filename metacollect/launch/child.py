@@ -37,6 +37,8 @@ import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
+from metacollect.steps.terminate import keep_workers_down
+
 
 class Terminated(BaseException):
     """SIGTERM, raised in the script's main thread (a batch system's walltime sends it), so
@@ -75,6 +77,9 @@ class Outcome:
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     signal.signal(signum, signal.SIG_IGN)  # once: a batch system may signal twice
+    # at once: the script's end reaches its collections' ~0.7 s later, its workers (ended
+    # by the same signal) are gone after ~0.1 s, and their nannies would restart them
+    keep_workers_down(f"metacollect: the script ends by {signal.Signals(signum).name}")
     raise Terminated(signum)
 
 

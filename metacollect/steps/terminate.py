@@ -29,6 +29,7 @@ import logging
 import os
 import shlex
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -147,6 +148,28 @@ def take_pending() -> int | None:
     return signum
 
 
+def keep_workers_down(reason: str) -> int:
+    """Stop this process's nannies (a LocalCluster's, in the script's process) from
+    restarting their workers; returns how many were told. A signal that ends the script (a
+    batch job's end signals every process of the job) ends their workers too, ~0.1 s later,
+    after their final flushes. A nanny restarted each of them: new workers spawned on the
+    cores the end needs, joined the collection that was ending and were killed with the
+    job, their groups left unended. ``dask worker`` stops its nannies so on SIGTERM. Safe in
+    a signal handler: ``close_gracefully`` only sets the nanny's status, which its loop
+    reads when its worker exits."""
+    if "distributed.nanny" not in sys.modules:  # no nanny in this process
+        return 0
+    from distributed import Nanny
+    from distributed.core import Status
+
+    told = 0
+    for nanny in list(Nanny._instances):
+        if nanny.status == Status.running:
+            nanny.close_gracefully(reason)
+            told += 1
+    return told
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     """The final flushes, in a thread of their own and for a bounded time (a flush stuck on a
     dead filesystem must not keep the process alive), then the signal again, by default."""
@@ -158,6 +181,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     _finals.clear()
     if finals:
         name = signal.Signals(signum).name
+        keep_workers_down(f"metacollect: this process ends by {name}")
         logger.warning("metacollect: %s: the final flush, then this process ends", name)
 
         def run_finals() -> None:
