@@ -316,3 +316,22 @@ def test_a_sigterm_kept_before_the_script_starts_reaches_it(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["143", "15"], out.stdout  # the script was told, at once
+
+
+def test_keeping_the_workers_down_never_ends_the_script_in_place_of_the_signal(monkeypatch, caplog):
+    """In a signal handler, an error would reach the script instead of the signal's own end:
+    a nanny set that cannot be read (another thread adding a nanny) is logged, and none is
+    told."""
+    import distributed
+    import distributed.nanny  # noqa: F401  # what says that this process may hold nannies
+
+    from metacollect.steps.terminate import keep_workers_down
+
+    class ChangedMeanwhile:
+        def __iter__(self):
+            raise RuntimeError("Set changed size during iteration")
+
+    monkeypatch.setattr(distributed.Nanny, "_instances", ChangedMeanwhile())
+    with caplog.at_level("WARNING", logger="metacollect"):
+        assert keep_workers_down("a test") == 0
+    assert "the nannies may restart their workers: RuntimeError" in caplog.text

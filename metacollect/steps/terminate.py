@@ -156,17 +156,21 @@ def keep_workers_down(reason: str) -> int:
     cores the end needs, joined the collection that was ending and were killed with the
     job, their groups left unended. ``dask worker`` stops its nannies so on SIGTERM. Safe in
     a signal handler: ``close_gracefully`` only sets the nanny's status, which its loop
-    reads when its worker exits."""
+    reads when its worker exits. Never raises: in a handler, an error would end the script
+    in place of the signal (logged instead; the nannies then restart as before)."""
     if "distributed.nanny" not in sys.modules:  # no nanny in this process
         return 0
-    from distributed import Nanny
-    from distributed.core import Status
-
     told = 0
-    for nanny in list(Nanny._instances):
-        if nanny.status == Status.running:
-            nanny.close_gracefully(reason)
-            told += 1
+    try:
+        from distributed import Nanny
+        from distributed.core import Status
+
+        for nanny in list(Nanny._instances):  # another thread may add one meanwhile
+            if nanny.status == Status.running:
+                nanny.close_gracefully(reason)
+                told += 1
+    except Exception as e:
+        logger.warning("metacollect: the nannies may restart their workers: %r", e)
     return told
 
 
