@@ -221,9 +221,13 @@ def test_each_process_records_what_collecting_cost_it(client, store, capsys):
     # each flush's own row, the final one's included, adds up to the totals
     flushes = run.flushes()
     assert flushes.time.is_monotonic_increasing
+    address_of = {pid: address for address, (pid, _) in before.items()}  # client.run's own
     for row in cost.itertuples():
         mine = flushes[flushes.group == row.group]
         assert len(mine) == row.flushes
+        # labelled by the process's address, the worker's or the scheduler's
+        expected = address_of[row.pid] if row.kind == "worker" else client.scheduler.address
+        assert (mine.address == expected).all(), (mine.address.unique(), expected)
         assert mine.cpu_s.sum() == pytest.approx(row.flush_cpu_s, abs=1e-5)
         assert mine.wall_s.sum() == pytest.approx(row.flush_wall_s, abs=1e-5)
         assert (mine.cpu_s <= mine.wall_s + 1e-3).all()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from metacollect.analysis.tasks import origin, worker_addresses
+from metacollect.analysis.tasks import origin
 
 if TYPE_CHECKING:
     from metacollect.analysis.run import Run
@@ -22,12 +22,12 @@ def flush_series(run: Run) -> pd.DataFrame:
     write that failed before it could say what it wrote. Empty for a store written before
     flushes were recorded (2026-11-29)."""
     df = run.flushes()
-    addresses = worker_addresses(run)
     several = df["cluster"].nunique() > 1
     names = []
-    for cluster, kind, group in zip(df["cluster"], df["kind"], df["group"], strict=True):
-        worker = group.split("/")[-1]
-        name = "scheduler" if kind == "scheduler" else addresses.get((cluster, worker), worker)
+    for cluster, kind, group, address in zip(
+        df["cluster"], df["kind"], df["group"], df["address"], strict=True
+    ):
+        name = "scheduler" if kind == "scheduler" else address or group.split("/")[-1]
         names.append(f"{cluster} {name}" if several else name)
     t0 = origin(run) if len(df) else 0.0
     return df.assign(process=names, t=df["time"] - t0, cpu_ms=df["cpu_s"] * 1000.0)

@@ -561,10 +561,11 @@ class StoreReader:
 
     def flushes(self) -> pd.DataFrame:
         """Each flush of every scheduler's and worker's collector, in time order: cluster,
-        kind, group, then its ``flushes`` row - when it began (``time``), ``wall_s``,
-        ``cpu_s`` (its thread's), ``rows`` written - and ``gap_s``, the seconds since the
-        one before began (since its collection began, for the first): what a process killed
-        just before that flush lost. What :meth:`collector_cost` totals, over the run: a
+        kind, group, ``address`` (the process's: the worker's, or the scheduler's), then its
+        ``flushes`` row - when it began (``time``), ``wall_s``, ``cpu_s`` (its thread's),
+        ``rows`` written - and ``gap_s``, the seconds since the one before began (since its
+        collection began, for the first): what a process killed just before that flush
+        lost. What :meth:`collector_cost` totals, over the run: a
         flush whose cost grows with the hours shows here. Empty for a store written before
         flushes were recorded."""
         spec = self.schema.groups["scheduler"].tables["flushes"]
@@ -573,10 +574,10 @@ class StoreReader:
             df = self.table(path, "flushes").sort_values("time")
             began = own.get("started")
             before = df["time"].shift(1, fill_value=np.nan if began is None else float(began))
-            frames.append(
-                df.assign(cluster=cluster, kind=a["kind"], group=path, gap_s=df["time"] - before)
-            )
-        columns = ["cluster", "kind", "group", *spec.variables, "gap_s"]
+            where = {"cluster": cluster, "kind": a["kind"], "group": path}
+            address = str(own.get("address") or "")
+            frames.append(df.assign(**where, address=address, gap_s=df["time"] - before))
+        columns = ["cluster", "kind", "group", "address", *spec.variables, "gap_s"]
         if not frames:
             return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
         out = pd.concat(frames, ignore_index=True)[columns]
