@@ -21,6 +21,16 @@ from metacollect.cli import main
 from metacollect.store import segments
 
 
+def noted_inc(x, notes):
+    """``slow_inc`` that first notes its key in a file named after its process: the test's
+    own record of what ran where, which a worker killed mid-run cannot take back."""
+    from distributed import get_worker
+
+    with open(os.path.join(notes, str(os.getpid())), "a") as f:
+        f.write(f"{get_worker().get_current_task()}\n")
+    return slow_inc(x)
+
+
 def _files(path):
     return [f for _, _, files in os.walk(path) for f in files]
 
@@ -83,7 +93,9 @@ def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
     store, node = str(tmp_path / "kill.zarr"), str(tmp_path / "node")
     with _cluster(2) as cluster, Client(cluster) as client:
         with collect(client, store, flush_interval="0.2s", local_dir=node) as session:
-            futures = client.map(slow_inc, range(40), pure=False)
+            notes = tmp_path / "ran"
+            notes.mkdir()
+            futures = client.map(noted_inc, range(40), notes=str(notes), pure=False)
             deadline = time.time() + 60
             while time.time() < deadline:
                 done = [f for f in futures if f.status == "finished"]
@@ -94,9 +106,11 @@ def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
             victim = sorted(held)[0]
             flushed = _committed_tasks(node, victim)  # the victim's rows on its node, so far
             pid = client.run(os.getpid, workers=[victim])[victim]
-            ran_on_victim = {f.key for f in futures if victim in client.who_has([f])[f.key]}
             os.kill(pid, signal.SIGKILL)
             assert sum(client.gather(futures)) == sum(range(1, 41))
+    # what ran on the victim up to its kill, as its tasks noted it (who_has, asked task by
+    # task before the kill, missed one the victim finished and flushed meanwhile)
+    ran_on_victim = set((notes / str(pid)).read_text().split())
     assert session.status == "incomplete"
     lines = [m for m in session.missing if "node-local disk" in m]
     assert len(lines) == 1 and "never gathered" in lines[0] and "metacollect gather" in lines[0]
