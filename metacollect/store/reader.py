@@ -565,9 +565,9 @@ class StoreReader:
         ``flushes`` row - when it began (``time``), ``wall_s``, ``cpu_s`` (its thread's),
         ``rows`` written - and ``gap_s``, the seconds since the one before began (since its
         collection began, for the first): what a process killed just before that flush
-        lost. What :meth:`collector_cost` totals, over the run: a
-        flush whose cost grows with the hours shows here. Empty for a store written before
-        flushes were recorded."""
+        lost. What :meth:`collector_cost` totals, over the run: a flush whose cost grows
+        with the hours shows here. Empty for a store written before flushes were
+        recorded."""
         spec = self.schema.groups["scheduler"].tables["flushes"]
         frames = []
         for path, cluster, a, own in self._collector_groups():
