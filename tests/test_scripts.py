@@ -673,6 +673,58 @@ def test_ctrl_c_once_the_script_has_ended_is_answered_and_a_second_stops_the_sea
         assert run.attrs["ended"] is None  # left unsealed, as the answer said
 
 
+#: ``metacollect run`` whose main thread is held for a second right after it reaps the
+#: script's process, as a loaded machine can deschedule it there: the instant before it
+#: takes Ctrl-C back from the script made as long as a test can hit
+HELD_AFTER_THE_REAP = f"""
+import subprocess, sys, time
+wait = subprocess.Popen.wait
+def held_wait(self, *args, **kwargs):
+    code = wait(self, *args, **kwargs)
+    if {CHILD!r} in self.args:
+        time.sleep(1.0)
+    return code
+subprocess.Popen.wait = held_wait
+from metacollect.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("presses", [1, 2], ids=["once", "twice"])
+def test_ctrl_c_in_the_instant_the_script_is_reaped_is_the_seals(tmp_path, presses):
+    """A Ctrl-C that came after the script's process was reaped, before ``metacollect run``
+    took the signal back from the script, was dropped without a word (the script's, it
+    seemed): a second press then counted as the first, answered, and the seal went on (CI
+    saw it once). Now it is the seal's, answered as the one a moment later is."""
+    wrapper = tmp_path / "held_runner.py"
+    wrapper.write_text(HELD_AFTER_THE_REAP)
+    source = """
+        from dask.distributed import Client
+        if __name__ == "__main__":
+            client = Client(n_workers=1, threads_per_worker=1, dashboard_address=":0")
+            print(sum(client.gather(client.map(lambda x: x + 1, range(10)))))
+    """
+    cmd, env, store, _, _ = _run(tmp_path, source)
+    cmd = [sys.executable, str(wrapper), *cmd[3:]]  # for `-m metacollect`
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    script, deadline = _script_process(proc.pid), time.time() + 120
+    while script.is_running() and time.time() < deadline:
+        time.sleep(0.01)
+    assert not script.is_running()  # reaped: the runner is held for a second from here
+    for _ in range(presses):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.1)
+    _, stderr = proc.communicate(timeout=120)
+    assert stderr.count("Ctrl-C again to stop now") == 1, stderr[-4000:]
+    run = open_run(store)
+    if presses == 1:
+        assert proc.returncode == 0, stderr[-4000:]
+        assert run.attrs["status"] == "complete" and run.attrs["ended"] is not None
+    else:
+        assert proc.returncode == 130 and "metacollect run: interrupted" in stderr
+        assert run.attrs["ended"] is None  # left unsealed, as the answer said
+
+
 @pytest.mark.parametrize(
     "options, said",
     [

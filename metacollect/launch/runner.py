@@ -491,8 +491,8 @@ def run_child(
     before it could say, e.g. SIGKILL) and the signal its process died of, if it did.
 
     Ctrl-C reaches the script's process directly (the terminal signals the whole foreground
-    process group), so this process lets it be while it waits (one that comes before the
-    script's process exists is passed on once it does); a SIGTERM sent to this
+    process group), so this process lets it be while the script runs (one that comes before
+    the script's process exists is passed on once it does); a SIGTERM sent to this
     process only (``kill PID``; a batch system signals every process of the job) is passed on
     while the script runs. Once it has ended, the signal is this process's own: it is raised
     again here, for the caller's :func:`~metacollect.steps.terminate.held` seal to finish first.
@@ -503,27 +503,23 @@ def run_child(
         outcome_path = os.path.join(tmp, "outcome.json")
         cmd = [sys.executable, "-m", CHILD, outcome_path, kind, target, *args]
         proc: subprocess.Popen[bytes] | None = None
-        early: list[int] = []  # a SIGTERM before the script's process exists
-        late: list[int] = []  # one after it has ended, before this process reaped it
+        early: list[int] = []  # a signal before the script's process exists: passed on
+        late: list[int] = []  # one after it has ended, before the handlers are given back
 
-        def forward(signum: int, frame: Any) -> None:
+        def relay(signum: int, frame: Any) -> None:
             if proc is None:
                 early.append(signum)
             elif os.path.exists(outcome_path) or _exited(proc.pid):
-                # it is leaving (its outcome written, its collections ended: it ignores the
-                # signal) or gone: the signal is this process's own, as once it is reaped
+                # it is leaving (its outcome written, its collections ended: it ignores
+                # signals) or gone, maybe reaped an instant ago: the signal is this
+                # process's own, as once it is reaped (a Ctrl-C then is the seal's, answered)
                 late.append(signum)
-            else:
+            elif signum != signal.SIGINT:  # a Ctrl-C reaches the script's process directly
                 os.kill(proc.pid, signum)
-
-        def interrupt(signum: int, frame: Any) -> None:
-            # the terminal signals its whole foreground group: the script's process has it
-            if proc is None:  # unless it does not exist yet: passed on once it does
-                early.append(signum)
 
         before = signal.getsignal(signal.SIGTERM)
         if before != signal.SIG_IGN:  # ignored (inherited): so for the script too, as it would be
-            signal.signal(signal.SIGTERM, forward)
+            signal.signal(signal.SIGTERM, relay)
             held = terminate.take_pending()  # one since the caller's held() began: the script's
             if held is not None:
                 early.append(held)
@@ -533,11 +529,11 @@ def run_child(
         # stays ignored, for the script too, as under plain python
         interrupted = signal.getsignal(signal.SIGINT)
         if interrupted != signal.SIG_IGN:
-            signal.signal(signal.SIGINT, interrupt)
+            signal.signal(signal.SIGINT, relay)
         try:
             proc = subprocess.Popen(cmd, env=env)
-            for signum in early:
-                forward(signum, None)
+            for signum in early:  # it has just started: not leaving yet
+                os.kill(proc.pid, signum)
             code = proc.wait()
         finally:
             signal.signal(signal.SIGINT, interrupted)
