@@ -228,6 +228,7 @@ def test_each_process_records_what_collecting_cost_it(client, store, capsys):
         # labelled by the process's address, the worker's or the scheduler's
         expected = address_of[row.pid] if row.kind == "worker" else client.scheduler.address
         assert (mine.address == expected).all(), (mine.address.unique(), expected)
+        assert row.address == expected  # the cost's row names the same process
         assert mine.cpu_s.sum() == pytest.approx(row.flush_cpu_s, abs=1e-5)
         assert mine.wall_s.sum() == pytest.approx(row.flush_wall_s, abs=1e-5)
         assert (mine.cpu_s <= mine.wall_s + 1e-3).all()

@@ -535,7 +535,7 @@ class StoreReader:
             ended = np.nan if own.get("ended") is None else float(own["ended"])
             cost = a.get("collector_cost") or {}
             said = (float(cost.get(f, np.nan)) for f in fields)
-            where = (own.get("address", ""), own.get("host", ""), own.get("pid"))
+            where = (str(own.get("address") or ""), own.get("host", ""), own.get("pid"))
             rows.append((cluster, a["kind"], path, *where, *said, ended))
         columns = ["cluster", "kind", "group", "address", "host", "pid", *fields, "ended"]
         out = pd.DataFrame(rows, columns=columns)
