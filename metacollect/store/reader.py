@@ -501,15 +501,18 @@ class StoreReader:
         out["batch_job_end"] = _text_of(out["batch_job"], self._job_ends()["state"])
         return out.sort_values("added", ignore_index=True)
 
-    def _collector_groups(self) -> Iterator[tuple[str, str, dict[str, Any], dict[str, Any]]]:
-        """``(path, cluster, attrs, own)`` of each scheduler's and worker's group: ``own``
-        are the attrs that say where the process ran and when it started and ended - the
-        worker group's own, the cluster group's for a scheduler."""
+    def _collector_groups(
+        self,
+    ) -> Iterator[tuple[str, str, dict[str, Any], dict[str, Any], str]]:
+        """``(path, cluster, attrs, own, address)`` of each scheduler's and worker's group:
+        ``own`` are the attrs that say where the process ran and when it started and ended -
+        the worker group's own, the cluster group's for a scheduler - and ``address`` is the
+        process's from them (``""`` when not recorded, never "None")."""
         for path, a in self.groups.items():
             if a.get("kind") in ("scheduler", "worker"):
                 cluster = path.split("/")[1]
                 own = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
-                yield path, cluster, a, own
+                yield path, cluster, a, own, str(own.get("address") or "")
 
     def collector_cost(self, per: str = "group") -> pd.DataFrame:
         """What collecting cost each process it ran in: one row per scheduler and worker
@@ -531,11 +534,11 @@ class StoreReader:
             raise ValueError(f"per={per!r}: pass per='group' or per='process'")
         fields = ["flushes", "flush_wall_s", "flush_cpu_s", "longest_gap_s", "process_cpu_s"]
         rows = []
-        for path, cluster, a, own in self._collector_groups():
+        for path, cluster, a, own, address in self._collector_groups():
             ended = np.nan if own.get("ended") is None else float(own["ended"])
             cost = a.get("collector_cost") or {}
             said = (float(cost.get(f, np.nan)) for f in fields)
-            where = (str(own.get("address") or ""), own.get("host", ""), own.get("pid"))
+            where = (address, own.get("host", ""), own.get("pid"))
             rows.append((cluster, a["kind"], path, *where, *said, ended))
         columns = ["cluster", "kind", "group", "address", "host", "pid", *fields, "ended"]
         out = pd.DataFrame(rows, columns=columns)
@@ -570,13 +573,12 @@ class StoreReader:
         recorded."""
         spec = self.schema.groups["scheduler"].tables["flushes"]
         frames = []
-        for path, cluster, a, own in self._collector_groups():
+        for path, cluster, a, own, address in self._collector_groups():
             df = self.table(path, "flushes").sort_values("time")
             began = own.get("started")
             before = df["time"].shift(1, fill_value=np.nan if began is None else float(began))
-            where = {"cluster": cluster, "kind": a["kind"], "group": path}
-            address = str(own.get("address") or "")
-            frames.append(df.assign(**where, address=address, gap_s=df["time"] - before))
+            where = {"cluster": cluster, "kind": a["kind"], "group": path, "address": address}
+            frames.append(df.assign(**where, gap_s=df["time"] - before))
         columns = ["cluster", "kind", "group", "address", *spec.variables, "gap_s"]
         if not frames:
             return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
