@@ -74,6 +74,34 @@ def test_string_table_large_columns_equal_the_plain_encoding():
     assert [strings[c] for c in more] == [f"k{i}" for i in range(SMALL_ENCODE + 1000)]
 
 
+def test_string_table_failing_half_way_keeps_its_codes_true(monkeypatch):
+    """Codes are handed out in two steps for a large column (see _codes_of_texts): a failure
+    between them (memory) must not leave a string mapped to a code it was never given, which
+    would decode a later row as another string without a word."""
+    from metacollect.store import writer
+    from metacollect.store.writer import SMALL_ENCODE
+
+    values = [f"s{i}" for i in range(2 * SMALL_ENCODE)]
+    st = StringTable(cache_size=100_000)
+    first = st.encode(values[:SMALL_ENCODE] * 2)
+    real = writer.np.flatnonzero
+    calls = iter([MemoryError("injected")])
+
+    def failing(a):
+        for e in calls:
+            raise e
+        return real(a)
+
+    monkeypatch.setattr(writer.np, "flatnonzero", failing)
+    with pytest.raises(MemoryError):
+        st.encode(values * 2)
+    later = values[::-1]  # other places: a code left from the failure would not fit them
+    again = st.encode(later)
+    strings = st.take_new()
+    assert [strings[c] for c in first] == values[:SMALL_ENCODE] * 2
+    assert [strings[c] for c in again] == later
+
+
 CLUSTER_ATTRS = {
     "scheduler_id": "Scheduler-c1",
     "address": "tcp://x:1",
