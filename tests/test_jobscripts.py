@@ -149,16 +149,36 @@ def test_finalize_needs_a_store(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("metacollect batch: error:")
 
 
-def test_finalize_after_a_signal_seals_an_interrupted_store(tmp_path, capsys):
-    """What a wrapper runs once SIGTERM ended its job and its cluster took its final flushes."""
+def test_finalize_with_a_signal_it_does_not_know_says_so_and_leaves_the_store(tmp_path, capsys):
     store = str(tmp_path / "ended.zarr")
     assert main(["batch", "start", store]) == 0
-    code = main(["batch", "finalize", store, "--exit-code", "143", "--signal", "SIGTERM"])
+    capsys.readouterr()
+    assert main(["batch", "finalize", store, "--signal", "SIGFOO"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must be a signal's name or number" in err
+    assert "SIGTERM, TERM or 15" in err and "'SIGFOO'" in err
+    assert open_run(store).attrs.get("ended") is None  # not sealed: the wrapper can retry
+
+
+@pytest.mark.parametrize(
+    "given, recorded",
+    [
+        ("SIGTERM", "SIGTERM"),
+        ("usr1", "SIGUSR1"),  # as a shell's trap and `kill -l` name it
+        (str(int(signal.SIGXCPU)), "SIGXCPU"),  # a site's CPU-time limit, by number
+    ],
+)
+def test_finalize_after_a_signal_seals_an_interrupted_store(tmp_path, capsys, given, recorded):
+    """What a wrapper runs once a signal ended its job and its cluster took its final
+    flushes; the signal is recorded by its name, as ``metacollect run`` records one."""
+    store = str(tmp_path / "ended.zarr")
+    assert main(["batch", "start", store]) == 0
+    code = main(["batch", "finalize", store, "--exit-code", "143", "--signal", given])
     assert code == 0 and "(status interrupted)" in capsys.readouterr().err
     attrs = open_run(store).attrs
     assert (attrs["status"], attrs["script_signal"], attrs["script_ended"]) == (
         "interrupted",
-        "SIGTERM",
+        recorded,
         "signal",
     )
     assert attrs["script_exit_code"] == 143 and attrs["missing"] == []

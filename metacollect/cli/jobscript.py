@@ -168,8 +168,11 @@ def _add_batch_parser(sub: Any) -> None:
     f.add_argument("--exit-code", type=int, default=0, help="exit code of the workflow")
     f.add_argument(
         "--signal",
-        choices=["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"],
-        help="the signal that ended the job (its walltime, scancel, qdel): status interrupted",
+        type=t.signal_name,
+        metavar="SIGNAL",
+        help="the signal that ended the job (its walltime, scancel, qdel, a site's SIGXCPU or "
+        "a warning such as Slurm's --signal=USR1@300), by name (SIGTERM, TERM) or number: "
+        "status interrupted",
     )
     _wait_pid_option(f, "first wait until this process (the scheduler) exited")
     f.add_argument(

@@ -76,6 +76,27 @@ def integer(minimum: int, example: str, maximum: int | None = None) -> Callable[
     return parse
 
 
+def signal_name(text: str) -> str:
+    """A signal by its name in any case, with or without ``SIG`` (``SIGUSR1``, ``usr1``: a
+    shell's ``trap`` and ``kill -l`` say ``USR1``), or its number (``10``), as its name:
+    ``SIGUSR1``, the name ``metacollect run`` records for a signal that ended a script."""
+    import signal
+
+    word = text.strip().upper()
+    try:
+        found = (
+            signal.Signals(int(word))
+            if word.isdigit()
+            else signal.Signals[word if word.startswith("SIG") else f"SIG{word}"]
+        )
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"must be a signal's name or number (e.g. SIGTERM, TERM or {int(signal.SIGTERM)}), "
+            f"not {text!r}"
+        ) from None
+    return found.name
+
+
 def seconds(text: str) -> float:
     """A positive number of seconds."""
     try:
