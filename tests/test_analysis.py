@@ -164,3 +164,56 @@ def test_compare_profiles_and_io(run):
     assert len(analysis.compare_profiles([run], top=5)) == 5
     io = analysis.compare_io([run], labels=["a"])
     assert not io.at["a", "has_io"] and io.at["a", "bytes_read"] == 0  # no Darshan here
+
+
+def test_a_sealed_stores_tables_are_read_without_opening_their_metadata_again(monkeypatch):
+    """Opening a store reads every node's ``zarr.json`` once (and checks them against the
+    seal); a sealed store's tables are then made from those documents, not opened through
+    Zarr one file at a time (most of the time of a run of many workers). They read the same
+    as through Zarr, and ``committed`` counts each table's rows as its arrays say."""
+    from metacollect.store import zarrio
+    from metacollect.store.reader import _Nodes
+    from metacollect.store.writer import committed_rows
+
+    path = basic_store()
+    through_zarr = metacollect.open_run(path)
+    assert through_zarr.groups and through_zarr._open.docs is not None  # sealed
+    through_zarr._open = _Nodes(through_zarr.root)
+    expected = {
+        "tasks": through_zarr.tasks(),
+        "transitions": through_zarr.transitions(),
+        "workers": through_zarr.workers(),
+        "metrics": through_zarr.worker_metrics(),
+        "startstops": through_zarr.worker_table("startstops"),
+    }
+    counted = {}
+    for group in through_zarr.groups:
+        spec = through_zarr.schema.match(group)
+        for table in spec.tables if spec else {}:
+            try:
+                tg = zarrio.group_at(through_zarr.root, f"{group}/{table}" if group else table)
+            except KeyError:
+                counted[(group, table)] = None
+            else:
+                counted[(group, table)] = committed_rows(tg)
+    assert any(n for n in counted.values())
+
+    run = metacollect.open_run(path)
+    assert run.groups == through_zarr.groups
+
+    def opened_again(*args, **kwargs):
+        raise AssertionError(f"a node opened through Zarr again: {args[1:]}")
+
+    for name in ("group_at", "array_at", "members"):
+        monkeypatch.setattr(zarrio, name, opened_again)
+    got = {
+        "tasks": run.tasks(),
+        "transitions": run.transitions(),
+        "workers": run.workers(),
+        "metrics": run.worker_metrics(),
+        "startstops": run.worker_table("startstops"),
+    }
+    for name, frame in expected.items():
+        assert len(frame), name
+        pd.testing.assert_frame_equal(got[name], frame, obj=name)
+    assert {key: run.committed(*key) for key in counted} == counted

@@ -775,13 +775,32 @@ def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
     assert len(seen) > 3  # "a" and "b" have two codes each ...
     assert sorted(seen.drop_duplicates().topic, key=str) == [None, "a", "b"]  # one each
 
-    from metacollect.store.reader import _decode, _GroupStrings
+    from metacollect.store.reader import _decode, _GroupStrings, _Nodes
 
-    few = _GroupStrings(w.root, path)
+    few = _GroupStrings(_Nodes(w.root), path)
     codes = np.array([0, 1, -1, few.n, 0])
     first_two = list(w.root[f"{path}/strings/value"][:2])
     assert _decode(few, codes).tolist() == [*first_two, None, None, first_two[0]]
     assert few.all is None  # two strings wanted: the table was not read whole
+
+
+def test_a_live_stores_tables_are_opened_as_they_are_now(store):
+    """A store not sealed yet changes under its reader: its tables are opened from the store
+    at each read, not from the metadata read when it was opened (a table made since is read,
+    with the rows appended since)."""
+    w = StoreWriter(store, segments=False)  # Zarr appends: the tables change in Zarr
+    g = w.group("scheduler", cluster="c1")
+    g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m"]})
+    g.flush()
+    run = open_run_unfinalized(store)
+    path = "clusters/c1/scheduler"
+    assert run.groups and run._open.docs is None
+    assert run.committed(path, "transitions") is None
+    g.append("events", {"time": [2.0], "topic": ["b"], "msg": ["n"]})
+    g.append("transitions", {"key": ["k0"], "start": ["released"], "finish": ["waiting"]})
+    g.flush()
+    assert run.table(path, "events").topic.tolist() == ["a", "b"]
+    assert run.table(path, "transitions").key.tolist() == ["k0"]
 
 
 def test_a_burst_is_flushed_in_slices_in_order(store, monkeypatch):

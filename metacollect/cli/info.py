@@ -8,9 +8,6 @@ import math
 import os
 from typing import Any
 
-import metacollect.store.zarrio as zarrio
-from metacollect.store.writer import committed_rows
-
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="show a store's tree by level and step", description=__doc__)
@@ -161,12 +158,11 @@ def describe(store: str) -> list[str]:
             tables = []
             for t in spec.tables if spec else {}:
                 try:
-                    g = zarrio.group_at(run.root, f"{path}/{t}" if path else t)
-                    n = committed_rows(g)
-                except KeyError:
-                    continue
+                    n = run.committed(path, t)
                 except Exception:  # damaged metadata: say so, keep describing the rest
                     tables.append(f"{t}=DAMAGED")
+                    continue
+                if n is None:
                     continue
                 if t in JOINS and n:
                     tables.append(_joins(run, path, t))

@@ -13,7 +13,7 @@ reports the same finding as one line. Checked here:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,14 @@ def table_rows(where: str, rows: Any, shapes: Mapping[str, int]) -> int:
     if problem is not None:
         raise StoreError(f"table {where}: {problem}; {RESTORE}")
     return int(rows) if rows is not None else min(shapes.values(), default=0)
+
+
+def rows_within(rows: Any, shapes: Iterable[int]) -> int:
+    """The rows of a table readers may use, unchecked: its ``rows`` attribute (written once
+    all of an append's data had landed; arrays keep room past it), and no more than the
+    shortest of its arrays. Without the attribute (a store from before it), the shortest."""
+    n = min(shapes, default=0)
+    return min(n, int(rows)) if isinstance(rows, int) and not isinstance(rows, bool) else n
 
 
 def code_problem(lo: int, hi: int, strings: int) -> str | None:

@@ -41,6 +41,7 @@ from metacollect.store.compact import (
     variable_layout,
     write_sealed_stream,
 )
+from metacollect.store.integrity import rows_within
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 
 logger = logging.getLogger(__name__)
@@ -1289,9 +1290,7 @@ def committed_rows(tgroup: zarrio.Group, shapes: Iterable[int] | None = None) ->
     its variables. Without the attribute (a store from before it), the shortest variable."""
     if shapes is None:
         shapes = (a.shape[0] for _, a in tgroup.arrays())
-    n = min(shapes, default=0)
-    rows = tgroup.attrs.get("rows")
-    return min(n, int(rows)) if isinstance(rows, int) else n
+    return rows_within(tgroup.attrs.get("rows"), shapes)
 
 
 def _raise_first(results: Iterable[Any]) -> None:

@@ -414,6 +414,15 @@ def local_root(group: Group) -> str | None:
     return str(store.root) if isinstance(store, LocalStore) else None
 
 
+def node_of(root: Group, path: str, doc: Mapping[str, Any]) -> Group | Array:
+    """The group or array at ``path`` below ``root`` made from its metadata document, read
+    beforehand: nothing is read."""
+    where = root.store_path / path
+    if doc.get("node_type") == "group":
+        return zarr.Group(zarr.AsyncGroup.from_dict(where, dict(doc)))
+    return zarr.Array(async_array(where, doc))
+
+
 def async_array(where: Any, doc: Mapping[str, Any]) -> Any:
     """The asynchronous handle of the array at store path ``where`` with metadata ``doc``."""
     return zarr.AsyncArray.from_dict(where, dict(doc))
