@@ -147,11 +147,7 @@ class StoreReader:
         bad: dict[str, str] = {}
         docs = zarrio.run(zarrio.list_docs(self.root, bad))
         if bad:
-            path, why = min(bad.items())
-            raise StoreError(
-                f"{path}/zarr.json of the store is damaged ({why}); "
-                "`metacollect validate` lists every damaged node"
-            )
+            raise zarrio.damaged_doc(*min(bad.items()))
         return docs
 
     def levels(self) -> dict[str, list[str]]:
@@ -736,7 +732,7 @@ class _Nodes:
     its seal lists them, and nothing writes it unsealed), without reading them again; else
     (``docs`` None: a live store's nodes change) opened from the store. Through Zarr, each
     open reads a ``zarr.json`` and each listing of a table's arrays opens them all: ~5 ms a
-    table read, most of a run of 32 workers' report."""
+    table, which was most of a table of 128 workers' read (8.3 s, 3.0 s without)."""
 
     def __init__(
         self,
@@ -754,10 +750,7 @@ class _Nodes:
         try:
             return zarrio.node_of(self.root, path, doc)
         except Exception as e:  # Zarr raises many types for a document it cannot use
-            raise StoreError(
-                f"{path}/zarr.json of the store is damaged ({type(e).__name__}: {e}); "
-                "`metacollect validate` lists every damaged node"
-            ) from e
+            raise zarrio.damaged_doc(path, f"{type(e).__name__}: {e}") from e
 
     def group(self, path: str) -> zarrio.Group:
         """The group at ``path`` (see :func:`zarrio.group_at`)."""

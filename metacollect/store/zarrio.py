@@ -113,16 +113,21 @@ def is_array(node: object) -> TypeGuard[Array]:
     return isinstance(node, zarr.Array)
 
 
+def damaged_doc(path: str, why: str) -> StoreError:
+    """The error for a node whose metadata document (``zarr.json``) cannot be used."""
+    return StoreError(
+        f"{path}/zarr.json of the store is damaged ({why}); "
+        "`metacollect validate` lists every damaged node"
+    )
+
+
 def _node_at(group: Group, path: str) -> Any:
     """``group[path]``; a metadata document that does not decode (junk bytes, not JSON) is a
     :class:`StoreError` naming the node, never Zarr's own decoding error."""
     try:
         return group[path]
     except (ValueError, TypeError) as e:  # UnicodeDecodeError and JSONDecodeError included
-        raise StoreError(
-            f"{path}/zarr.json of the store is damaged ({type(e).__name__}: {e}); "
-            "`metacollect validate` lists every damaged node"
-        ) from e
+        raise damaged_doc(path, f"{type(e).__name__}: {e}") from e
 
 
 def group_at(group: Group, path: str) -> Group:
