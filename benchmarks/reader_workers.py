@@ -7,7 +7,9 @@ simulated worker collectors: each forked process a ``StoreWriter`` and its worke
 ``--flushes`` flushes of ``--tasks`` tasks, its own seal; then the run's seal). Timed, each
 in a new reader, median of ``--repeats``: ``groups`` (every node's metadata read, and
 compared with the seal's list), ``info`` (``metacollect info``'s lines: the rows of every
-table), ``worker_table("tasks")`` and ``worker_metrics()`` (one table of every worker).
+table), ``worker_table("tasks")`` and ``worker_metrics()`` (one table of every worker),
+and ``validate_store`` (every array decoded; the simulated groups lack some attributes,
+which it lists as it goes on).
 
     python benchmarks/reader_workers.py [--workers 8 32 128] [--repeats 3]
 """
@@ -29,6 +31,7 @@ import metadata_ops
 import metacollect.store.zarrio as zarrio
 from metacollect.cli.info import describe
 from metacollect.store.reader import StoreReader
+from metacollect.store.validate import validate_store
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> float:
@@ -52,6 +55,7 @@ def measure(store: str, repeats: int) -> dict[str, float]:
         "info_s": timed(lambda: describe(store), repeats),
         "worker_tasks_s": timed(lambda: opened().worker_table("tasks"), repeats),
         "worker_metrics_s": timed(lambda: opened().worker_metrics(), repeats),
+        "validate_s": timed(lambda: validate_store(store), repeats),
     }
 
 
@@ -75,12 +79,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shutil.rmtree(store, ignore_errors=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print("| workers | nodes | open (groups) | `info` | worker_table tasks | worker_metrics |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| workers | nodes | open (groups) | `info` | worker_table tasks | worker_metrics "
+        "| `validate` |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['workers']} | {r['nodes']} | {r['groups_s']:.2f} s | {r['info_s']:.2f} s | "
-            f"{r['worker_tasks_s']:.2f} s | {r['worker_metrics_s']:.2f} s |"
+            f"{r['worker_tasks_s']:.2f} s | {r['worker_metrics_s']:.2f} s | "
+            f"{r['validate_s']:.2f} s |"
         )
     out = {"rows": rows, "flushes": a.flushes, "tasks": a.tasks, "repeats": a.repeats}
     _common.save("reader_workers", out)

@@ -775,9 +775,10 @@ def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
     assert len(seen) > 3  # "a" and "b" have two codes each ...
     assert sorted(seen.drop_duplicates().topic, key=str) == [None, "a", "b"]  # one each
 
-    from metacollect.store.reader import _decode, _GroupStrings, _Nodes
+    from metacollect.store import zarrio
+    from metacollect.store.reader import _decode, _GroupStrings
 
-    few = _GroupStrings(_Nodes(w.root), path)
+    few = _GroupStrings(zarrio.Nodes(w.root), path)
     codes = np.array([0, 1, -1, few.n, 0])
     first_two = list(w.root[f"{path}/strings/value"][:2])
     assert _decode(few, codes).tolist() == [*first_two, None, None, first_two[0]]

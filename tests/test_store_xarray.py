@@ -255,7 +255,7 @@ def test_strings_read_off_their_chunk_files_are_what_zarr_reads(tmp_path):
         "other", shape=(2500,), chunks=(1000,), dtype=str, compressors=[GzipCodec()]
     )
     other[:] = values
-    assert zarrio.text_decoder(ours) is not None and zarrio.text_decoder(other) is None
+    assert zarrio.chunk_decoder(ours) is not None and zarrio.chunk_decoder(other) is None
     for lo, hi in [(0, 2500), (0, 1), (999, 1001), (1500, 2500), (2400, 3000), (1000, 2000)]:
         got = zarrio.read_slice(ours, lo, hi)
         assert got.dtype == object and got.tolist() == list(ours[lo:hi]), (lo, hi)
@@ -267,6 +267,58 @@ def test_strings_read_off_their_chunk_files_are_what_zarr_reads(tmp_path):
     assert zarrio.read_slice(ours, 0, 1000).tolist() == values[:1000].tolist()
     with pytest.raises(StoreError, match=r"array ours is damaged: rows 500..1499 do not decode"):
         zarrio.read_slice(ours, 500, 1500)
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float64", "int64", "int32", "bool", ">i8", "<f4"], ids=lambda d: f"dtype={d}"
+)
+def test_numbers_read_off_their_chunk_files_are_what_zarr_reads(tmp_path, dtype):
+    """Readers decode a local array of numbers from its chunk files themselves, with the
+    codecs metacollect writes (raw bytes, Blosc, a CRC32C): any rows give what Zarr gives,
+    in either byte order, as an array the caller may change; a chunk whose CRC32C no longer
+    matches, or that is gone, is named as damaged; other codecs are read by Zarr."""
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec
+
+    from metacollect.errors import StoreError
+    from metacollect.store import zarrio
+
+    rng = np.random.default_rng(7)
+    values = (rng.random(2500) * 1e6).astype(dtype) if dtype != "bool" else rng.random(2500) > 0.5
+    root = zarr.open_group(str(tmp_path / "s.zarr"), mode="w", zarr_format=3)
+    order = "big" if dtype.startswith(">") else "little"
+    ours = root.create_array(
+        "ours",
+        shape=(3000,),  # the last 500 rows were never written: the fill value
+        chunks=(1000,),
+        dtype=values.dtype,
+        serializer=BytesCodec(endian=order),
+        compressors=zarrio.codecs("numeric", 3),
+        fill_value=0,
+    )
+    ours[:2500] = values
+    other = root.create_array(
+        "other", shape=(2500,), chunks=(1000,), dtype=values.dtype, compressors=[GzipCodec()]
+    )
+    other[:] = values
+    assert isinstance(ours.metadata.codecs[1], BloscCodec)
+    assert isinstance(ours.metadata.codecs[2], Crc32cCodec)
+    assert zarrio.chunk_decoder(ours) is not None and zarrio.chunk_decoder(other) is None
+    for lo, hi in [(0, 2500), (0, 1), (999, 1001), (1500, 2500), (2400, 3000), (1000, 2000)]:
+        got = zarrio.read_slice(ours, lo, hi)
+        assert got.dtype == np.dtype(dtype).newbyteorder("=") and got.dtype.isnative
+        assert np.array_equal(got, ours[lo:hi]), (lo, hi)
+        assert np.array_equal(zarrio.read_slice(other, lo, min(hi, 2500)), values[lo:hi])
+    got[:1] = got[1:2]  # the caller's to change, as Zarr's arrays are
+    chunk = tmp_path / "s.zarr" / "ours" / "c" / "1"
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0xFF  # the stored CRC32C: the chunk itself still decodes
+    chunk.write_bytes(bytes(data))
+    assert np.array_equal(zarrio.read_slice(ours, 0, 1000), values[:1000])
+    with pytest.raises(StoreError, match=r"array ours is damaged: rows 500..1499 do not decode"):
+        zarrio.read_slice(ours, 500, 1500)
+    chunk.unlink()
+    with pytest.raises(StoreError, match=r"array ours is damaged: its chunk c/1 is missing"):
+        zarrio.read_slice(ours, 500, 2500)
 
 
 def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():

@@ -49,8 +49,8 @@ class StoreReader:
                 "give the path of a metacollect store"
             ) from e
         #: opens groups and arrays: from the store, or once :attr:`groups` found a sealed
-        #: store's nodes to be as its seal lists them, from their documents (see _Nodes)
-        self._open = _Nodes(self.root)
+        #: store's nodes to be as its seal lists them, from their documents (see zarrio.Nodes)
+        self._open = zarrio.Nodes(self.root)
         attrs = dict(self.root.attrs)
         if "run_id" not in attrs or "schema_version" not in attrs:
             raise NotAStoreError(
@@ -116,7 +116,7 @@ class StoreReader:
                 "`metacollect validate` lists what, restore it from a copy"
             )
         if sealed is not None:
-            self._open = _Nodes(self.root, docs, self._arrays_below)
+            self._open = zarrio.Nodes(self.root, docs, self._below)
         return out
 
     @functools.cached_property
@@ -125,8 +125,8 @@ class StoreReader:
         return self._docs()
 
     @functools.cached_property
-    def _arrays_below(self) -> dict[str, list[tuple[str, dict[str, Any]]]]:
-        return _arrays_below(self.nodes)
+    def _below(self) -> dict[str, list[str]]:
+        return zarrio.members_below(self.nodes)
 
     def committed(self, group: str, table: str) -> int | None:
         """Rows of a table in Zarr that readers may use (``None``: no such table), from the
@@ -136,7 +136,8 @@ class StoreReader:
         doc = self.nodes.get(path)
         if doc is None:
             return None
-        shapes = [d.get("shape", [0])[0] for _, d in self._arrays_below.get(path, [])]
+        below = (self.nodes[f"{path}/{name}"] for name in self._below.get(path, []))
+        shapes = [d.get("shape", [0])[0] for d in below if d.get("node_type") == "array"]
         return rows_within((doc.get("attributes") or {}).get("rows"), shapes)
 
     def _docs(self) -> dict[str, dict[str, Any]]:
@@ -298,7 +299,7 @@ class StoreReader:
 
     @staticmethod
     def _read_columns(
-        tg: zarrio.Group, nodes: _Nodes, tspec: Any, wanted: list[str], distinct: bool
+        tg: zarrio.Group, nodes: zarrio.Nodes, tspec: Any, wanted: list[str], distinct: bool
     ) -> tuple[dict[str, np.ndarray], int, dict[str, Any]]:
         """The committed rows of the wanted variables the table holds, all in one batch of
         Zarr reads (they decode side by side); with ``distinct``, repeated rows dropped; and
@@ -726,76 +727,12 @@ class StoreReader:
         return out
 
 
-class _Nodes:
-    """Opens a store's groups and arrays by path: made from their metadata documents as
-    :attr:`StoreReader.nodes` read them, for a sealed store (its nodes were found to be as
-    its seal lists them, and nothing writes it unsealed), without reading them again; else
-    (``docs`` None: a live store's nodes change) opened from the store. Through Zarr, each
-    open reads a ``zarr.json`` and each listing of a table's arrays opens them all: ~5 ms a
-    table, which was most of a table of 128 workers' read (8.3 s, 3.0 s without)."""
-
-    def __init__(
-        self,
-        root: zarrio.Group,
-        docs: dict[str, dict[str, Any]] | None = None,
-        below: dict[str, list[tuple[str, dict[str, Any]]]] | None = None,
-    ) -> None:
-        self.root, self.docs, self.below = root, docs, below or {}
-
-    def _made(self, path: str) -> Any:
-        assert self.docs is not None
-        doc = self.docs.get(path)
-        if doc is None:
-            raise KeyError(path)
-        try:
-            return zarrio.node_of(self.root, path, doc)
-        except Exception as e:  # Zarr raises many types for a document it cannot use
-            raise zarrio.damaged_doc(path, f"{type(e).__name__}: {e}") from e
-
-    def group(self, path: str) -> zarrio.Group:
-        """The group at ``path`` (see :func:`zarrio.group_at`)."""
-        if self.docs is None:
-            return zarrio.group_at(self.root, path)
-        node = self._made(path)
-        if not zarrio.is_group(node):
-            raise StoreError(f"{path} should be a group of the store, and is an array")
-        return node
-
-    def array(self, path: str) -> zarrio.Array:
-        """The array at ``path`` (see :func:`zarrio.array_at`)."""
-        if self.docs is None:
-            group, _, name = path.rpartition("/")
-            return zarrio.array_at(self.group(group) if group else self.root, name)
-        node = self._made(path)
-        if not zarrio.is_array(node):
-            raise StoreError(f"{path} should be an array of the store, and is a group")
-        return node
-
-    def arrays(self, group: zarrio.Group) -> list[tuple[str, zarrio.Array]]:
-        """``(name, array)`` of the arrays directly below ``group``, by name."""
-        if self.docs is None:
-            return [(n, m) for n, m in zarrio.members(group) if zarrio.is_array(m)]
-        path = group.path
-        return [(name, self.array(f"{path}/{name}")) for name, _ in self.below.get(path, [])]
-
-
-def _arrays_below(docs: dict[str, dict[str, Any]]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
-    """``{group path: [(name, document)]}`` of the arrays directly below each group, by name."""
-    out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for path in sorted(docs):
-        doc = docs[path]
-        if doc.get("node_type") == "array":
-            group, _, name = path.rpartition("/")
-            out.setdefault(group, []).append((name, doc))
-    return out
-
-
 class _GroupStrings:
     """A group's strings table, as one table read needs it: the few chunks a column of a
     handful of codes uses (a column of task prefixes must not read a million task keys), or
     all of it at most once (task keys), then shared by the table's other columns."""
 
-    def __init__(self, nodes: _Nodes, group: str) -> None:
+    def __init__(self, nodes: zarrio.Nodes, group: str) -> None:
         self.nodes, self.group = nodes, group
         self.value: zarrio.Array | None = None
         self.all: np.ndarray | None = None

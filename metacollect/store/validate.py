@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,19 +50,16 @@ def validate_store(
     except Exception as e:
         return [f"not a Zarr v3 store: {type(e).__name__}: {e}"]
     problems: list[str] = []
+    sealed, nodes = _check_seal(root, problems)
     state = _Facts(
-        sealed=_check_seal(root, problems),
+        sealed=sealed,
         whole=root.attrs.get("status") != "incomplete",
         targets=_join_targets(schema),
-        root=root,
+        nodes=nodes,
         progress=say,
     )
     _check_group("", root, schema.groups["root"], schema, problems)
-    from metacollect.store.reader import walk
-
-    for path, member in walk(root, on_error=problems.append):
-        if not zarrio.is_group(member):
-            continue
+    for path, member in _groups(nodes, problems):
         say(f"validating {path}")
         owner = schema.table_owner(path)
         if owner is not None:
@@ -158,21 +155,45 @@ def _group_segment_problems(
     return problems
 
 
-def _check_seal(root: zarrio.Group, problems: list[str]) -> bool:
+def _check_seal(root: zarrio.Group, problems: list[str]) -> tuple[bool, zarrio.Nodes]:
     """Every node's ``zarr.json`` readable, and, for a sealed store, as the seal recorded it;
-    returns whether the store is sealed."""
+    returns whether the store is sealed, and how to open its nodes: from the documents just
+    read when they are as sealed (as :class:`~metacollect.store.reader.StoreReader` does),
+    else through Zarr, which names what it cannot read."""
     bad: dict[str, str] = {}
+    through_zarr = zarrio.Nodes(root)
     try:
         docs = zarrio.run(zarrio.list_docs(root, bad))
         sealed = zarrio.sealed_docs(root)
     except Exception as e:  # a listing that fails: the walk below names the group
         problems.append(f"/: the store's nodes cannot be listed ({type(e).__name__}: {e})")
-        return False
+        return False, through_zarr
     problems.extend(f"{p}: {why}" for p, why in bad.items())
     if sealed is None:
-        return False
-    problems.extend(seal_problems(sealed, {**docs, **{p: {} for p in bad}}))
-    return True
+        return False, through_zarr
+    unlike = seal_problems(sealed, {**docs, **{p: {} for p in bad}})
+    problems.extend(unlike)
+    return True, through_zarr if bad or unlike else zarrio.Nodes(root, docs)
+
+
+def _groups(nodes: zarrio.Nodes, problems: list[str]) -> Iterator[tuple[str, zarrio.Group]]:
+    """``(path, group)`` of every group below the root, in the order of a walk by name; a
+    group that cannot be opened is a problem."""
+    if nodes.docs is None:
+        from metacollect.store.reader import walk
+
+        for path, member in walk(nodes.root, on_error=problems.append):
+            if zarrio.is_group(member):
+                yield path, member
+        return
+    for path in sorted(nodes.docs, key=lambda p: p.split("/")):
+        if nodes.docs[path].get("node_type") == "group":
+            try:
+                group = nodes.group(path)
+            except StoreError as e:
+                problems.append(str(e))
+                continue
+            yield path, group
 
 
 def _check_group(
@@ -235,7 +256,7 @@ def _check_table(
     try:
         # an array directory whose zarr.json was never written (its process was killed
         # while making it) holds no data: not a fault, as for every reader
-        members = zarrio.members(group)
+        members = facts.nodes.members(group)
     except Exception as e:  # a damaged zarr.json below the table
         problems.append(f"{path}: cannot be read ({type(e).__name__}: {e})")
         return
@@ -331,6 +352,8 @@ class _Facts:
     #: the record claims to be whole (status not ``incomplete``): ids must join
     whole: bool
     targets: set[str]
+    #: how the store's groups and arrays are opened (see :func:`_check_seal`)
+    nodes: zarrio.Nodes
     #: committed rows of each table, by path
     rows: dict[str, int] = field(default_factory=dict)
     #: (group, smallest, largest) code of each code array, by path
@@ -343,7 +366,6 @@ class _Facts:
     #: path of each group's strings array (codes join by the strings they stand for: a
     #: writer whose cache restarted gives a string seen again a new code)
     strings: dict[str, str] = field(default_factory=dict)
-    root: Any = None
     _text_of: dict[str, np.ndarray] = field(default_factory=dict)
     #: ``code`` arrays a seal compacted to strings
     text: set[str] = field(default_factory=set)
@@ -441,7 +463,7 @@ class _Facts:
         if path is None or not len(codes):
             return np.array([], dtype=object)
         if group not in self._text_of:  # the whole table once: far faster than picking
-            arr = zarrio.array_at(self.root, path)
+            arr = self.nodes.array(path)
             n = self.rows.get(f"{group}/strings", 0)
             self._text_of[group] = np.asarray(zarrio.read_slice(arr, 0, n), dtype=object)
         return self._text_of[group][codes]
