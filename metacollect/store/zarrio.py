@@ -489,14 +489,7 @@ class Nodes:
 
     def arrays(self, group: Group) -> list[tuple[str, Array]]:
         """``(name, array)`` of the arrays directly below ``group``, by name."""
-        if self.docs is None:
-            return [(n, m) for n, m in members(group) if is_array(m)]
-        path = group.path
-        return [
-            (name, self.array(f"{path}/{name}"))
-            for name in self.below.get(path, [])
-            if self.docs[f"{path}/{name}" if path else name].get("node_type") == "array"
-        ]
+        return [(n, m) for n, m in self.members(group) if is_array(m)]
 
 
 def members_below(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
