@@ -437,3 +437,54 @@ def test_undamaged_copy_reads_the_same(good_store, good_data, tmp_path):
     assert validate_store(store) == []
     assert reader_outcome(store, good_data) == "exact"
     assert np.isfinite(good_data["tasks"]["start"]).all()
+
+
+def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp_path, monkeypatch):
+    """``validate`` opens a sealed store's nodes from the documents its seal check read
+    (not through Zarr, one group at a time): a store sealed with problems of its own (a group
+    without the attributes the schema needs) gets the same
+    problems, in the same order, as through Zarr; a store whose nodes are unlike its seal
+    is walked through Zarr."""
+    from metacollect.session import init_root
+    from metacollect.store import validate as validate_mod
+    from metacollect.store import zarrio
+
+    path = str(tmp_path / "run.zarr")
+    w = writer_mod.StoreWriter(path, segments=False)
+    init_root(w, "bare")
+    g = w.group("scheduler", cluster="c1")  # none of a scheduler's attributes
+    g.append(
+        "transitions", {"key": ["a", "b"], "start": ["released"] * 2, "finish": ["waiting"] * 2}
+    )
+    g.append("events", {"time": [1.0], "topic": ["t"], "msg": ["m"]})
+    g.flush()
+    lifecycle.finalize(path)
+    opened = []
+    check_seal = validate_mod._check_seal
+
+    def seen(root, problems):
+        sealed, nodes = check_seal(root, problems)
+        opened.append(nodes.docs is not None)
+        return sealed, nodes
+
+    monkeypatch.setattr(validate_mod, "_check_seal", seen)
+    from_docs = validate_store(path)
+    monkeypatch.setattr(
+        validate_mod,
+        "_check_seal",
+        lambda root, problems: (check_seal(root, problems)[0], zarrio.Nodes(root)),
+    )
+    through_zarr = validate_store(path)
+    assert opened == [True]
+    assert any("missing attr" in p for p in from_docs)
+    assert from_docs == through_zarr
+    monkeypatch.setattr(validate_mod, "_check_seal", seen)
+    doc = os.path.join(path, "clusters", "c1", "scheduler", "events", "zarr.json")
+    with open(doc) as f:
+        meta = json.load(f)
+    meta["attributes"]["added"] = 1  # unlike the seal now
+    with open(doc, "w") as f:
+        json.dump(meta, f)
+    changed = validate_store(path)
+    assert opened == [True, False]
+    assert any("events" in p for p in changed) and set(from_docs) <= set(changed)
