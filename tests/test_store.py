@@ -45,61 +45,156 @@ def test_string_table_codes_survive_cache_restart():
     assert st.take_new() == ["('k', 1)"]
 
 
-def test_string_table_large_columns_equal_the_plain_encoding():
-    """A column past SMALL_ENCODE is told apart by object identity first: equal values in
-    distinct objects (a key tuple rebuilt, a string made twice) must still get one code,
-    and None and NaN none; the codes decode to ``str(v)`` whatever the path or a restart."""
-    from metacollect.store.writer import SMALL_ENCODE
-
-    n = 3 * SMALL_ENCODE
-    pool = ["released", "memory", None, float("nan"), 7, ("x", 1)]
-    values = [pool[i % len(pool)] for i in range(n)]
-    values += [("x", i % 50) for i in range(n)]  # a new tuple object per row, 50 values
-    values += ["".join(["w", str(i % 3)]) for i in range(n)]  # new str objects, 3 values
-    st = StringTable(cache_size=10_000)
-    codes = st.encode(values)
-    strings = st.take_new()
-    assert len(strings) == len(set(strings)) == 4 + 49 + 3  # ("x", 1) is in both
-    assert strings[:5] == ["released", "memory", "7", "('x', 1)", "('x', 0)"]  # first seen
-    expect = [None if v is None or v != v else str(v) for v in values]
-    assert [strings[c] if c >= 0 else None for c in codes] == expect
-    # a restart mid-way (past a cache of 1000): codes stay decodable, strings may repeat
-    st = StringTable(cache_size=1000)
-    first = st.encode(values[:n])
-    more = st.encode([f"k{i}" for i in range(SMALL_ENCODE + 1000)])  # past the cache
-    again = st.encode(values[:n])
-    strings = st.take_new()
-    for got in (first, again):
-        assert [strings[c] if c >= 0 else None for c in got] == expect[:n]
-    assert [strings[c] for c in more] == [f"k{i}" for i in range(SMALL_ENCODE + 1000)]
+class _Named(str):
+    """A str subclass (its str() is a plain str of the same text)."""
 
 
-def test_string_table_failing_half_way_keeps_its_codes_true(monkeypatch):
-    """Codes are handed out in two steps for a large column (see _codes_of_texts): a failure
-    between them (memory) must not leave a string mapped to a code it was never given, which
-    would decode a later row as another string without a word."""
-    from metacollect.store import writer
-    from metacollect.store.writer import SMALL_ENCODE
+class _Point(tuple):
+    """A tuple subclass with a str of its own (as a namedtuple has)."""
 
-    values = [f"s{i}" for i in range(2 * SMALL_ENCODE)]
+    def __str__(self) -> str:
+        return f"Point{tuple(self)}"
+
+
+def _values_of_every_kind(rows: int) -> list[object]:
+    """What hooks may put in a code column, many rows of it: shared objects (a state, a
+    worker) and equal values in distinct objects (a key tuple rebuilt, a string made
+    twice), Dask keys of every shape the encoder assembles itself, and the ones it leaves
+    to ``str()``."""
+    name = "inc-" + "5eed" * 8
+    shared = ["released", "memory", None, float("nan"), np.float64("nan"), 7, ("x", 1)]
+    odd = [
+        ("x",), ("x", -3), ("x", 2**63), ("x", -(2**63)), (name, 1, 2, 3), ("x", (1, 2)),
+        ("x", 1.5), ("x", True), ("x", None), ("x", np.int64(4)), ("x", b"b"), (),
+        ("naïve", 1), ("it's", 2), ('say "hi"', 3), ("a\\b\n", 4), ("\x00", 5),
+        (_Named("n"), 1), _Point((1, 2)), _Named("plain"), 1.25, True, b"raw", -0.0,
+        tuple(range(16)), tuple(range(17)), frozenset({1}), "",
+    ]
+    values: list[object] = []
+    for i in range(rows):
+        values.append(shared[i % len(shared)])
+        values.append((name, i % 997))  # a new tuple object each row
+        values.append("".join(["w", str(i % 3)]))  # a new str object each row
+        values.append(odd[i % len(odd)])
+    return values
+
+
+def _plain_encoding(values: list[object]) -> list[str | None]:
+    """The ground truth: what each value's code must decode to."""
+    return [None if v is None or (isinstance(v, float) and v != v) else str(v) for v in values]
+
+
+def _decoded(codes: np.ndarray, strings: list[str]) -> list[str | None]:
+    return [strings[c] if c >= 0 else None for c in codes.tolist()]
+
+
+def test_string_table_codes_are_the_plain_encoding_of_every_kind_of_value():
+    """Every value's code decodes to ``str(v)`` (``None`` and NaN: no code), whatever the
+    value (the C encoder assembles a key tuple's text itself: it must be ``str``'s, to the
+    byte), one code a distinct string in first-seen order, and again across calls and
+    restarts of the cache."""
+    values = _values_of_every_kind(20_000)
+    expect = _plain_encoding(values)
     st = StringTable(cache_size=100_000)
-    first = st.encode(values[:SMALL_ENCODE] * 2)
-    real = writer.np.flatnonzero
-    calls = iter([MemoryError("injected")])
+    codes = st.encode(values[: len(values) // 2], values[len(values) // 2 :])
+    assert codes.dtype == np.int32 and len(codes) == len(values)
+    strings = st.take_new()
+    assert _decoded(codes, strings) == expect
+    assert len(strings) == len(set(strings))  # one code a string
+    first_seen = list(dict.fromkeys(s for s in expect if s is not None))
+    assert strings == first_seen
+    # later calls find the same codes; nothing new
+    assert st.encode(values[::-1]).tolist() == codes.tolist()[::-1]
+    assert st.take_new() == []
+    # a cache far smaller than a call: it restarts, codes stay decodable, strings may repeat
+    st = StringTable(cache_size=500)
+    got = [st.encode(values[i : i + 3000]) for i in range(0, len(values), 3000)]
+    more = st.encode([f"k{i}" for i in range(700)])
+    strings = st.take_new()
+    assert [s for part in got for s in _decoded(part, strings)] == expect
+    assert _decoded(more, strings) == [f"k{i}" for i in range(700)]
+    # columns of any sequence: a tuple, a numpy object array, an empty list
+    st = StringTable(cache_size=100)
+    codes = st.encode(("a", "b"), np.array(["b", None, ("k", 1)], dtype=object), [])
+    assert _decoded(codes, st.take_new()) == ["a", "b", "b", None, "('k', 1)"]
+    assert st.encode().tolist() == [] and st.encode([]).tolist() == []
 
-    def failing(a):
-        for e in calls:
-            raise e
-        return real(a)
 
-    monkeypatch.setattr(writer.np, "flatnonzero", failing)
-    with pytest.raises(MemoryError):
-        st.encode(values * 2)
+def test_string_table_failing_half_way_keeps_its_codes_true():
+    """A value whose ``str()`` raises part-way through a call: the call raises, and every
+    code handed out before it stays the code of its string (each new string is appended as
+    its code is given), so no later row decodes as another string without a word."""
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    values = [f"s{i}" for i in range(5000)]
+    st = StringTable(cache_size=100_000)
+    first = st.encode(values[:2000] * 2)
+    with pytest.raises(RuntimeError, match="no text"):
+        st.encode(values[1000:3000], [Unprintable()], values[3000:])
     later = values[::-1]  # other places: a code left from the failure would not fit them
     again = st.encode(later)
     strings = st.take_new()
-    assert [strings[c] for c in first] == values[:SMALL_ENCODE] * 2
-    assert [strings[c] for c in again] == later
+    assert _decoded(first, strings) == values[:2000] * 2
+    assert _decoded(again, strings) == later
+    assert st.encode(["new"]).tolist() == [len(strings)]  # the next code follows them all
+
+
+def test_string_table_values_whose_str_changes_the_columns():
+    """``str()`` of a value runs Python code, which may empty the very list being encoded
+    and drop the last reference to its objects: the encoder holds the distinct objects it
+    found and reads the columns no more, so the codes are those of the values it was
+    handed, and nothing is freed twice or leaked."""
+    import sys
+
+    column: list[object] = []
+
+    class Emptier:
+        def __str__(self) -> str:
+            column.clear()
+            return "emptier"
+
+    items = [("t", i) for i in range(3000)] + [Emptier()] + [("u", i) for i in range(3000)]
+    expect = _plain_encoding(items)
+    column += items
+    kept = items[5]
+    del items
+    refs = sys.getrefcount(kept)
+    st = StringTable(cache_size=100_000)
+    codes = st.encode(column)
+    assert column == []
+    assert _decoded(codes, st.take_new()) == expect
+    # the column's reference is gone with it; the encoder holds none afterwards
+    assert sys.getrefcount(kept) == refs - 1
+
+
+def test_vlen_utf8_writes_the_bytes_numcodecs_writes():
+    """The segments' and the seal's strings are encoded by ``_codes.vlen_utf8``: its bytes
+    must be numcodecs' VLenUTF8 (Zarr's vlen-utf8) bytes, which every reader decodes, for
+    every kind of text: ASCII, other scripts, empty, NULs, surrogate pairs, ``None`` (an
+    empty string, as numcodecs writes it); and it refuses what numcodecs refuses, but for
+    a str subclass, which numcodecs refuses and it writes as its text."""
+    import numcodecs
+
+    from metacollect.store._codes import vlen_utf8
+
+    texts = ["", "a", "released", "naïve", "日本語", "\0", "a\0b", "\U0001f600"]
+    texts += [f"('inc-{i:032x}', {i})" for i in range(2000)] + [None, "x" * 100_000]
+    vlen = numcodecs.VLenUTF8()
+    for values in (texts, texts[:1], [], np.array(texts, dtype=object), tuple(texts)):
+        expect = bytes(vlen.encode(np.array(values, dtype=object)))
+        assert vlen_utf8(values) == expect
+    decoded = vlen.decode(vlen_utf8(texts))
+    assert decoded.tolist() == ["" if t is None else str(t) for t in texts]
+    assert vlen_utf8(["a", _Named("sub")]) == vlen_utf8(["a", "sub"])
+    with pytest.raises(TypeError, match="Expected str, got int"):
+        vlen_utf8(["a", 3])
+    with pytest.raises(UnicodeEncodeError):
+        vlen_utf8(["\ud800"])  # a lone surrogate has no UTF-8
+    with pytest.raises(TypeError, match="sequence"):
+        vlen_utf8(7)  # type: ignore[arg-type]
 
 
 CLUSTER_ATTRS = {
@@ -187,7 +282,7 @@ def test_roundtrip_tables_strings_and_datatree(store):
     assert zarr.config.get("json_indent") == 2
 
 
-@pytest.mark.parametrize("n", [40, 3000])  # below and past SMALL_ENCODE, all columns together
+@pytest.mark.parametrize("n", [40, 3000])  # a worker's flush and a larger one, all columns together
 def test_a_flush_encodes_the_names_of_all_its_tables_together(store, n):
     """A flush encodes the names of every table it writes in one pass (a task's key object
     in its transitions and its execution, a worker's address, states): each table reads

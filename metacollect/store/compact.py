@@ -87,7 +87,7 @@ def equal_text(values: np.ndarray, text: str) -> np.ndarray:
 def no_value(values: np.ndarray) -> np.ndarray:
     """Which values of an object array are no value (``None`` or NaN), as ``pandas.isna``
     says of strings and as fast, without pandas: a worker that seals its own group then never
-    imports it (see :data:`~metacollect.store.writer.SMALL_ENCODE`)."""
+    imports it (a third of a second and ~2,400 stat and open calls on a shared filesystem)."""
     values = np.asarray(values, dtype=object)
     nothing = np.empty((), dtype=object)  # None, as an array (what numpy's typing asks)
     return np.asarray(np.equal(values, nothing) | np.not_equal(values, values), dtype=bool)

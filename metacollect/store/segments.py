@@ -11,7 +11,7 @@ across segments, in ``seq`` order).
 Layout: :data:`MAGIC`, the header's length (4 bytes, little-endian), the header (JSON: per
 table, per variable its dtype, shape, and place in the body; which string columns may hold
 an empty or NUL-only string, ``blank``), the body (the columns' bytes,
-compressed as one Zstandard frame; strings as numcodecs' VLenUTF8), then a trailer: the
+compressed as one Zstandard frame; strings as numcodecs' VLenUTF8 writes them), then a trailer: the
 file's length (8 bytes) and the CRC-32 of everything before it (4 bytes). A process killed
 mid-write leaves a segment that is short or fails its CRC: *torn*; readers skip it (its rows
 are those of the flush the kill interrupted), ``metacollect validate`` names it.
@@ -48,6 +48,7 @@ import numcodecs
 import numpy as np
 
 from metacollect.errors import StoreError
+from metacollect.store._codes import vlen_utf8
 from metacollect.store.schema import load_schema
 
 #: the directory of a group's segments, below the group's own
@@ -89,7 +90,7 @@ def encode(tables: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
         for name, values in data.items():
             arr = np.asarray(values)
             if arr.dtype == object:
-                raw, dtype = bytes(_VLEN.encode(arr.reshape(-1))), "vlen"
+                raw, dtype = vlen_utf8(arr.reshape(-1)), "vlen"
             else:
                 arr = np.ascontiguousarray(arr)
                 raw, dtype = arr.tobytes(), arr.dtype.str

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
-import itertools
 import json
 import logging
 import os
@@ -31,7 +29,7 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import lock
+from metacollect.store import _codes, lock
 from metacollect.store import segments as seg
 from metacollect.store.chunks import ChunkAppender
 from metacollect.store.compact import (
@@ -50,11 +48,6 @@ logger = logging.getLogger(__name__)
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
 
-#: columns of at most this many values are encoded without pandas (see StringTable), which
-#: is imported only for a larger one: a worker's collector starts without it (a third of a
-#: second in every worker process, 350 modules and ~2,400 stat and open calls on a shared
-#: filesystem, while the session's start waits for the workers); most of its flushes are small
-SMALL_ENCODE = 4096
 #: rows (all tables) a merge of a group's segments holds at most: their bytes, decompressed
 #: (~10-20 MB), for a moment in a worker's flush thread
 MERGE_MAX_ROWS = 262_144
@@ -62,15 +55,6 @@ MERGE_MAX_ROWS = 262_144
 UNRECOGNIZED = zarrio.UNRECOGNIZED
 compact_json = zarrio.compact_json
 open_root = zarrio.open_root
-
-
-def _addresses(items: np.ndarray) -> np.ndarray:
-    """The addresses of the objects an object array holds (its ``PyObject *`` slots, read as
-    integers, without copying): equal exactly for the same object. Valid only while
-    ``items`` holds them. Factorizing these costs a few ns a row, where hashing the objects
-    themselves costs 25-110 ns (a tuple's hash is computed anew each time)."""
-    slots = items.ctypes.data_as(ctypes.POINTER(ctypes.c_ssize_t))
-    return np.ctypeslib.as_array(slots, shape=(len(items),))
 
 
 class _Written(NamedTuple):
@@ -95,99 +79,36 @@ class StringTable:
         self._codes: dict[Any, int] = {}
         self._next = 0
         self._new: list[str] = []
-        self._hint = 1024  # distinct objects in the last large encode (see encode)
+        self._hint = 1024  # distinct objects in the last encode: its identity table's size
         self._lock = threading.Lock()
 
     def encode(self, *columns: Sequence[Any]) -> np.ndarray:
         """int32 codes of the values of ``columns``, one column after the other (``None``
-        and NaN -> -1); non-strings are encoded as ``str(v)``. A flush hands over all its
-        columns at once: the same objects recur across them, and they are read straight into
-        one array, not first joined into a list (which made that copy 1.5x as long).
+        and float NaN -> -1); non-strings are encoded as ``str(v)``. A flush hands over all
+        its columns at once: the same objects recur across them.
 
-        The values are told apart by identity first (:func:`_addresses`: the hooks hand over
-        the very objects Dask passes around, so a flush of a million transitions holds a few
-        distinct state strings and one key object per task), then each distinct object is
-        looked up by its string. ``str`` of a task key tuple (~0.25 us) is paid once per
-        distinct object a flush, not once a row. The cache holds the strings, never the
-        caller's objects: a task key cached as the scheduler's own tuple would outlive the
-        task by the whole cache.
+        The values are told apart by identity first (the hooks hand over the very objects
+        Dask passes around, so a flush of a million transitions holds a few distinct state
+        strings and one key object per task), then each distinct object is turned into its
+        string once and looked up; new strings get the next codes in first-seen order. All
+        of it is one pass in C (:mod:`metacollect.store._codes`): in Python and numpy the
+        same steps cost ~4x the CPU, most of a busy scheduler's flush. The cache holds the
+        strings, never the caller's objects: a task key cached as the scheduler's own tuple
+        would outlive the task by the whole cache.
         """
         n = sum(map(len, columns))
-        values = itertools.chain.from_iterable(columns)
+        out = np.empty(n, np.int32)
         if n == 0:
-            return np.empty(0, np.int32)
-        if n <= SMALL_ENCODE:
-            return self._encode_small(values, n)
-        import pandas as pd  # here, not at the top: see SMALL_ENCODE
-
-        items = np.fromiter(values, dtype=object, count=n)
-        # a hash table sized for the distinct objects of the last flush, not for every row:
-        # one made for a million rows misses the CPU's caches, and took 2.5x as long
-        local, distinct = pd.factorize(_addresses(items), size_hint=min(n, self._hint))
-        self._hint = max(len(distinct), 1024)
-        some_row = np.empty(len(distinct), np.intp)
-        some_row[local] = np.arange(n)  # a row of each distinct object (any will do)
-        objects = items[some_row]
-        del items  # the addresses were only valid while it held the objects
-        absent = pd.isna(objects)  # None and NaN: no value
-        texts = [v if type(v) is str else str(v) for v in objects[~absent].tolist()]
-        mapped = np.full(len(objects), -1, np.int32)
+            return out
         with self._lock:
-            if len(self._codes) + len(texts) > self.cache_size:
-                self._codes.clear()
-            mapped[~absent] = self._codes_of_texts(texts)
-        return mapped[local]
-
-    def _codes_of_texts(self, texts: list[str]) -> np.ndarray:
-        """The codes of strings (under the lock), found and added in one C-level pass: each
-        text not yet known is added with a code of ``_next`` plus its place, then the new
-        ones are numbered again in first-seen order. Two look-ups a new string, where a
-        pass to tell them apart, one to add them and one to read every code made four."""
-        codes, start, n = self._codes, self._next, len(texts)
-        try:
-            found = np.fromiter(
-                map(codes.setdefault, texts, range(start, start + n)), dtype=np.int64, count=n
-            )
-            place = found - start  # >= 0: new in this call, at the first place it has here
-            first = np.flatnonzero(place == np.arange(n))
-            if len(first):
-                new = [texts[i] for i in first.tolist()]
-                renumbered = np.empty(n, np.int64)
-                renumbered[first] = np.arange(start, start + len(first))
-                fresh = place >= 0
-                found[fresh] = renumbered[place[fresh]]
-                codes.update(zip(new, range(start, start + len(new)), strict=True))
-                self._next = start + len(new)
-                self._new.extend(new)
-        except BaseException:
-            codes.clear()  # it may hold codes given out above and not numbered again
-            raise
-        return found
-
-    def _encode_small(self, values: Iterable[Any], n: int) -> np.ndarray:
-        """:meth:`encode` of a few values, one dictionary look-up each: a flush of a worker's
-        few hundred rows has a dozen code columns, and telling a column's objects apart
-        first costs ~50 us a call however short the column. ``None`` and NaN are no value,
-        as there."""
-        out: list[int] = []
-        add = out.append
-        with self._lock:
-            if len(self._codes) + n > self.cache_size:
-                self._codes.clear()
-            codes = self._codes
-            get = codes.get
-            for v in values:
-                if v is None or (type(v) is float and v != v):
-                    add(-1)
-                    continue
-                s = v if type(v) is str else str(v)
-                c = get(s)
-                if c is None:
-                    c = codes[s] = self._next
-                    self._next += 1
-                    self._new.append(s)
-                add(c)
-        return np.array(out, dtype=np.int32)
+            before = len(self._new)
+            try:
+                self._hint = _codes.encode_into(
+                    columns, out, self._codes, self._new, self._next, self.cache_size, self._hint
+                )
+            finally:  # each string appended to _new took the next code, even on a failure
+                self._next += len(self._new) - before
+        return out
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:
         """The strings of codes this table gave out while its cache holds them (-1:

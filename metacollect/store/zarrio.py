@@ -34,6 +34,7 @@ from zarr.errors import ContainsGroupError
 from zarr.storage import LocalStore, MemoryStore
 
 from metacollect.errors import StoreError
+from metacollect.store._codes import vlen_utf8
 
 Group = zarr.Group
 Array = zarr.Array
@@ -638,7 +639,8 @@ _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
     """An array's codec chain as one function of a whole chunk's values (numcodecs, as Zarr
-    does), for a writer that stores the chunks it encodes itself."""
+    does; strings with :func:`~metacollect.store._codes.vlen_utf8`, the same bytes), for a
+    writer that stores the chunks it encodes itself."""
     steps: list[Callable[[Any], Any]] = []
     for c in arr.metadata.codecs:
         if isinstance(c, BytesCodec):
@@ -647,7 +649,7 @@ def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
             )
             steps.append(functools.partial(_raw_bytes, order=order))
         elif isinstance(c, VLenUTF8Codec):
-            steps.append(numcodecs.VLenUTF8().encode)
+            steps.append(vlen_utf8)  # numcodecs' VLenUTF8 bytes, in C
         elif isinstance(c, BloscCodec):
             steps.append(_blosc(c).encode)
         elif isinstance(c, ZstdCodec):
