@@ -64,11 +64,34 @@ def _values_of_every_kind(rows: int) -> list[object]:
     name = "inc-" + "5eed" * 8
     shared = ["released", "memory", None, float("nan"), np.float64("nan"), 7, ("x", 1)]
     odd = [
-        ("x",), ("x", -3), ("x", 2**63), ("x", -(2**63)), (name, 1, 2, 3), ("x", (1, 2)),
-        ("x", 1.5), ("x", True), ("x", None), ("x", np.int64(4)), ("x", b"b"), (),
-        ("naïve", 1), ("it's", 2), ('say "hi"', 3), ("a\\b\n", 4), ("\x00", 5),
-        (_Named("n"), 1), _Point((1, 2)), _Named("plain"), 1.25, True, b"raw", -0.0,
-        tuple(range(16)), tuple(range(17)), frozenset({1}), "",
+        ("x",),
+        ("x", -3),
+        ("x", 2**63),
+        ("x", -(2**63)),
+        (name, 1, 2, 3),
+        ("x", (1, 2)),
+        ("x", 1.5),
+        ("x", True),
+        ("x", None),
+        ("x", np.int64(4)),
+        ("x", b"b"),
+        (),
+        ("naïve", 1),
+        ("it's", 2),
+        ('say "hi"', 3),
+        ("a\\b\n", 4),
+        ("\x00", 5),
+        (_Named("n"), 1),
+        _Point((1, 2)),
+        _Named("plain"),
+        1.25,
+        True,
+        b"raw",
+        -0.0,
+        tuple(range(16)),
+        tuple(range(17)),
+        frozenset({1}),
+        "",
     ]
     values: list[object] = []
     for i in range(rows):
@@ -118,6 +141,43 @@ def test_string_table_codes_are_the_plain_encoding_of_every_kind_of_value():
     codes = st.encode(("a", "b"), np.array(["b", None, ("k", 1)], dtype=object), [])
     assert _decoded(codes, st.take_new()) == ["a", "b", "b", None, "('k', 1)"]
     assert st.encode().tolist() == [] and st.encode([]).tolist() == []
+
+
+def test_string_table_gives_its_strings_back_and_restarts_whole():
+    """The table of codes is a C hash table that keeps its size across restarts: what it
+    holds reads back (``strings_of``, for a seal's strings a later writer appends to),
+    a restart forgets every string and nothing else, and equal texts from ``str()`` of
+    distinct objects (and of a str subclass a ``__str__`` returns) are one string."""
+    from metacollect.store._codes import Codes
+
+    class Sub(str):
+        def __hash__(self) -> int:  # a subclass's own hash must not split equal texts
+            return 1
+
+    class Named:
+        def __str__(self) -> str:
+            return Sub("k")
+
+    st = StringTable(cache_size=3000)
+    codes = st.encode([f"s{i}" for i in range(2500)], ["k", Named(), ("x", 1), None])
+    assert codes[-4] == codes[-3] != codes[-2] and codes[-1] == -1
+    assert st.strings_of(codes).tolist() == [f"s{i}" for i in range(2500)] + [
+        "k",
+        "k",
+        "('x', 1)",
+        None,
+    ]
+    assert len(st._codes) == 2502
+    more = st.encode([f"t{i}" for i in range(600)])  # past the cache: it restarts first
+    assert len(st._codes) == 600
+    assert st.strings_of(codes[:3]).tolist() == [None, None, None]  # forgotten, not wrong
+    assert st.strings_of(more[:2]).tolist() == ["t0", "t1"]
+    strings = st.take_new()
+    assert len(strings) == 2502 + 600 and strings[more[0]] == "t0"
+    st._codes.clear()
+    assert len(st._codes) == 0 and st._codes.items() == []
+    with pytest.raises(ValueError, match="not initialised"):
+        Codes.__new__(Codes).encode_into((["a"],), np.empty(1, np.int32), [], 0, 1)
 
 
 def test_string_table_failing_half_way_keeps_its_codes_true():
@@ -195,6 +255,29 @@ def test_vlen_utf8_writes_the_bytes_numcodecs_writes():
         vlen_utf8(["\ud800"])  # a lone surrogate has no UTF-8
     with pytest.raises(TypeError, match="sequence"):
         vlen_utf8(7)  # type: ignore[arg-type]
+
+
+def test_holds_blank_reads_the_strings_off_their_vlen_bytes():
+    """A segment marks the string columns that may hold an empty or NUL-only string (the
+    seal must tell those from no value): ``holds_blank`` says so exactly, from the bytes,
+    and refuses bytes that are not whole."""
+    from metacollect.store._codes import holds_blank, vlen_utf8
+
+    for values, blank in [
+        (["a", "bc"], False),
+        ([], False),
+        (["a", ""], True),
+        ([None], True),
+        (["\0"], True),
+        (["\0\0\0\0\0"], True),
+        (["a\0", "\0b"], False),
+        (["x" * 300, "\x00\x01"], False),  # a length with zero bytes in it is no blank
+    ]:
+        assert holds_blank(vlen_utf8(values)) is blank, values
+    data = vlen_utf8(["abc", "def"])
+    for cut in (b"", data[:3], data[:-1]):
+        with pytest.raises(ValueError, match="not whole"):
+            holds_blank(cut)
 
 
 CLUSTER_ATTRS = {

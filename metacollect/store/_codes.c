@@ -8,19 +8,20 @@
  *      transitions holds a few states and one key object per task;
  *   2. turn each distinct object into its string once: itself for a str, a tuple of str
  *      and int (a Dask key) assembled from its parts, anything else str(v);
- *   3. look each string up in the table's dict of codes, adding the new ones (code = the
- *      next row of the group's strings table, in first-seen order) to ``new``;
+ *   3. look each string up in the table's codes (Codes, a hash table of its own), adding
+ *      the new ones (code = the next row of the group's strings table, in first-seen
+ *      order) to ``new``;
  *   4. write every row's code (None and float NaN: -1) into ``out``.
  *
  * A Python encoder of these rows paid ~80 ns a value and ~500 ns a distinct string in
  * interpreted steps (numpy object arrays, pandas' factorize, str() of each key tuple);
- * here it is a few ns a value and the dict's own look-up a string. Python code runs only
+ * here it is a few ns a value and a hash table's look-up a string. Python code runs only
  * in str() of values that are not str, int tuples: the distinct objects are held (strong
  * references) from step 1 on, and the columns are not read again after it, so that code
  * cannot pull an object out from under the encoder.
  *
- * The dict and ``new`` always agree: each code added to the dict is appended to ``new`` at
- * once, so a failure part-way (MemoryError, a __str__ that raises) leaves every code given
+ * The table and ``new`` always agree: each code added to the table is appended to ``new``
+ * at once, so a failure part-way (MemoryError, a __str__ that raises) leaves every code given
  * out true, and the caller's next code is its start plus the strings appended.
  */
 #define PY_SSIZE_T_CLEAN
@@ -30,15 +31,19 @@
 #include <string.h>
 
 typedef struct {
-    PyObject *key; /* borrowed from the columns while step 1 runs, then held in `distinct` */
+    PyObject *key;
     Py_ssize_t index;
 } Slot;
 
-/* address -> index of the distinct object, open addressing, a power of two in size */
+/* address -> index of the distinct object, open addressing, a power of two in size; and
+ * the distinct objects, held (strong references) in a C array: a Python list of them would
+ * be traversed by every collection of the cyclic GC while it lives */
 typedef struct {
     Slot *slots;
     size_t mask;
     Py_ssize_t used;
+    PyObject **objects;
+    Py_ssize_t room;
 } Identity;
 
 static inline size_t
@@ -65,7 +70,26 @@ identity_init(Identity *t, size_t capacity)
     }
     t->mask = size - 1;
     t->used = 0;
+    t->room = (Py_ssize_t)(size / 2);
+    t->objects = PyMem_Malloc((size_t)t->room * sizeof(PyObject *));
+    if (t->objects == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
+}
+
+static void
+identity_free(Identity *t)
+{
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+    for (Py_ssize_t i = 0; i < t->used; i++) {
+        Py_DECREF(t->objects[i]);
+    }
+    PyMem_Free(t->objects);
+    t->objects = NULL;
+    t->used = 0;
 }
 
 static int
@@ -89,6 +113,13 @@ identity_grow(Identity *t)
     PyMem_Free(t->slots);
     t->slots = slots;
     t->mask = size - 1;
+    PyObject **objects = PyMem_Realloc(t->objects, (size / 2) * sizeof(PyObject *));
+    if (objects == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->objects = objects;
+    t->room = (Py_ssize_t)(size / 2);
     return 0;
 }
 
@@ -239,9 +270,9 @@ decimal(char *buf, long long v)
     return len;
 }
 
-/* step 1: every row's distinct object (its index into `distinct`, or -1) into `out` */
+/* step 1: every row's distinct object (its index into `seen->objects`, or -1) into `out` */
 static int
-tell_apart(PyObject *columns, int32_t *out, Identity *seen, PyObject *distinct)
+tell_apart(PyObject *columns, int32_t *out, Identity *seen)
 {
     Py_ssize_t row = 0;
     Py_ssize_t ncols = PyTuple_GET_SIZE(columns);
@@ -260,9 +291,8 @@ tell_apart(PyObject *columns, int32_t *out, Identity *seen, PyObject *distinct)
                 j = (j + 1) & seen->mask;
             }
             if (seen->slots[j].key == NULL) {
-                if (PyList_Append(distinct, v) < 0) { /* holds it from now on */
-                    return -1;
-                }
+                Py_INCREF(v); /* held from now on (room: the table grows first, below) */
+                seen->objects[seen->used] = v;
                 seen->slots[j].key = v;
                 seen->slots[j].index = seen->used++;
                 out[row] = (int32_t)(seen->used - 1);
@@ -277,40 +307,161 @@ tell_apart(PyObject *columns, int32_t *out, Identity *seen, PyObject *distinct)
     return 0;
 }
 
+/* The string table's cache: text -> code, open addressing over (text, hash, code), a power
+ * of two in size. It keeps its size when it restarts (its texts let go, its slots zeroed):
+ * a dict emptied by clear() grows again through ~15 resizes to a flush's 100k strings. */
+typedef struct {
+    PyObject *text; /* an exact str, held */
+    uint32_t hash;
+    int32_t code;
+} Entry;
+
+typedef struct {
+    PyObject_HEAD
+    Entry *entries;
+    size_t mask;
+    Py_ssize_t used;
+    Py_ssize_t cache_size;
+} Codes;
+
+static inline int
+same_text(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+    Py_ssize_t len = PyUnicode_GET_LENGTH(a);
+    int kind = PyUnicode_KIND(a);
+    return len == PyUnicode_GET_LENGTH(b) && kind == PyUnicode_KIND(b) &&
+           memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)len * (size_t)kind) == 0;
+}
+
+/* the slot of text (an exact str with its hash): the entry holding it, or the empty one
+ * where it goes */
+static inline Entry *
+codes_slot(Codes *t, PyObject *text, uint32_t hash)
+{
+    size_t j = (size_t)hash * 0x9E3779B1u & t->mask;
+    for (;;) {
+        Entry *e = &t->entries[j];
+        if (e->text == NULL || (e->hash == hash && same_text(e->text, text))) {
+            return e;
+        }
+        j = (j + 1) & t->mask;
+    }
+}
+
+static int
+codes_grow(Codes *t)
+{
+    size_t size = (t->mask + 1) * 2;
+    Entry *entries = PyMem_Calloc(size, sizeof(Entry));
+    if (entries == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Entry *old = t->entries;
+    size_t old_size = t->mask + 1;
+    t->entries = entries;
+    t->mask = size - 1;
+    for (size_t i = 0; i < old_size; i++) {
+        if (old[i].text != NULL) {
+            *codes_slot(t, old[i].text, old[i].hash) = old[i];
+        }
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+static void
+codes_clear(Codes *t)
+{
+    for (size_t i = 0; t->entries != NULL && i <= t->mask; i++) {
+        Py_CLEAR(t->entries[i].text);
+    }
+    t->used = 0;
+}
+
+static int
+Codes_init(Codes *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"cache_size", NULL};
+    Py_ssize_t cache_size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &cache_size)) {
+        return -1;
+    }
+    if (self->entries != NULL) {
+        codes_clear(self);
+        PyMem_Free(self->entries);
+        self->entries = NULL;
+    }
+    self->entries = PyMem_Calloc(1024, sizeof(Entry));
+    if (self->entries == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->mask = 1023;
+    self->used = 0;
+    self->cache_size = cache_size;
+    return 0;
+}
+
+static void
+Codes_dealloc(Codes *self)
+{
+    if (self->entries != NULL) {
+        codes_clear(self);
+        PyMem_Free(self->entries);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t
+Codes_len(Codes *self)
+{
+    return self->used;
+}
+
 /* steps 2 and 3: the code of each distinct object, into `codes_of` */
 static int
-look_up(PyObject *distinct, int32_t *codes_of, PyObject *codes, PyObject *new_, long long start)
+look_up(Identity *seen, int32_t *codes_of, Codes *codes, PyObject *new_, long long start)
 {
     Names names;
     memset(&names, 0, sizeof(names));
     long long next = start;
-    Py_ssize_t d = PyList_GET_SIZE(distinct);
+    Py_ssize_t d = seen->used;
     int failed = 0;
     for (Py_ssize_t k = 0; k < d && !failed; k++) {
-        PyObject *text = text_of(&names, PyList_GET_ITEM(distinct, k));
+        PyObject *text = text_of(&names, seen->objects[k]);
+        if (text != NULL && !PyUnicode_CheckExact(text)) { /* a __str__ gave a subclass */
+            Py_SETREF(text, PyUnicode_FromObject(text));
+        }
         if (text == NULL) {
             failed = 1;
             break;
         }
-        PyObject *found = PyDict_GetItemWithError(codes, text); /* borrowed */
-        if (found != NULL) {
-            codes_of[k] = (int32_t)PyLong_AsLong(found);
+        Py_hash_t hash = PyObject_Hash(text);
+        if (hash == -1) {
+            Py_DECREF(text);
+            failed = 1;
+            break;
         }
-        else if (PyErr_Occurred()) {
+        Entry *e = codes_slot(codes, text, (uint32_t)hash);
+        if (e->text != NULL) {
+            codes_of[k] = e->code;
+        }
+        else if (PyList_Append(new_, text) < 0) {
             failed = 1;
         }
         else {
-            PyObject *code = PyLong_FromLongLong(next);
-            if (code == NULL || PyList_Append(new_, text) < 0) {
-                Py_XDECREF(code);
-                failed = 1;
-            }
-            else {
-                /* appended: the code is this string's (its row of the strings table) even
-                 * if the dict cannot take it, which only means a later row gets another */
-                codes_of[k] = (int32_t)next++;
-                failed = PyDict_SetItem(codes, text, code) < 0;
-                Py_DECREF(code);
+            /* appended: the code is this string's (its row of the strings table) */
+            codes_of[k] = (int32_t)next;
+            Py_INCREF(text);
+            e->text = text;
+            e->hash = (uint32_t)hash;
+            e->code = (int32_t)next++;
+            if ((size_t)++codes->used * 2 > codes->mask) {
+                failed = codes_grow(codes) < 0; /* the entry is in: only later rows miss */
             }
         }
         Py_DECREF(text);
@@ -320,24 +471,29 @@ look_up(PyObject *distinct, int32_t *codes_of, PyObject *codes, PyObject *new_, 
 }
 
 PyDoc_STRVAR(encode_into_doc,
-    "encode_into(columns, out, codes, new, start, cache_size, hint)\n--\n\n"
+    "encode_into(columns, out, new, start, hint)\n--\n\n"
     "Write the int32 code of every value of ``columns`` (a tuple of sequences, one after\n"
     "the other) into ``out`` (a writable int32 buffer of their total length). ``None``\n"
-    "and float NaN are -1; a str is itself, anything else ``str(v)``. ``codes`` maps each\n"
-    "known string to its code; a string not in it gets the code ``start`` plus the\n"
-    "strings appended to ``new`` before it, and is appended to ``new``. ``codes`` is\n"
-    "cleared first when it and this call's distinct values would exceed ``cache_size``.\n"
+    "and float NaN are -1; a str is itself, anything else ``str(v)``. A string this table\n"
+    "holds has its code; one it does not gets the code ``start`` plus the strings\n"
+    "appended to ``new`` before it, and is appended to ``new``. The table restarts\n"
+    "(forgets every string) first when it and this call's distinct values would exceed\n"
+    "its ``cache_size``.\n"
     "``hint``: how many distinct objects to expect (the last call's count will do).\n"
     "Returns how many distinct objects the columns held.");
 
 static PyObject *
-encode_into(PyObject *self, PyObject *args)
+Codes_encode_into(Codes *codes, PyObject *args)
 {
-    PyObject *columns_in, *out_obj, *codes, *new_;
+    PyObject *columns_in, *out_obj, *new_;
     long long start;
-    Py_ssize_t cache_size, hint;
-    if (!PyArg_ParseTuple(args, "O!OO!O!Lnn", &PyTuple_Type, &columns_in, &out_obj, &PyDict_Type,
-                          &codes, &PyList_Type, &new_, &start, &cache_size, &hint)) {
+    Py_ssize_t hint;
+    if (!PyArg_ParseTuple(args, "O!OO!Ln", &PyTuple_Type, &columns_in, &out_obj, &PyList_Type,
+                          &new_, &start, &hint)) {
+        return NULL;
+    }
+    if (codes->entries == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Codes(cache_size) was not initialised");
         return NULL;
     }
     Py_ssize_t ncols = PyTuple_GET_SIZE(columns_in);
@@ -360,9 +516,8 @@ encode_into(PyObject *self, PyObject *args)
         Py_DECREF(columns);
         return NULL;
     }
-    PyObject *distinct = NULL;
     int32_t *codes_of = NULL;
-    Identity seen = {NULL, 0, 0};
+    Identity seen = {NULL, 0, 0, NULL, 0};
     PyObject *result = NULL;
     if (view.itemsize != 4 || view.format == NULL || strchr("iIl", view.format[0]) == NULL ||
         view.len != n * 4) {
@@ -370,30 +525,29 @@ encode_into(PyObject *self, PyObject *args)
         goto done;
     }
     int32_t *out = (int32_t *)view.buf;
-    distinct = PyList_New(0);
     /* sized for what is expected, at most a value a slot: a table made for a million rows
      * that hold a few thousand objects misses the CPU's caches */
     hint = hint < 1024 ? 1024 : hint;
-    if (distinct == NULL || identity_init(&seen, (size_t)(hint < n ? hint : n)) < 0) {
+    if (identity_init(&seen, (size_t)(hint < n ? hint : n)) < 0) {
         goto done;
     }
-    if (tell_apart(columns, out, &seen, distinct) < 0) {
+    if (tell_apart(columns, out, &seen) < 0) {
         goto done;
     }
     /* the columns are not read again: Python code that str() runs may change them */
     Py_CLEAR(columns);
-    PyMem_Free(seen.slots);
+    PyMem_Free(seen.slots); /* the addresses are not looked up again */
     seen.slots = NULL;
-    Py_ssize_t d = PyList_GET_SIZE(distinct);
-    if (PyDict_GET_SIZE(codes) + d > cache_size) {
-        PyDict_Clear(codes);
+    Py_ssize_t d = seen.used;
+    if (codes->used + d > codes->cache_size) {
+        codes_clear(codes);
     }
     codes_of = PyMem_Malloc((size_t)(d ? d : 1) * sizeof(int32_t));
     if (codes_of == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    if (look_up(distinct, codes_of, codes, new_, start) < 0) {
+    if (look_up(&seen, codes_of, codes, new_, start) < 0) {
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -403,9 +557,8 @@ encode_into(PyObject *self, PyObject *args)
     }
     result = PyLong_FromSsize_t(d);
 done:
-    PyMem_Free(seen.slots);
+    identity_free(&seen);
     PyMem_Free(codes_of);
-    Py_XDECREF(distinct);
     Py_XDECREF(columns);
     PyBuffer_Release(&view);
     return result;
@@ -481,8 +634,108 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(holds_blank_doc,
+    "holds_blank(data)\n--\n\n"
+    "Whether vlen-utf8 bytes (see vlen_utf8) hold a string that is empty or only NULs:\n"
+    "read off each string's length and bytes, in one pass. ``ValueError`` when the\n"
+    "bytes are not whole vlen-utf8.");
+
+static PyObject *
+holds_blank(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *p = view.buf, *end = p + view.len;
+#define GET_U32(at) \
+    ((uint32_t)(at)[0] | (uint32_t)(at)[1] << 8 | (uint32_t)(at)[2] << 16 | (uint32_t)(at)[3] << 24)
+    int found = 0, whole = view.len >= 4;
+    if (whole) {
+        uint32_t n = GET_U32(p);
+        p += 4;
+        for (uint32_t i = 0; i < n && !found; i++) {
+            if (end - p < 4 || (uint32_t)(end - p - 4) < GET_U32(p)) {
+                whole = 0;
+                break;
+            }
+            uint32_t len = GET_U32(p);
+            p += 4;
+            found = 1;
+            for (uint32_t k = 0; k < len; k++) {
+                if (p[k]) {
+                    found = 0;
+                    break;
+                }
+            }
+            p += len;
+        }
+    }
+#undef GET_U32
+    PyBuffer_Release(&view);
+    if (!whole) {
+        PyErr_SetString(PyExc_ValueError, "not whole vlen-utf8 bytes");
+        return NULL;
+    }
+    return PyBool_FromLong(found);
+}
+
+PyDoc_STRVAR(items_doc,
+    "items()\n--\n\n"
+    "The (string, code) pairs the table holds, in no order.");
+
+static PyObject *
+Codes_items(Codes *self, PyObject *unused)
+{
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out != NULL && i <= self->mask; i++) {
+        Entry *e = &self->entries[i];
+        if (e->text != NULL) {
+            PyObject *pair = Py_BuildValue("(Oi)", e->text, (int)e->code);
+            if (pair == NULL || PyList_Append(out, pair) < 0) {
+                Py_CLEAR(out);
+            }
+            Py_XDECREF(pair);
+        }
+    }
+    return out;
+}
+
+static PyObject *
+Codes_clear(Codes *self, PyObject *unused)
+{
+    codes_clear(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Codes_methods[] = {
+    {"encode_into", (PyCFunction)Codes_encode_into, METH_VARARGS, encode_into_doc},
+    {"items", (PyCFunction)Codes_items, METH_NOARGS, items_doc},
+    {"clear", (PyCFunction)Codes_clear, METH_NOARGS, "clear()\n--\n\nForget every string."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Codes_as_sequence = {
+    .sq_length = (lenfunc)Codes_len,
+};
+
+static PyTypeObject CodesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "metacollect.store._codes.Codes",
+    .tp_doc = PyDoc_STR("Codes(cache_size)\n--\n\n"
+                        "A group's strings and their codes, at most about ``cache_size``\n"
+                        "of them (see encode_into)."),
+    .tp_basicsize = sizeof(Codes),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Codes_init,
+    .tp_dealloc = (destructor)Codes_dealloc,
+    .tp_methods = Codes_methods,
+    .tp_as_sequence = &Codes_as_sequence,
+};
+
 static PyMethodDef methods[] = {
-    {"encode_into", encode_into, METH_VARARGS, encode_into_doc},
+    {"holds_blank", holds_blank, METH_O, holds_blank_doc},
     {"vlen_utf8", vlen_utf8, METH_O, vlen_utf8_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -490,8 +743,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "metacollect.store._codes",
-    "The string table's encoder of code columns (encode_into) and of string columns\n"
-    "(vlen_utf8).",
+    "The string table's codes (Codes.encode_into) and the bytes of string columns\n"
+    "(vlen_utf8, holds_blank).",
     -1,
     methods,
 };
@@ -499,5 +752,18 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__codes(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&CodesType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&CodesType);
+    if (PyModule_AddObject(m, "Codes", (PyObject *)&CodesType) < 0) {
+        Py_DECREF(&CodesType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

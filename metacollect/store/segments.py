@@ -48,7 +48,7 @@ import numcodecs
 import numpy as np
 
 from metacollect.errors import StoreError
-from metacollect.store._codes import vlen_utf8
+from metacollect.store._codes import holds_blank, vlen_utf8
 from metacollect.store.schema import load_schema
 
 #: the directory of a group's segments, below the group's own
@@ -71,10 +71,6 @@ _TRAILER = struct.Struct("<QI")
 _HEAD = struct.Struct("<I")
 _ZSTD = numcodecs.Zstd(level=LEVEL)
 _VLEN = numcodecs.VLenUTF8()
-#: four zero bytes: in a column of strings as numcodecs' VLenUTF8 writes them (a 4-byte
-#: little-endian length before each), every string that is empty or only NULs makes such a
-#: run, so a column without one holds no such string (see :meth:`Segment.may_hold_blank`)
-_BLANK = b"\0\0\0\0"
 
 
 #: a column as a segment stores it: its dtype (``"vlen"``: strings), shape and bytes
@@ -95,7 +91,7 @@ def encode(tables: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
                 arr = np.ascontiguousarray(arr)
                 raw, dtype = arr.tobytes(), arr.dtype.str
             out[name] = (dtype, list(arr.shape), raw)
-            if dtype == "vlen" and _BLANK in raw:
+            if dtype == "vlen" and holds_blank(raw):
                 blank.append(f"{table}/{name}")
     return _assemble(columns, {"blank": blank})
 

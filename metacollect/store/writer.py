@@ -76,7 +76,7 @@ class StringTable:
 
     def __init__(self, cache_size: int) -> None:
         self.cache_size = cache_size
-        self._codes: dict[Any, int] = {}
+        self._codes = _codes.Codes(cache_size)
         self._next = 0
         self._new: list[str] = []
         self._hint = 1024  # distinct objects in the last encode: its identity table's size
@@ -103,8 +103,8 @@ class StringTable:
         with self._lock:
             before = len(self._new)
             try:
-                self._hint = _codes.encode_into(
-                    columns, out, self._codes, self._new, self._next, self.cache_size, self._hint
+                self._hint = self._codes.encode_into(
+                    columns, out, self._new, self._next, self._hint
                 )
             finally:  # each string appended to _new took the next code, even on a failure
                 self._next += len(self._new) - before
