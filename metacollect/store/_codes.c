@@ -30,6 +30,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)0)
+#endif
+
 typedef struct {
     PyObject *key;
     Py_ssize_t index;
@@ -270,7 +276,7 @@ decimal(char *buf, long long v)
     return len;
 }
 
-/* step 1: every row's distinct object (its index into `seen->objects`, or -1) into `out` */
+/* step 1: every row's distinct object (its index into `seen->objects`) into `out` */
 static int
 tell_apart(PyObject *columns, int32_t *out, Identity *seen)
 {
@@ -281,10 +287,10 @@ tell_apart(PyObject *columns, int32_t *out, Identity *seen)
         Py_ssize_t len = PySequence_Fast_GET_SIZE(col);
         PyObject **items = PySequence_Fast_ITEMS(col);
         for (Py_ssize_t i = 0; i < len; i++, row++) {
+            /* addresses only: reading each object (its type) would be a cache miss a key */
             PyObject *v = items[i];
-            if (no_value(v)) {
-                out[row] = -1;
-                continue;
+            if (i + 8 < len) {
+                PREFETCH(&seen->slots[address_hash(items[i + 8]) & seen->mask]);
             }
             size_t j = address_hash(v) & seen->mask;
             while (seen->slots[j].key != NULL && seen->slots[j].key != v) {
@@ -338,10 +344,16 @@ same_text(PyObject *a, PyObject *b)
 
 /* the slot of text (an exact str with its hash): the entry holding it, or the empty one
  * where it goes */
+static inline size_t
+slot_hash(uint32_t hash)
+{
+    return (size_t)hash * 0x9E3779B1u;
+}
+
 static inline Entry *
 codes_slot(Codes *t, PyObject *text, uint32_t hash)
 {
-    size_t j = (size_t)hash * 0x9E3779B1u & t->mask;
+    size_t j = slot_hash(hash) & t->mask;
     for (;;) {
         Entry *e = &t->entries[j];
         if (e->text == NULL || (e->hash == hash && same_text(e->text, text))) {
@@ -422,7 +434,53 @@ Codes_len(Codes *self)
     return self->used;
 }
 
-/* steps 2 and 3: the code of each distinct object, into `codes_of` */
+/* the text of a distinct object for look_up: NULL for no value (None, float NaN); NULL
+ * with an error set when str() failed */
+static PyObject *
+text_for_code(Names *names, PyObject *v)
+{
+    if (no_value(v)) {
+        return NULL;
+    }
+    PyObject *text = text_of(names, v);
+    if (text != NULL && !PyUnicode_CheckExact(text)) { /* a __str__ gave a subclass */
+        Py_SETREF(text, PyUnicode_FromObject(text));
+    }
+    return text;
+}
+
+/* the code of text (with its hash): the table's, or the next one, given to it now (0), or
+ * -1 with an error set */
+static int
+code_of(Codes *codes, PyObject *text, uint32_t hash, PyObject *new_, long long *next,
+        int32_t *code)
+{
+    Entry *e = codes_slot(codes, text, hash);
+    if (e->text != NULL) {
+        *code = e->code;
+        return 0;
+    }
+    if (PyList_Append(new_, text) < 0) {
+        return -1;
+    }
+    /* appended: the code is this string's (its row of the strings table) */
+    *code = (int32_t)*next;
+    Py_INCREF(text);
+    e->text = text;
+    e->hash = hash;
+    e->code = (int32_t)(*next)++;
+    if ((size_t)++codes->used * 2 > codes->mask) {
+        return codes_grow(codes); /* the entry is in: a failure only makes later rows miss */
+    }
+    return 0;
+}
+
+/* distinct objects whose texts and hashes are made before their slots are probed: each
+ * probe of a large table is a cache miss, fetched meanwhile (a third of the encoder's time
+ * waited on it when each text was probed as soon as made) */
+#define BATCH 32
+
+/* steps 2 and 3: the code of each distinct object, into `codes_of`, in order */
 static int
 look_up(Identity *seen, int32_t *codes_of, Codes *codes, PyObject *new_, long long start)
 {
@@ -430,41 +488,41 @@ look_up(Identity *seen, int32_t *codes_of, Codes *codes, PyObject *new_, long lo
     memset(&names, 0, sizeof(names));
     long long next = start;
     Py_ssize_t d = seen->used;
+    PyObject *texts[BATCH];
+    uint32_t hashes[BATCH];
     int failed = 0;
-    for (Py_ssize_t k = 0; k < d && !failed; k++) {
-        PyObject *text = text_of(&names, seen->objects[k]);
-        if (text != NULL && !PyUnicode_CheckExact(text)) { /* a __str__ gave a subclass */
-            Py_SETREF(text, PyUnicode_FromObject(text));
-        }
-        if (text == NULL) {
-            failed = 1;
-            break;
-        }
-        Py_hash_t hash = PyObject_Hash(text);
-        if (hash == -1) {
-            Py_DECREF(text);
-            failed = 1;
-            break;
-        }
-        Entry *e = codes_slot(codes, text, (uint32_t)hash);
-        if (e->text != NULL) {
-            codes_of[k] = e->code;
-        }
-        else if (PyList_Append(new_, text) < 0) {
-            failed = 1;
-        }
-        else {
-            /* appended: the code is this string's (its row of the strings table) */
-            codes_of[k] = (int32_t)next;
-            Py_INCREF(text);
-            e->text = text;
-            e->hash = (uint32_t)hash;
-            e->code = (int32_t)next++;
-            if ((size_t)++codes->used * 2 > codes->mask) {
-                failed = codes_grow(codes) < 0; /* the entry is in: only later rows miss */
+    for (Py_ssize_t base = 0; base < d && !failed; base += BATCH) {
+        Py_ssize_t m = d - base < BATCH ? d - base : BATCH, made = 0;
+        for (; made < m; made++) {
+            if (made + 4 < m) {
+                PREFETCH(seen->objects[base + made + 4]);
+            }
+            PyObject *text = text_for_code(&names, seen->objects[base + made]);
+            Py_hash_t hash = text == NULL ? 0 : PyObject_Hash(text);
+            if (hash == -1) {
+                Py_CLEAR(text);
+            }
+            if (text == NULL && PyErr_Occurred()) {
+                failed = 1; /* the texts made before it still get their codes, in order */
+                break;
+            }
+            texts[made] = text;
+            hashes[made] = (uint32_t)hash;
+            if (text != NULL) {
+                PREFETCH(&codes->entries[slot_hash((uint32_t)hash) & codes->mask]);
             }
         }
-        Py_DECREF(text);
+        for (Py_ssize_t i = 0; i < made; i++) {
+            PyObject *text = texts[i];
+            if (text == NULL) {
+                codes_of[base + i] = -1;
+                continue;
+            }
+            if (!failed && code_of(codes, text, hashes[i], new_, &next, &codes_of[base + i]) < 0) {
+                failed = 1; /* the rest of the batch only let go */
+            }
+            Py_DECREF(text);
+        }
     }
     names_clear(&names);
     return failed ? -1 : 0;
@@ -551,9 +609,7 @@ Codes_encode_into(Codes *codes, PyObject *args)
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (out[i] >= 0) {
-            out[i] = codes_of[out[i]];
-        }
+        out[i] = codes_of[out[i]]; /* -1 for None and NaN */
     }
     result = PyLong_FromSsize_t(d);
 done:
