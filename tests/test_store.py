@@ -176,6 +176,32 @@ def test_string_table_gives_its_strings_back_and_restarts_whole():
     assert len(strings) == 2502 + 600 and strings[more[0]] == "t0"
     st._codes.clear()
     assert len(st._codes) == 0 and st._codes.items() == []
+
+
+def test_string_table_gives_back_what_a_burst_grew_it_to():
+    """One call may bring far more distinct strings than the cache holds (a burst of a
+    graph's keys): the table grows for them, and its next restart brings it back to the
+    size its cache needs, so a scheduler does not hold a burst's table for the rest of
+    the run. Measured as the memory it holds (tracemalloc sees the table's allocations)."""
+    import tracemalloc
+
+    from metacollect.store._codes import Codes
+
+    burst = [f"b{i}" for i in range(50_000)]
+    tracemalloc.start()
+    try:
+        table = Codes(100)
+        alone = tracemalloc.get_traced_memory()[0]
+        table.encode_into((burst,), np.empty(len(burst), np.int32), [], 0, 1)
+        grown = tracemalloc.get_traced_memory()[0]
+        assert len(table) == 50_000
+        table.encode_into((["x"],), np.empty(1, np.int32), [], 0, 1)  # restarts: 1 + 50k > 100
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(table) == 1
+    assert grown - alone > 1_000_000  # ~128k slots of 16 bytes
+    assert after - alone < 20_000  # back to the 1,024 slots its cache needs
     with pytest.raises(ValueError, match="not initialised"):
         Codes.__new__(Codes).encode_into((["a"],), np.empty(1, np.int32), [], 0, 1)
 

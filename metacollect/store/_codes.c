@@ -48,8 +48,7 @@ typedef struct {
     Slot *slots;
     size_t mask;
     Py_ssize_t used;
-    PyObject **objects;
-    Py_ssize_t room;
+    PyObject **objects; /* room for mask / 2 + 1: the table grows before it is fuller */
 } Identity;
 
 static inline size_t
@@ -76,8 +75,7 @@ identity_init(Identity *t, size_t capacity)
     }
     t->mask = size - 1;
     t->used = 0;
-    t->room = (Py_ssize_t)(size / 2);
-    t->objects = PyMem_Malloc((size_t)t->room * sizeof(PyObject *));
+    t->objects = PyMem_Malloc((size / 2) * sizeof(PyObject *));
     if (t->objects == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -125,7 +123,6 @@ identity_grow(Identity *t)
         return -1;
     }
     t->objects = objects;
-    t->room = (Py_ssize_t)(size / 2);
     return 0;
 }
 
@@ -187,7 +184,7 @@ key_text(Names *names, PyObject *t)
         if (PyUnicode_CheckExact(item)) {
             PyObject *r = name_repr(names, item);
             if (r == NULL) {
-                return NULL; /* not ASCII (or an error, which the caller's str() raises) */
+                return NULL; /* not ASCII, or an error (set: the caller passes it on) */
             }
             reprs[i] = r;
             lengths[i] = PyUnicode_GET_LENGTH(r);
@@ -297,7 +294,7 @@ tell_apart(PyObject *columns, int32_t *out, Identity *seen)
                 j = (j + 1) & seen->mask;
             }
             if (seen->slots[j].key == NULL) {
-                Py_INCREF(v); /* held from now on (room: the table grows first, below) */
+                Py_INCREF(v); /* held from now on */
                 seen->objects[seen->used] = v;
                 seen->slots[j].key = v;
                 seen->slots[j].index = seen->used++;
@@ -385,6 +382,19 @@ codes_grow(Codes *t)
     return 0;
 }
 
+/* slots for n strings: a power of two, at least twice n */
+static size_t
+codes_size(Py_ssize_t n)
+{
+    size_t size = 1024;
+    while (size < 2 * (size_t)n) {
+        size <<= 1;
+    }
+    return size;
+}
+
+/* forget every string; a table that a burst grew past twice what its cache needs goes
+ * back to that size (else it would keep a burst's size, and walk it at each restart) */
 static void
 codes_clear(Codes *t)
 {
@@ -392,6 +402,15 @@ codes_clear(Codes *t)
         Py_CLEAR(t->entries[i].text);
     }
     t->used = 0;
+    size_t want = codes_size(t->cache_size);
+    if (t->entries != NULL && t->mask + 1 > 2 * want) {
+        Entry *entries = PyMem_Calloc(want, sizeof(Entry));
+        if (entries != NULL) { /* else it keeps its size, emptied: nothing is lost */
+            PyMem_Free(t->entries);
+            t->entries = entries;
+            t->mask = want - 1;
+        }
+    }
 }
 
 static int
@@ -575,10 +594,10 @@ Codes_encode_into(Codes *codes, PyObject *args)
         return NULL;
     }
     int32_t *codes_of = NULL;
-    Identity seen = {NULL, 0, 0, NULL, 0};
+    Identity seen = {NULL, 0, 0, NULL};
     PyObject *result = NULL;
-    if (view.itemsize != 4 || view.format == NULL || strchr("iIl", view.format[0]) == NULL ||
-        view.len != n * 4) {
+    if (view.itemsize != 4 || view.format == NULL || view.format[0] == '\0' ||
+        strchr("iIl", view.format[0]) == NULL || view.len != n * 4) {
         PyErr_Format(PyExc_ValueError, "out must be an int32 buffer of %zd values", n);
         goto done;
     }
