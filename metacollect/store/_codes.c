@@ -310,20 +310,25 @@ tell_apart(PyObject *columns, int32_t *out, Identity *seen)
     return 0;
 }
 
-/* The string table's cache: text -> code, open addressing over (text, hash, code), a power
- * of two in size. It keeps its size when it restarts (its texts let go, its slots zeroed):
- * a dict emptied by clear() grows again through ~15 resizes to a flush's 100k strings. */
+/* The string table's cache: text -> code. Its texts and their codes are held in arrays, in
+ * the order added; a hash table of (hash, place in those arrays) finds them: 8 bytes a
+ * slot, where (text, hash, code) took 16, so a scheduler's table of ~160k strings probed
+ * once a distinct string is 4 MB of cache misses, not 8. It keeps its size when it
+ * restarts (its texts let go, its slots zeroed): a dict emptied by clear() grows again
+ * through ~15 resizes to a flush's 100k strings. */
 typedef struct {
-    PyObject *text; /* an exact str, held */
     uint32_t hash;
-    int32_t code;
+    int32_t place; /* 1 + the text's place in `texts`; 0: an empty slot */
 } Entry;
 
 typedef struct {
     PyObject_HEAD
     Entry *entries;
     size_t mask;
+    PyObject **texts; /* exact str, held */
+    int32_t *codes;
     Py_ssize_t used;
+    Py_ssize_t room; /* of texts and codes */
     Py_ssize_t cache_size;
 } Codes;
 
@@ -339,46 +344,75 @@ same_text(PyObject *a, PyObject *b)
            memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)len * (size_t)kind) == 0;
 }
 
-/* the slot of text (an exact str with its hash): the entry holding it, or the empty one
- * where it goes */
 static inline size_t
 slot_hash(uint32_t hash)
 {
     return (size_t)hash * 0x9E3779B1u;
 }
 
+/* the slot of text (an exact str with its hash): the entry holding it, or the empty one
+ * where it goes */
 static inline Entry *
 codes_slot(Codes *t, PyObject *text, uint32_t hash)
 {
     size_t j = slot_hash(hash) & t->mask;
     for (;;) {
         Entry *e = &t->entries[j];
-        if (e->text == NULL || (e->hash == hash && same_text(e->text, text))) {
+        if (e->place == 0 || (e->hash == hash && same_text(t->texts[e->place - 1], text))) {
             return e;
         }
         j = (j + 1) & t->mask;
     }
 }
 
-static int
-codes_grow(Codes *t)
+/* the hash table anew at `size` slots, for the texts held (NULL: no memory, nothing
+ * changed) */
+static Entry *
+codes_rehash(Codes *t, size_t size)
 {
-    size_t size = (t->mask + 1) * 2;
     Entry *entries = PyMem_Calloc(size, sizeof(Entry));
     if (entries == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < t->used; i++) {
+        uint32_t hash = (uint32_t)PyObject_Hash(t->texts[i]); /* cached in the str */
+        size_t j = slot_hash(hash) & (size - 1);
+        while (entries[j].place != 0) {
+            j = (j + 1) & (size - 1);
+        }
+        entries[j].hash = hash;
+        entries[j].place = (int32_t)(i + 1);
+    }
+    PyMem_Free(t->entries);
+    t->entries = entries;
+    t->mask = size - 1;
+    return entries;
+}
+
+/* room for one more text; the hash table grown when it would be more than half full */
+static int
+codes_make_room(Codes *t)
+{
+    if (t->used == t->room) {
+        Py_ssize_t room = t->room ? t->room * 2 : 512;
+        PyObject **texts = PyMem_Realloc(t->texts, (size_t)room * sizeof(PyObject *));
+        if (texts == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->texts = texts;
+        int32_t *codes = PyMem_Realloc(t->codes, (size_t)room * sizeof(int32_t));
+        if (codes == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->codes = codes;
+        t->room = room;
+    }
+    if ((size_t)(t->used + 1) * 2 > t->mask && codes_rehash(t, (t->mask + 1) * 2) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    Entry *old = t->entries;
-    size_t old_size = t->mask + 1;
-    t->entries = entries;
-    t->mask = size - 1;
-    for (size_t i = 0; i < old_size; i++) {
-        if (old[i].text != NULL) {
-            *codes_slot(t, old[i].text, old[i].hash) = old[i];
-        }
-    }
-    PyMem_Free(old);
     return 0;
 }
 
@@ -394,21 +428,31 @@ codes_size(Py_ssize_t n)
 }
 
 /* forget every string; a table that a burst grew past twice what its cache needs goes
- * back to that size (else it would keep a burst's size, and walk it at each restart) */
+ * back to that size (else it would keep a burst's size for the rest of the run) */
 static void
 codes_clear(Codes *t)
 {
-    for (size_t i = 0; t->entries != NULL && i <= t->mask; i++) {
-        Py_CLEAR(t->entries[i].text);
+    for (Py_ssize_t i = 0; i < t->used; i++) {
+        Py_DECREF(t->texts[i]);
     }
     t->used = 0;
+    if (t->entries == NULL) {
+        return;
+    }
     size_t want = codes_size(t->cache_size);
-    if (t->entries != NULL && t->mask + 1 > 2 * want) {
-        Entry *entries = PyMem_Calloc(want, sizeof(Entry));
-        if (entries != NULL) { /* else it keeps its size, emptied: nothing is lost */
-            PyMem_Free(t->entries);
-            t->entries = entries;
-            t->mask = want - 1;
+    if (t->mask + 1 <= 2 * want || codes_rehash(t, want) == NULL) {
+        memset(t->entries, 0, (t->mask + 1) * sizeof(Entry)); /* kept at its size */
+    }
+    Py_ssize_t room = (Py_ssize_t)(want / 2);
+    if (t->room > 2 * room) { /* a shrinking realloc that fails keeps the larger array */
+        PyObject **texts = PyMem_Realloc(t->texts, (size_t)room * sizeof(PyObject *));
+        if (texts != NULL) {
+            t->texts = texts;
+            t->room = room; /* codes hold at least as many, shrunk or not */
+            int32_t *codes = PyMem_Realloc(t->codes, (size_t)room * sizeof(int32_t));
+            if (codes != NULL) {
+                t->codes = codes;
+            }
         }
     }
 }
@@ -421,11 +465,8 @@ Codes_init(Codes *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &cache_size)) {
         return -1;
     }
-    if (self->entries != NULL) {
-        codes_clear(self);
-        PyMem_Free(self->entries);
-        self->entries = NULL;
-    }
+    codes_clear(self);
+    PyMem_Free(self->entries);
     self->entries = PyMem_Calloc(1024, sizeof(Entry));
     if (self->entries == NULL) {
         PyErr_NoMemory();
@@ -440,10 +481,10 @@ Codes_init(Codes *self, PyObject *args, PyObject *kwds)
 static void
 Codes_dealloc(Codes *self)
 {
-    if (self->entries != NULL) {
-        codes_clear(self);
-        PyMem_Free(self->entries);
-    }
+    codes_clear(self);
+    PyMem_Free(self->entries);
+    PyMem_Free(self->texts);
+    PyMem_Free(self->codes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -475,22 +516,24 @@ code_of(Codes *codes, PyObject *text, uint32_t hash, PyObject *new_, long long *
         int32_t *code)
 {
     Entry *e = codes_slot(codes, text, hash);
-    if (e->text != NULL) {
-        *code = e->code;
+    if (e->place != 0) {
+        *code = codes->codes[e->place - 1];
         return 0;
+    }
+    if (codes_make_room(codes) < 0) {
+        return -1;
     }
     if (PyList_Append(new_, text) < 0) {
         return -1;
     }
     /* appended: the code is this string's (its row of the strings table) */
+    e = codes_slot(codes, text, hash); /* the table may have grown for it */
     *code = (int32_t)*next;
     Py_INCREF(text);
-    e->text = text;
+    codes->texts[codes->used] = text;
+    codes->codes[codes->used] = (int32_t)(*next)++;
     e->hash = hash;
-    e->code = (int32_t)(*next)++;
-    if ((size_t)++codes->used * 2 > codes->mask) {
-        return codes_grow(codes); /* the entry is in: a failure only makes later rows miss */
-    }
+    e->place = (int32_t)++codes->used;
     return 0;
 }
 
@@ -757,21 +800,19 @@ holds_blank(PyObject *self, PyObject *arg)
 
 PyDoc_STRVAR(items_doc,
     "items()\n--\n\n"
-    "The (string, code) pairs the table holds, in no order.");
+    "The (string, code) pairs the table holds, in the order they were added.");
 
 static PyObject *
 Codes_items(Codes *self, PyObject *unused)
 {
-    PyObject *out = PyList_New(0);
-    for (size_t i = 0; out != NULL && i <= self->mask; i++) {
-        Entry *e = &self->entries[i];
-        if (e->text != NULL) {
-            PyObject *pair = Py_BuildValue("(Oi)", e->text, (int)e->code);
-            if (pair == NULL || PyList_Append(out, pair) < 0) {
-                Py_CLEAR(out);
-            }
-            Py_XDECREF(pair);
+    PyObject *out = PyList_New(self->used);
+    for (Py_ssize_t i = 0; out != NULL && i < self->used; i++) {
+        PyObject *pair = Py_BuildValue("(Oi)", self->texts[i], (int)self->codes[i]);
+        if (pair == NULL) {
+            Py_CLEAR(out);
+            break;
         }
+        PyList_SET_ITEM(out, i, pair);
     }
     return out;
 }
