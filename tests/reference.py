@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 
@@ -17,6 +19,17 @@ class TransitionRecorder(SchedulerPlugin):
 
 def recorded(dask_scheduler):
     return dask_scheduler.plugins["reference-recorder"].log
+
+
+def recorded_pickled(dask_scheduler):
+    """The log as one pickle: ``run_on_scheduler`` sends a list of tuples as a message of
+    that many parts, ~50 us a transition (35 s for the 700k of a 100k-task graph)."""
+    return pickle.dumps(recorded(dask_scheduler), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def recorded_log(client):
+    """:func:`recorded`, fetched as one pickle (:func:`recorded_pickled`): for large logs."""
+    return pickle.loads(client.run_on_scheduler(recorded_pickled))
 
 
 def wait_idle(client, timeout=30):
