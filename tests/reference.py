@@ -28,7 +28,7 @@ def recorded_pickled(dask_scheduler):
 
 
 def recorded_log(client):
-    """:func:`recorded`, fetched as one pickle (:func:`recorded_pickled`): for large logs."""
+    """:func:`recorded`, fetched as one pickle (:func:`recorded_pickled`)."""
     return pickle.loads(client.run_on_scheduler(recorded_pickled))
 
 

@@ -10,7 +10,7 @@ import dask.array as da
 import dask.bag as db
 import pytest
 from distributed import wait
-from reference import TransitionRecorder, recorded, recorded_log, wait_idle
+from reference import TransitionRecorder, recorded_log, wait_idle
 
 from metacollect import collect, open_run
 from metacollect.steps.scheduler import collectors
@@ -39,7 +39,7 @@ def test_every_transition_and_task_is_in_the_store(client, store):
         y.compute(optimize_graph=False)
         del futures, bad, y, x
         wait_idle(client)
-        reference = client.run_on_scheduler(recorded)
+        reference = recorded_log(client)
     run = open_run(store)
     tr = run.transitions()
     got = list(zip(tr.key, tr.start, tr.finish, tr.stimulus_id, strict=False))
@@ -242,7 +242,7 @@ def test_the_session_end_keeps_what_the_released_results_set_off(client, store):
         assert total.result() == 2 * 400 * 400
         del total  # released now; the graph's tasks are forgotten on that message
     wait_idle(client)  # everything the graph set off has happened
-    reference = client.run_on_scheduler(recorded)
+    reference = recorded_log(client)
     client.unregister_scheduler_plugin(TransitionRecorder.name)
     run = open_run(store)
     assert run.attrs["status"] == "complete", run.attrs.get("missing")
