@@ -1,9 +1,12 @@
 """``metacollect run`` on scripts nobody here wrote: Dask's own documentation examples.
 
 Each page of :data:`PAGES` is turned into the script a user makes of it
-(:mod:`public_corpus`, rules in its docstring), run under plain ``python`` first - it must
-work there, or it is no fair test - then unmodified under ``metacollect run``, and the store
-compared with the ground truth of the test's own scheduler preload (:mod:`groundtruth`).
+(:mod:`public_corpus`, rules in its docstring), run unmodified under ``metacollect run``, and
+the store compared with the ground truth of the test's own scheduler preload
+(:mod:`groundtruth`). A run that fails is run again under plain ``python``, to tell a page
+that does not work on its own (no fair test) from a failure of ours. Running every page
+plainly first doubled the test's time; that ``metacollect run`` ends as plain ``python`` would
+is shown on the shapes of ``test_scripts.py`` and ``test_run.py``.
 """
 
 from __future__ import annotations
@@ -36,11 +39,6 @@ def test_documentation_page_recorded_completely(tmp_path, package, page):
     path = tmp_path / "page.py"
     path.write_text(script.source)
     print(f"{script.page}: {len(script.source.splitlines())} lines; dropped: {script.dropped}")
-    plain = subprocess.run(
-        [sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=240
-    )
-    assert plain.returncode == 0, plain.stderr[-3000:]
-
     truth, store = str(tmp_path / "truth"), str(tmp_path / "run.zarr")
     env = {**os.environ, **groundtruth.environment(truth)}
     cmd = [sys.executable, "-m", "metacollect", "run", "--store", store]
@@ -52,7 +50,12 @@ def test_documentation_page_recorded_completely(tmp_path, package, page):
         text=True,
         timeout=300,
     )
-    assert proc.returncode == plain.returncode, proc.stderr[-3000:]
+    if proc.returncode != 0:
+        plain = subprocess.run(
+            [sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=240
+        )
+        assert plain.returncode == 0, f"the page fails on its own: {plain.stderr[-3000:]}"
+    assert proc.returncode == 0, proc.stderr[-3000:]
     run = open_run(store)
     assert run.attrs["status"] == "complete", run.attrs.get("missing")
     assert run.attrs["missing"] == []
