@@ -121,6 +121,18 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ".2f",
         None if not h else h["added_us_per_transition"] <= 1.0,
     )
+    wh = res.get("worker_hook", {})
+    add(
+        "2 worker's hook cost (us/transition, CPU)",
+        "(reference)",
+        wh.get("added_us_per_transition"),
+        ".2f",
+        None,
+        f"({wh['added_us_per_task']:.1f} us a task's six transitions, its execution row "
+        "included; in a real worker)"
+        if wh
+        else "",
+    )
     s = res.get("store_size", {})
     add(
         "3 store size (B/task)",
