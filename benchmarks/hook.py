@@ -110,35 +110,48 @@ def measure(repeats: int = 9) -> dict[str, Any]:
     def reset() -> None:  # what the flush thread does: take the rows out
         take_rows(plugin._transitions)
 
+    measured = compare(
+        lambda fn: timeit(fn, args), plugin.transition, empty.transition, reset, len(args), repeats
+    )
+    return {
+        "transitions_per_repeat": len(args),
+        "repeats": repeats,
+        "clock": "thread_time",
+        "target_us": 1.0,
+        **measured,
+    }
+
+
+def compare(
+    run: Any, hook: Any, empty: Any, reset: Any, calls: int, repeats: int
+) -> dict[str, float]:
+    """Microseconds a call of ``hook`` adds to ``empty`` (same signature), each timed by
+    ``run(fn)`` (thread CPU seconds of ``calls`` calls), interleaved, medians of
+    ``repeats``; and the same without the cyclic GC: the buffer keeps objects alive, which
+    makes the GC run (the empty baseline frees everything at once and never triggers it).
+    ``reset`` takes the hook's rows out, as the flush thread does."""
     import gc
 
     diffs, hooks, bases, nogc = [], [], [], []
-    for _ in range(repeats):  # interleaved: empty, hook, empty, hook, ...
-        b = timeit(empty.transition, args)
+    for _ in range(repeats):  # interleaved: empty, hook, hook without GC, empty, ...
+        b = run(empty)
+        h = run(hook)
         reset()
-        h = timeit(plugin.transition, args)
-        hooks.append(h / len(args) * 1e6)
-        bases.append(b / len(args) * 1e6)
-        diffs.append((h - b) / len(args) * 1e6)
-        # the same without the cyclic GC: the buffer keeps objects alive, which makes the GC
-        # run (the empty baseline frees everything at once and never triggers it)
-        reset()
+        hooks.append(h / calls * 1e6)
+        bases.append(b / calls * 1e6)
+        diffs.append((h - b) / calls * 1e6)
         gc.disable()
         try:
-            nogc.append((timeit(plugin.transition, args) - b) / len(args) * 1e6)
+            nogc.append((run(hook) - b) / calls * 1e6)
         finally:
             gc.enable()
-    out = {
-        "transitions_per_repeat": len(args),
-        "repeats": repeats,
+        reset()
+    return {
         "hook_us": statistics.median(hooks),
         "empty_us": statistics.median(bases),
-        "clock": "thread_time",
         "added_us_per_transition": statistics.median(diffs),
-        "target_us": 1.0,
         "added_us_per_transition_without_gc": statistics.median(nogc),
     }
-    return out
 
 
 #: a task's transitions on a worker, in the order its life makes them
@@ -156,8 +169,6 @@ def _on_worker(dask_worker: Any, tasks: int, repeats: int) -> dict[str, float]:
     """Run in the worker (``Client.run``, its event loop): the hook against an empty
     function, interleaved, thread CPU time; the rows taken out between repeats, as the
     flush thread does."""
-    import gc
-
     from metacollect.steps.worker import WorkerCollector
 
     (plugin,) = [p for p in dask_worker.plugins.values() if isinstance(p, WorkerCollector)]
@@ -179,27 +190,8 @@ def _on_worker(dask_worker: Any, tasks: int, repeats: int) -> dict[str, float]:
         take_rows(plugin._transitions)
         take_rows(plugin._executions)
 
-    diffs, hooks, bases, nogc = [], [], [], []
-    for _ in range(repeats):
-        b = run(empty)
-        h = run(plugin.transition)
-        reset()
-        hooks.append(h / len(args) * 1e6)
-        bases.append(b / len(args) * 1e6)
-        diffs.append((h - b) / len(args) * 1e6)
-        gc.disable()
-        try:
-            nogc.append((run(plugin.transition) - b) / len(args) * 1e6)
-        finally:
-            gc.enable()
-        reset()
-    return {
-        "hook_us": statistics.median(hooks),
-        "empty_us": statistics.median(bases),
-        "added_us_per_transition": statistics.median(diffs),
-        "added_us_per_transition_without_gc": statistics.median(nogc),
-        "added_us_per_task": statistics.median(diffs) * len(WORKER_LIFE),
-    }
+    measured = compare(run, plugin.transition, empty, reset, len(args), repeats)
+    return {**measured, "added_us_per_task": measured["added_us_per_transition"] * len(WORKER_LIFE)}
 
 
 def measure_worker(tasks: int = 20_000, repeats: int = 9) -> dict[str, Any]:
