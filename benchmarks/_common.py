@@ -78,9 +78,11 @@ def interleaved(
     repeats: int,
     warmup: int = 1,
     before: Callable[[], Any] | None = None,
+    after: Callable[[str], Any] | None = None,
 ) -> dict[str, list[float]]:
     """Wall times of each mode, repeats interleaved with a rotating order (first runs are
-    warm-up); ``before`` runs ahead of every timed run, outside its time."""
+    warm-up); ``before`` runs ahead of every timed run and ``after(mode)`` after it, both
+    outside its time."""
     names = list(modes)
     for _ in range(warmup):
         for n in names:
@@ -94,6 +96,8 @@ def interleaved(
             t0 = time.perf_counter()
             modes[n]()
             times[n].append(time.perf_counter() - t0)
+            if after is not None:
+                after(n)
         log(f"  repeat {r + 1}/{repeats}: " + ", ".join(f"{n}={times[n][-1]:.3f}s" for n in names))
     return times
 
@@ -126,6 +130,12 @@ def ratio_spread(
         "ci95_low": float(lo),
         "ci95_high": float(hi),
     }
+
+
+def divided(num: dict[str, list[float]], den: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each mode's values divided by the same run's value in ``den`` (per run, same order):
+    e.g. wall seconds per second of the tasks' own CPU."""
+    return {m: [a / b for a, b in zip(v, den[m], strict=True)] for m, v in num.items()}
 
 
 def median(xs: list[float]) -> float:

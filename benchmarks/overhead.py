@@ -9,6 +9,15 @@ ends once the scheduler has forgotten its graph (:func:`_common.settle`): the se
 waits for that, and a mode that did not would leave it to the next run. ``ratio_cpu_*`` are
 the same ratios of CPU seconds used by the client/scheduler process and the workers (less
 swayed by other tenants of the machine).
+``*_host_normalized`` divide each run's wall time by the seconds of CPU its tasks themselves
+used (Dask's fine metrics, ``execute``/``thread-cpu``, summed over the workers): the same
+tasks' CPU time moves by +-10 % from one run to the next on a shared host (its neighbours'
+use of the caches and memory), and a pair's wall ratio moves with it. Divided, a pair
+compares what each mode cost beyond its tasks' own instructions (the collector's threads,
+the event loops, the session's start and end), which resolves 1 % where wall time alone
+cannot; ``task_cpu_*`` is the ratio divided out (a collector that slowed the tasks' own
+instructions would show there, not in the normalized ratio). It is the figure of the array
+pipeline, whose tasks are most of its CPU; the tiny tasks' own CPU is a few percent of theirs.
 One cluster per workload, shared by its three modes; repeats interleaved with a rotating
 order; the ratio is the median of per-repeat ratios, with its quartiles (IQR) and a 95%
 bootstrap interval of the median: with >= 15 repeats the interval's half-width says
@@ -46,6 +55,38 @@ def array_graph(size: int = 4000, chunk: int = 1000) -> Any:
     return (y - y.mean(axis=0)).std(axis=1).sum()
 
 
+def tasks_cpu(dask_worker: Any) -> float:
+    """Seconds of CPU this worker's tasks have used in their own threads since it started
+    (Dask's fine metrics: ``("execute", span, prefix, "thread-cpu", "seconds")``)."""
+    return float(
+        sum(
+            v
+            for k, v in dask_worker.digests_total.items()
+            if isinstance(k, tuple) and k[0] == "execute" and k[-2:] == ("thread-cpu", "seconds")
+        )
+    )
+
+
+class TasksCpu:
+    """The seconds of CPU the tasks of each timed run used in their own threads, over all
+    workers: read before the run (:meth:`mark`) and after it (:meth:`taken`), outside its
+    time."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.per_mode: dict[str, list[float]] = {}
+        self._at = 0.0
+
+    def _now(self) -> float:
+        return sum(self.client.run(tasks_cpu).values())
+
+    def mark(self) -> None:
+        self._at = self._now()
+
+    def taken(self, mode: str) -> None:
+        self.per_mode.setdefault(mode, []).append(self._now() - self._at)
+
+
 def n_tasks(graph: Any) -> int:
     return len(dict(graph.__dask_graph__()))
 
@@ -75,13 +116,17 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
                 }
             )
 
-        def drop_old_stores() -> None:
+        own_cpu = TasksCpu(client)
+
+        def before_run() -> None:
             # outside the timing: deleting the last repeat's store is not the collector's
-            # cost; what the store says the collection cost is read first
+            # cost (what the store says the collection cost is read first); then the
+            # tasks' CPU so far, to take the run's own from
             for path in stores[:-1]:
                 if os.path.isdir(path):
                     read_cost(path)
                 shutil.rmtree(path, ignore_errors=True)
+            own_cpu.mark()
 
         def collected() -> None:
             stores.append(os.path.join(workdir, f"{name}-{len(stores)}.zarr"))
@@ -118,10 +163,12 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
             {mode: on_cpu(mode, run) for mode, run in modes.items()},
             repeats,
             warmup=0,
-            before=drop_old_stores,
+            before=before_run,
+            after=own_cpu.taken,
         )
         # (the warm-up is the untimed bare run below, which also checks the graph works)
-    for path in stores:  # the ones no drop_old_stores read: the last, and one before it
+    task_cpu = own_cpu.per_mode
+    for path in stores:  # the ones no before_run read: the last, and one before it
         if os.path.isdir(path) and path not in read:
             read_cost(path)
     store = stores[-1]
@@ -151,7 +198,18 @@ def run_workload(name: str, graph: Any, repeats: int, workdir: str) -> dict[str,
             ),
             "cpu_collected": _common.ratio_spread(cpu, "collected"),
             "cpu_performance_report": _common.ratio_spread(cpu, "performance_report"),
+            # wall time per second of the tasks' own CPU (see the module's docstring)
+            "collected_host_normalized": _common.ratio_spread(
+                _common.divided(times, task_cpu), "collected"
+            ),
+            "performance_report_host_normalized": _common.ratio_spread(
+                _common.divided(times, task_cpu), "performance_report"
+            ),
+            "task_cpu_collected": _common.ratio_spread(task_cpu, "collected"),
+            "task_cpu_performance_report": _common.ratio_spread(task_cpu, "performance_report"),
         },
+        # seconds of CPU the tasks used in their own threads, per run (fine metrics)
+        "task_cpu_s": task_cpu,
         # CPU seconds of the client/scheduler process and the workers, per run
         "cpu_s": cpu,
         "ratio_cpu_collected": _common.paired_ratio(cpu, "collected"),

@@ -51,6 +51,19 @@ def _f(x: Any, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
+def _host_normalized(r: dict[str, Any], target: float) -> tuple[Any, str, bool | None, str]:
+    """The array pipeline's ratio with the host's speed divided out (overhead.py): value,
+    format, met, note."""
+    s = r.get("spread", {}).get("collected_host_normalized")
+    if not s:
+        return None, ".3f", None, ""
+    note = (
+        f"(wall time per second of the tasks' own CPU; 95% CI "
+        f"{s['ci95_low']:.3f}-{s['ci95_high']:.3f}, n={s['n']})"
+    )
+    return s["median"], ".3f", s["median"] <= target, note
+
+
 def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     out = []
 
@@ -91,6 +104,7 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             ".3f",
             None if v is None or pr is None else v < pr,
         )
+    add("1b overhead, array >=10 ms, host-normalized", "<= 1.01", *_host_normalized(arr, 1.01))
     se = res.get("session", {})
     add(
         "1 session start + stop (s), trivial graph",
