@@ -30,6 +30,7 @@ from metacollect.steps.batch_status import (
     batch_commands,
     parse_qstat,
 )
+from metacollect.steps.job import scheduler_identity
 
 #: ``qstat -fx`` of a finished PBS Pro job, long values wrapped as PBS wraps them (a newline
 #: and a tab, inside a word), with a secret in the job's variables
@@ -272,7 +273,7 @@ def test_a_queue_that_cannot_be_asked_is_not_read_as_empty(tmp_path, monkeypatch
     (problem,) = retire_and_wait(client, ["12"], timeout=1.5, poll=0.1)
     assert problem.startswith("whether batch jobs ['12'] left the queue after retiring is not")
     assert "could not be asked for 1.5 s" in problem and "connect failure" in problem
-    assert not client.scheduler_info()["workers"]  # retired all the same
+    assert not scheduler_identity(client)["workers"]  # retired all the same
     # a PBS site (no squeue): qstat's 153 for a job it does not know, an error otherwise
     (bin_dir / "squeue").unlink()
     monkeypatch.setenv("PATH", str(bin_dir))

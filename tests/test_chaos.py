@@ -18,6 +18,7 @@ import groundtruth
 from distributed import Client
 
 from metacollect import open_run
+from metacollect.steps.job import scheduler_identity
 from metacollect.store.validate import validate_store
 
 CLIENT = """
@@ -113,7 +114,7 @@ def test_a_worker_killed_the_store_unwritable_and_the_client_killed_in_one_run(t
             os.kill(pid, signal.SIGKILL)  # a worker dies mid-batch, and the one its nanny
             deadline = time.time() + 60  # starts in its place joins while the store is out
             while time.time() < deadline:
-                new = set(observer.scheduler_info()["workers"]) - set(pids)
+                new = set(scheduler_identity(observer)["workers"]) - set(pids)
                 if new and all(_collecting(observer, new).values()):
                     break
                 time.sleep(0.1)

@@ -1,5 +1,6 @@
-"""Concurrency: two runs at once on one machine, two clients on one collected scheduler, and
-workers joining and leaving during a run."""
+"""Concurrency: two runs at once on one machine, two clients on one collected scheduler,
+workers joining and leaving during a run, and the client's own refresh of what it knows of
+the cluster racing the session's reads of it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import sys
 import textwrap
 import time
 
+import dask
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.cli import main
+from metacollect.steps.job import scheduler_identity
 
 
 def slow(x, delay=0.02):
@@ -84,7 +87,7 @@ def test_two_clients_one_scheduler(tmp_path):
 
 def _wait_workers(client, n, timeout=90):
     deadline = time.time() + timeout
-    while len(client.scheduler_info()["workers"]) != n:
+    while len(scheduler_identity(client)["workers"]) != n:
         assert time.time() < deadline, f"never reached {n} workers"
         time.sleep(0.1)
 
@@ -98,15 +101,15 @@ def test_workers_join_and_leave(tmp_path):
         Client(cluster) as client,
         collect(client, store, flush_interval="0.3s"),
     ):
-        seen = set(client.scheduler_info()["workers"])
+        seen = set(scheduler_identity(client)["workers"])
         cluster.scale(3)
         _wait_workers(client, 3)
-        seen |= set(client.scheduler_info()["workers"])
+        seen |= set(scheduler_identity(client)["workers"])
         assert len(client.gather(client.map(slow, range(60), pure=False))) == 60
         time.sleep(0.5)
         cluster.scale(1)
         _wait_workers(client, 1)
-        remaining = set(client.scheduler_info()["workers"])
+        remaining = set(scheduler_identity(client)["workers"])
         assert len(client.gather(client.map(slow, range(100, 110), pure=False))) == 10
     run = open_run(store)
     workers = run.workers()
@@ -120,6 +123,34 @@ def test_workers_join_and_leave(tmp_path):
     assert set(run.worker_table("tasks").worker_group) >= set(
         workers[workers.address.isin(remaining)].group
     )
+
+
+def test_the_cluster_recorded_at_each_start_has_its_workers_while_the_client_refreshes(
+    tmp_path,
+):
+    """Step 1 records the cluster (its workers, their threads and memory) from the
+    scheduler's own answer. ``Client.scheduler_info()`` returns what the client's periodic
+    refresh last wrote, an identity without workers (distributed 2026.8): read there, a
+    session whose start such a refresh overtook recorded a cluster of no workers. Here the
+    client refreshes every millisecond: read through ``scheduler_info()``, 6 of 30 sessions
+    recorded no workers (12-02), so 40 let that through once in ~7,000 runs; every one of
+    them must record both."""
+    with (
+        dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        truth = client.run(lambda dask_worker: dask_worker.state.nthreads)  # asked of each
+        for i in range(40):
+            store = str(tmp_path / f"s{i}.zarr")
+            with collect(client, store):
+                pass
+            spec = open_run(store).groups["job"]["cluster_spec"]
+            assert spec["n_workers"] == 2, f"session {i} recorded {spec}"
+            assert sorted(spec["threads"].values()) == sorted(truth.values())
+            assert len(spec["memory_limit"]) == 2 and all(spec["memory_limit"].values())
 
 
 def _transitions_of(run, prefix):

@@ -48,6 +48,7 @@ from metacollect import collect, open_run
 from metacollect.cli import main
 from metacollect.session import init_root
 from metacollect.steps import darshan as dsh
+from metacollect.steps.job import scheduler_identity
 from metacollect.store.lifecycle import finalize
 from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
@@ -265,7 +266,7 @@ def collected(tmp_path_factory):
         Client(cluster) as client,
         collect(client, store, flush_interval="200ms"),
     ):
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(scheduler_identity(client)["workers"])
         client.gather(client.map(lambda x: x + 1, range(10)))
         client.submit(slow, 1, workers=[a], pure=False).result()
     run = open_run(store)
@@ -808,13 +809,13 @@ def test_collect_with_darshan_end_to_end(stub_runtime, tmp_path, clean_environ, 
                 os.kill(victim, signal.SIGKILL)
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline:
-                    workers = set(client.scheduler_info()["workers"])
+                    workers = set(scheduler_identity(client)["workers"])
                     if victim_address not in workers and len(workers) == 2:
                         break
                     time.sleep(0.1)
                 inside_after = client.run(_inside_worker)
                 client.gather(client.map(lambda x: x + 1, range(8)))
-            workers_left = client.scheduler_info()["workers"]
+            workers_left = scheduler_identity(client)["workers"]
     finally:
         nanny_log.removeHandler(handler)
         nanny_log.setLevel(old_level)
@@ -897,7 +898,7 @@ def test_no_library_is_one_clear_error_and_the_run_goes_on(client, store, caplog
     )
     assert "set it to the path of libdarshan.so" in job["what"].iloc[0]
     assert errors["group"].eq("darshan").any()
-    assert client.scheduler_info()["workers"]  # nothing was retired: Darshan never started
+    assert scheduler_identity(client)["workers"]  # nothing was retired: Darshan never started
 
 
 RUN_UNDER_DARSHAN = """

@@ -25,6 +25,7 @@ from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.steps.darshan.nanny import worker_identity
+from metacollect.steps.job import scheduler_identity
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
@@ -129,7 +130,7 @@ def live(darshan_library, tmp_path_factory):
             ) as cluster,
             Client(cluster) as client,
         ):
-            n_before = len(client.scheduler_info()["workers"])
+            n_before = len(scheduler_identity(client)["workers"])
             t0 = time.perf_counter()
             with collect(
                 client,
@@ -140,12 +141,12 @@ def live(darshan_library, tmp_path_factory):
                 started = time.perf_counter() - t0
                 readers = session.darshan.readers.pids
                 under = client.run(worker_identity)
-                a, b = sorted(client.scheduler_info()["workers"])
+                a, b = sorted(scheduler_identity(client)["workers"])
                 _phase_a(client, data, inputs, (a, b), truth)
                 _phase_b(client, data, a, truth)
                 t1 = time.perf_counter()
             ended = time.perf_counter() - t1
-            workers_after = client.scheduler_info()["workers"]
+            workers_after = scheduler_identity(client)["workers"]
             identities_after = client.run(worker_identity)
             try:  # the cluster is usable as before
                 usable = client.submit(lambda: 6 * 7, pure=False).result(timeout=20) == 42

@@ -28,6 +28,7 @@ from distributed import Client, LocalCluster
 from distributed.scheduler import KilledWorker
 
 from metacollect import collect, open_run
+from metacollect.steps.job import scheduler_identity
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
@@ -71,7 +72,7 @@ def killed(darshan_library, tmp_path_factory):  # noqa: F811
                 flush_interval="200ms",
             ),
         ):
-            a, b = sorted(client.scheduler_info()["workers"])
+            a, b = sorted(scheduler_identity(client)["workers"])
             pids = client.run(os.getpid)
             fut = client.submit(write_then_die, str(data / "killed.bin"), workers=[a], pure=False)
             with pytest.raises(KilledWorker):

@@ -75,7 +75,7 @@ SCRIPT = """
         ]
         for i, (key, fn, name, n) in enumerate(jobs):
             args = (os.path.join(data, name),) + ((n,) if n is not None else ())
-            w = sorted(client.scheduler_info()["workers"])[i % 2]
+            w = sorted(client.nthreads())[i % 2]
             print(key, client.submit(fn, *args, key=key, workers=[w]).result())
 """
 

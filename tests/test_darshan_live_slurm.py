@@ -22,6 +22,7 @@ from distributed import Client
 
 from metacollect import collect, open_run
 from metacollect.launch.batch import jobqueue_cluster
+from metacollect.steps.job import scheduler_identity
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 from tests.test_jobqueue import KW, require_slurm, squeue_ids
 
@@ -77,7 +78,7 @@ def test_slurm_workers_under_darshan_are_byte_exact(darshan_library, tmp_path): 
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)
             ids = {str(j.job_id) for j in cluster.workers.values()}
-            a, b = sorted(client.scheduler_info()["workers"])
+            a, b = sorted(scheduler_identity(client)["workers"])
             with collect(client, store, flush_interval="0.5s"):
                 futs = [
                     client.submit(write_open, str(data / "a.bin"), 250_001, workers=[a]),

@@ -29,6 +29,7 @@ from metacollect import collect, open_run
 from metacollect.cli import main
 from metacollect.cli.info import describe
 from metacollect.errors import MetacollectError
+from metacollect.steps.job import scheduler_identity
 from metacollect.steps.scheduler import SchedulerCollector, collectors
 from metacollect.steps.worker import WorkerCollector
 from metacollect.store.lifecycle import unended_workers
@@ -182,7 +183,7 @@ def test_a_worker_retired_mid_run_ends_its_record(tmp_path):
     with _cluster(2) as cluster, Client(cluster) as client:
         with collect(client, store, flush_interval="10s"):  # no flush but the final ones
             first = client.gather(client.map(slow_inc, range(10), pure=False))
-            victim = sorted(client.scheduler_info()["workers"])[0]
+            victim = sorted(scheduler_identity(client)["workers"])[0]
             client.retire_workers([victim], close_workers=True)
             then = client.gather(client.map(slow_inc, range(10, 20), pure=False))
     assert first + then == list(range(1, 21))
@@ -224,7 +225,7 @@ def test_a_sigterm_as_a_retired_workers_end_begins_still_takes_its_final_flush(t
     with _cluster(2) as cluster, Client(cluster) as client:
         with collect(client, store, flush_interval="60s"):  # no flush but the final ones
             first = client.gather(client.map(slow_inc, range(10), pure=False))
-            victim = sorted(client.scheduler_info()["workers"])[0]
+            victim = sorted(scheduler_identity(client)["workers"])[0]
             pid = client.run(os.getpid, workers=[victim])[victim]
             client.run(_sigterm_as_the_end_begins, workers=[victim])
             client.retire_workers([victim], close_workers=True)

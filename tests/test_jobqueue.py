@@ -37,6 +37,7 @@ from metacollect.steps.batch_status import (
     scontrol_job,
     scontrol_script,
 )
+from metacollect.steps.job import scheduler_identity
 from metacollect.store.validate import validate_store
 
 KW = {
@@ -534,7 +535,7 @@ def test_a_cancelled_worker_job_takes_its_final_flush(tmp_path):
             client.wait_for_workers(2, timeout=60)
             jobs = {  # a worker's name is its job's (one process a job)
                 address: str(cluster.workers[info["name"]].job_id)
-                for address, info in client.scheduler_info()["workers"].items()
+                for address, info in scheduler_identity(client)["workers"].items()
             }
             with collect(client, store, flush_interval="60s"):  # no flush but the final ones
                 futures = client.map(lambda x: x + 1, range(20))
@@ -547,9 +548,9 @@ def test_a_cancelled_worker_job_takes_its_final_flush(tmp_path):
                 job = jobs[victim]
                 subprocess.run(["scancel", job], check=True)
                 deadline = time.time() + 60
-                while victim in client.scheduler_info()["workers"] and time.time() < deadline:
+                while victim in scheduler_identity(client)["workers"] and time.time() < deadline:
                     time.sleep(0.1)
-                assert victim not in client.scheduler_info()["workers"]
+                assert victim not in scheduler_identity(client)["workers"]
                 then = client.gather(client.map(lambda x: x * 2, range(20)))
     assert first == list(range(1, 21)) and then == list(range(0, 40, 2))
     run = open_run(store)
@@ -644,7 +645,8 @@ def watch(client, cluster, seen, until):
         for job in jobs.values():
             if getattr(job, "job_id", None):
                 seen["jobs"][str(job.job_id)] = job.name
-        for address, info in client.scheduler_info()["workers"].items():
+        # asked of the scheduler: Client.scheduler_info()'s workers can read empty
+        for address, info in client.sync(client.scheduler.identity)["workers"].items():
             job = jobs.get(info["name"])
             if getattr(job, "job_id", None):
                 seen["workers"][address] = str(job.job_id)
@@ -742,7 +744,7 @@ def slurm_knows(job_id):
     return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True).returncode == 0
 
 def workers(client):
-    return set(client.scheduler_info()["workers"])
+    return set(client.nthreads())  # asked of the scheduler, unlike scheduler_info()
 
 if __name__ == "__main__":
     store, truth, logs = sys.argv[1:4]
@@ -988,7 +990,7 @@ def test_jobs_the_controller_could_not_be_asked_about_are_not_read_as_forgotten(
             down.touch()  # and gone again, until the collection has ended
             subprocess.run(["scancel", second], check=True)
             deadline = time.time() + 30
-            while len(client.scheduler_info()["workers"]) and time.time() < deadline:
+            while len(scheduler_identity(client)["workers"]) and time.time() < deadline:
                 time.sleep(0.2)
     run = open_run(store)
     ends = run.table("job/batch", "ends").set_index("job_id")
@@ -1024,7 +1026,7 @@ def test_a_job_slurm_forgot_before_it_was_recorded_is_named(tmp_path):
             cluster.scale(jobs=1)
             client.wait_for_workers(1, timeout=60)
             (job_id,) = [str(j.job_id) for j in cluster.workers.values()]
-            (address,) = client.scheduler_info()["workers"]
+            (address,) = scheduler_identity(client)["workers"]
             assert client.submit(lambda x: x + 1, 1).result() == 2
             cluster.scale(0)
             deadline = time.time() + 90

@@ -28,6 +28,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 import metacollect.session.collection as collection
 from metacollect import collect, open_run
 from metacollect.steps.base import Recording
+from metacollect.steps.job import scheduler_identity
 from metacollect.store import lock, segments
 from metacollect.store import writer as writer_mod
 from metacollect.store.doctor import salvage
@@ -86,7 +87,7 @@ def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
         # a worker collects, flushes and seals its group without importing pandas (a third
         # of a second in each worker, on the session's start) when its flushes are small
         assert client.run(lambda: "pandas" in sys.modules) == dict.fromkeys(
-            client.scheduler_info()["workers"], False
+            scheduler_identity(client)["workers"], False
         )
     assert session.status == "complete", session.missing
     (left,) = left_at_seal

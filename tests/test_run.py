@@ -132,7 +132,7 @@ def test_run_with_a_local_cluster_started_by_metacollect(tmp_path):
         from distributed import Client
         if __name__ == "__main__":
             with Client() as c:   # connects to the cluster metacollect started
-                assert len(c.scheduler_info()["workers"]) == 2
+                assert len(c.nthreads()) == 2
                 print(c.submit(sum, [1, 2, 3]).result())
     """)
     )

@@ -23,6 +23,7 @@ from views_runs import spin
 
 from metacollect import collect, open_run
 from metacollect.steps.finemetrics import CONTEXTS_WITH_SPAN
+from metacollect.steps.job import scheduler_identity
 from metacollect.store.validate import validate_store
 
 
@@ -103,7 +104,7 @@ def workload(client):
     with span("fails"):
         f = client.submit(boom, 1, pure=False)
         wait(f)
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(scheduler_identity(client)["workers"])
     a = client.submit(make, 2_000_000, workers=[workers[0]], pure=False)
     b = client.submit(length, a, workers=[workers[1]], pure=False)  # a transfer for sure
     assert b.result() == 2_000_000

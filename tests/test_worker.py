@@ -11,6 +11,7 @@ from reference import wait_idle
 
 from metacollect import collect, open_run
 from metacollect.cli import main
+from metacollect.steps.job import scheduler_identity
 
 
 def test_worker_groups_hold_their_executions(client, store):
@@ -142,7 +143,7 @@ def test_a_second_session_holds_only_its_own_transfers(client, tmp_path):
     transfers of its own computation, none of the first's (checked by key)."""
     import numpy as np
 
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(scheduler_identity(client)["workers"])
     stores = [str(tmp_path / f"run{i}.zarr") for i in range(2)]
     keys = []
     for i, store in enumerate(stores):

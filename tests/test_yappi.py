@@ -20,6 +20,7 @@ from metacollect import collect, open_run
 from metacollect.errors import StoreError
 from metacollect.session import config_overrides
 from metacollect.steps import yappi as ystep
+from metacollect.steps.job import scheduler_identity
 from metacollect.store import segments
 from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
@@ -344,7 +345,7 @@ def test_killed_worker_keeps_profile_of_last_snapshot(client, store, fast_profil
         while _snapshots_of(store, victim_pid) < seen + 2 and time.time() < deadline:
             time.sleep(0.2)
         os.kill(victim_pid, signal.SIGKILL)
-        while victim_addr in client.scheduler_info()["workers"]:
+        while victim_addr in scheduler_identity(client)["workers"]:
             time.sleep(0.1)
     run = open_run(store)
     killed = [p for p, a in run.worker_groups().items() if a.get("pid") == victim_pid]

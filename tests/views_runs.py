@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from metacollect.steps.job import scheduler_identity
+
 #: the chain graph: CHAIN tasks, each depending on the previous
 CHAIN = 6
 #: the wide graph: WIDE independent ``slow`` tasks summed by one ``total`` task
@@ -149,7 +151,7 @@ def spans_store() -> str:
                 y = (x * 2).persist()
                 wait(y)
         assert (x + y).sum().compute() > 0
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(scheduler_identity(client)["workers"])
         a = client.submit(np.ones, 1_000_000, workers=[workers[0]], pure=False)
         assert client.submit(len, a, workers=[workers[1]], pure=False).result() == 1_000_000
         with span("fails"):

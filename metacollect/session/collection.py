@@ -27,7 +27,7 @@ from metacollect.errors import UsageError
 from metacollect.session.shutdown import end_through, retire_and_wait, retire_batch
 from metacollect.steps import terminate
 from metacollect.steps.darshan.logs import remove_old_logs
-from metacollect.steps.job import JobInfo, versions, write_job
+from metacollect.steps.job import JobInfo, scheduler_identity, versions, write_job
 from metacollect.steps.scheduler import SchedulerCollector, active_stores
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.writer import StoreWriter
@@ -62,7 +62,7 @@ def init_root(writer: StoreWriter, run_id: str) -> None:
 
 def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
     cluster = getattr(client, "cluster", None)
-    info = client.scheduler_info()
+    info = scheduler_identity(client)  # not scheduler_info(): its workers can read empty
     workers = info.get("workers", {})
     spec = {
         "scheduler": info.get("address"),

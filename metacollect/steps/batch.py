@@ -30,6 +30,7 @@ from metacollect.steps.batch_status import (
     BatchCommands,
     batch_commands,
 )
+from metacollect.steps.job import scheduler_identity
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -511,7 +512,7 @@ class BatchRecorder:
         if isinstance(workers, dict):
             return set(workers.copy())  # the event loop's thread updates it
         try:
-            return set(self.client.scheduler_info().get("workers", {}))
+            return set(scheduler_identity(self.client).get("workers", {}))
         except Exception as e:  # the scheduler unreachable: keep what the queue says
             self._fail_once("environment", "batch environment", e, final)
             return None

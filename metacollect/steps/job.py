@@ -17,12 +17,15 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.config
 
 import metacollect.config as config
 from metacollect.store.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 VERSIONED = (
     "dask",
@@ -88,6 +91,22 @@ class JobInfo:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobInfo:
         return cls(**dict(data))
+
+
+def scheduler_identity(client: Client) -> dict[str, Any]:
+    """The scheduler's identity (its address and id, and every worker), as the scheduler
+    answers it.
+
+    Not ``Client.scheduler_info()``: that returns an attribute which the client's own
+    refresh (every ``distributed.client.scheduler-info-interval``) replaces with an
+    identity without workers (distributed 2026.8 asks for ``n_workers=0``). A call whose
+    fetch such a refresh overtakes before it returns reads no workers, and a cluster of
+    workers was recorded as one of none. An asynchronous client cannot be waited on here,
+    nor a client not connected asked: their cached identity, as before."""
+    scheduler = client.scheduler
+    if client.asynchronous or scheduler is None:
+        return dict(client.scheduler_info())
+    return dict(client.sync(scheduler.identity))
 
 
 def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
