@@ -17,7 +17,8 @@ compares what each mode cost beyond its tasks' own instructions (the collector's
 the event loops, the session's start and end), which resolves 1 % where wall time alone
 cannot; ``task_cpu_*`` is the ratio divided out (a collector that slowed the tasks' own
 instructions would show there, not in the normalized ratio). It is the figure of the array
-pipeline, whose tasks are most of its CPU; the tiny tasks' own CPU is a few percent of theirs.
+pipeline, whose tasks are most of its CPU; the tiny tasks' run is mostly the scheduler's work
+(their own CPU ~11 s of the ~90 CPU-s of a collected run's processes).
 One cluster per workload, shared by its three modes; repeats interleaved with a rotating
 order; the ratio is the median of per-repeat ratios, with its quartiles (IQR) and a 95%
 bootstrap interval of the median: with >= 15 repeats the interval's half-width says
