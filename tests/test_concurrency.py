@@ -142,15 +142,23 @@ def test_the_cluster_recorded_at_each_start_has_its_workers_while_the_client_ref
         ) as cluster,
         Client(cluster) as client,
     ):
-        truth = client.run(lambda dask_worker: dask_worker.state.nthreads)  # asked of each
+        # the ground truth, as each worker says it of itself: its name, threads and memory
+        truth = client.run(
+            lambda dask_worker: (
+                str(dask_worker.name),
+                dask_worker.state.nthreads,
+                dask_worker.memory_manager.memory_limit,
+            )
+        ).values()
+        threads = {name: n for name, n, _ in truth}
+        memory = {name: limit for name, _, limit in truth}
         for i in range(40):
             store = str(tmp_path / f"s{i}.zarr")
             with collect(client, store):
                 pass
             spec = open_run(store).groups["job"]["cluster_spec"]
             assert spec["n_workers"] == 2, f"session {i} recorded {spec}"
-            assert sorted(spec["threads"].values()) == sorted(truth.values())
-            assert len(spec["memory_limit"]) == 2 and all(spec["memory_limit"].values())
+            assert spec["threads"] == threads and spec["memory_limit"] == memory, spec
 
 
 def _transitions_of(run, prefix):

@@ -10,6 +10,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from metacollect.session.shutdown import end_through
+from metacollect.steps.job import scheduler_identity
 from metacollect.steps.scheduler import active_collectors
 
 if TYPE_CHECKING:
@@ -77,8 +78,7 @@ def _end_remote(
             "could not be ended from outside its event loop"
         )
         return
-    info: dict[str, Any] = dict(client.scheduler_info())
-    sid = info.get("id")
+    sid = scheduler_identity(client).get("id")
     if sid in local:
         return
     result = _attempt(
