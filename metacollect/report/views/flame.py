@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-    Range1d,
-)
+from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
 from metacollect.plot.base import color_of
-from metacollect.report.views.base import (
-    WIDTH,
-    Layout,
-    note,
-)
+from metacollect.report.views.base import WIDTH, Layout, note
 
 
 def flame_figure(
@@ -29,25 +21,8 @@ def flame_figure(
     function's file and line."""
     if not boxes:
         return note(f"{title}: nothing to draw.")
-    x, depth, width, name = (np.array(v) for v in zip(*boxes, strict=True))
-    maxdepth = int(depth.max()) + 1
-    src = ColumnDataSource(
-        {
-            "left": x.astype(float),
-            "right": (x + width).astype(float),
-            "bottom": depth.astype(float),
-            "top": depth + 0.9,
-            "name": name.astype(str),
-            "value": width.astype(float),
-            "share": width / total * 100 if total else width * 0,
-            "colour": [color_of(n) for n in name],
-            "label": [
-                str(n)[: int(160 * w / total)] if total and w / total > 0.04 else ""
-                for n, w in zip(name, width, strict=True)
-            ],
-            "where": [where.get(str(n), "") for n in name],
-        }
-    )
+    maxdepth = int(max(depth for _, depth, _, _ in boxes)) + 1
+    src = _boxes_source(boxes, total, where)
     p = figure(
         title=title,
         height=min(900, 80 + 22 * maxdepth),
@@ -90,3 +65,28 @@ def flame_figure(
     p.xaxis.axis_label = unit
     p.yaxis.axis_label = "call depth (callers above callees)"
     return p
+
+
+def _boxes_source(
+    boxes: list[tuple[float, int, float, str]], total: float, where: dict[str, str]
+) -> ColumnDataSource:
+    """The boxes as the columns the figure draws: their edges, each function's colour, share
+    of the total and where it is defined, and a label on the boxes wide enough to hold one."""
+    x, depth, width, name = (np.array(v) for v in zip(*boxes, strict=True))
+    return ColumnDataSource(
+        {
+            "left": x.astype(float),
+            "right": (x + width).astype(float),
+            "bottom": depth.astype(float),
+            "top": depth + 0.9,
+            "name": name.astype(str),
+            "value": width.astype(float),
+            "share": width / total * 100 if total else width * 0,
+            "colour": [color_of(n) for n in name],
+            "label": [
+                str(n)[: int(160 * w / total)] if total and w / total > 0.04 else ""
+                for n, w in zip(name, width, strict=True)
+            ],
+            "where": [where.get(str(n), "") for n in name],
+        }
+    )
