@@ -18,12 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    CustomJS,
-    DatetimeTickFormatter,
-    FixedTicker,
-)
+from bokeh.models import ColumnDataSource, CustomJS, DatetimeTickFormatter, FixedTicker
 from bokeh.models.annotations import Legend, LegendItem
 from bokeh.models.widgets.inputs import Select
 from bokeh.models.widgets.markups import Div
@@ -96,6 +91,7 @@ def note(text: str) -> Div:
 
 
 def heading(text: str, detail: str = "") -> Div:
+    """A section title, with a smaller line of detail under it."""
     extra = f"<br><small>{html.escape(detail)}</small>" if detail else ""
     return div(f"<h3 style='margin:4px 0'>{html.escape(text)}{extra}</h3>")
 
@@ -175,6 +171,7 @@ def keep_longest_and_sample(duration: np.ndarray, limit: int = MAX_GLYPHS) -> np
 
 
 def sampled_caption(shown: int, total: int, what: str) -> str:
+    """How many of ``total`` items a plot draws, and how it chose them when not all."""
     if shown >= total:
         return f"all {total:,} {what}"
     return (

@@ -4,10 +4,7 @@ each process."""
 from __future__ import annotations
 
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-)
+from bokeh.models import ColumnDataSource, HoverTool
 
 from metacollect.analysis.collector import flush_series
 from metacollect.plot.collector import title as collector_title

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-    NumeralTickFormatter,
-)
+from bokeh.models import ColumnDataSource, HoverTool, NumeralTickFormatter
 
 from metacollect.report.views.base import (
     MAX_LINES,
@@ -27,6 +23,7 @@ from metacollect.report.views.base import (
 
 
 def cpu_bandwidth(ctx: Context) -> Layout:
+    """Each worker process's CPU, and its host's network read and write rates."""
     m = ctx.run.worker_table("metrics")
     if not len(m):
         return note("No worker metrics: the store holds no worker samples (step 4).")

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-)
+from bokeh.models import ColumnDataSource, HoverTool
 
 import metacollect.analysis as analysis
 from metacollect.report.views.base import (
@@ -24,6 +21,7 @@ from metacollect.report.views.base import (
 
 
 def critical_path(ctx: Context) -> Layout:
+    """The largest graph's critical path on the workers, and its time per prefix."""
     if not len(ctx.run.graph_tasks()):
         return note("No submitted graph: the critical path needs the graphs (step 2).")
     cp = analysis.critical_path(ctx.run)

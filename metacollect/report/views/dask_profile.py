@@ -20,6 +20,7 @@ from metacollect.report.views.flame import flame_figure
 
 
 def dask_profile(ctx: Context) -> Layout:
+    """Flame views of Dask's statistical profiler, and its functions by own time."""
     nodes = ctx.run.dask_profile(nodes=True)
     if not len(nodes):
         return note(

@@ -8,18 +8,11 @@ import html
 import pandas as pd
 from bokeh.layouts import column
 
-from metacollect.report.views.base import (
-    Context,
-    Layout,
-    data_table,
-    div,
-    heading,
-    note,
-    utc,
-)
+from metacollect.report.views.base import Context, Layout, data_table, div, heading, note, utc
 
 
 def events(ctx: Context) -> Layout:
+    """The script's failure if any, the scheduler's events and the collectors' errors."""
     ev = ctx.run.events().sort_values("time", ascending=False)
     parts: list[Layout] = []
     a = ctx.run.attrs

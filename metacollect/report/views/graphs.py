@@ -5,10 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-)
+from bokeh.models import ColumnDataSource, HoverTool
 
 import metacollect.analysis as analysis
 from metacollect.report.views.base import (
@@ -62,6 +59,7 @@ def _graph_names(ctx: Context) -> pd.DataFrame:
 
 
 def graphs(ctx: Context) -> Layout:
+    """The table of submitted graphs, and the largest drawn by dependency depth."""
     g = _graph_names(ctx)
     if not len(g):
         return note("No submitted graph: the store has no client graphs (step 2).")

@@ -7,10 +7,7 @@ import html
 import numpy as np
 import pandas as pd
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-)
+from bokeh.models import ColumnDataSource, HoverTool
 
 from metacollect.errors import StoreError
 from metacollect.report.views.base import (

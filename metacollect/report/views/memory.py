@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-    NumeralTickFormatter,
-)
+from bokeh.models import ColumnDataSource, HoverTool, NumeralTickFormatter
 
 from metacollect.report.views.base import (
     MAX_LINES,
@@ -26,6 +22,7 @@ from metacollect.report.views.base import (
 
 
 def memory(ctx: Context) -> Layout:
+    """All workers' memory stacked by kind, then each worker's process memory."""
     ws = ctx.run.worker_states()
     if not len(ws):
         return note("No memory samples: the store holds no worker state (step 3).")

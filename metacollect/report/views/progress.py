@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-)
+from bokeh.models import ColumnDataSource, HoverTool
 
 from metacollect.report.views.base import (
     MAX_POINTS,
@@ -22,6 +19,7 @@ from metacollect.report.views.base import (
 
 
 def progress(ctx: Context) -> Layout:
+    """Per task prefix, the share of its tasks done (in memory or erred) over time."""
     t = ctx.tasks
     if not len(t):
         return note("No task finished: the store holds no executed task (step 3).")

@@ -6,12 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    FactorRange,
-    FixedTicker,
-    HoverTool,
-)
+from bokeh.models import ColumnDataSource, FactorRange, FixedTicker, HoverTool
 from bokeh.plotting import figure
 
 from metacollect.analysis.spans import tree_order

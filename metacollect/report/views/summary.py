@@ -6,13 +6,7 @@ import pandas as pd
 from bokeh.layouts import column, row
 
 import metacollect.analysis as analysis
-from metacollect.report.views.base import (
-    Context,
-    Layout,
-    data_table,
-    heading,
-    utc,
-)
+from metacollect.report.views.base import Context, Layout, data_table, heading, utc
 
 
 def summary(ctx: Context) -> Layout:

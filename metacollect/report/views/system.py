@@ -10,10 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    HoverTool,
-)
+from bokeh.models import ColumnDataSource, HoverTool
 
 from metacollect.plot.jobs import QUEUED, how_ended
 from metacollect.report.views.base import (
@@ -112,6 +109,7 @@ def _jobs_timeline(run: Any, jobs: pd.DataFrame) -> Layout:
 
 
 def system(ctx: Context) -> Layout:
+    """The run's attributes, launch, batch jobs, workers, environment and code."""
     run = ctx.run
     a = dict(run.attrs)
     for k in ("started", "ended", "script_ended"):

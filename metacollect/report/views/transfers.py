@@ -26,6 +26,7 @@ from metacollect.report.views.base import (
 
 
 def transfers(ctx: Context) -> Layout:
+    """Bytes received by sender and receiver, and the transfer rate of all workers."""
     tr = ctx.run.worker_table("transfers")
     tr = tr[tr["direction"] == "in"] if len(tr) else tr
     if not len(tr):

@@ -30,6 +30,7 @@ def process_label(run: Any, df: pd.DataFrame) -> list[str]:
 
 
 def yappi(ctx: Context) -> Layout:
+    """Yappi's top functions by own time, and flame views of its call edges."""
     df = ctx.run.profile()
     if not len(df):
         return note(
