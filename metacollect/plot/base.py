@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from dask.utils import key_split
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgba_array
@@ -142,8 +143,6 @@ def latest_rows(df: pd.DataFrame, ident: list[str]) -> pd.DataFrame:
 
 
 def prefix_column(df: pd.DataFrame, key: str = "key") -> pd.Series:
-    from dask.utils import key_split
-
     return df[key].map(lambda k: key_split(k) if isinstance(k, str) and k else None)
 
 

@@ -10,6 +10,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 import metacollect.analysis as analysis
+from metacollect.errors import UsageError
 from metacollect.plot.base import (
     add_legend,
     bars,
@@ -68,8 +69,6 @@ def task_graph(
     if not len(base):
         return empty_figure("Task graph", "the graph has no task")
     if color not in base:
-        from metacollect.errors import UsageError
-
         raise UsageError(
             f"no column {color!r} to colour the graph by; choose one of {', '.join(base.columns)}"
         )

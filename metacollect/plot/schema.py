@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from metacollect.plot.base import (
-    add_legend,
-    new_figure,
-)
-
-if TYPE_CHECKING:
-    pass
+from metacollect.plot.base import add_legend, new_figure
+from metacollect.store.schema import load_schema
 
 
 def metadata_map(schema: Any = None) -> Figure:
@@ -23,8 +18,6 @@ def metadata_map(schema: Any = None) -> Figure:
     Drawn from ``schema/*.yaml`` (:func:`metacollect.store.schema.load_schema`), so it always
     matches what the store holds.
     """
-    from metacollect.store.schema import load_schema
-
     schema = schema or load_schema()
     steps = [s for s in sorted(schema.steps) if s > 0]
     levels = [lv for lv in schema.levels if lv != "run"]

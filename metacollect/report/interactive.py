@@ -23,6 +23,7 @@ from metacollect.analysis.run import Run, open_run
 from metacollect.files import atomic_file
 from metacollect.report import views
 from metacollect.report.png import Memo
+from metacollect.report.views.base import div, utc
 
 
 def write_html(
@@ -60,9 +61,7 @@ def write_html(
         except Exception as e:  # one failing view must not lose the others; say why
             why = f"{type(e).__name__}: {e}"
             problems.append((title, why))
-            child = views.div(
-                f"<p style='color:#a00'>This view failed to build: {html.escape(why)}</p>"
-            )
+            child = div(f"<p style='color:#a00'>This view failed to build: {html.escape(why)}</p>")
         if echo:
             echo(f"{title}: {time.perf_counter() - started:.1f} s")
         panels.append(TabPanel(child=child, title=title))
@@ -79,7 +78,7 @@ def _header(run: Any, problems: list[tuple[str, str]]) -> Div:
     started = a.get("started")
     when = ""
     if isinstance(started, (int, float)):
-        when = f", started {views.utc([started])[0]} UTC"
+        when = f", started {utc([started])[0]} UTC"
         if isinstance(a.get("ended"), (int, float)):
             when += f", {float(a['ended']) - float(started):.1f} s"
     text = (
