@@ -35,7 +35,7 @@ def collector(run: Run) -> Figure:
     if not len(df):
         return empty_figure(
             "What collecting cost",
-            "no flush was recorded one by one (a store written before 2026-11-29)",
+            "no flush was recorded one by one (a store written before flushes were recorded)",
         )
     order = df.groupby("process")["cpu_s"].sum().sort_values(ascending=False).index
     named = list(order[:MAX_PROCESSES])

@@ -47,7 +47,8 @@ def collector(ctx: Context) -> Layout:
     df = flush_series(run)
     if not len(df):
         return column(
-            note("No flush was recorded one by one: a store written before 2026-11-29."), *table
+            note("No flush was recorded one by one: a store written before flushes were recorded."),
+            *table,
         )
     total = df.groupby("process")["cpu_s"].sum()
     shown = heaviest(total)
