@@ -151,12 +151,12 @@ def take_pending() -> int | None:
 def keep_workers_down(reason: str) -> int:
     """Stop this process's nannies (a LocalCluster's, in the script's process) from
     restarting their workers; returns how many were told. A signal that ends the script (a
-    batch job's end signals every process of the job) ends their workers too, ~0.1 s later,
-    after their final flushes. A nanny restarted each of them: new workers spawned on the
-    cores the end needs, joined the collection that was ending and were killed with the
-    job, their groups left unended. ``dask worker`` stops its nannies so on SIGTERM. Safe in
-    a signal handler: ``close_gracefully`` only sets the nanny's status, which its loop
-    reads when its worker exits. Never raises: in a handler, an error would end the script
+    batch job's end signals every process of the job) ends their workers too, shortly after,
+    once their final flushes are done. A nanny would restart each of them: new workers would
+    spawn on the cores the end needs, join the collection that is ending and be killed with the
+    job, their groups left unended. ``dask worker`` stops its nannies so on SIGTERM. Safe in a
+    signal handler: ``close_gracefully`` only sets the nanny's status, which its loop reads when
+    its worker exits. Never raises: in a handler, an error would end the script
     in place of the signal (logged instead; the nannies then restart as before)."""
     if "distributed.nanny" not in sys.modules:  # no nanny in this process
         return 0
