@@ -7,6 +7,7 @@ effective dask config, every namespace, secrets redacted).
 
 from __future__ import annotations
 
+import functools
 import getpass
 import importlib.metadata
 import json
@@ -141,28 +142,23 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-#: :func:`installed`'s last answer, with the state of ``sys.path`` it was read in
-_INSTALLED: tuple[Any, tuple[tuple[str, str], ...]] = (None, ())
-
-
 def installed() -> tuple[tuple[str, str], ...]:
     """``(Name, Version)`` of every installed distribution, in ``sys.path`` order.
 
     Read once per state of the environment: listing the distributions reads one metadata
     file each (a metadata-server call each on a parallel filesystem), which every
-    session's start would pay. A distribution installed, removed or
-    upgraded adds or removes its metadata directory in a ``sys.path`` entry, which changes
-    that entry's modification time and link count, so a changed environment is read
-    again."""
-    global _INSTALLED
-    state = _path_state()
-    seen, found = _INSTALLED
-    if seen != state:
-        found = tuple(
-            nv for d in importlib.metadata.distributions() if (nv := name_version(d)) is not None
-        )
-        _INSTALLED = (state, found)
-    return found
+    session's start would pay. A distribution installed, removed or upgraded adds or removes
+    its metadata directory in a ``sys.path`` entry, which changes that entry's modification
+    time and link count, so a changed environment is read again."""
+    return _distributions(_path_state())
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions(state: tuple[tuple[str, int, int, int], ...]) -> tuple[tuple[str, str], ...]:
+    """The installed distributions, read once while ``sys.path`` stays in ``state``."""
+    return tuple(
+        nv for d in importlib.metadata.distributions() if (nv := name_version(d)) is not None
+    )
 
 
 def _path_state() -> tuple[tuple[str, int, int, int], ...]:
