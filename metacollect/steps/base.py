@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tornado.ioloop import PeriodicCallback
+
 import metacollect.config as config
 from metacollect.store.flush import PeriodicFlusher
 from metacollect.store.writer import GroupWriter, StoreWriter, seal_own
@@ -47,8 +49,6 @@ class Recording:
         profile: Any = None,
         writer: StoreWriter | None = None,
     ) -> None:
-        from tornado.ioloop import PeriodicCallback
-
         self.profile = profile
         self.sample = sample
         self.writer = writer

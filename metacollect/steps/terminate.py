@@ -34,6 +34,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psutil
+
 import metacollect.config as config
 
 logger = logging.getLogger(__name__)
@@ -161,7 +163,7 @@ def keep_workers_down(reason: str) -> int:
     if "distributed.nanny" not in sys.modules:  # no nanny in this process
         return 0
     told = 0
-    try:
+    try:  # in place: imported at the top, this module would load distributed where none runs
         from distributed import Nanny
         from distributed.core import Status
 
@@ -230,8 +232,6 @@ def batch_shell_warning(command: str) -> str | None:
             "with which the shell waits and this process still gets the signal"
         )
     try:
-        import psutil
-
         parent = psutil.Process().parent()
         shell = os.path.basename(parent.exe()) if parent is not None else ""
         cmdline = parent.cmdline() if parent is not None else []

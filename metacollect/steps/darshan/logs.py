@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
 
 from metacollect.steps.darshan import log_reader
 from metacollect.steps.darshan.clock import MARK_PREFIX
@@ -172,8 +173,6 @@ def remove_old_logs(store: str | os.PathLike[str]) -> list[str]:
 
 def _running(pid: int) -> bool:
     """Whether a process of this host runs (a zombie has exited)."""
-    import psutil
-
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
