@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,9 @@ if TYPE_CHECKING:
     from metacollect.analysis.run import Run, open_run
     from metacollect.session.collection import collect
 
-#: where each public name lives; imported on first use, so that ``import metacollect`` (as the
-#: preload and ``metacollect run``'s child process do before the user's script) stays light
+#: where each public name lives, imported on first use: the store reader and the session load
+#: xarray, pandas and distributed, which ``import metacollect`` (the preload, ``metacollect
+#: run``'s child before the user's script, the CLI's start-up) must not pay for
 _LAZY = {
     "Run": "metacollect.analysis.run",
     "open_run": "metacollect.analysis.run",
@@ -28,7 +30,5 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

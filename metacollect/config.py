@@ -42,8 +42,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
 @functools.cache
 def load_schema() -> dict[str, Any]:
     """The config schema as a dict, read once per process (shared: do not change it). Every
-    session validates its options against it: the pure-Python YAML loader took ~35 ms of a
-    session's ~0.1 s start, libyaml's (where PyYAML has it) takes a few."""
+    session validates its options against it, so libyaml's loader is used where PyYAML has
+    it: the pure-Python one would be a large share of a session's start."""
     with open(SCHEMA_PATH) as f:
         loaded: dict[str, Any] = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         return loaded
@@ -165,8 +165,8 @@ def _secret_names(
     patterns: tuple[str, ...], allow: tuple[str, ...]
 ) -> tuple[re.Pattern[str], frozenset[str]]:
     """:func:`redact_patterns` made once per setting: it is asked for by every redaction
-    (each environment variable, error and event), ~100 times in a session's start and end,
-    and escaping the patterns anew each time cost more than the look-up it serves."""
+    (each environment variable, error and event), many times in a session's start and end,
+    and escaping the patterns anew each time costs more than the look-up it serves."""
     rx = re.compile("|".join(re.escape(p) for p in patterns), re.IGNORECASE)
     return rx, frozenset(allow)
 

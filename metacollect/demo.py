@@ -14,6 +14,7 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+from distributed import span
 
 
 def make_images(directory: str, n_images: int = 16, size: int = 512, seed: int = 0) -> list[str]:
@@ -88,8 +89,6 @@ def pipeline(paths: list[str], out_dir: str, tile: int = 256) -> dict[str, Any]:
 
 def run_demo(workdir: str, n_images: int = 16, size: int = 512) -> dict[str, Any]:
     """Make the images and compute the pipeline on the current Dask client."""
-    from distributed import span
-
     paths = make_images(os.path.join(workdir, "images"), n_images, size)
     # in Dask spans, as users name the stages of a workflow: the store's span summary then
     # says where each stage's time went

@@ -8,6 +8,8 @@ import sys
 import tempfile
 from typing import Any
 
+import dask
+
 from metacollect.cli import options as t
 from metacollect.files import check_file_target
 
@@ -50,10 +52,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, off the CLI's start-up: distributed, the session and the report (bokeh)
     from distributed import Client, LocalCluster
 
     from metacollect import collect
     from metacollect.demo import run_demo
+    from metacollect.report import write_html
     from metacollect.store.lifecycle import check_store
 
     # fail fast, before starting a cluster
@@ -74,14 +78,10 @@ def run(args: argparse.Namespace) -> int:
             dashboard_address=":0",
         ) as cluster,
         Client(cluster) as client,
+        dask.config.set({f"metacollect.{k}": v for k, v in options.items()}),
+        collect(client, store, overwrite=True),
     ):
-        import dask
-
-        with (
-            dask.config.set({f"metacollect.{k}": v for k, v in options.items()}),
-            collect(client, store, overwrite=True),
-        ):
-            result = run_demo(work, args.images, args.size)
+        result = run_demo(work, args.images, args.size)
     print(
         "metacollect demo: foreground fraction per image "
         f"{[round(float(v), 3) for v in result['foreground_fraction']]}",
@@ -89,7 +89,5 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"metacollect demo: store written to {store}")
     if not args.no_report:
-        from metacollect.report import write_html
-
         print(f"metacollect demo: report written to {write_html(store, out)}")
     return 0

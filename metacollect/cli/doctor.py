@@ -21,6 +21,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, off the CLI's start-up: the store's Zarr layer
     import metacollect.store.zarrio as zarrio
     from metacollect.store.doctor import salvage
 

@@ -51,7 +51,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, off the CLI's start-up: the store reader and the exports (rocrate)
     from metacollect.analysis.run import open_run
+    from metacollect.export import perfetto, ro_crate
 
     if args.perfetto is None and args.pstat is None and args.ro_crate is None:
         raise UsageError(
@@ -68,12 +70,8 @@ def run(args: argparse.Namespace) -> int:
     if args.pstat is not None:
         check_dir_target(args.pstat, "the profiles")
     if args.ro_crate is not None:
-        from metacollect.export import ro_crate
-
         ro_crate.check_target(args.ro_crate)
     if args.perfetto is not None:
-        from metacollect.export import perfetto
-
         limit = perfetto.MAX_EVENTS if args.max_events is None else (args.max_events or None)
         meta = perfetto.write(run_, args.perfetto, max_events=limit)
         print(

@@ -25,6 +25,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, off the CLI's start-up: the store reader (xarray, pandas)
     from metacollect.analysis.run import open_run
     from metacollect.store.lifecycle import gather_leftovers
 

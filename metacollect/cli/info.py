@@ -97,6 +97,7 @@ def _collector_cost(run: Any) -> list[str]:
     processes it ran in (:func:`~metacollect.analysis.collector.collector_totals`), and why
     the processes that did not say did not: killed before their end, or a store written
     before the cost was recorded."""
+    # imported here, off the CLI's start-up: the analysis (xarray, pandas)
     from metacollect.analysis.collector import collector_totals
 
     if not len(run.collector_cost()):
@@ -126,6 +127,7 @@ def _collector_cost(run: Any) -> list[str]:
 
 def describe(store: str) -> list[str]:
     """Lines of the ``info`` output."""
+    # imported here, off the CLI's start-up: the store reader (xarray, pandas)
     from metacollect.analysis.run import open_run
 
     run = open_run(store)

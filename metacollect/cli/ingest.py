@@ -63,6 +63,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, off the CLI's start-up: the store reader and the Darshan step (xarray, pandas)
     from metacollect.analysis.run import open_run
     from metacollect.steps.darshan import ingest
 

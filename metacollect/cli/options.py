@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 from collections.abc import Callable
 from typing import Any, NoReturn
+
+from dask.utils import parse_bytes, parse_timedelta
 
 from metacollect.errors import UsageError
 
@@ -80,8 +83,6 @@ def signal_name(text: str) -> str:
     """A signal by its name in any case, with or without ``SIG`` (``SIGUSR1``, ``usr1``: a
     shell's ``trap`` and ``kill -l`` say ``USR1``), or its number (``10``), as its name:
     ``SIGUSR1``, the name ``metacollect run`` records for a signal that ended a script."""
-    import signal
-
     word = text.strip().upper()
     try:
         found = (
@@ -112,8 +113,6 @@ def seconds(text: str) -> float:
 
 def size(text: str) -> str:
     """A positive amount of memory, kept as written (``4GB``)."""
-    from dask.utils import parse_bytes
-
     try:
         ok = parse_bytes(text) > 0
     except (ValueError, TypeError):
@@ -127,8 +126,6 @@ def size(text: str) -> str:
 
 def duration(text: str) -> str:
     """A positive duration, kept as written (``2s``)."""
-    from dask.utils import parse_timedelta
-
     try:
         value = parse_timedelta(text)
         ok = value is not None and value > 0

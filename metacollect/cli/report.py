@@ -49,7 +49,9 @@ def default_output(store: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, off the CLI's start-up: the store reader and the report (bokeh, matplotlib)
     from metacollect.analysis.run import open_run
+    from metacollect.report import write_html, write_report
 
     if args.dpi is not None and args.png is None:
         raise UsageError(
@@ -65,15 +67,11 @@ def run(args: argparse.Namespace) -> int:
     with Progress(quiet=args.quiet) as progress:
         written = []
         if html_out is not None:
-            from metacollect.report import write_html
-
             progress(f"drawing the views of {args.store}")
             written.append(
                 write_html(run_, html_out, echo=lambda m: progress(f"drawing the views: {m}"))
             )
         if args.png is not None:
-            from metacollect.report import write_report
-
             progress(f"drawing the PNG views of {args.store}")
             written.append(
                 write_report(

@@ -44,6 +44,7 @@ def _cell(value: Any, fmt: str, column: str) -> str:
 
 def lines(store: str, top: int = 3) -> list[str]:
     """The ``spans`` output: one row per span, children indented under their parent."""
+    # imported here, off the CLI's start-up: the store reader (xarray, pandas)
     from metacollect.analysis.run import open_run
 
     summary = open_run(store).span_summary(top=top)

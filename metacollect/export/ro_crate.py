@@ -29,7 +29,13 @@ import datetime as dt
 import io
 import json
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from rocrate.model.contextentity import ContextEntity
+from rocrate.model.dataset import Dataset
+from rocrate.model.file import File
+from rocrate.rocrate import ROCrate
 
 from metacollect.errors import UsageError
 from metacollect.files import check_dir_target, staged_dir
@@ -104,14 +110,8 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
     --------
     >>> write(open_run("runs/a.zarr"), "runs/a-crate")   # doctest: +SKIP
     """
-    from rocrate.model.contextentity import ContextEntity
-    from rocrate.model.dataset import Dataset
-    from rocrate.model.file import File
-    from rocrate.rocrate import ROCrate
-
     target = check_target(directory)
-    remote = "://" in str(run.path)
-    if remote and copy_store:
+    if _is_remote(run) and copy_store:
         raise UsageError(
             f"cannot copy the store {run.path} into the RO-Crate: it is not a local directory; "
             "pass --reference-store (copy_store=False) to reference it by its URL"
@@ -119,10 +119,39 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
     attrs = dict(run.attrs)
     job = _attrs(run, "job")
     script = _attrs(run, "script")
-    versions = dict(attrs.get("versions") or {})
     run_id = str(attrs.get("run_id") or "run")
 
     crate = ROCrate(version="1.1")
+    _describe_root(crate, run_id, attrs)
+    workflow = _add_workflow(crate, script, job, run_id, dict(attrs.get("versions") or {}))
+    action = _run_action(crate, run, attrs, job, script, workflow)
+    inputs, outputs = _io_files(run, crate, script.get("path"))
+    if inputs:
+        action["object"] = inputs
+    if outputs:
+        action["result"] = outputs
+    store = _add_store(crate, run, run_id, action, copy_store)
+    collection = _collection_action(crate, attrs, run_id, action, store)
+    crate.root_dataset["mentions"] = [action, collection]
+
+    with staged_dir(target, what="the RO-Crate") as stage:
+        crate.write(stage)
+    return {
+        "metadata": os.path.join(target, "ro-crate-metadata.json"),
+        "inputs": len(inputs),
+        "outputs": len(outputs),
+        "store": store.id,
+        "status": _action_status(attrs),
+    }
+
+
+def _is_remote(run: Run) -> bool:
+    """Whether the store is behind a URL (then it can only be referenced, not copied)."""
+    return "://" in str(run.path)
+
+
+def _describe_root(crate: ROCrate, run_id: str, attrs: dict[str, Any]) -> None:
+    """Name the root dataset and declare the profiles the crate conforms to."""
     crate.metadata.extra_contexts.append(WFRUN_CONTEXT)
     root = crate.root_dataset
     root["name"] = f"metacollect run {run_id}"
@@ -143,7 +172,16 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
         {"@id": "https://w3id.org/workflowhub/workflow-ro-crate/1.0"},
     ]
 
-    python = _software(crate, ContextEntity, "python", versions.get("python") or job.get("python"))
+
+def _add_workflow(
+    crate: ROCrate,
+    script: dict[str, Any],
+    job: dict[str, Any],
+    run_id: str,
+    versions: dict[str, Any],
+) -> Any:
+    """The crate's main entity, written in Python and requiring the recorded packages."""
+    python = _software(crate, "python", versions.get("python") or job.get("python"))
     language = crate.add(
         ContextEntity(
             crate,
@@ -157,24 +195,20 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
             },
         )
     )
-    workflow = _workflow(crate, File, ContextEntity, script, job, run_id)
+    workflow = _workflow(crate, script, job, run_id)
     crate.mainEntity = workflow
     workflow["programmingLanguage"] = language
     requirements = [python] + [
-        _software(crate, ContextEntity, name, versions[name])
+        _software(crate, name, versions[name])
         for name in SOFTWARE
         if name != "python" and versions.get(name)
     ]
     workflow["softwareRequirements"] = requirements
+    return workflow
 
-    action = _run_action(crate, ContextEntity, run, attrs, job, script, workflow)
-    inputs, outputs = _io_files(run, crate, ContextEntity, script.get("path"))
-    if inputs:
-        action["object"] = inputs
-    if outputs:
-        action["result"] = outputs
 
-    store_name = os.path.basename(os.path.normpath(str(run.path))) or "run.zarr"
+def _add_store(crate: ROCrate, run: Run, run_id: str, action: Any, copy_store: bool) -> Any:
+    """The store, ``about`` the run: copied into the crate, or referenced by its URI."""
     store_props = {
         "name": f"metacollect store of run {run_id}",
         "description": "The run's profile: one Zarr v3 store, organised by metacollect's "
@@ -184,18 +218,26 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
         "identifier": run_id,
     }
     if copy_store:
-        store = crate.add(
+        store_name = os.path.basename(os.path.normpath(str(run.path))) or "run.zarr"
+        return crate.add(
             Dataset(crate, str(run.path), dest_path=store_name + "/", properties=store_props)
         )
-    else:
-        store = crate.add(
-            ContextEntity(
-                crate,
-                str(run.path).rstrip("/") + "/" if remote else _file_uri(str(run.path)) + "/",
-                properties={"@type": "Dataset", **store_props},
-            )
+    path = str(run.path)
+    store = crate.add(
+        ContextEntity(
+            crate,
+            path.rstrip("/") + "/" if _is_remote(run) else _file_uri(path) + "/",
+            properties={"@type": "Dataset", **store_props},
         )
-        root.append_to("hasPart", store)
+    )
+    crate.root_dataset.append_to("hasPart", store)
+    return store
+
+
+def _collection_action(
+    crate: ROCrate, attrs: dict[str, Any], run_id: str, action: Any, store: Any
+) -> Any:
+    """metacollect's own action: it observed the run and produced the store."""
     metacollect_app = crate.add(
         ContextEntity(
             crate,
@@ -208,7 +250,7 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
             },
         )
     )
-    collection = crate.add(
+    return crate.add(
         ContextEntity(
             crate,
             f"#collection-{run_id}",
@@ -222,17 +264,6 @@ def write(run: Run, directory: str | os.PathLike[str], copy_store: bool = True) 
             },
         )
     )
-    root["mentions"] = [action, collection]
-
-    with staged_dir(target, what="the RO-Crate") as stage:
-        crate.write(stage)
-    return {
-        "metadata": os.path.join(target, "ro-crate-metadata.json"),
-        "inputs": len(inputs),
-        "outputs": len(outputs),
-        "store": store.id,
-        "status": _action_status(attrs),
-    }
 
 
 def _attrs(run: Run, group: str) -> dict[str, Any]:
@@ -240,8 +271,6 @@ def _attrs(run: Run, group: str) -> dict[str, Any]:
 
 
 def _file_uri(path: str) -> str:
-    from pathlib import Path
-
     return Path(os.path.abspath(path)).as_uri()
 
 
@@ -254,17 +283,15 @@ def _times(attrs: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _software(crate: Any, entity: Any, name: str, version: Any) -> Any:
+def _software(crate: ROCrate, name: str, version: Any) -> Any:
     label, url = SOFTWARE[name]
     props: dict[str, Any] = {"@type": "SoftwareApplication", "name": label, "url": {"@id": url}}
     if version:
         props["softwareVersion"] = str(version)
-    return crate.add(entity(crate, f"#software-{name}", properties=props))
+    return crate.add(ContextEntity(crate, f"#software-{name}", properties=props))
 
 
-def _workflow(
-    crate: Any, file_cls: Any, entity: Any, script: dict[str, Any], job: dict[str, Any], run_id: str
-) -> Any:
+def _workflow(crate: ROCrate, script: dict[str, Any], job: dict[str, Any], run_id: str) -> Any:
     """The main entity: the script as stored (``metacollect run``), else the orchestrating
     program named by the command line (``collect()`` inside the user's own program)."""
     types = ["File", "SoftwareSourceCode", "ComputationalWorkflow"]
@@ -284,9 +311,7 @@ def _workflow(
         if script.get("argv"):
             props["alternateName"] = " ".join([name, *map(str, script["argv"])])
         return crate.add(
-            file_cls(
-                crate, io.StringIO(str(source)), dest_path=f"workflow/{name}", properties=props
-            )
+            File(crate, io.StringIO(str(source)), dest_path=f"workflow/{name}", properties=props)
         )
     argv = [str(a) for a in job.get("command_line") or []]
     program = argv[0] if argv else "unknown program"
@@ -298,12 +323,11 @@ def _workflow(
     }
     if os.path.isabs(program):
         props["identifier"] = _file_uri(program)
-    return crate.add(entity(crate, f"#workflow-{run_id}", properties=props))
+    return crate.add(ContextEntity(crate, f"#workflow-{run_id}", properties=props))
 
 
 def _run_action(
-    crate: Any,
-    entity: Any,
+    crate: ROCrate,
     run: Run,
     attrs: dict[str, Any],
     job: dict[str, Any],
@@ -329,7 +353,7 @@ def _run_action(
         )
     if job.get("user"):
         agent = crate.add(
-            entity(
+            ContextEntity(
                 crate,
                 f"#user-{job['user']}",
                 properties={"@type": "Person", "name": str(job["user"])},
@@ -339,13 +363,12 @@ def _run_action(
     argv = job.get("command_line")
     if argv:
         props["additionalProperty"] = [
-            _value(crate, entity, run_id, "command_line", json.dumps([str(a) for a in argv]))
+            _value(crate, run_id, "command_line", json.dumps([str(a) for a in argv]))
         ]
     if script.get("path"):
         props.setdefault("additionalProperty", []).append(
             _value(
                 crate,
-                entity,
                 run_id,
                 "script_arguments",
                 json.dumps([str(a) for a in script.get("argv") or []]),
@@ -354,14 +377,14 @@ def _run_action(
     extra = _job_values(run, job, attrs)
     if extra:
         props.setdefault("additionalProperty", []).extend(
-            _value(crate, entity, run_id, k, v) for k, v in extra.items()
+            _value(crate, run_id, k, v) for k, v in extra.items()
         )
     env = _environment(run)
     if env:
         props["environment"] = [
-            _value(crate, entity, run_id, f"env-{k}", v, name=k) for k, v in env.items()
+            _value(crate, run_id, f"env-{k}", v, name=k) for k, v in env.items()
         ]
-    return crate.add(entity(crate, f"#run-{run_id}", properties=props))
+    return crate.add(ContextEntity(crate, f"#run-{run_id}", properties=props))
 
 
 def _action_status(attrs: dict[str, Any]) -> str | None:
@@ -385,11 +408,9 @@ def _error(attrs: dict[str, Any]) -> str:
     return f"status {attrs.get('status')}"
 
 
-def _value(
-    crate: Any, entity: Any, run_id: str, key: str, value: Any, name: str | None = None
-) -> Any:
+def _value(crate: ROCrate, run_id: str, key: str, value: Any, name: str | None = None) -> Any:
     return crate.add(
-        entity(
+        ContextEntity(
             crate,
             f"#{key}-{run_id}",
             properties={"@type": "PropertyValue", "name": name or key, "value": str(value)},
@@ -438,7 +459,7 @@ def _environment(run: Run) -> dict[str, str]:
     return {str(k): str(v) for k, v in zip(env["name"], env["value"], strict=True)}
 
 
-def _io_files(run: Run, crate: Any, entity: Any, script_path: Any) -> tuple[list[Any], list[Any]]:
+def _io_files(run: Run, crate: ROCrate, script_path: Any) -> tuple[list[Any], list[Any]]:
     """The files the run read and wrote, as Darshan saw them (the user's files only: not
     the store, the logs, the interpreter's or the system's), referenced by ``file://`` URI."""
     if "darshan" not in run.groups:
@@ -459,7 +480,7 @@ def _io_files(run: Run, crate: Any, entity: Any, script_path: Any) -> tuple[list
         if read == 0 and written == 0:
             continue
         file = crate.add(
-            entity(
+            ContextEntity(
                 crate,
                 _file_uri(str(path)),
                 properties={

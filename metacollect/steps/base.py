@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tornado.ioloop import PeriodicCallback
+
 import metacollect.config as config
 from metacollect.store.flush import PeriodicFlusher
 from metacollect.store.writer import GroupWriter, StoreWriter, seal_own
@@ -47,8 +49,6 @@ class Recording:
         profile: Any = None,
         writer: StoreWriter | None = None,
     ) -> None:
-        from tornado.ioloop import PeriodicCallback
-
         self.profile = profile
         self.sample = sample
         self.writer = writer
@@ -78,8 +78,9 @@ class Recording:
         ``collector_cost`` attr): the flushes' (:meth:`PeriodicFlusher.cost`) and the CPU
         seconds every thread of the process used since the collection began
         (``process_cpu_s``: the workload's and the collector's together), which the flushes'
-        CPU is a share of. The hooks run inside Dask's own steps, at ~1 us each: timing them
-        would double their cost, so they are not in it (``benchmarks/hook.py`` measures them)."""
+        CPU is a share of. The hooks run inside Dask's own steps and cost about as much as
+        reading a clock: timing them would double their cost, so they are not in it
+        (``benchmarks/hook.py`` measures them)."""
         return {
             **self.flusher.cost(),
             "process_cpu_s": round(time.process_time() - self._cpu_at_start, 6),
@@ -235,7 +236,7 @@ def _plain(value: Any) -> Any:
 
 
 #: compact JSON, what it cannot hold as its ``repr``: made once, where ``json.dumps`` with
-#: any argument makes a new encoder per call (0.8 of the 2 us it takes for a priority tuple)
+#: any argument makes a new encoder per call (most of what encoding a priority tuple costs)
 _compact_json = json.JSONEncoder(default=_repr, separators=(",", ":")).encode
 
 #: values that JSON writes as arrays, ``[...]``
@@ -264,8 +265,8 @@ def encode_json_each(
     values: list[Any], on_error: Callable[[str, str], None] | None = None
 ) -> list[str]:
     """:func:`encode_json` of each of ``values``. A column of tuples and lists (the
-    priorities of a graph's tasks) is encoded in one call and cut at its values: 0.3 us a
-    value, where a call each costs 1.2 us. The cut is exact when the text holds ``],[``
+    priorities of a graph's tasks) is encoded in one call and cut at its values, a fraction
+    of the cost of a call per value. The cut is exact when the text holds ``],[``
     only between values (then one fewer than there are values); otherwise, and for any other
     column, each value is encoded alone."""
     if values and set(map(type, values)) <= _ARRAYS:

@@ -1,6 +1,6 @@
 """Step 2 of the metadata map: the graphs clients submit, seen from the scheduler.
 
-``update_graph`` no longer passes dependencies, so they are read from the scheduler's
+``update_graph`` does not pass dependencies, so they are read from the scheduler's
 TaskState while the hook runs (once per task, not per transition). Annotations and priorities
 are serialised in the flush, off the event loop.
 """

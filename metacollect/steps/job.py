@@ -7,6 +7,7 @@ effective dask config, every namespace, secrets redacted).
 
 from __future__ import annotations
 
+import functools
 import getpass
 import importlib.metadata
 import json
@@ -99,7 +100,7 @@ def scheduler_identity(client: Client) -> dict[str, Any]:
 
     Not ``Client.scheduler_info()``: that returns an attribute which the client's own
     refresh (every ``distributed.client.scheduler-info-interval``) replaces with an
-    identity without workers (distributed 2026.8 asks for ``n_workers=0``). A call whose
+    identity without workers (distributed asks for ``n_workers=0``). A call whose
     fetch such a refresh overtakes before it returns reads no workers, and a cluster of
     workers was recorded as one of none. An asynchronous client cannot be waited on here,
     nor a client not connected asked: their cached identity, as before."""
@@ -141,28 +142,23 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-#: :func:`installed`'s last answer, with the state of ``sys.path`` it was read in
-_INSTALLED: tuple[Any, tuple[tuple[str, str], ...]] = (None, ())
-
-
 def installed() -> tuple[tuple[str, str], ...]:
     """``(Name, Version)`` of every installed distribution, in ``sys.path`` order.
 
     Read once per state of the environment: listing the distributions reads one metadata
-    file each (165 files, ~7 ms here; a metadata-server call each on a parallel
-    filesystem), which every session's start paid. A distribution installed, removed or
-    upgraded adds or removes its metadata directory in a ``sys.path`` entry, which changes
-    that entry's modification time and link count, so a changed environment is read
-    again."""
-    global _INSTALLED
-    state = _path_state()
-    seen, found = _INSTALLED
-    if seen != state:
-        found = tuple(
-            nv for d in importlib.metadata.distributions() if (nv := name_version(d)) is not None
-        )
-        _INSTALLED = (state, found)
-    return found
+    file each (a metadata-server call each on a parallel filesystem), which every
+    session's start would pay. A distribution installed, removed or upgraded adds or removes
+    its metadata directory in a ``sys.path`` entry, which changes that entry's modification
+    time and link count, so a changed environment is read again."""
+    return _distributions(_path_state())
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions(state: tuple[tuple[str, int, int, int], ...]) -> tuple[tuple[str, str], ...]:
+    """The installed distributions, read once while ``sys.path`` stays in ``state``."""
+    return tuple(
+        nv for d in importlib.metadata.distributions() if (nv := name_version(d)) is not None
+    )
 
 
 def _path_state() -> tuple[tuple[str, int, int, int], ...]:
@@ -180,8 +176,8 @@ def _path_state() -> tuple[tuple[str, int, int, int], ...]:
 def name_version(dist: importlib.metadata.Distribution) -> tuple[str, str] | None:
     """A distribution's ``(Name, Version)``, read off the header of its core metadata.
 
-    ``dist.metadata`` parses the whole file as an email message, long description included:
-    ~1 ms a package, most of a session's start. Both fields are single-line headers
+    ``dist.metadata`` parses the whole file as an email message, long description included,
+    for every package: most of a session's start. Both fields are single-line headers
     (core metadata spec), so the lines before the first blank one are enough.
     """
     text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")

@@ -5,7 +5,7 @@ Every task of a submitted graph is in a span: the one ``distributed.span`` named
 which; the task's annotation is removed). The client group's ``tasks.span`` records it per
 task. Here each span is written once when a graph first refers to it (with its ancestors),
 and its times and totals once at the end: ``Span.start``/``stop`` walk the span's task groups
-(~12 us a span), too dear for every flush.
+(a walk per span), too dear for every flush.
 """
 
 from __future__ import annotations

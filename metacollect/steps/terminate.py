@@ -34,6 +34,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psutil
+
 import metacollect.config as config
 
 logger = logging.getLogger(__name__)
@@ -151,17 +153,17 @@ def take_pending() -> int | None:
 def keep_workers_down(reason: str) -> int:
     """Stop this process's nannies (a LocalCluster's, in the script's process) from
     restarting their workers; returns how many were told. A signal that ends the script (a
-    batch job's end signals every process of the job) ends their workers too, ~0.1 s later,
-    after their final flushes. A nanny restarted each of them: new workers spawned on the
-    cores the end needs, joined the collection that was ending and were killed with the
-    job, their groups left unended. ``dask worker`` stops its nannies so on SIGTERM. Safe in
-    a signal handler: ``close_gracefully`` only sets the nanny's status, which its loop
-    reads when its worker exits. Never raises: in a handler, an error would end the script
+    batch job's end signals every process of the job) ends their workers too, shortly after,
+    once their final flushes are done. A nanny would restart each of them: new workers would
+    spawn on the cores the end needs, join the collection that is ending and be killed with the
+    job, their groups left unended. ``dask worker`` stops its nannies so on SIGTERM. Safe in a
+    signal handler: ``close_gracefully`` only sets the nanny's status, which its loop reads when
+    its worker exits. Never raises: in a handler, an error would end the script
     in place of the signal (logged instead; the nannies then restart as before)."""
     if "distributed.nanny" not in sys.modules:  # no nanny in this process
         return 0
     told = 0
-    try:
+    try:  # in place: imported at the top, this module would load distributed where none runs
         from distributed import Nanny
         from distributed.core import Status
 
@@ -230,8 +232,6 @@ def batch_shell_warning(command: str) -> str | None:
             "with which the shell waits and this process still gets the signal"
         )
     try:
-        import psutil
-
         parent = psutil.Process().parent()
         shell = os.path.basename(parent.exe()) if parent is not None else ""
         cmdline = parent.cmdline() if parent is not None else []

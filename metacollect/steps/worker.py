@@ -68,13 +68,13 @@ def used_delay(
     task finished and the delay then, and the task's ``start_time`` (the worker's time
     just before distributed read the delay it adds).
 
-    A heartbeat answered between two of those moments changes the delay, by tens of ms on a
-    loaded machine, and Darshan's times would then miss the task (11-29: by 0.6 ms, a 0.7 ms
-    change). The run's compute began after ``start_time`` and ended before the finish, so
-    the delay used lies between ``stop - finished`` and ``start - start_time``. Seen the
-    same at both ends, the delay is exact; else the one of the two in that range. Where both
-    are (the range is wider than the change: 11-29, a 0.3 ms change and a task 0.2 ms
-    long), the change more likely fell in the longer span: between the task's start and
+    A heartbeat answered between two of those moments changes the delay, and taking the wrong
+    one would shift the task's times by the change, enough for Darshan's times of a short
+    task to miss it. The run's compute began after ``start_time`` and ended before the
+    finish, so the delay used lies between ``stop - finished`` and ``start - start_time``.
+    Seen the same at both ends, the delay is exact; else the one of the two in that range.
+    Where both are (the range is wider than the change, as for a task shorter than the
+    change), the change more likely fell in the longer span: between the task's start and
     distributed's read (the second read was used), or during the run (the first). Else the
     first moved into the range (within the run's overhead of the truth)."""
     delay, began, finished, after, start_time = seen
@@ -106,6 +106,26 @@ def _batch_attrs() -> dict[str, Any]:
     return {
         "batch_job_id": info["job_id"],
         "batch_environment": config.redact_environment(info["env"]),
+    }
+
+
+def _group_attrs(worker: Worker) -> dict[str, Any]:
+    """The attrs of a worker's group as its collector starts: who and where it is."""
+    return {
+        "address": worker.address,
+        "name": str(worker.name),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "nthreads": worker.state.nthreads,
+        "memory_limit": worker.memory_manager.memory_limit,
+        "started": time.time(),
+        # set by its final flush (teardown): a group still without it when the store is
+        # sealed lost what its worker did after its last flush (lifecycle.unended_workers)
+        "ended": None,
+        "profile_interval": dask_profile.profile_interval(),
+        # the batch job it runs in, said by the worker itself: the client's looks at its
+        # jobqueue cluster may miss a job that came and went between two of them
+        **_batch_attrs(),
     }
 
 
@@ -153,6 +173,40 @@ class WorkerCollector(WorkerPlugin):
         self._config_before = config.apply(self.options)
         self.worker = worker
         self.id = worker_id(worker)
+        self._init_buffers(worker)
+        attrs = _group_attrs(worker)
+        #: the node-local store this worker writes its group to (None: the run's store)
+        self.local, local_failed = self._local_store(attrs)
+        if self.local is not None:
+            attrs[local.LOCAL_ATTR] = f"{attrs['host']}:{self.local}"
+        #: the run held its store's lock as this worker started: it must not gather into it
+        #: once the run is sealed
+        self._in_locked_run = lock.held(self.store_path)
+        self.writer = StoreWriter(self.local or self.store_path)
+        self.group: GroupWriter = self.writer.group(
+            "worker", attrs=attrs, cluster=self.cluster, worker=self.id
+        )
+        if local_failed is not None:
+            self._on_error("node-local store", local_failed)
+        self._start_optional_steps(worker)
+        self.recording = Recording(
+            self._swap,
+            self._write,
+            self._on_error,
+            self._sample,
+            sampling=bool(config.get("capture.worker-metrics")),
+            profile=self.profile,
+            writer=self.writer,
+            group=self.group,
+        )
+        self.recording.start()
+        self._started = True
+        #: a batch system's SIGTERM, in a process it would kill outright: the final flush first
+        self._watch = terminate.watch(self._terminated)
+
+    def _init_buffers(self, worker: Worker) -> None:
+        """The empty buffers the transition hook appends to, and where this session's part
+        of the worker's transfer logs begins."""
         #: the hook's buffers, by column, never replaced (the flush thread takes rows out):
         #: transitions (key, start, finish, time - times in a C array) and executions (key,
         #: state, ran, thread, startstops, nbytes, type)
@@ -173,35 +227,10 @@ class WorkerCollector(WorkerPlugin):
         self._last_out: Any = (
             worker.transfer_outgoing_log[-1] if worker.transfer_outgoing_log else None
         )
-        attrs = {
-            "address": worker.address,
-            "name": str(worker.name),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "nthreads": worker.state.nthreads,
-            "memory_limit": worker.memory_manager.memory_limit,
-            "started": time.time(),
-            # set by its final flush (teardown): a group still without it when the store is
-            # sealed lost what its worker did after its last flush (lifecycle.unended_workers)
-            "ended": None,
-            "profile_interval": dask_profile.profile_interval(),
-            # the batch job it runs in, said by the worker itself: the client's looks at its
-            # jobqueue cluster may miss a job that came and went between two of them
-            **_batch_attrs(),
-        }
-        #: the node-local store this worker writes its group to (None: the run's store)
-        self.local, local_failed = self._local_store(attrs)
-        if self.local is not None:
-            attrs[local.LOCAL_ATTR] = f"{attrs['host']}:{self.local}"
-        #: the run held its store's lock as this worker started: it must not gather into it
-        #: once the run is sealed
-        self._in_locked_run = lock.held(self.store_path)
-        self.writer = StoreWriter(self.local or self.store_path)
-        self.group: GroupWriter = self.writer.group(
-            "worker", attrs=attrs, cluster=self.cluster, worker=self.id
-        )
-        if local_failed is not None:
-            self._on_error("node-local store", local_failed)
+
+    def _start_optional_steps(self, worker: Worker) -> None:
+        """What the config turns on besides step 4 itself: Dask's fine metrics and profile
+        cycles, Darshan's clock mark and a Yappi profile of this process."""
         #: Dask's own instrumentation, read at every flush: its fine performance metrics
         #: (deltas of digests_total) and its statistical profile (the cycles completed)
         self.digests = (
@@ -216,6 +245,7 @@ class WorkerCollector(WorkerPlugin):
             _darshan_clock_mark()
         self.profile = None  # step 5, Yappi: this process's profile (metacollect.steps.yappi)
         if config.get("yappi.enabled"):
+            # imported when enabled: the yappi package loads pandas into every worker
             from metacollect.steps import yappi
 
             self.profile = yappi.attach(
@@ -225,20 +255,6 @@ class WorkerCollector(WorkerPlugin):
                 cluster=self.cluster,
                 worker=self.id,
             )
-        self.recording = Recording(
-            self._swap,
-            self._write,
-            self._on_error,
-            self._sample,
-            sampling=bool(config.get("capture.worker-metrics")),
-            profile=self.profile,
-            writer=self.writer,
-            group=self.group,
-        )
-        self.recording.start()
-        self._started = True
-        #: a batch system's SIGTERM, in a process it would kill outright: the final flush first
-        self._watch = terminate.watch(self._terminated)
 
     async def teardown(self, worker: Worker) -> None:
         if worker.status == Status.closing:  # the worker's close, not the plugin's removal
@@ -340,9 +356,9 @@ class WorkerCollector(WorkerPlugin):
     # -- hooks (event loop) -------------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         # one list per column: appending creates no GC-tracked object. A row tuple per
-        # transition (and a copy of the startstops per task) kept ~60k new containers alive
-        # until the flush, and the collections they set off made an executed task's hook
-        # 7.7 us instead of 0.9 us (a worker's 1000 tasks, 20 rounds)
+        # transition (or a copy of the startstops per task) would keep a container per
+        # row alive until the flush, and the garbage collections they set off would
+        # multiply the cost of every executed task's hook
         add_key, add_start, add_finish, add_time = self._tappend
         now = time.time()
         add_key(key)
@@ -577,6 +593,7 @@ def _darshan_clock_mark() -> None:
     """The timed write that places this process's Darshan times on its clock
     (:func:`metacollect.steps.darshan.clock.clock_mark`), when it runs under Darshan:
     under ``metacollect run --darshan`` no session makes it for the workers."""
+    # imported when enabled: the darshan package loads pandas into every worker
     from metacollect.steps.darshan.clock import clock_mark
     from metacollect.steps.darshan.environment import has_darshan
 
@@ -591,11 +608,10 @@ def _stop_heartbeats(worker: Worker) -> None:
     """Stop a closing worker's heartbeats before its final flush. Distributed stops them after
     its plugins' teardowns, then closes the worker's connections at once: a heartbeat still
     in flight logs a traceback ("Failed to communicate with scheduler during heartbeat")
-    into the job's log. The final flush and seal keep the worker's loop and the machine busy
-    (a heartbeat took ~40 ms during them, ~1 ms otherwise), so under metacollect one was
-    often in flight then (14 runs of 41 with a heartbeat every 2 ms). Stopped here, the last
-    one completes while the flush runs. The worker has told the scheduler it is closing; no
-    heartbeat is owed after that."""
+    into the job's log. The final flush and seal keep the worker's loop and the machine busy,
+    which makes each heartbeat slower, so under metacollect one is often in flight then. Stopped
+    here, the last one completes while the flush runs. The worker has told the scheduler it is
+    closing; no heartbeat is owed after that."""
     callback = worker.periodic_callbacks.get("heartbeat")
     if callback is not None:
         callback.stop()

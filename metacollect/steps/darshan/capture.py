@@ -3,12 +3,16 @@ graceful shutdown (Darshan writes its log at process exit) and the ingestion."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
+
+import dask
+import psutil
 
 import metacollect.config as config
 from metacollect.errors import ConfigError
@@ -43,8 +47,6 @@ if TYPE_CHECKING:
 
 def wait_processes_gone(pids: Iterable[int], timeout: float, poll: float = 0.1) -> list[int]:
     """Wait until the local processes ``pids`` have exited; return those alive."""
-    import psutil
-
     pending = {int(p) for p in pids}
     deadline = time.monotonic() + timeout
     while pending:
@@ -510,8 +512,6 @@ def patient_cluster() -> Any:
     longer to start one: the restart's nannies were closed and the user's cluster left
     without workers. Waits up to ``metacollect.darshan.shutdown-timeout`` (and never less
     than the user's setting)."""
-    import dask
-
     ours = config.interval("darshan.shutdown-timeout") + 10
     theirs = dask.utils.parse_timedelta(
         dask.config.get("distributed.deploy.lost-worker-timeout", "15s")
@@ -528,8 +528,6 @@ async def _stop_through_nannies(
     worker has 4 to exit before it is SIGKILLed: a loaded host takes longer to end a
     worker (and Darshan writes the log last), and a killed worker leaves only its mmap
     log, partial. Returns the workers whose nanny failed, with why."""
-    import asyncio
-
     stimulus = f"metacollect-darshan-{time.time()}"
 
     async def stop(nanny: str) -> None:

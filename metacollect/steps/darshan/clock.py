@@ -1,13 +1,12 @@
 """The epoch time Darshan's relative timestamps count from, measured per worker.
 
-Darshan 3.5.0 takes its relative clock's zero (``init_start``, darshan-core.c) at the
-very start of ``darshan_core_initialize`` and the job record's ``start_time`` later, after
-the config is parsed and the record memory mapped: ``start_time + t`` is late by that
-init time (about 10 ms measured here, different in each process) - enough to put a
-segment in the next task. So each worker, once under Darshan, makes one timed write
-(:func:`clock_mark`): the epoch times around it and Darshan's relative times of the same
-write (``POSIX_F_WRITE_START/END_TIMESTAMP``) give the zero to within the write's own
-duration (:func:`time_origin`).
+Darshan 3.5.0 takes its relative clock's zero (``init_start``, darshan-core.c) at the very
+start of ``darshan_core_initialize`` and the job record's ``start_time`` later, after the
+config is parsed and the record memory mapped: ``start_time + t`` is late by that init time
+(different in each process) - enough to put a segment in the next task. So each worker, once
+under Darshan, makes one timed write (:func:`clock_mark`): the epoch times around it and
+Darshan's relative times of the same write (``POSIX_F_WRITE_START/END_TIMESTAMP``) give the
+zero to within the write's own duration (:func:`time_origin`).
 """
 
 from __future__ import annotations
@@ -20,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from metacollect.steps.darshan.environment import log_dir_of
+
 MARK_PREFIX = "clock-mark-"
 
 
@@ -29,8 +30,6 @@ def clock_mark() -> dict[str, Any] | None:
     the same file (``client.run(clock_mark)``, or the worker collector as it starts).
     Once per process: ``None`` when the mark is there already, or there is no log
     directory."""
-    from metacollect.steps.darshan.environment import log_dir_of
-
     directory = log_dir_of(os.environ)
     if not directory or not os.path.isdir(directory):
         return None
@@ -73,5 +72,5 @@ def time_origin(
         return fallback
     if ws <= 0:
         return fallback
-    # the wrapper's clock read follows ``before`` by the call's own cost (about 1 us)
+    # the wrapper's clock read follows ``before`` by the call's own cost (microseconds)
     return float(times["before"]) - ws, "clock-mark"

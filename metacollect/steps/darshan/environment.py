@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping
 
 import metacollect.config as config
@@ -86,13 +87,8 @@ def darshan_environment(
     if create:
         make_log_dir(directory)
         write_config(conf, darshan_config_text(None if store is None else os.fspath(store), base))
-    preload = [lib] + [
-        p
-        for p in re.split(r"[:\s]+", env_in.get("LD_PRELOAD", ""))
-        if p and "libdarshan" not in os.path.basename(p)
-    ]
     env = {
-        "LD_PRELOAD": ":".join(preload),
+        "LD_PRELOAD": _preload(lib, env_in),
         "DARSHAN_ENABLE_NONMPI": "1",
         "DARSHAN_LOGPATH": directory,
         "DARSHAN_MMAP_LOGPATH": directory,
@@ -107,6 +103,17 @@ def darshan_environment(
     if config.get("darshan.dxt", dxt):
         env["DARSHAN_MOD_ENABLE"] = ",".join(DXT_MODULES)
     return env
+
+
+def _preload(lib: str, environ: Mapping[str, str]) -> str:
+    """``LD_PRELOAD`` with Darshan's library first, then what ``environ`` preloads already
+    (less any other ``libdarshan``: one runtime per process)."""
+    preload = [lib] + [
+        p
+        for p in re.split(r"[:\s]+", environ.get("LD_PRELOAD", ""))
+        if p and "libdarshan" not in os.path.basename(p)
+    ]
+    return ":".join(preload)
 
 
 def job_script_prologue(
@@ -128,8 +135,6 @@ def job_script_prologue(
     >>> lines = job_script_prologue("runs/a.zarr")
     >>> SLURMCluster(job_script_prologue=lines, ...)  # doctest: +SKIP
     """
-    import shlex
-
     lib = find_library(library).path
     base = default_log_dir(store, log_dir)
     os.makedirs(base, exist_ok=True)

@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from metacollect.steps.darshan.clock import time_origin
 from metacollect.steps.darshan.conffile import interpreter_paths
@@ -21,11 +21,10 @@ from metacollect.steps.darshan.matching import Known, known_processes, match_log
 from metacollect.steps.darshan.mmap_log import read_mmap_log
 from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
 from metacollect.steps.darshan.runtime import NO_JOBID_VARIABLE
+from metacollect.store.lifecycle import consolidate, levels_index
 from metacollect.store.schema import safe_name
+from metacollect.store.writer import GroupWriter, StoreWriter, read_nodes
 from metacollect.store.zarrio import open_group
-
-if TYPE_CHECKING:
-    from metacollect.store.writer import GroupWriter, StoreWriter
 
 logger = logging.getLogger(__name__)
 
@@ -195,32 +194,14 @@ def ingest(
     >>> ingest("runs/a.zarr", "runs/a.zarr.darshan")   # doctest: +SKIP
     IngestResult(found=5, ingested=5, ...)
     """
-    from metacollect.store.writer import StoreWriter
-
     store = os.fspath(store)
     log_dir = os.fspath(log_dir)
     writer = writer or StoreWriter(store)
-    earlier = {*earlier, *(lv.path for lv in live)}
-    logs = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in earlier]
-    already = _ingested(store)
-    known, groups = known_processes(store)
-    run = _Ingestion(writer, _darshan_attrs(store, log_dir), known, groups, len(logs))
-    run.skip_ingested(lg for lg in logs if lg.path in already)
-    todo = [lg for lg in logs if lg.path not in already]
+    run, todo, seen = _start(writer, store, log_dir, host, earlier, live)
     say = progress or echo
     if say and todo:
         say(f"reading {len(todo)} Darshan log{'s' if len(todo) != 1 else ''} below {log_dir}")
-    seen = {lg.path for lg in logs} | set(earlier)  # a new listing never takes them either
-    run.result.found += len(live)
-    for _ in range(3):  # a log renamed while read is found again by the next listing
-        run.vanished = 0
-        _ingest_logs(run, todo, timeout, progress, readers, live)
-        live = ()
-        if not run.vanished:
-            break
-        todo = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in seen]
-        seen |= {lg.path for lg in todo}
-        run.result.found += len(todo)
+    _ingest_until_settled(run, todo, seen, store, log_dir, host, timeout, progress, readers, live)
     run.finish()
     writer.flush()
     _update_levels(store)
@@ -232,6 +213,55 @@ def ingest(
             f"{result.skipped} skipped, of {result.found} logs"
         )
     return result
+
+
+def _start(
+    writer: StoreWriter,
+    store: str,
+    log_dir: str,
+    host: str | None,
+    earlier: Collection[str],
+    live: Sequence[LiveLog],
+) -> tuple[_Ingestion, list[LogFile], set[str]]:
+    """The ingestion, the logs it is to read and the paths no later listing may take: the
+    logs below ``log_dir`` less ``earlier`` and the live workers' mmap logs; those a
+    previous ingestion put in already are counted and given their ``skipped`` row."""
+    earlier = {*earlier, *(lv.path for lv in live)}
+    logs = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in earlier]
+    already = _ingested(store)
+    known, groups = known_processes(store)
+    run = _Ingestion(writer, _darshan_attrs(store, log_dir), known, groups, len(logs))
+    run.skip_ingested(lg for lg in logs if lg.path in already)
+    run.result.found += len(live)
+    todo = [lg for lg in logs if lg.path not in already]
+    seen = {lg.path for lg in logs} | earlier  # a new listing never takes them either
+    return run, todo, seen
+
+
+def _ingest_until_settled(
+    run: _Ingestion,
+    todo: list[LogFile],
+    seen: set[str],
+    store: str,
+    log_dir: str,
+    host: str | None,
+    timeout: float,
+    progress: Callable[[str], None] | None,
+    readers: ReaderPool | None,
+    live: Sequence[LiveLog],
+) -> None:
+    """Ingest ``todo`` and list ``log_dir`` again while logs vanished under the reading: a
+    log renamed to its final name while read is found again, under its new name, by the
+    next listing (at most three rounds)."""
+    for _ in range(3):
+        run.vanished = 0
+        _ingest_logs(run, todo, timeout, progress, readers, live)
+        live = ()
+        if not run.vanished:
+            break
+        todo = [lg for lg in find_logs(log_dir, host, batch_job_ids(store)) if lg.path not in seen]
+        seen |= {lg.path for lg in todo}
+        run.result.found += len(todo)
 
 
 def missing_worker_logs(store: str, alive: Sequence[int] = ()) -> list[str]:
@@ -510,6 +540,8 @@ def batch_job_ids(store: str) -> set[int]:
         env: Any = dict(root["darshan"].attrs).get("environment") or {}
         if isinstance(env, dict) and env.get("DARSHAN_JOBID") == NO_JOBID_VARIABLE:
             return set()
+    # imported here: the reader pulls in xarray, which every process that imports this
+    # package (a nanny unpickling its Darshan plugin) would otherwise load for nothing
     from metacollect.store.reader import StoreReader
 
     ids: set[int] = set()
@@ -536,9 +568,6 @@ def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:
 def _update_levels(store: str) -> None:
     """Keep a finalised store whole after groups were added to it: its levels index and,
     where the store keeps it, its consolidated metadata."""
-    from metacollect.store.lifecycle import consolidate, levels_index
-    from metacollect.store.writer import read_nodes
-
     try:
         root = open_group(store, mode="a")
         if root.attrs.get("status") == "complete":

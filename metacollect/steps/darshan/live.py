@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
 
 from metacollect.steps.darshan.clock import time_origin
 from metacollect.steps.darshan.log_reader import RECORD_TABLES
@@ -205,8 +206,6 @@ class LiveSnapshots:
         workers in ``identities`` (the workers now, as :func:`~.nanny.worker_identity`
         gives them) that were not there at its start; returns the joined workers whose
         I/O cannot be read, one line each."""
-        import psutil
-
         problems = self._join(identities or {})
         for lv in self.logs:
             copy = os.path.join(self.directory, "end", os.path.basename(lv.path))
@@ -225,8 +224,6 @@ class LiveSnapshots:
     def _join(self, identities: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """Add the workers that started during the session (their whole log is the
         session's), or say why one's I/O is not read."""
-        import psutil
-
         known = {lv.pid for lv in self.logs}
         here = socket.gethostname()
         problems = []

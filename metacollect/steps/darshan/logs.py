@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
 
+from metacollect.steps.darshan import log_reader
+from metacollect.steps.darshan.clock import MARK_PREFIX
 from metacollect.steps.darshan.log_reader import LOG_MARK
 
 _FINAL = re.compile(
@@ -134,8 +137,6 @@ def remove_old_logs(store: str | os.PathLike[str]) -> list[str]:
     directory set with ``metacollect.darshan.log-dir`` (it may be shared). Kept too: the
     mmap logs and clock marks of processes of this host that still run (workers started
     under this store's environment before the session, ``delivery: already``)."""
-    from metacollect.steps.darshan.clock import MARK_PREFIX
-
     path = os.fspath(store)
     if "://" in path:
         return []
@@ -172,8 +173,6 @@ def remove_old_logs(store: str | os.PathLike[str]) -> list[str]:
 
 def _running(pid: int) -> bool:
     """Whether a process of this host runs (a zombie has exited)."""
-    import psutil
-
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
@@ -248,8 +247,6 @@ def _signal_name(code: int) -> str:
 
 def _reader_command() -> list[str]:
     """The command of a reader child (:mod:`.log_reader` as a script)."""
-    from metacollect.steps.darshan import log_reader
-
     # -P: the script's directory (this package's modules) must not shadow pydarshan's
     return [sys.executable, "-P", os.path.abspath(log_reader.__file__)]
 
@@ -270,7 +267,7 @@ def _spawn_reader() -> subprocess.Popen[bytes]:
 
 class ReaderPool:
     """Reader children started ahead of the logs: each imports pydarshan (most of what
-    reading a log costs: ~1 s of CPU, several seconds on a loaded host) while the
+    reading a log costs) while the
     workflow runs, then waits for its logs on stdin. :func:`read_logs` takes them;
     :meth:`close` ends those not taken (an empty stdin: the child exits). A child that
     died meanwhile is not used (a new one is started instead).

@@ -3,12 +3,12 @@ runtime maps (darshan 3.5.0, log format 3.41, uncompressed) is fixed-size struct
 the POSIX and STDIO records and the heatmaps are NumPy views of the file.
 
 Used for the snapshots of a ``live-snapshot`` session (:mod:`.live`): starting a reader
-child and importing pydarshan costs more than the whole session may (~1 s of CPU), and
+child and importing pydarshan costs more than the whole session may, and
 what it returns for these logs is the same arrays (checked element by element against
 pydarshan in ``tests/test_darshan_live_snapshot.py``). Any other layout - another log
 format or module version, compression, records of a module this reader does not know
 but the store ingests - returns ``None``, and the logs go to the reader children
-(:func:`~metacollect.steps.darshan.logs.read_logs`) as before.
+(:func:`~metacollect.steps.darshan.logs.read_logs`).
 
 The layout (``darshan-log-format.h``, ``darshan-core.c``): the header (version string,
 magic number, compression, partial flags, name map, 64 module maps, 64 module versions:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import dask
 from distributed.diagnostics.plugin import NannyPlugin
 
 from metacollect.errors import MetacollectError
@@ -111,8 +112,6 @@ class DarshanEnviron(NannyPlugin):
     def _environment(self, nanny: Nanny, host: str) -> dict[str, str] | None:
         """The variables for this host, under the client's ``metacollect.darshan``
         options (``None``, with why in :attr:`status`, when they cannot be made)."""
-        import dask
-
         current = {**os.environ, **nanny.pre_spawn_env}
         try:
             with dask.config.set({f"metacollect.darshan.{k}": v for k, v in self.options.items()}):

@@ -18,7 +18,7 @@ import yappi
 
 from metacollect.store.writer import columns as as_columns
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: profiler and sink import this module
     from metacollect.steps.yappi.profiler import ProcessProfiler
     from metacollect.steps.yappi.sink import ProfileSink
 

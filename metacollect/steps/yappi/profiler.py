@@ -9,22 +9,24 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import yappi
 from dask.utils import key_split
+from yappi import _yappi
 
 from metacollect.steps.yappi.columns import build_columns
 from metacollect.steps.yappi.harness import harness_threads, is_harness_name
 from metacollect.steps.yappi.tags import TaggingThreads, Tags, tag_now, thread_name
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: sink imports this module
     from metacollect.steps.yappi.sink import ProfileSink
 
 _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
-#: what one row of an unfiltered enumeration costs (a tuple from yappi, ~2.6 us, and as
-#: much again in :func:`.columns.build_columns`), in the units of what a tag-filtered
-#: enumeration costs per known tag (yappi walks every context's tag table: ~16 ns)
+#: what one row of an unfiltered enumeration costs (a tuple from yappi, and as much again
+#: in :func:`.columns.build_columns`), in units of what a tag-filtered enumeration costs
+#: per known tag (yappi walks every context's tag table): a ratio, no unit
 _ROW_PER_TAG_VISIT = 300
 
 LOCK = threading.RLock()
@@ -172,8 +174,6 @@ class ProcessProfiler:
         With C callbacks only (``list.append``) and the cyclic GC off (no finalizer can
         run Python code), no other thread runs while yappi's tables are walked.
         """
-        from yappi import _yappi
-
         rows: list[tuple[Any, ...]] = []
         threads: list[tuple[Any, ...]] = []
         # one filtered enumeration per tag costs len(tags) x len(self.tags) visits; an
@@ -324,8 +324,8 @@ class ProcessProfiler:
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic GC off meanwhile. A snapshot makes many short-lived tuples: in a
-    worker, the collections they set off walked every object of the process and took
-    most of each snapshot's time (py-spy: ~1 s of every 10 s snapshot). They are freed
+    worker, the collections they set off would walk every object of the process and take
+    most of each snapshot's time. They are freed
     before the GC is back on, so they do not count towards the next collection."""
     was_on = gc.isenabled()
     gc.disable()
@@ -338,8 +338,6 @@ def gc_paused() -> Iterator[None]:
 
 def yappi_version() -> str:
     """The installed yappi's version ("unknown" if not installed as a distribution)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("yappi")
     except PackageNotFoundError:

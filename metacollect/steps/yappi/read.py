@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from dask.utils import key_split
 
+from metacollect.errors import StoreError
 from metacollect.steps.yappi.columns import (
     EDGE_COLUMNS,
     FUNCTION_COLUMNS,
@@ -93,8 +94,6 @@ def _wanted_processes(
         if worker in (p.rsplit("/", 1)[-1], a.get("address"), a.get("name"))
     }
     if not want:
-        from metacollect.errors import StoreError
-
         known = sorted(p.rsplit("/", 1)[-1] for p in run.worker_groups())
         raise StoreError(
             f"no worker {worker!r} in {run.path}; workers are {', '.join(known) or 'none'}"
@@ -202,8 +201,6 @@ def matching_keys(
     :class:`~metacollect.errors.StoreError` when it selects nothing, naming the prefixes
     the profile has (``per_prefix``: its tags stand for prefixes, keys are not known).
     """
-    from metacollect.errors import StoreError
-
     wanted = list(task) if isinstance(task, (list, tuple, set, frozenset)) else [task]
     if isinstance(task, tuple) and len(task) == 2 and isinstance(task[0], str):
         wanted = [task]  # a tuple key, not a list of keys

@@ -18,16 +18,17 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from dask.utils import parse_timedelta
+
 import metacollect.config as config
 from metacollect.steps.yappi.columns import KINDS
 from metacollect.steps.yappi.harness import io_loops
 from metacollect.steps.yappi.profiler import LOCK, ProcessProfiler, yappi_version
 from metacollect.steps.yappi.tags import tag_tasks
+from metacollect.store.writer import GroupWriter, StoreWriter
 
 if TYPE_CHECKING:
     from distributed import Worker
-
-    from metacollect.store.writer import GroupWriter, StoreWriter
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +171,6 @@ def unprofile_harness() -> None:
 
 def _interval() -> float:
     """``metacollect.yappi.flush-interval`` in seconds (10 if unreadable)."""
-    from dask.utils import parse_timedelta
-
     try:
         return float(parse_timedelta(config.get("yappi.flush-interval")))
     except Exception:

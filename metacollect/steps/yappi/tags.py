@@ -29,7 +29,7 @@ class Tags(dict[Any, int]):
     keeps a frame's callees in a linked list walked on every call: a frame entered
     between tasks (``_run_task``) calls the first functions of each task, a new callee
     per task and tag, so with one idle tag its list, and every call it makes, grows
-    with the number of tasks run (quadratic: 12x on a 33k-task pipeline). A new idle
+    with the number of tasks run (quadratic in the tasks of the run). A new idle
     tag every few dozen tasks starts a new, short list. Idle tags are written as tag 0.
     """
 
@@ -79,7 +79,7 @@ class ThreadTag(threading.local):
 
 THREAD_TAG = ThreadTag()
 #: yappi's tag callback, called on every profiled call: C calls only (a partial, an
-#: attrgetter, a thread-local's getattr; ~50 ns), no Python frame. Per thread, not a
+#: attrgetter, a thread-local's getattr), no Python frame. Per thread, not a
 #: context variable: the idle tag must outlive the task's copied context, as the
 #: frames that start the next task (``_run_task``) are entered outside it.
 tag_now = functools.partial(operator.attrgetter("tag"), THREAD_TAG)
