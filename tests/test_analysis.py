@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pandas as pd
 import pytest
 from views_runs import CHAIN, LONG_CHAIN, WIDE, basic_store, chain_store
@@ -172,7 +171,7 @@ def test_a_sealed_stores_tables_are_read_without_opening_their_metadata_again(mo
     Zarr one file at a time (most of the time of a run of many workers). They read the same
     as through Zarr, and ``committed`` counts each table's rows as its arrays say."""
     from metacollect.store import zarrio
-    from metacollect.store.writer import committed_rows
+    from metacollect.store.integrity import committed_rows
 
     path = basic_store()
     through_zarr = metacollect.open_run(path)

@@ -32,6 +32,7 @@ from distributed import Client, LocalCluster
 from metacollect import collect, open_run
 from metacollect.errors import StoreError
 from metacollect.store import lifecycle
+from metacollect.store import seal as seal_mod
 from metacollect.store import writer as writer_mod
 from metacollect.store.validate import validate_store
 
@@ -82,7 +83,7 @@ def coded_store(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
         # nor are the tables of the segments written sealed: appended, codes and all
-        mp.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
+        mp.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
         return _collected(str(tmp_path_factory.mktemp("damage") / "coded.zarr"))
 
 

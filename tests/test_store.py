@@ -12,11 +12,12 @@ import zarr
 from metacollect import open_run
 from metacollect.session import init_root
 from metacollect.steps.job import JobInfo, write_job
+from metacollect.store.buffers import StringTable
 from metacollect.store.lifecycle import finalize
 from metacollect.store.reader import walk
 from metacollect.store.schema import load_schema
 from metacollect.store.validate import validate_store
-from metacollect.store.writer import StoreWriter, StringTable
+from metacollect.store.writer import StoreWriter
 
 
 def test_schema_groups_have_map_attrs():
@@ -804,7 +805,7 @@ def test_a_store_at_an_fsspec_url_is_sealed_through_the_store_api():
     filesystem: a run at an fsspec URL is cut to its rows and consolidated like a directory."""
     import warnings
 
-    from metacollect.store.writer import read_nodes
+    from metacollect.store.seal import read_nodes
 
     url = "memory://metacollect-test/sealed.zarr"
     w = StoreWriter(url)
@@ -1109,9 +1110,9 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
     strings and rows of counters, appended across chunk edges, by a writer that holds the
     tail and by a new one that must read it back, read the same as Zarr's own setitem."""
     from zarr.codecs import BloscCodec, ZstdCodec
-    from metacollect.store.zarrio import run as sync
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     rng = np.random.default_rng(0)
     kinds = {
@@ -1162,10 +1163,10 @@ def test_append_after_a_failed_chunk_reads_its_rows_back(tmp_path, monkeypatch):
     """An append whose second chunk failed to store (its first did) leaves the appender
     without a tail: the retry, from the committed row as a flush retries, reads the rows
     before it back from the store."""
-    from metacollect.store.zarrio import run as sync
     from zarr.storage import LocalStore
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     arr = zarr.open_group(tmp_path / "a.zarr", mode="w").create_array(
         "x", shape=(20,), chunks=(8,), dtype="f8", fill_value=np.nan
@@ -1464,10 +1465,10 @@ def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
 def test_appends_through_a_store_that_is_not_a_directory():
     """Chunks go through the array's store (``set``), not the filesystem: appends to an
     in-memory store read back as Zarr's own setitem writes them."""
-    from metacollect.store.zarrio import run as sync
     from zarr.storage import MemoryStore
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     root = zarr.open_group(MemoryStore(), mode="w")
     ours, theirs = (

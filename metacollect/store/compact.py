@@ -158,7 +158,7 @@ def compact(
     root: zarrio.Group, nodes: dict[str, dict[str, Any]], schema: Schema | None = None
 ) -> int:
     """Compact every table of a store no process writes any more (a local directory;
-    elsewhere nothing), updating ``nodes`` (its :func:`~metacollect.store.writer.read_nodes`)
+    elsewhere nothing), updating ``nodes`` (its :func:`~metacollect.store.seal.read_nodes`)
     to what it now holds; returns the tables rewritten. A table that does not read whole
     (damage) is left as it is, and said: ``metacollect validate`` names what."""
     directory = local_dir(root)

@@ -537,7 +537,7 @@ def _update_levels(store: str) -> None:
     """Keep a finalised store whole after groups were added to it: its levels index and,
     where the store keeps it, its consolidated metadata."""
     from metacollect.store.lifecycle import consolidate, levels_index
-    from metacollect.store.writer import read_nodes
+    from metacollect.store.seal import read_nodes
 
     try:
         root = open_group(store, mode="a")
