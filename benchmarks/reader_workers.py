@@ -29,8 +29,8 @@ import _common
 import metadata_ops
 
 import metacollect.store.zarrio as zarrio
+from metacollect.analysis.run import Run
 from metacollect.cli.info import describe
-from metacollect.store.reader import StoreReader
 from metacollect.store.validate import validate_store
 
 
@@ -45,8 +45,8 @@ def timed(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def measure(store: str, repeats: int) -> dict[str, float]:
-    def opened() -> StoreReader:
-        reader = StoreReader(store)
+    def opened() -> Run:
+        reader = Run(store)
         reader.groups  # noqa: B018 - every node read and checked against the seal
         return reader
 
