@@ -31,7 +31,7 @@ from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.errors import StoreError
-from metacollect.store import lifecycle
+from metacollect.store import documents, lifecycle
 from metacollect.store import seal as seal_mod
 from metacollect.store import writer as writer_mod
 from metacollect.store.validate import validate_store
@@ -448,7 +448,6 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     is walked through Zarr."""
     from metacollect.session import init_root
     from metacollect.store import validate as validate_mod
-    from metacollect.store import zarrio
 
     path = str(tmp_path / "run.zarr")
     w = writer_mod.StoreWriter(path, segments=False)
@@ -473,7 +472,7 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     monkeypatch.setattr(
         validate_mod,
         "_check_seal",
-        lambda root, problems: (check_seal(root, problems)[0], zarrio.Nodes(root)),
+        lambda root, problems: (check_seal(root, problems)[0], documents.Nodes(root)),
     )
     through_zarr = validate_store(path)
     assert opened == [True]

@@ -25,7 +25,7 @@ import zarr
 
 from metacollect import open_run
 from metacollect.session import init_root
-from metacollect.store import segments
+from metacollect.store import chunkio, documents, segments
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.validate import validate_store
@@ -559,7 +559,7 @@ def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, 
 
     monkeypatch.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
     whole, blocks = [], []
-    read_rows, read_block = zarrio.read_rows, zarrio.read_block
+    read_rows, read_block = chunkio.read_rows, chunkio.read_block
 
     async def counted_rows(arrays, n):
         whole.extend((a.path, n) for a in arrays)
@@ -569,8 +569,8 @@ def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, 
         blocks.append((arr.path, hi - lo))
         return await read_block(arr, lo, hi)
 
-    monkeypatch.setattr(zarrio, "read_rows", counted_rows)
-    monkeypatch.setattr(zarrio, "read_block", counted_block)
+    monkeypatch.setattr(chunkio, "read_rows", counted_rows)
+    monkeypatch.setattr(chunkio, "read_block", counted_block)
     finalize(appended)
     assert {p.rsplit("/", 1)[-1] for p, _ in blocks} >= {"key", "time", "msg"}
     assert max(n for _, n in blocks) <= 4000
@@ -795,16 +795,14 @@ def test_the_seals_own_chunk_files_are_the_bytes_zarr_writes(store, tmp_path):
 
 
 def test_new_files_go_through_zarrs_store_where_it_is_not_a_directory():
-    """:func:`~metacollect.store.zarrio.put_new` writes a local directory itself and any
+    """:func:`~metacollect.store.documents.put_new` writes a local directory itself and any
     other store (fsspec, memory) through Zarr's own ``set``: the same keys and bytes."""
     from zarr.storage import MemoryStore, StorePath
 
-    from metacollect.store import zarrio
-
     memory = MemoryStore()
     files = {"c/0": b"chunk", "zarr.json": b"{}"}
-    asyncio.run(zarrio.put_new(StorePath(memory, "t/a"), files))
-    assert zarrio.local_path(StorePath(memory, "t/a")) is None
+    asyncio.run(documents.put_new(StorePath(memory, "t/a"), files))
+    assert documents.local_path(StorePath(memory, "t/a")) is None
     assert {k: bytes(v.to_bytes()) for k, v in memory._store_dict.items()} == {
         "t/a/c/0": b"chunk",
         "t/a/zarr.json": b"{}",

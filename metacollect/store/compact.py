@@ -39,13 +39,14 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
+from metacollect.store import chunkio, documents
 from metacollect.store.chunks import chunk_files
 from metacollect.store.schema import FILL, Schema, TableSpec, VariableSpec, load_schema
 
 logger = logging.getLogger(__name__)
 
 #: the seal's array templates by kind (see :func:`_template`), shared by a store's tables
-Templates = dict[Any, "asyncio.Future[tuple[dict[str, Any], zarrio.ArrayCodec]]"]
+Templates = dict[Any, "asyncio.Future[tuple[dict[str, Any], chunkio.ArrayCodec]]"]
 #: fewest rows in a chunk of a large sealed table (see :func:`_chunk`)
 COMPACT_ROWS = 65_536
 #: chunks of a large table's array made and stored at a time (bounds the seal's memory)
@@ -137,7 +138,7 @@ def recover(directory: str, groups: Iterable[str]) -> int:
     was written is whole; without it, it was cut short."""
     settled = 0
     for group in groups:
-        dirpath, names = zarrio.group_entries(directory, group)
+        dirpath, names = documents.group_entries(directory, group)
         for name in names:
             if not name.endswith((NEW, OLD)) or not os.path.isdir(os.path.join(dirpath, name)):
                 continue  # not a swap's, or settled with its sibling
@@ -168,7 +169,7 @@ def compact(
     holders = {p.rpartition("/")[0] for p, d in nodes.items() if d.get("node_type") == "group"}
     if recover(directory, sorted(holders | {""})):
         nodes.clear()
-        nodes.update(zarrio.run(zarrio.list_docs(root)))
+        nodes.update(zarrio.run(documents.list_docs(root)))
     arrays_of = _arrays_by_table(nodes)
     schema = schema or load_schema()
     level = int(config.get("store.compression-level"))
@@ -275,7 +276,7 @@ def group_strings(
     n = min(int(doc["attributes"].get("rows", 0)), nodes[f"{path}/value"]["shape"][0])
     try:
         arr = zarrio.array_at(root, f"{path}/value")
-        return np.asarray(zarrio.read_slice(arr, 0, n), dtype=object)
+        return np.asarray(chunkio.read_slice(arr, 0, n), dtype=object)
     except StoreError as e:
         logger.warning("metacollect: strings of %s do not read (%s)", group or "/", e)
         return None
@@ -306,10 +307,10 @@ async def _rewrite(
     ]
     columns: dict[str, Any]
     if n <= COMPACT_ROWS:
-        columns = dict(zip(known, await zarrio.read_rows(handles, n), strict=True))
+        columns = dict(zip(known, await chunkio.read_rows(handles, n), strict=True))
     else:
         for h in handles:
-            await zarrio.require_chunks(h, 0, n)
+            await chunkio.require_chunks(h, 0, n)
         columns = {v: _StoredColumn(h, n) for v, h in zip(known, handles, strict=True)}
     layouts = {
         name: (old.get("dimension_names"), old.get("attributes", {})) for name, old in known.items()
@@ -340,7 +341,7 @@ class _StoredColumn:
         return self.shape[0]
 
     async def read(self, lo: int, hi: int) -> np.ndarray:
-        return await zarrio.read_block(self.arr, lo, min(hi, len(self)))
+        return await chunkio.read_block(self.arr, lo, min(hi, len(self)))
 
 
 async def _read_block(column: np.ndarray | _StoredColumn, lo: int, hi: int) -> np.ndarray:
@@ -468,7 +469,7 @@ def _blocks(sinks: Mapping[str, _TableSink], final: bool) -> list[Coroutine[Any,
     hop per array costs more than a small array's encoding."""
 
     async def store(where: Any, make: Callable[[], dict[str, bytes]]) -> None:
-        await zarrio.put_new(where, await asyncio.to_thread(make))
+        await documents.put_new(where, await asyncio.to_thread(make))
 
     jobs = []
     for sink in sinks.values():
@@ -493,7 +494,7 @@ class _ColumnSink:
         var: VariableSpec,
         shape: tuple[int, ...],
         layout: tuple[list[str], dict[str, Any]],
-        kind: tuple[dict[str, Any], zarrio.ArrayCodec],
+        kind: tuple[dict[str, Any], chunkio.ArrayCodec],
     ) -> None:
         self.name, self.var, self.shape = name, var, shape
         self.dims, self.attrs = layout
@@ -587,7 +588,7 @@ class _TableSink:
             for n, kind in zip(names, kinds, strict=True)
         }
         n = next(iter(table.layout.values()))[1][0] if table.layout else 0
-        group = zarrio.group_doc({**table.attributes, "rows": n, COMPACTED: True})
+        group = documents.group_doc({**table.attributes, "rows": n, COMPACTED: True})
         return cls(root.store_path / path, path, group, columns)
 
     def add(self, part: Mapping[str, np.ndarray], strings: StringSource) -> None:
@@ -610,7 +611,7 @@ class _TableSink:
             block = column.take(final=True)
             if block is not None:
                 files.update(column.files(*block))
-            files[f"{name}/zarr.json"] = zarrio.doc_bytes(column.document())
+            files[f"{name}/zarr.json"] = documents.doc_bytes(column.document())
         return files
 
     async def finish(self) -> dict[str, dict[str, Any]]:
@@ -619,10 +620,11 @@ class _TableSink:
         docs = {f"{self.path}/{name}": c.document() for name, c in self.columns.items()}
         if not self.small:
             files = {
-                f"{n}/zarr.json": zarrio.doc_bytes(docs[f"{self.path}/{n}"]) for n in self.columns
+                f"{n}/zarr.json": documents.doc_bytes(docs[f"{self.path}/{n}"])
+                for n in self.columns
             }
-            await zarrio.put_new(self.where, files)
-        await zarrio.write_doc(self.where, self.group)
+            await documents.put_new(self.where, files)
+        await documents.write_doc(self.where, self.group)
         return {**docs, self.path: self.group}
 
 
@@ -657,7 +659,7 @@ async def _write_table(
     by side, so their chunks compress in parallel (Zstandard and Blosc release the GIL), each
     :data:`BLOCK_CHUNKS` chunks at a time, so its memory stays that of a few chunks however
     many rows it has. Files are stored new
-    (:func:`~metacollect.store.zarrio.put_new`), each array's ``zarr.json`` after its chunks."""
+    (:func:`~metacollect.store.documents.put_new`), each array's ``zarr.json`` after its chunks."""
     names = [n for n in layouts if n in columns]
     made = await asyncio.gather(
         *(
@@ -700,14 +702,14 @@ async def _write_table(
             sealed = seen.sealed()
             doc = described(name, sealed)
             files.update(block_files(name, sealed, 0, column))
-            files[f"{name}/zarr.json"] = zarrio.doc_bytes(doc)  # after its chunks
+            files[f"{name}/zarr.json"] = documents.doc_bytes(doc)  # after its chunks
             docs[f"{path}/{name}"] = doc
         return docs, files
 
     async def store(batch: list[str]) -> dict[str, dict[str, Any]]:
         whole = {name: await _read_block(columns[name], 0, len(columns[name])) for name in batch}
         docs, files = await asyncio.to_thread(batch_files, whole)
-        await zarrio.put_new(where, files)
+        await documents.put_new(where, files)
         return docs
 
     async def stream(name: str) -> dict[str, dict[str, Any]]:
@@ -723,9 +725,9 @@ async def _write_table(
         for lo in starts:
             rows = await _read_block(columns[name], lo, lo + step)
             files = await asyncio.to_thread(block_files, name, sealed, lo, rows)
-            await zarrio.put_new(where, files)
+            await documents.put_new(where, files)
         doc = described(name, sealed)
-        await zarrio.put_new(where, {f"{name}/zarr.json": zarrio.doc_bytes(doc)})
+        await documents.put_new(where, {f"{name}/zarr.json": documents.doc_bytes(doc)})
         return {f"{path}/{name}": doc}
 
     rows = len(columns[names[0]]) if names else 0
@@ -736,7 +738,7 @@ async def _write_table(
         if isinstance(docs, BaseException):
             raise docs
         out.update(docs)
-    await zarrio.write_doc(where, group)
+    await documents.write_doc(where, group)
     out[path] = group
     return out
 
@@ -776,7 +778,7 @@ def _chunk_of(shape: Sequence[int]) -> list[int]:
 
 def _template(
     var: VariableSpec, extra: list[int], chunk: list[int], level: int, templates: Templates
-) -> asyncio.Future[tuple[dict[str, Any], zarrio.ArrayCodec]]:
+) -> asyncio.Future[tuple[dict[str, Any], chunkio.ArrayCodec]]:
     """Zarr's metadata and codec for this kind of array, made once in memory and shared by
     the arrays written meanwhile (they wait for the one making). The chunk's length (a small
     table's is its rows) is set per array, not part of the kind: a store's tables have as
@@ -786,7 +788,7 @@ def _template(
     made = templates.get(kind)
     if made is None:
 
-        async def make() -> tuple[dict[str, Any], zarrio.ArrayCodec]:
+        async def make() -> tuple[dict[str, Any], chunkio.ArrayCodec]:
             doc = await zarrio.array_template(
                 (0, *extra),
                 tuple(chunk),
@@ -799,7 +801,7 @@ def _template(
                 else zarrio.codecs("numeric", level),
                 "" if is_str else FILL[var.dtype],
             )
-            return doc, zarrio.array_codec(doc)
+            return doc, chunkio.array_codec(doc)
 
         made = templates[kind] = asyncio.ensure_future(make())
     return made

@@ -24,7 +24,7 @@ import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
-from metacollect.store import segments
+from metacollect.store import chunkio, documents, segments
 from metacollect.store.compact import column_values, compact, group_strings, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
 from metacollect.store.seal import Folded, fold_segments, read_nodes, seal, trim
@@ -322,7 +322,7 @@ def _without_late_ends(
     during the seal, which its late-flush line says, not never (as the line said)."""
     since = {}
     for group in (g for g in late if g in nodes):
-        doc = zarrio.run(zarrio.read_doc(root.store_path / group)) or {}
+        doc = zarrio.run(documents.read_doc(root.store_path / group)) or {}
         if (doc.get("attributes") or {}).get("ended") is not None:
             since[group] = nodes[group]
     stale = set(unended_workers(since, ends))
@@ -438,7 +438,7 @@ def batch_job_ends(root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]]) -
     rows = int((doc.get("attributes") or {}).get("rows", 0))
     try:
         arrays = [zarrio.array_at(root, f"{ENDS_TABLE}/{v}") for v in names]
-        found = dict(zip(names, zarrio.run(zarrio.read_rows(arrays, rows)), strict=True))
+        found = dict(zip(names, zarrio.run(chunkio.read_rows(arrays, rows)), strict=True))
         strings = group_strings(root, nodes, ENDS_TABLE.rpartition("/")[0])
         text = {
             v: column_values(

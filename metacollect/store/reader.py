@@ -20,7 +20,7 @@ import xarray as xr
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
-from metacollect.store import segments
+from metacollect.store import chunkio, documents, segments
 from metacollect.store.compact import NONE_ATTR, codes_to_text, text_values
 from metacollect.store.integrity import check_codes, rows_within, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
@@ -51,8 +51,8 @@ class StoreReader:
                 "give the path of a metacollect store"
             ) from e
         #: opens groups and arrays: from the store, or once :attr:`groups` found a sealed
-        #: store's nodes to be as its seal lists them, from their documents (see zarrio.Nodes)
-        self._open = zarrio.Nodes(self.root)
+        #: store's nodes to be as its seal lists them, from their documents (see documents.Nodes)
+        self._open = documents.Nodes(self.root)
         attrs = dict(self.root.attrs)
         if "run_id" not in attrs or "schema_version" not in attrs:
             raise NotAStoreError(
@@ -109,7 +109,7 @@ class StoreReader:
             is_table = doc.get("node_type") != "group" or "table" in attrs
             if not is_table and self.schema.table_owner(path) is None:
                 out[path] = dict(attrs)
-        sealed = zarrio.sealed_docs(self.root)
+        sealed = documents.sealed_docs(self.root)
         problems = seal_problems(sealed, docs) if sealed is not None else []
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -118,7 +118,7 @@ class StoreReader:
                 "`metacollect validate` lists what, restore it from a copy"
             )
         if sealed is not None:
-            self._open = zarrio.Nodes(self.root, docs, self._below)
+            self._open = documents.Nodes(self.root, docs, self._below)
         return out
 
     @functools.cached_property
@@ -128,7 +128,7 @@ class StoreReader:
 
     @functools.cached_property
     def _below(self) -> dict[str, list[str]]:
-        return zarrio.members_below(self.nodes)
+        return documents.members_below(self.nodes)
 
     def committed(self, group: str, table: str) -> int | None:
         """Rows of a table in Zarr that readers may use (``None``: no such table), from the
@@ -148,7 +148,7 @@ class StoreReader:
         groups took ~2 ms a node (2.1 s for a run of 32 workers); a document that does not
         decode is a :class:`StoreError` naming its node."""
         bad: dict[str, str] = {}
-        docs = zarrio.run(zarrio.list_docs(self.root, bad))
+        docs = zarrio.run(documents.list_docs(self.root, bad))
         if bad:
             raise zarrio.damaged_doc(*min(bad.items()))
         return docs
@@ -301,7 +301,7 @@ class StoreReader:
 
     @staticmethod
     def _read_columns(
-        tg: zarrio.Group, nodes: zarrio.Nodes, tspec: Any, wanted: list[str], distinct: bool
+        tg: zarrio.Group, nodes: documents.Nodes, tspec: Any, wanted: list[str], distinct: bool
     ) -> tuple[dict[str, np.ndarray], int, dict[str, Any]]:
         """The committed rows of the wanted variables the table holds, all in one batch of
         Zarr reads (they decode side by side); with ``distinct``, repeated rows dropped; and
@@ -310,7 +310,7 @@ class StoreReader:
         n = table_rows(tg.path, tg.attrs.get("rows"), {v: a.shape[0] for v, a in present.items()})
         names = [v for v in wanted if v in present]
         data_of = dict(
-            zip(names, zarrio.run(zarrio.read_rows([present[v] for v in names], n)), strict=True)
+            zip(names, zarrio.run(chunkio.read_rows([present[v] for v in names], n)), strict=True)
         )
         if distinct and data_of:
             frame = pd.DataFrame({v: _as_column(d) for v, d in data_of.items()})
@@ -328,7 +328,7 @@ class StoreReader:
         seal folded the others (a flush that outran the run's end; ``metacollect validate``
         names it) and is not read."""
         seqs = tuple(segments.seqs(segments.directory(self.path, group)))
-        if not seqs or zarrio.sealed_docs(self.root) is not None:
+        if not seqs or documents.sealed_docs(self.root) is not None:
             return None
         held = self._segment_cache.get(group)
         if held is None or held[0] != seqs:
@@ -467,7 +467,7 @@ class _GroupStrings:
     handful of codes uses (a column of task prefixes must not read a million task keys), or
     all of it at most once (task keys), then shared by the table's other columns."""
 
-    def __init__(self, nodes: zarrio.Nodes, group: str) -> None:
+    def __init__(self, nodes: documents.Nodes, group: str) -> None:
         self.nodes, self.group = nodes, group
         self.value: zarrio.Array | None = None
         self.all: np.ndarray | None = None
@@ -493,7 +493,7 @@ class _GroupStrings:
         if self.n == 0 or self.value is None:
             return np.empty(0, dtype=object)
         if self.all is None:
-            self.all = np.asarray(zarrio.read_slice(self.value, 0, self.n), dtype=object)
+            self.all = np.asarray(chunkio.read_slice(self.value, 0, self.n), dtype=object)
         return self.all
 
     def folded(self) -> int:
@@ -511,10 +511,10 @@ class _GroupStrings:
         if self.value is None:  # codes are in range only when strings exist
             raise StoreError("codes refer to a strings table the store does not hold")
         if self.all is None and len(idx) > self.n // 4:
-            self.all = np.asarray(zarrio.read_slice(self.value, 0, self.n), dtype=object)
+            self.all = np.asarray(chunkio.read_slice(self.value, 0, self.n), dtype=object)
         if self.all is not None:
             return self.all[idx]
-        return np.asarray(zarrio.read_picks(self.value, idx), dtype=object)
+        return np.asarray(chunkio.read_picks(self.value, idx), dtype=object)
 
 
 def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:

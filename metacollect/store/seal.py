@@ -32,6 +32,7 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
+from metacollect.store import documents
 from metacollect.store import segments as seg
 from metacollect.store.compact import SealedTable, write_sealed_stream
 from metacollect.store.schema import GroupSpec, Schema, load_schema
@@ -284,7 +285,7 @@ def read_nodes(root: zarrio.Group) -> dict[str, dict[str, Any]]:
     node and the seal turned them back into JSON - three quarters of a short run's finalize
     (188 nodes: 60 of 65 ms). Entries without a ``zarr.json`` (a write cut short) are
     skipped."""
-    return zarrio.run(zarrio.list_docs(root))
+    return zarrio.run(documents.list_docs(root))
 
 
 def trim(root: zarrio.Group, nodes: dict[str, dict[str, Any]]) -> int:
@@ -329,7 +330,7 @@ def seal(root: zarrio.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[st
     any more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
     reading the whole store a second time - where the store supports it."""
     sp = root.store_path
-    found = zarrio.run(zarrio.read_doc(sp))
+    found = zarrio.run(documents.read_doc(sp))
     doc = found if found is not None else root.metadata.to_dict()
     doc["attributes"] = {**doc.get("attributes", {}), **jsonable(dict(attrs))}
     doc.pop("consolidated_metadata", None)
@@ -341,7 +342,7 @@ def seal(root: zarrio.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[st
                 node = {**node, "consolidated_metadata": _INLINE_EMPTY}
             flat[path] = node
         doc["consolidated_metadata"] = {**_INLINE_EMPTY, "metadata": flat}
-    zarrio.run(zarrio.write_doc(sp, doc))
+    zarrio.run(documents.write_doc(sp, doc))
 
 
 #: consolidated metadata of a group listed in its parent's: no children beyond those listed

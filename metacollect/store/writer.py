@@ -27,7 +27,7 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import lock
+from metacollect.store import chunkio, documents, lock
 from metacollect.store import segments as seg
 from metacollect.store.buffers import StringTable, Table
 from metacollect.store.chunks import ChunkAppender
@@ -439,7 +439,7 @@ class GroupWriter:
     async def _append_all(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
         # a store removed under the run must fail the flush (rows kept, reported once), not
         # be recreated piecemeal by the appends: Zarr makes missing directories on write
-        if not await zarrio.exists(self.store.root.store_path):
+        if not await documents.exists(self.store.root.store_path):
             raise self.store.removed()
         self.store.check_run_open()
 
@@ -450,7 +450,7 @@ class GroupWriter:
             end = start + len(data)
             if arr.shape[0] < end:
                 await arr.resize((_capacity(end, arr.shape[0], arr.chunks[0]), *arr.shape[1:]))
-            if data.dtype.kind in "iu" and zarrio.holds_text(arr):  # codes, into a column
+            if data.dtype.kind in "iu" and chunkio.holds_text(arr):  # codes, into a column
                 # the seal turned into strings (a writer after it: ``metacollect ingest``)
                 text = self.strings.strings_of(data)
                 none = arr.metadata.attributes.get(NONE_ATTR)
@@ -605,7 +605,7 @@ class StoreWriter:
         self, parts: list[str], spec: GroupSpec, attrs: Mapping[str, Any]
     ) -> zarrio.Group:
         """:meth:`ensure_group` in a local store: each level new is made with its attributes
-        in one write (:func:`zarrio.local_group`); one found as it should be is only read.
+        in one write (:func:`documents.local_group`); one found as it should be is only read.
         A level found without its annotation (written by something else) and a group of
         ours found already there (a writer after another) are updated through Zarr."""
         g = self.root
@@ -615,7 +615,7 @@ class StoreWriter:
             pspec = spec if last else self.schema.match(here)
             annotation = self._annotation(pspec) if pspec is not None else {}
             wanted = {**annotation, **jsonable(dict(attrs))} if last else annotation
-            g, made = zarrio.local_group(self.root, here, wanted)
+            g, made = documents.local_group(self.root, here, wanted)
             if made:
                 continue
             if last or (pspec is not None and "step" not in g.attrs):
@@ -630,7 +630,7 @@ class StoreWriter:
         try:
             return self.root[key]  # type: ignore[return-value]
         except KeyError:
-            return zarrio.make_group(self.root, key, self.table_attributes(gw.spec, table))[0]
+            return documents.make_group(self.root, key, self.table_attributes(gw.spec, table))[0]
 
     def table_attributes(self, spec: GroupSpec, table: str) -> dict[str, Any]:
         """The attributes of a new table's group (no rows yet)."""
@@ -688,7 +688,7 @@ class StoreWriter:
         # written over if there (an earlier flush that failed after creating it): no other
         # writer makes this table's arrays, and rows past the commit point are free
         where = tgroup.store_path / name
-        await zarrio.write_doc(where, doc)
+        await documents.write_doc(where, doc)
         return zarrio.async_array(where, doc)
 
     def flush(self) -> int:
@@ -702,7 +702,7 @@ class StoreWriter:
         """Raise :meth:`removed` if the store's root is gone: a write below it would make
         its directories anew (Zarr creates them), a half store without the run's record; and
         :meth:`check_run_open`."""
-        if not zarrio.run(zarrio.exists(self.root.store_path)):
+        if not zarrio.run(documents.exists(self.root.store_path)):
             raise self.removed()
         self.check_run_open()
 
