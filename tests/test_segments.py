@@ -342,13 +342,13 @@ def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch
     committed (its group's ``zarr.json``, last) with the last segment it holds. A seal
     killed after one table was written, and run again, takes the group through the append
     path (a table of it is in Zarr now), which appends the other tables only."""
-    from metacollect.store import compact
     from metacollect.store import seal as seal_mod
+    from metacollect.store import tablewrite
 
     _, g = _run(store)
     for f in range(4):
         _flush_events(g, 10 * f, 10)
-    real = compact._TableSink.finish
+    real = tablewrite._TableSink.finish
     first: dict[str, asyncio.Future] = {}
 
     async def die_after_the_first(self):
@@ -360,10 +360,10 @@ def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch
         await first["table"]
         raise RuntimeError("killed mid-fold")
 
-    monkeypatch.setattr(compact._TableSink, "finish", die_after_the_first)
+    monkeypatch.setattr(tablewrite._TableSink, "finish", die_after_the_first)
     with pytest.raises(RuntimeError, match="killed mid-fold"):
         seal_mod.fold_segments(store)
-    monkeypatch.setattr(compact._TableSink, "finish", real)
+    monkeypatch.setattr(tablewrite._TableSink, "finish", real)
     tables = {
         t for t in ("events", "transitions") if os.path.exists(f"{store}/{GROUP}/{t}/zarr.json")
     }
@@ -603,7 +603,7 @@ def test_a_store_sealed_with_the_chunks_of_before_is_not_sealed_again(store, mon
     """Seals before 2026-11-29 cut a large table into chunks of ``COMPACT_ROWS`` and a padded
     last one; today's divide it nearly evenly. A store sealed either way and sealed again
     (``metacollect finalize`` run twice, a merge) is left as it is, not rewritten."""
-    from metacollect.store import compact, zarrio
+    from metacollect.store import compact, layout, zarrio
     from metacollect.store import seal as seal_mod
 
     monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)
@@ -615,7 +615,7 @@ def test_a_store_sealed_with_the_chunks_of_before_is_not_sealed_again(store, mon
             _flush_events(g, 500 * f, 500)  # 2,500 rows in each of two tables
         with monkeypatch.context() as m:
             if before:
-                m.setattr(compact, "_chunk", lambda n, extra: min(n, compact._base_rows(extra)))
+                m.setattr(layout, "_chunk", lambda n, extra: min(n, layout._base_rows(extra)))
             finalize(where)
         table = os.path.join(where, *GROUP.split("/"), "transitions")
         tables[name] = zarr.open_array(os.path.join(table, "time"), mode="r").chunks

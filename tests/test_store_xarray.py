@@ -18,6 +18,8 @@ from distributed import Client, LocalCluster
 from test_store import CLUSTER_ATTRS
 
 import metacollect.store.compact as compact
+import metacollect.store.layout as layout
+import metacollect.store.text as text
 from metacollect import collect, open_run
 from metacollect.session import init_root
 from metacollect.store import chunkio
@@ -332,15 +334,15 @@ def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
     codes = np.array([0, -1, 1, 2, -1, 0])
     expected = ["", None, "\0", "a", None, ""]
     for data in (codes, np.array(expected, dtype=object)):
-        column = compact.SealedColumn.of("t/worker", var, data, {}, strings)
+        column = layout.SealedColumn.of("t/worker", var, data, {}, strings)
         attrs = column.attrs
-        assert attrs[compact.NONE_ATTR] == "\0\0" and "missing_value" not in attrs
+        assert attrs[text.NONE_ATTR] == "\0\0" and "missing_value" not in attrs
         sealed = column.rows(data)
-        assert compact.text_values(sealed, attrs[compact.NONE_ATTR]).tolist() == expected
+        assert text.text_values(sealed, attrs[text.NONE_ATTR]).tolist() == expected
     # without "" in the column, no value is "" itself, marked as CF's missing value
-    column = compact.SealedColumn.of("t/worker", var, codes[codes != 0], {}, strings)
-    assert column.attrs[compact.NONE_ATTR] == "" and column.attrs["missing_value"] == ""
-    assert compact.text_values(column.rows(codes[codes != 0]), "").tolist() == [
+    column = layout.SealedColumn.of("t/worker", var, codes[codes != 0], {}, strings)
+    assert column.attrs[text.NONE_ATTR] == "" and column.attrs["missing_value"] == ""
+    assert text.text_values(column.rows(codes[codes != 0]), "").tolist() == [
         None,
         "\0",
         "a",
@@ -354,8 +356,8 @@ def test_no_value_says_what_pandas_isna_says_of_strings():
     strings; any shape."""
     values = np.array(["", "\0", "nan", "None", None, float("nan"), "a", None], dtype=object)
     for data in (values, values.reshape(4, 2), values[:0]):
-        assert compact.no_value(data).tolist() == pd.isna(data).tolist()
-        assert compact.no_value(data).dtype == bool
+        assert text.no_value(data).tolist() == pd.isna(data).tolist()
+        assert text.no_value(data).dtype == bool
 
 
 def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_doctor(

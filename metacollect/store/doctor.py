@@ -20,10 +20,11 @@ import numpy as np
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import chunkio, documents, segments
-from metacollect.store.compact import NEW, NONE_ATTR, OLD, local_dir, text_values
+from metacollect.store.compact import NEW, OLD, local_dir
 from metacollect.store.integrity import rows_problem, seal_problems
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.schema import GroupSpec, TableSpec, load_schema
+from metacollect.store.text import NONE_ATTR, text_values
 from metacollect.store.writer import GroupWriter, StoreWriter
 
 #: attributes of a source root that the salvage writes anew

@@ -25,9 +25,10 @@ import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import chunkio, documents, segments
-from metacollect.store.compact import column_values, compact, group_strings, local_dir
+from metacollect.store.compact import compact, group_strings, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
 from metacollect.store.seal import Folded, fold_segments, read_nodes, seal, trim
+from metacollect.store.text import column_values
 
 logger = logging.getLogger(__name__)
 

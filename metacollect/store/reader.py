@@ -21,9 +21,9 @@ import xarray as xr
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
 from metacollect.store import chunkio, documents, segments
-from metacollect.store.compact import NONE_ATTR, codes_to_text, text_values
 from metacollect.store.integrity import check_codes, rows_within, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
+from metacollect.store.text import NONE_ATTR, codes_to_text, text_values
 
 
 class StoreReader:

@@ -34,8 +34,8 @@ import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import documents
 from metacollect.store import segments as seg
-from metacollect.store.compact import SealedTable, write_sealed_stream
 from metacollect.store.schema import GroupSpec, Schema, load_schema
+from metacollect.store.tablewrite import SealedTable, write_sealed_stream
 from metacollect.store.writer import GroupWriter, StoreWriter, jsonable, raise_first
 
 #: rows of a table the fold appends to Zarr at a time (whole segments: at least this many);
@@ -221,7 +221,7 @@ def _write_sealed(
     writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments, tables: list[str]
 ) -> None:
     """Write a group's tables, whose rows are all in its segments, straight in their sealed
-    form (:func:`~metacollect.store.compact.write_sealed_stream`: codes as strings, large
+    form (:func:`~metacollect.store.tablewrite.write_sealed_stream`: codes as strings, large
     chunks), each with the last segment it holds; the compaction then finds them done.
     The segments are decoded one at a time, in order, and each let go once its rows are
     added: the seal holds a few blocks of rows and the strings of the recent segments

@@ -14,9 +14,11 @@ import pandas as pd
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import chunkio, documents, segments
-from metacollect.store.compact import COMPACTED, NONE_ATTR, local_dir, text_values
+from metacollect.store.compact import local_dir
 from metacollect.store.integrity import code_problem, rows_problem, seal_problems
+from metacollect.store.layout import COMPACTED
 from metacollect.store.schema import DTYPES, GroupSpec, Schema, VariableSpec, load_schema
+from metacollect.store.text import NONE_ATTR, text_values
 
 _ATTR_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),

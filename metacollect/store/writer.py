@@ -31,9 +31,10 @@ from metacollect.store import chunkio, documents, lock
 from metacollect.store import segments as seg
 from metacollect.store.buffers import StringTable, Table
 from metacollect.store.chunks import ChunkAppender
-from metacollect.store.compact import NONE_ATTR, Templates, variable_layout
 from metacollect.store.integrity import committed_rows
+from metacollect.store.layout import Templates, variable_layout
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
+from metacollect.store.text import NONE_ATTR
 
 logger = logging.getLogger(__name__)
 
