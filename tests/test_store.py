@@ -15,10 +15,10 @@ from metacollect.steps.job import JobInfo, write_job
 from metacollect.store import documents
 from metacollect.store.buffers import StringTable
 from metacollect.store.lifecycle import finalize
-from metacollect.store.reader import walk
 from metacollect.store.schema import load_schema
 from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
+from metacollect.store.zarrio import walk
 
 
 def test_schema_groups_have_map_attrs():

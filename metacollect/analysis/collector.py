@@ -22,7 +22,7 @@ def flush_series(run: Run) -> pd.DataFrame:
     worker's address, or ``scheduler``; the cluster's id before it when the run had
     several), ``t`` (seconds since the run's start) and ``cpu_ms``. ``rows`` is -1 for a
     write that failed before it could say what it wrote. Empty for a store written before
-    flushes were recorded (2026-11-29)."""
+    flushes were recorded."""
     df = run.flushes()
     several = df["cluster"].nunique() > 1
     names = []

@@ -137,7 +137,7 @@ def tasks(run: StoreReader) -> pd.DataFrame:
         df.insert(6, "span", np.full(0, "", dtype=object))
         return df
     # which graph and span each task group was submitted in: one read of the client's
-    # tasks serves both (a million rows' group strings decode in ~0.15 s a column); the
+    # tasks serves both (decoding a million rows' group strings is not free); the
     # span is looked up by graph, so the graph column goes in first
     submitted = run.concat("client", "tasks", columns=["graph", "group", "span"], distinct=True)
     df.insert(5, "graph", _graph_of(run, df, submitted))

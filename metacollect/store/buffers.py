@@ -44,7 +44,7 @@ class StringTable:
         strings and one key object per task), then each distinct object is turned into its
         string once and looked up; new strings get the next codes in first-seen order. All
         of it is one pass in C (:mod:`metacollect.store._codes`): in Python and numpy the
-        same steps cost ~6x the CPU, most of a busy scheduler's flush. The cache holds the
+        same steps cost several times the CPU, most of a busy scheduler's flush. The cache holds the
         strings, never the caller's objects: a task key cached as the scheduler's own tuple
         would outlive the task by the whole cache.
         """

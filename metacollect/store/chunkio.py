@@ -166,11 +166,11 @@ def _local_chunks(
     """``({chunk key: file}, decode)`` of the chunks rows ``lo:hi`` of a 1-D array in a local
     store need, when its codecs are the ones metacollect writes (``None``: Zarr reads it).
 
-    Zarr's read of an array costs ~0.9 ms however few its rows (its async machinery, a
-    check that each chunk exists, the codec pipeline), most of reading a table of 128
+    Zarr's read of an array has a fixed cost however few its rows (its async machinery, a
+    check that each chunk exists, the codec pipeline), most of reading a table of many
     workers; strings, once decoded, it also packs into numpy's ``StringDType`` that readers
-    then unpack into Python strings again (0.42 s a million-row column, against 0.15 s for
-    its files decoded here with the same codecs, each chunk's CRC32C checked as Zarr does)."""
+    then unpack into Python strings again. Here the files are decoded with the same codecs
+    straight into Python strings, each chunk's CRC32C checked as Zarr does."""
     decode = chunk_decoder(arr) if arr.ndim == 1 and hi > lo else None
     directory = local_path(arr.async_array.store_path) if decode is not None else None
     if decode is None or directory is None:

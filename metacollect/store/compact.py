@@ -185,8 +185,8 @@ async def _rewrite(
     """Write table ``path`` compacted at ``path + NEW`` (its group's ``zarr.json`` last);
     returns the new documents, by the paths they take once swapped in. A table of more than
     :data:`COMPACT_ROWS` rows is read a block of rows at a time (:class:`StoredColumn`), as
-    it is written: a million tasks' transitions appended to Zarr (a seal cut short, then run
-    again) made this compaction peak at 312-347 MB read whole, 189-213 MB so. Its chunks are
+    it is written, so the compaction holds a few blocks of a table, not all of it (a seal
+    cut short and run again can leave millions of rows appended to Zarr). Its chunks are
     all checked present first: a table found damaged is left as it is before anything is
     written."""
     n = int(doc["attributes"]["rows"])

@@ -115,8 +115,9 @@ def group_entries(directory: str, group: str) -> tuple[str, list[str]]:
 
 def _local_docs(directory: str, bad: dict[str, str] | None) -> dict[str, dict[str, Any]]:
     """:func:`list_docs` of a store in a local directory, with the OS's own calls: a seal
-    reads every node's ``zarr.json`` once or twice, ~400 of them on a short run, and each
-    read through Zarr's store is a coroutine and a thread hop (~4x the time)."""
+    reads every node's ``zarr.json`` once or twice, hundreds of them on a short run, and
+    each read through Zarr's store is a coroutine and a thread hop, several times the
+    cost of the read itself."""
     docs: dict[str, dict[str, Any]] = {}
     level = [""]
     while level:
@@ -272,8 +273,8 @@ class Nodes:
     (:func:`list_docs`) when ``docs`` is given, for a sealed store whose nodes were found as
     its seal lists them (nothing writes it unsealed), without reading them again; else
     (``docs`` None: a live store's nodes change) opened from the store. Through Zarr, each
-    open reads a ``zarr.json`` and each listing of a table's arrays opens them all: ~5 ms a
-    table, which was most of a table of 128 workers' read (8.3 s, 3.0 s without)."""
+    open reads a ``zarr.json`` and each listing of a table's arrays opens them all, which
+    dominates reading a table of every worker of a large run."""
 
     def __init__(
         self,
@@ -351,9 +352,9 @@ async def put_new(where: Any, files: Mapping[str, bytes]) -> None:
     seal's arrays, which a table's ``zarr.json`` written after them makes part of the store.
 
     On a local directory each is one ``open``/``write`` in one thread hop for all of them:
-    Zarr's store writes a temporary file and renames it, each in a thread hop of its own,
-    which the seal's ~200 arrays paid as most of its time (and as twice the metadata
-    operations on a parallel filesystem). Elsewhere they go through Zarr's store."""
+    Zarr's store writes a temporary file and renames it, each in a thread hop of its own:
+    for the seal's hundreds of arrays, most of its time (and twice the metadata operations
+    on a parallel filesystem). Elsewhere they go through Zarr's store."""
     directory = local_path(where)
     if directory is None:
         await asyncio.gather(*((where / k).set(buffer(v)) for k, v in files.items()))

@@ -41,8 +41,8 @@ BLOCK_CHUNKS = 4
 
 
 #: lowest Zstandard level of a sealed table's strings (see :func:`template`): 8 makes them
-#: as small as 9 (626.8 against 626.3 kB for a 15k-task run's, 1,054 kB both for 1M
-#: transitions) in 16-25 % less time; 5 to 7 are faster still but 18 % larger on a run's keys
+#: about as small as 9 in less time; 5 to 7 are faster still but markedly larger on a
+#: run's task keys (docs/benchmarks.md)
 SEAL_TEXT_LEVEL = 8
 
 
@@ -71,7 +71,7 @@ def _base_rows(extra: Sequence[int]) -> int:
 
 def sealed_chunks(n: int, extra: list[int]) -> set[int]:
     """The chunk lengths a sealed array of ``n`` rows may have: this seal's, and the base
-    length a seal before 2026-11-29 gave every large array (not sealed again for it)."""
+    length older versions' seals gave every large array (not sealed again for it)."""
     return {_chunk(n, extra), min(max(1, n), _base_rows(extra))}
 
 
@@ -124,7 +124,7 @@ def template(
     """Zarr's metadata and codec for this kind of array, made once in memory and shared by
     the arrays written meanwhile (they wait for the one making). The chunk's length (a small
     table's is its rows) is set per array, not part of the kind: a store's tables have as
-    many lengths as sizes, and a template costs ~1 ms to make."""
+    many lengths as sizes, and making a template is a round of Zarr's machinery."""
     is_str = var.dtype in ("str", "code")
     kind = (is_str, var.dtype, tuple(extra))
     made = templates.get(kind)
@@ -135,9 +135,9 @@ def template(
                 (0, *extra),
                 tuple(chunk),
                 str if is_str else var.numpy_dtype,
-                # strings once, at the seal, at a higher Zstandard level (SEAL_TEXT_LEVEL;
-                # 22% smaller string columns than at 5); Blosc's level 9 is 10-20x slower
-                # than its 5 for 12% less on times, so numbers keep the store's level
+                # strings once, at the seal, at a higher Zstandard level (SEAL_TEXT_LEVEL:
+                # much smaller string columns); Blosc's highest levels are many times slower
+                # for little less on numbers, so numbers keep the store's level
                 zarrio.codecs("text", max(level, SEAL_TEXT_LEVEL))
                 if is_str
                 else zarrio.codecs("numeric", level),

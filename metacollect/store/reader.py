@@ -11,7 +11,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -144,8 +144,8 @@ class StoreReader:
 
     def _docs(self) -> dict[str, dict[str, Any]]:
         """Every node's ``zarr.json`` below the root, as the seal lists them: read as files
-        on a local store (one listing a group, one read a node), where a walk through Zarr's
-        groups took ~2 ms a node (2.1 s for a run of 32 workers); a document that does not
+        on a local store (one listing a group, one read a node), not a walk through Zarr's
+        groups, which costs a round of its machinery a node; a document that does not
         decode is a :class:`StoreError` naming its node."""
         bad: dict[str, str] = {}
         docs = zarrio.run(documents.list_docs(self.root, bad))
@@ -192,7 +192,7 @@ class StoreReader:
             return []
         items = [
             (dict(m.attrs).get("started", 0.0), name)
-            for name, m in walk(g, "clusters", depth=1)
+            for name, m in zarrio.walk(g, "clusters", depth=1)
             if zarrio.is_group(m)
         ]
         return [name for _, name in sorted(items)]
@@ -543,38 +543,9 @@ def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:
     return out
 
 
-def walk(
-    group: zarrio.Group,
-    path: str = "",
-    on_error: Callable[[str], None] | None = None,
-    depth: int | None = None,
-) -> Iterator[tuple[str, zarrio.Group | zarrio.Array]]:
-    """``(path, member)`` of every group and array below ``group``, listing one group at a time.
-
-    A group whose listing fails (damaged ``zarr.json``) raises a :class:`StoreError` naming it,
-    or, with ``on_error``, is reported there and skipped.
-    """
-    try:
-        members = zarrio.members(group)
-    except Exception as e:
-        msg = (
-            f"group /{path} or a node directly below it has a damaged zarr.json "
-            f"({type(e).__name__}: {e}); `metacollect validate` names it"
-        )
-        if on_error is None:
-            raise StoreError(msg) from e
-        on_error(msg)
-        return
-    for name, member in members:
-        sub = f"{path}/{name}" if path else name
-        yield (name if depth == 1 else sub), member
-        if zarrio.is_group(member) and depth != 1:
-            yield from walk(member, sub, on_error, None if depth is None else depth - 1)
-
-
 def _as_column(data: np.ndarray) -> Any:
     """A column for a DataFrame as it is: strings stay Python objects (pandas 3 would copy
-    them into Arrow strings first, ~25 ms a million), rows of a 2-D array become lists."""
+    them into Arrow strings first, for nothing), rows of a 2-D array become lists."""
     if data.ndim > 1:
         return list(data)
     return pd.Series(data, dtype=object, copy=False) if data.dtype == object else data

@@ -39,8 +39,8 @@ from metacollect.store.tablewrite import SealedTable, write_sealed_stream
 from metacollect.store.writer import GroupWriter, StoreWriter, jsonable, raise_first
 
 #: rows of a table the fold appends to Zarr at a time (whole segments: at least this many);
-#: a batch of a strings table is Python strings, ~80 bytes a row: with 1,048,576 rows a batch
-#: the fold of 1M tasks' transitions peaked at 308 MB, with 262,144 at 94 MB
+#: a batch of a strings table is Python strings, ~80 bytes a row, so this bounds the fold's
+#: memory to tens of MB whatever the run's length
 FOLD_ROWS = 262_144
 
 
@@ -65,8 +65,8 @@ def fold_segments(
     once, already as the seal leaves it; otherwise its rows are appended and the compaction
     rewrites the tables. Either way a table is committed together with the last segment it
     holds (``segments_folded``), so a fold cut short and run again writes nothing twice. The
-    one write halves a seal's writes and leaves nothing to swap: 1.8-2.5 s -> 0.7 s for a
-    15k-task run's store. ``groups``: those with segments, when the caller has listed them.
+    one write halves a seal's writes and leaves nothing to swap. ``groups``: those with
+    segments, when the caller has listed them.
     """
     if "://" in path:
         return Folded([], [])
@@ -225,8 +225,8 @@ def _write_sealed(
     chunks), each with the last segment it holds; the compaction then finds them done.
     The segments are decoded one at a time, in order, and each let go once its rows are
     added: the seal holds a few blocks of rows and the strings of the recent segments
-    (:class:`~metacollect.store.segments.StringWindow`), not a run's segments decoded (a
-    run of 1M tasks' transitions made the scheduler's seal hold 325 MB). The group itself
+    (:class:`~metacollect.store.segments.StringWindow`), not a run's segments decoded
+    (hundreds of MB for a million tasks' transitions). The group itself
     is there (its segments are in it): no writer of it is made, which would read and
     rewrite its metadata."""
     window = seg.StringWindow(found, keep=int(config.get("strings.cache-size")))
@@ -282,9 +282,8 @@ def read_nodes(root: zarrio.Group) -> dict[str, dict[str, Any]]:
     """``{path: metadata}`` of every group and array below ``root``: each node's ``zarr.json``
     as JSON, group by group, each level's listings and reads concurrent. What sealing needs
     is these documents; Zarr's own walk (``members``) also builds a metadata object of each
-    node and the seal turned them back into JSON - three quarters of a short run's finalize
-    (188 nodes: 60 of 65 ms). Entries without a ``zarr.json`` (a write cut short) are
-    skipped."""
+    node, which the seal would turn back into JSON, most of a short run's finalize. Entries
+    without a ``zarr.json`` (a write cut short) are skipped."""
     return zarrio.run(documents.list_docs(root))
 
 

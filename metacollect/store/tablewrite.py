@@ -354,8 +354,8 @@ async def write_table(
     each variable's dimension names and attributes).
 
     A table of at most :data:`COMPACT_ROWS` rows (most of a run's tables) is made and stored
-    in two thread hops: a hop per array costs more than a small array's encoding, and the
-    seal's ~200 arrays paid half its time in them. A larger table's arrays are written side
+    in two thread hops: a hop per array costs more than a small array's encoding, and a
+    seal writes hundreds of arrays. A larger table's arrays are written side
     by side, so their chunks compress in parallel (Zstandard and Blosc release the GIL), each
     :data:`BLOCK_CHUNKS` chunks at a time, so its memory stays that of a few chunks however
     many rows it has. Files are stored new

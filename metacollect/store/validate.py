@@ -182,9 +182,7 @@ def _groups(nodes: documents.Nodes, problems: list[str]) -> Iterator[tuple[str, 
     """``(path, group)`` of every group below the root, in the order of a walk by name; a
     group that cannot be opened is a problem."""
     if nodes.docs is None:
-        from metacollect.store.reader import walk
-
-        for path, member in walk(nodes.root, on_error=problems.append):
+        for path, member in zarrio.walk(nodes.root, on_error=problems.append):
             if zarrio.is_group(member):
                 yield path, member
         return
