@@ -431,10 +431,10 @@ def test_a_long_groups_seal_holds_a_window_of_its_strings(store, tmp_path, monke
     which before writing."""
     import dask.config
 
-    from metacollect.store import compact
+    from metacollect.store import layout
     from metacollect.store import seal as seal_mod
 
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
+    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
     held: list[int] = []
     trim = segments.StringWindow.trim
 
@@ -544,11 +544,11 @@ def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, 
     is compacted, never a whole column, and leaves what the seal's one write leaves. One of
     its chunks that does not decode leaves it as written, with nothing half-written beside
     it."""
-    from metacollect.store import compact, zarrio
+    from metacollect.store import compact, layout, zarrio
     from metacollect.store import lifecycle as lifecycle_mod
     from metacollect.store import seal as seal_mod
 
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
+    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
     _, g = _run(store)
     for f in range(20):
         _flush_events(g, 500 * f, 500)  # 10,000 rows in each of two tables
@@ -606,7 +606,7 @@ def test_a_store_sealed_with_the_chunks_of_before_is_not_sealed_again(store, mon
     from metacollect.store import compact, layout, zarrio
     from metacollect.store import seal as seal_mod
 
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)
+    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)
     tables = {}
     for name, before in (("before", True), ("today", False)):
         where = os.path.join(os.path.dirname(store), f"{name}.zarr")

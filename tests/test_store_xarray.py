@@ -199,8 +199,8 @@ def test_a_large_table_sealed_a_few_chunks_at_a_time_holds_what_was_appended(tmp
     whole, blocks = str(tmp_path / "whole.zarr"), str(tmp_path / "blocks.zarr")
     _many_flushes(whole, flushes, rows)
     finalize(whole)
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # 7 chunks of 1,058 rows ...
-    monkeypatch.setattr(compact, "BLOCK_CHUNKS", 3)  # ... written 3 at a time
+    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)  # 7 chunks of 1,058 rows ...
+    monkeypatch.setattr(layout, "BLOCK_CHUNKS", 3)  # ... written 3 at a time
     _many_flushes(blocks, flushes, rows)
     finalize(blocks)
     table = "clusters/c1/scheduler/transitions"

@@ -25,10 +25,10 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, VLenUTF8Codec, ZstdCodec
 from zarr.storage import MemoryStore
 
+import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store._codes import vlen_utf8
 from metacollect.store.documents import local_path
-from metacollect.store.zarrio import Array, async_array, run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ArrayCodec:
 
 def array_codec(doc: Mapping[str, Any]) -> ArrayCodec:
     """The :class:`ArrayCodec` of arrays with ``doc``'s data type, codecs and key encoding."""
-    return codec_of(async_array(zarr.storage.StorePath(MemoryStore()), doc))
+    return codec_of(zarrio.async_array(zarr.storage.StorePath(MemoryStore()), doc))
 
 
 def codec_of(arr: Any) -> ArrayCodec:
@@ -120,28 +120,28 @@ def holds_text(arr: Any) -> bool:
     return isinstance(arr.metadata.codecs[0], VLenUTF8Codec)
 
 
-async def read_rows(arrays: list[Array], n: int) -> list[np.ndarray]:
+async def read_rows(arrays: list[zarrio.Array], n: int) -> list[np.ndarray]:
     """The first ``n`` rows of each array, read concurrently; a :class:`StoreError` naming
     the array if a chunk they need is missing or does not decode."""
     found = await asyncio.gather(*(_rows(a, 0, n) for a in arrays))
     return list(found)
 
 
-async def require_chunks(arr: Array, lo: int, hi: int) -> None:
+async def require_chunks(arr: zarrio.Array, lo: int, hi: int) -> None:
     """Raise a :class:`StoreError` naming the array if a chunk rows ``lo:hi`` need is missing."""
     gone = await missing_chunks(arr, lo, hi)
     if gone:
         raise _chunks_missing(arr, gone)
 
 
-def _chunks_missing(arr: Array, gone: list[str]) -> StoreError:
+def _chunks_missing(arr: zarrio.Array, gone: list[str]) -> StoreError:
     return StoreError(
         f"array {arr.path} is damaged: its chunk {gone[0]} is missing "
         f"({len(gone)} missing); restore the store from a copy"
     )
 
 
-async def _rows(arr: Array, lo: int, hi: int) -> np.ndarray:
+async def _rows(arr: zarrio.Array, lo: int, hi: int) -> np.ndarray:
     """Rows ``lo:hi`` of an array, every chunk they need present and decoded: read straight
     off its chunk files in a local store (:func:`_read_chunks`), else through Zarr."""
     local = _local_chunks(arr, lo, hi)
@@ -161,7 +161,7 @@ async def _rows(arr: Array, lo: int, hi: int) -> np.ndarray:
 
 
 def _local_chunks(
-    arr: Array, lo: int, hi: int
+    arr: zarrio.Array, lo: int, hi: int
 ) -> tuple[dict[str, str], Callable[[bytes], np.ndarray]] | None:
     """``({chunk key: file}, decode)`` of the chunks rows ``lo:hi`` of a 1-D array in a local
     store need, when its codecs are the ones metacollect writes (``None``: Zarr reads it).
@@ -181,7 +181,11 @@ def _local_chunks(
 
 
 def _read_chunks(
-    arr: Array, files: dict[str, str], decode: Callable[[bytes], np.ndarray], lo: int, hi: int
+    arr: zarrio.Array,
+    files: dict[str, str],
+    decode: Callable[[bytes], np.ndarray],
+    lo: int,
+    hi: int,
 ) -> np.ndarray:
     """Rows ``lo:hi`` of the chunk ``files`` (see :func:`_local_chunks`), decoded; a chunk
     missing is named before any that does not decode, as through Zarr."""
@@ -262,7 +266,7 @@ def _checked_crc32c(data: bytes) -> bytes:
     return body
 
 
-def read_slices(arrays: list[Array], lo: int, hi: int) -> list[np.ndarray | StoreError]:
+def read_slices(arrays: list[zarrio.Array], lo: int, hi: int) -> list[np.ndarray | StoreError]:
     """Rows ``lo:hi`` of each array, read concurrently; for an array that is damaged there,
     the :class:`StoreError` that names it instead."""
 
@@ -270,24 +274,24 @@ def read_slices(arrays: list[Array], lo: int, hi: int) -> list[np.ndarray | Stor
         return await asyncio.gather(*(_rows(a, lo, hi) for a in arrays), return_exceptions=True)
 
     out: list[np.ndarray | StoreError] = []
-    for found in run(each()):
+    for found in zarrio.run(each()):
         if isinstance(found, BaseException) and not isinstance(found, StoreError):
             raise found
         out.append(found)
     return out
 
 
-async def read_block(arr: Array, lo: int, hi: int) -> np.ndarray:
+async def read_block(arr: zarrio.Array, lo: int, hi: int) -> np.ndarray:
     """Rows ``lo:hi`` of an array, on the store's I/O loop (see :func:`read_rows`)."""
     return await _rows(arr, lo, hi)
 
 
-def read_slice(arr: Array, lo: int, hi: int) -> np.ndarray:
+def read_slice(arr: zarrio.Array, lo: int, hi: int) -> np.ndarray:
     """Rows ``lo:hi`` of an array (see :func:`read_rows`)."""
-    return run(_rows(arr, lo, hi))
+    return zarrio.run(_rows(arr, lo, hi))
 
 
-def read_picks(arr: Array, idx: np.ndarray) -> np.ndarray:
+def read_picks(arr: zarrio.Array, idx: np.ndarray) -> np.ndarray:
     """Rows ``idx`` (sorted) of a 1-D array, each chunk they need present and decoded."""
     if not len(idx):
         return np.asarray(arr[:0])
@@ -309,15 +313,15 @@ def read_picks(arr: Array, idx: np.ndarray) -> np.ndarray:
                 "restore the store from a copy"
             ) from e
 
-    return run(picks())
+    return zarrio.run(picks())
 
 
-def chunk_rows(arr: Array) -> int:
+def chunk_rows(arr: zarrio.Array) -> int:
     """Rows in each chunk of an array."""
     return int(arr.chunks[0])
 
 
-async def missing_chunks(arr: Array, lo: int, hi: int) -> list[str]:
+async def missing_chunks(arr: zarrio.Array, lo: int, hi: int) -> list[str]:
     """Keys of the chunks rows ``lo:hi`` of an array need that its store does not hold.
 
     Metacollect stores every chunk it appends to, fill values or not, so a chunk missing

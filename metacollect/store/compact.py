@@ -28,8 +28,8 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio, documents
-from metacollect.store.layout import COMPACT_ROWS, COMPACTED, Templates, sealed_chunks
+from metacollect.store import chunkio, documents, layout
+from metacollect.store.layout import COMPACTED, Templates, sealed_chunks
 from metacollect.store.schema import Schema, TableSpec, load_schema
 from metacollect.store.tablewrite import StoredColumn, write_table
 
@@ -184,11 +184,11 @@ async def _rewrite(
 ) -> dict[str, dict[str, Any]]:
     """Write table ``path`` compacted at ``path + NEW`` (its group's ``zarr.json`` last);
     returns the new documents, by the paths they take once swapped in. A table of more than
-    :data:`COMPACT_ROWS` rows is read a block of rows at a time (:class:`StoredColumn`), as
-    it is written, so the compaction holds a few blocks of a table, not all of it (a seal
-    cut short and run again can leave millions of rows appended to Zarr). Its chunks are
-    all checked present first: a table found damaged is left as it is before anything is
-    written."""
+    :data:`~metacollect.store.layout.COMPACT_ROWS` rows is read a block of rows at a time
+    (:class:`StoredColumn`), as it is written, so the compaction holds a few blocks of a table,
+    not all of it (a seal cut short and run again can leave millions of rows appended to Zarr).
+    Its chunks are all checked present first: a table found damaged is left as it is before
+    anything is written."""
     n = int(doc["attributes"]["rows"])
     known = {v: a for v, a in arrays.items() if v in tspec.variables}
     handles = [
@@ -196,7 +196,7 @@ async def _rewrite(
         for v, a in known.items()
     ]
     columns: dict[str, Any]
-    if n <= COMPACT_ROWS:
+    if n <= layout.COMPACT_ROWS:
         columns = dict(zip(known, await chunkio.read_rows(handles, n), strict=True))
     else:
         for h in handles:

@@ -22,20 +22,8 @@ import zarr
 from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
+import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store.zarrio import (
-    Array,
-    Group,
-    array_at,
-    async_array,
-    damaged_doc,
-    group_at,
-    is_array,
-    is_group,
-    local_root,
-    members,
-    run,
-)
 
 
 def buffer(data: bytes) -> Any:
@@ -64,7 +52,9 @@ async def write_doc(where: Any, doc: Mapping[str, Any]) -> None:
     await (where / "zarr.json").set(buffer(doc_bytes(doc)))
 
 
-async def list_docs(root: Group, bad: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+async def list_docs(
+    root: zarrio.Group, bad: dict[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """``{path: metadata}`` of every group and array below ``root``, level by level, each
     level's listings and reads concurrent. Entries without a ``zarr.json`` (a chunk key, a
     temp file, an array never created) are skipped. With ``bad``, a ``zarr.json`` that is
@@ -166,10 +156,10 @@ def _json_object(data: bytes) -> dict[str, Any]:
     return doc
 
 
-def sealed_docs(root: Group) -> dict[str, dict[str, Any]] | None:
+def sealed_docs(root: zarrio.Group) -> dict[str, dict[str, Any]] | None:
     """``{path: metadata}`` of every node as the store's seal recorded it (the consolidated
     metadata of the root's ``zarr.json``), or ``None`` for a store never sealed."""
-    doc = run(read_doc(root.store_path))
+    doc = zarrio.run(read_doc(root.store_path))
     seal = (doc or {}).get("consolidated_metadata")
     found = seal.get("metadata") if isinstance(seal, dict) else None
     return found if isinstance(found, dict) else None
@@ -185,17 +175,21 @@ def group_doc(attributes: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def make_group(root: Group, path: str, attributes: Mapping[str, Any]) -> tuple[Group, Any]:
+def make_group(
+    root: zarrio.Group, path: str, attributes: Mapping[str, Any]
+) -> tuple[zarrio.Group, Any]:
     """Create group ``path`` (its parent exists) with one write of its ``zarr.json``; returns
     it and its asynchronous handle."""
     where = root.store_path / path
     doc = group_doc(attributes)
-    run(write_doc(where, doc))
+    zarrio.run(write_doc(where, doc))
     handle = zarr.AsyncGroup.from_dict(where, doc)
     return zarr.Group(handle), handle
 
 
-def local_group(root: Group, path: str, attributes: Mapping[str, Any]) -> tuple[Group, bool]:
+def local_group(
+    root: zarrio.Group, path: str, attributes: Mapping[str, Any]
+) -> tuple[zarrio.Group, bool]:
     """Group ``path`` of a local store (its parent exists), made if it is not there: one
     ``mkdir`` and its ``zarr.json`` with ``attributes``, whole or not at all (written under a
     temporary name and linked into place, which fails if another process made it first;
@@ -205,7 +199,7 @@ def local_group(root: Group, path: str, attributes: Mapping[str, Any]) -> tuple[
     Zarr's ``require_group`` and ``update_attributes`` check the node and its parents and
     write the document twice, in a thread hop each: a worker's group, four levels deep,
     took 10 of them at every session's start, on the scheduler's and every worker's."""
-    directory = local_root(root)
+    directory = zarrio.local_root(root)
     if directory is None:
         raise ValueError("local_group needs a store in a local directory")
     node = os.path.join(directory, *path.split("/")) if path else directory
@@ -259,13 +253,13 @@ def _link_new(path: str, data: bytes) -> bool:
             os.unlink(temp)
 
 
-def node_of(root: Group, path: str, doc: Mapping[str, Any]) -> Group | Array:
+def node_of(root: zarrio.Group, path: str, doc: Mapping[str, Any]) -> zarrio.Group | zarrio.Array:
     """The group or array at ``path`` below ``root`` made from its metadata document, read
     beforehand: nothing is read."""
     where = root.store_path / path
     if doc.get("node_type") == "group":
         return zarr.Group(zarr.AsyncGroup.from_dict(where, dict(doc)))
-    return zarr.Array(async_array(where, doc))
+    return zarr.Array(zarrio.async_array(where, doc))
 
 
 class Nodes:
@@ -278,7 +272,7 @@ class Nodes:
 
     def __init__(
         self,
-        root: Group,
+        root: zarrio.Group,
         docs: dict[str, dict[str, Any]] | None = None,
         below: dict[str, list[str]] | None = None,
     ) -> None:
@@ -296,41 +290,41 @@ class Nodes:
         try:
             return node_of(self.root, path, doc)
         except Exception as e:  # Zarr raises many types for a document it cannot use
-            raise damaged_doc(path, f"{type(e).__name__}: {e}") from e
+            raise zarrio.damaged_doc(path, f"{type(e).__name__}: {e}") from e
 
-    def group(self, path: str) -> Group:
+    def group(self, path: str) -> zarrio.Group:
         """The group at ``path`` (see :func:`~metacollect.store.zarrio.group_at`)."""
         if self.docs is None:
-            return group_at(self.root, path)
+            return zarrio.group_at(self.root, path)
         node = self._made(path)
-        if not is_group(node):
+        if not zarrio.is_group(node):
             raise StoreError(f"{path} should be a group of the store, and is an array")
         return node
 
-    def array(self, path: str) -> Array:
+    def array(self, path: str) -> zarrio.Array:
         """The array at ``path`` (see :func:`~metacollect.store.zarrio.array_at`)."""
         if self.docs is None:
             group, _, name = path.rpartition("/")
-            return array_at(self.group(group) if group else self.root, name)
+            return zarrio.array_at(self.group(group) if group else self.root, name)
         node = self._made(path)
-        if not is_array(node):
+        if not zarrio.is_array(node):
             raise StoreError(f"{path} should be an array of the store, and is a group")
         return node
 
-    def members(self, group: Group) -> list[tuple[str, Any]]:
+    def members(self, group: zarrio.Group) -> list[tuple[str, Any]]:
         """``(name, member)`` directly below ``group``, by name (see
         :func:`~metacollect.store.zarrio.members`)."""
         if self.docs is None:
-            return members(group)
+            return zarrio.members(group)
         path = group.path
         return [
             (name, self._made(f"{path}/{name}" if path else name))
             for name in self.below.get(path, [])
         ]
 
-    def arrays(self, group: Group) -> list[tuple[str, Array]]:
+    def arrays(self, group: zarrio.Group) -> list[tuple[str, zarrio.Array]]:
         """``(name, array)`` of the arrays directly below ``group``, by name."""
-        return [(n, m) for n, m in self.members(group) if is_array(m)]
+        return [(n, m) for n, m in self.members(group) if zarrio.is_array(m)]
 
 
 def members_below(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:

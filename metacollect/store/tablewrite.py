@@ -20,11 +20,9 @@ import numpy as np
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
-from metacollect.store import chunkio, documents
+from metacollect.store import chunkio, documents, layout
 from metacollect.store.chunks import chunk_files
 from metacollect.store.layout import (
-    BLOCK_CHUNKS,
-    COMPACT_ROWS,
     COMPACTED,
     ColumnLook,
     SealedColumn,
@@ -94,12 +92,12 @@ async def write_sealed_stream(
 ) -> dict[str, dict[str, Any]]:
     """Write tables the store does not hold yet straight in the form the seal leaves, from
     ``parts()``: their rows in order, a part per segment (``{table: {variable: column}}``),
-    decoded in a thread as they are needed. Each variable's chunks are written as soon as it
-    has :data:`BLOCK_CHUNKS` of them: what is held is a few blocks and the strings of the
-    recent parts (``strings``), whatever the number of rows. A ``code`` variable's missing
-    value is written as the string :func:`none_value` picks among the blank strings it
-    holds (a group with blank strings, rare, is gone through once more first, to see which
-    variable holds which), and named in its attributes if the variable had one: its
+    decoded in a thread as they are needed. Each variable's chunks are written as soon as it has
+    :data:`~metacollect.store.layout.BLOCK_CHUNKS` of them: what is held is a few blocks and the
+    strings of the recent parts (``strings``), whatever the number of rows. A ``code``
+    variable's missing value is written as the string :func:`none_value` picks among the blank
+    strings it holds (a group with blank strings, rare, is gone through once more first, to see
+    which variable holds which), and named in its attributes if the variable had one: its
     ``zarr.json`` goes after its chunks, each table's group ``zarr.json`` last. Returns the
     documents written, by path."""
     level = int(config.get("store.compression-level"))
@@ -173,10 +171,10 @@ def _held_blanks(
 
 def _blocks(sinks: Mapping[str, _TableSink], final: bool) -> list[Coroutine[Any, Any, None]]:
     """The storing of the blocks of chunks the variables have whole (``final``: of what they
-    have left as well), taken from them now, to run side by side: Zstandard and Blosc
-    release the GIL. A table of at most :data:`COMPACT_ROWS` rows (most of a run's tables)
-    is made at the end, its arrays and their documents in one thread hop and one store: a
-    hop per array costs more than a small array's encoding."""
+    have left as well), taken from them now, to run side by side: Zstandard and Blosc release
+    the GIL. A table of at most :data:`~metacollect.store.layout.COMPACT_ROWS` rows (most of a
+    run's tables) is made at the end, its arrays and their documents in one thread hop and one
+    store: a hop per array costs more than a small array's encoding."""
 
     async def store(where: Any, make: Callable[[], dict[str, bytes]]) -> None:
         await documents.put_new(where, await asyncio.to_thread(make))
@@ -234,12 +232,12 @@ class _ColumnSink:
 
     @property
     def ready(self) -> bool:
-        return self._count >= self.chunk * BLOCK_CHUNKS
+        return self._count >= self.chunk * layout.BLOCK_CHUNKS
 
     def take(self, final: bool) -> tuple[int, np.ndarray] | None:
         """The next rows to store: whole blocks of chunks, or with ``final`` all that is
         left; with their first row."""
-        block = self.chunk * BLOCK_CHUNKS
+        block = self.chunk * layout.BLOCK_CHUNKS
         n = self._count if final else self._count // block * block
         if n == 0:
             return None
@@ -307,7 +305,7 @@ class _TableSink:
 
     @property
     def small(self) -> bool:
-        return int(self.group["attributes"]["rows"]) <= COMPACT_ROWS
+        return int(self.group["attributes"]["rows"]) <= layout.COMPACT_ROWS
 
     @property
     def ready(self) -> bool:
@@ -353,13 +351,14 @@ async def write_table(
     (``group``) last; returns the documents by the paths of ``path``'s table (``layouts``:
     each variable's dimension names and attributes).
 
-    A table of at most :data:`COMPACT_ROWS` rows (most of a run's tables) is made and stored
-    in two thread hops: a hop per array costs more than a small array's encoding, and a
-    seal writes hundreds of arrays. A larger table's arrays are written side
-    by side, so their chunks compress in parallel (Zstandard and Blosc release the GIL), each
-    :data:`BLOCK_CHUNKS` chunks at a time, so its memory stays that of a few chunks however
-    many rows it has. Files are stored new
-    (:func:`~metacollect.store.documents.put_new`), each array's ``zarr.json`` after its chunks."""
+    A table of at most :data:`~metacollect.store.layout.COMPACT_ROWS` rows (most of a run's
+    tables) is made and stored in two thread hops: a hop per array costs more than a small
+    array's encoding, and a seal writes hundreds of arrays. A larger table's arrays are written
+    side by side, so their chunks compress in parallel (Zstandard and Blosc release the GIL),
+    each :data:`~metacollect.store.layout.BLOCK_CHUNKS` chunks at a time, so its memory stays
+    that of a few chunks however many rows it has. Files are stored new
+    (:func:`~metacollect.store.documents.put_new`), each array's ``zarr.json`` after its
+    chunks."""
     names = [n for n in layouts if n in columns]
     made = await asyncio.gather(
         *(
@@ -378,7 +377,9 @@ async def write_table(
     )
     rows = len(columns[names[0]]) if names else 0
     out: dict[str, dict[str, Any]] = {}
-    writes = [table.store(names)] if rows <= COMPACT_ROWS else [table.stream(n) for n in names]
+    writes = (
+        [table.store(names)] if rows <= layout.COMPACT_ROWS else [table.stream(n) for n in names]
+    )
     # every write to its end before a failure goes up: the caller removes what they wrote
     for docs in await asyncio.gather(*writes, return_exceptions=True):
         if isinstance(docs, BaseException):
@@ -453,7 +454,7 @@ class _ColumnsWrite:
         """A large array, a block of chunks at a time: its strings and encoded chunks are
         never all in memory at once; looked at once, then written."""
         column = self.columns[name]
-        step = chunk_of(column.shape)[0] * BLOCK_CHUNKS
+        step = chunk_of(column.shape)[0] * layout.BLOCK_CHUNKS
         starts = range(0, len(column), step)
         seen = self.look(name)
         for lo in starts if self.tspec.variables[name].dtype == "code" else ():
