@@ -7,7 +7,7 @@ processes. Each writer is what a worker's collector is to the store: a process w
 ``StoreWriter`` and its worker group, appending the rows a worker's collector appends
 between flushes (transitions, tasks, startstops, a metrics sample, fine metrics, Dask
 profile nodes) and flushing ``--flushes`` times, then sealing its own group
-(``writer.seal_own``, as a collector's end does). Then one process seals the run
+(``seal.seal_own``, as a collector's end does). Then one process seals the run
 (``lifecycle.finalize``), as the client does at the end of ``collect``: what is left.
 
 How it counts: the writers are forked from one traced parent that imported everything
@@ -145,7 +145,8 @@ def worker_rows(i: int, flush: int, tasks: int) -> dict[str, dict[str, list[Any]
 def writer_process(store: str, i: int, flushes: int, tasks: int) -> None:
     """One simulated worker collector: its group, ``flushes`` flushes, and its end, which
     seals its group (forked child)."""
-    from metacollect.store.writer import StoreWriter, seal_own
+    from metacollect.store.seal import seal_own
+    from metacollect.store.writer import StoreWriter
 
     _mark(f"setup-start-{i}")
     writer = StoreWriter(store)
@@ -203,8 +204,9 @@ def long_run(workdir: str, flushes: int, tasks: int, merge: int) -> dict[str, An
     flushes (merges included) per flush, and the wall time of sealing it (``seal_own``)."""
     import dask.config
 
+    from metacollect.store.seal import seal_own
     from metacollect.store.segments import directory
-    from metacollect.store.writer import StoreWriter, seal_own
+    from metacollect.store.writer import StoreWriter
 
     store = os.path.join(workdir, f"long-{flushes}-{merge}.zarr")
     with dask.config.set({"metacollect.store.segment-merge": merge}):

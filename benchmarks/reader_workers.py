@@ -29,8 +29,9 @@ import _common
 import metadata_ops
 
 import metacollect.store.zarrio as zarrio
+from metacollect.analysis.run import Run
 from metacollect.cli.info import describe
-from metacollect.store.reader import StoreReader
+from metacollect.store import documents
 from metacollect.store.validate import validate_store
 
 
@@ -45,8 +46,8 @@ def timed(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def measure(store: str, repeats: int) -> dict[str, float]:
-    def opened() -> StoreReader:
-        reader = StoreReader(store)
+    def opened() -> Run:
+        reader = Run(store)
         reader.groups  # noqa: B018 - every node read and checked against the seal
         return reader
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for n in a.workers:
             store = os.path.join(workdir, f"w{n}.zarr")
             metadata_ops.driver(store, n, a.flushes, a.tasks)
-            nodes = len(zarrio.run(zarrio.list_docs(zarrio.open_group(store))))
+            nodes = len(zarrio.run(documents.list_docs(zarrio.open_group(store))))
             row = {"workers": n, "nodes": nodes, **measure(store, a.repeats)}
             _common.log(f"{n} workers, {nodes} nodes: {row}")
             rows.append(row)

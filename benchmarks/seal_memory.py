@@ -42,12 +42,12 @@ def child(
     time, and the segment files it sealed."""
     from scale import transition_rows
 
-    from metacollect.store import writer as writer_mod
+    from metacollect.store import seal as seal_mod
     from metacollect.store.lifecycle import consolidate
     from metacollect.store.writer import StoreWriter
 
     if fold == "append":  # as when a table of the group is in Zarr already
-        writer_mod._write_sealed = writer_mod._append_folded
+        seal_mod._write_sealed = seal_mod._append_folded
 
     rows = 4 * tasks
     data = transition_rows(rows)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pandas as pd
 import pytest
 from views_runs import CHAIN, LONG_CHAIN, WIDE, basic_store, chain_store
@@ -10,6 +9,7 @@ from views_runs import CHAIN, LONG_CHAIN, WIDE, basic_store, chain_store
 import metacollect
 from metacollect import analysis
 from metacollect.errors import StoreError, UsageError
+from metacollect.store import documents
 
 
 @pytest.fixture(scope="module")
@@ -172,12 +172,12 @@ def test_a_sealed_stores_tables_are_read_without_opening_their_metadata_again(mo
     Zarr one file at a time (most of the time of a run of many workers). They read the same
     as through Zarr, and ``committed`` counts each table's rows as its arrays say."""
     from metacollect.store import zarrio
-    from metacollect.store.writer import committed_rows
+    from metacollect.store.integrity import committed_rows
 
     path = basic_store()
     through_zarr = metacollect.open_run(path)
     assert through_zarr.groups and through_zarr._open.docs is not None  # sealed
-    through_zarr._open = zarrio.Nodes(through_zarr.root)
+    through_zarr._open = documents.Nodes(through_zarr.root)
     expected = {
         "tasks": through_zarr.tasks(),
         "transitions": through_zarr.transitions(),

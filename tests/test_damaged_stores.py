@@ -31,7 +31,8 @@ from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.errors import StoreError
-from metacollect.store import lifecycle
+from metacollect.store import documents, lifecycle
+from metacollect.store import seal as seal_mod
 from metacollect.store import writer as writer_mod
 from metacollect.store.validate import validate_store
 
@@ -82,7 +83,7 @@ def coded_store(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
         # nor are the tables of the segments written sealed: appended, codes and all
-        mp.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
+        mp.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
         return _collected(str(tmp_path_factory.mktemp("damage") / "coded.zarr"))
 
 
@@ -447,7 +448,6 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     is walked through Zarr."""
     from metacollect.session import init_root
     from metacollect.store import validate as validate_mod
-    from metacollect.store import zarrio
 
     path = str(tmp_path / "run.zarr")
     w = writer_mod.StoreWriter(path, segments=False)
@@ -472,7 +472,7 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     monkeypatch.setattr(
         validate_mod,
         "_check_seal",
-        lambda root, problems: (check_seal(root, problems)[0], zarrio.Nodes(root)),
+        lambda root, problems: (check_seal(root, problems)[0], documents.Nodes(root)),
     )
     through_zarr = validate_store(path)
     assert opened == [True]

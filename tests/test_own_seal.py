@@ -30,11 +30,12 @@ from metacollect import collect, open_run
 from metacollect.steps.base import Recording
 from metacollect.steps.job import scheduler_identity
 from metacollect.store import lock, segments
-from metacollect.store import writer as writer_mod
+from metacollect.store import seal as seal_mod
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize
+from metacollect.store.seal import seal_own
+from metacollect.store.segments import CLAIM
 from metacollect.store.validate import validate_store
-from metacollect.store.writer import CLAIM, seal_own
 from tests.test_segments import GROUP, _flush_events, _run, _torn
 
 
@@ -112,7 +113,7 @@ def _holder(segdir: str, hold: float) -> Iterator[subprocess.Popen]:
         f"""
         import os, sys, time
         from metacollect.store import lock
-        from metacollect.store.writer import CLAIM
+        from metacollect.store.segments import CLAIM
         assert lock.take(os.path.join({segdir!r}, CLAIM)) is None
         print("claimed", flush=True)
         time.sleep({hold})
@@ -205,7 +206,7 @@ def test_own_seal_leaves_torn_segments_and_appended_tables_to_the_run_seal(store
     other = store + "-appended"
     w2, g2 = _run(other)
     _flush_events(g2, 0, 10)
-    writer_mod.fold_segments(other)  # tables in Zarr; then more rows, as segments
+    seal_mod.fold_segments(other)  # tables in Zarr; then more rows, as segments
     os.makedirs(segments.directory(other, GROUP))  # its writer made it once
     _flush_events(g2, 10, 10)
     seal_own(w2)
@@ -229,7 +230,7 @@ def test_a_failed_own_seal_is_recorded_and_the_run_seal_folds_what_is_left(store
     recording = Recording(
         lambda: None, lambda _: None, on_error, lambda: None, False, group=g, writer=w
     )
-    monkeypatch.setattr(writer_mod, "write_sealed_stream", fail)
+    monkeypatch.setattr(seal_mod, "write_sealed_stream", fail)
     recording._seal()
     monkeypatch.undo()
     assert [(where, str(e)) for where, e in errors] == [

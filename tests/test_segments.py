@@ -25,7 +25,7 @@ import zarr
 
 from metacollect import open_run
 from metacollect.session import init_root
-from metacollect.store import segments
+from metacollect.store import chunkio, documents, segments
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.validate import validate_store
@@ -188,17 +188,17 @@ def test_a_flush_that_ends_during_the_seal_makes_the_run_incomplete(store, monke
     after the fold read its group keeps the group's segment directory, and its rows are not
     in the sealed tables: the run says so (before: ``complete``, with the rows in a file
     only validate named)."""
-    from metacollect.store import writer as writer_mod
+    from metacollect.store import seal as seal_mod
 
     _, g = _run(store)
     _flush_events(g, 0, 10)
-    real_fold = writer_mod._fold_group
+    real_fold = seal_mod._fold_group
 
     def fold_then_a_late_flush(*args, **kwargs):
         real_fold(*args, **kwargs)
         _flush_events(g, 100, 5)  # after the fold read the group's segments
 
-    monkeypatch.setattr(writer_mod, "_fold_group", fold_then_a_late_flush)
+    monkeypatch.setattr(seal_mod, "_fold_group", fold_then_a_late_flush)
     status, missing = finalize(store, "complete")
     assert status == "incomplete"
     (line,) = missing
@@ -342,13 +342,13 @@ def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch
     committed (its group's ``zarr.json``, last) with the last segment it holds. A seal
     killed after one table was written, and run again, takes the group through the append
     path (a table of it is in Zarr now), which appends the other tables only."""
-    from metacollect.store import compact
-    from metacollect.store import writer as writer_mod
+    from metacollect.store import seal as seal_mod
+    from metacollect.store import tablewrite
 
     _, g = _run(store)
     for f in range(4):
         _flush_events(g, 10 * f, 10)
-    real = compact._TableSink.finish
+    real = tablewrite._TableSink.finish
     first: dict[str, asyncio.Future] = {}
 
     async def die_after_the_first(self):
@@ -360,10 +360,10 @@ def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch
         await first["table"]
         raise RuntimeError("killed mid-fold")
 
-    monkeypatch.setattr(compact._TableSink, "finish", die_after_the_first)
+    monkeypatch.setattr(tablewrite._TableSink, "finish", die_after_the_first)
     with pytest.raises(RuntimeError, match="killed mid-fold"):
-        writer_mod.fold_segments(store)
-    monkeypatch.setattr(compact._TableSink, "finish", real)
+        seal_mod.fold_segments(store)
+    monkeypatch.setattr(tablewrite._TableSink, "finish", real)
     tables = {
         t for t in ("events", "transitions") if os.path.exists(f"{store}/{GROUP}/{t}/zarr.json")
     }
@@ -371,13 +371,13 @@ def test_a_fold_cut_short_and_run_again_appends_nothing_twice(store, monkeypatch
     mid = open_run(store)  # readers see every row once in the meantime
     assert mid.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(40)]
     assert len(mid.transitions()) == 40
-    real_fold, folded = writer_mod._fold_table, []
+    real_fold, folded = seal_mod._fold_table, []
 
     def fold(gw, found, table):
         folded.append((gw.path, table))
         return real_fold(gw, found, table)
 
-    monkeypatch.setattr(writer_mod, "_fold_table", fold)
+    monkeypatch.setattr(seal_mod, "_fold_table", fold)
     finalize(store)
     run = open_run(store)
     assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(40)]
@@ -391,7 +391,7 @@ def test_tables_written_once_at_the_seal_equal_the_appended_and_compacted(store,
     """The seal's one write of a table from its segments leaves exactly what appending the
     segments to Zarr and compacting the table leaves: the same documents (but for the
     ``consolidated_metadata`` key of an unconsolidated group) and the same values."""
-    from metacollect.store import writer as writer_mod
+    from metacollect.store import seal as seal_mod
 
     _, g = _run(store)
     for f in range(5):
@@ -402,12 +402,12 @@ def test_tables_written_once_at_the_seal_equal_the_appended_and_compacted(store,
     shutil.copytree(store, appended)
     finalize(store)
 
-    real = writer_mod._write_sealed
-    writer_mod._write_sealed = writer_mod._append_folded
+    real = seal_mod._write_sealed
+    seal_mod._write_sealed = seal_mod._append_folded
     try:
         finalize(appended)
     finally:
-        writer_mod._write_sealed = real
+        seal_mod._write_sealed = real
 
     assert _docs(store) == _docs(appended)
     once, twice = xr.open_datatree(store, engine="zarr"), xr.open_datatree(appended, engine="zarr")
@@ -431,10 +431,10 @@ def test_a_long_groups_seal_holds_a_window_of_its_strings(store, tmp_path, monke
     which before writing."""
     import dask.config
 
-    from metacollect.store import compact
-    from metacollect.store import writer as writer_mod
+    from metacollect.store import layout
+    from metacollect.store import seal as seal_mod
 
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
+    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
     held: list[int] = []
     trim = segments.StringWindow.trim
 
@@ -479,7 +479,7 @@ def test_a_long_groups_seal_holds_a_window_of_its_strings(store, tmp_path, monke
         appended = str(tmp_path / "appended.zarr")
         shutil.copytree(store, appended)
         finalize(store)
-        monkeypatch.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
+        monkeypatch.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
         finalize(appended)
 
     assert held and max(held) <= 2 * 1000, max(held)
@@ -507,15 +507,16 @@ def test_the_append_fold_decodes_one_segment_at_a_time(store, monkeypatch):
     segment as its turn comes and lets it go once its rows are in a batch: a many-hour run's
     segments decoded all at once would not fit where the seal runs. Six flushes, folded in
     batches of two, leave every row, in order, through several commits."""
+    from metacollect.store import seal as seal_mod
     from metacollect.store import writer as writer_mod
 
     _, g = _run(store)
     for f in range(6):
         _flush_events(g, 10 * f, 10)
-    monkeypatch.setattr(writer_mod, "FOLD_ROWS", 20)
-    monkeypatch.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
+    monkeypatch.setattr(seal_mod, "FOLD_ROWS", 20)
+    monkeypatch.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
     decoded_at_commit: list[int] = []
-    fold, append = writer_mod._fold_table, writer_mod.GroupWriter._append_zarr
+    fold, append = seal_mod._fold_table, writer_mod.GroupWriter._append_zarr
 
     def counting_fold(gw, found, table):
         def append_and_count(self, tables):
@@ -525,7 +526,7 @@ def test_the_append_fold_decodes_one_segment_at_a_time(store, monkeypatch):
         monkeypatch.setattr(writer_mod.GroupWriter, "_append_zarr", append_and_count)
         return fold(gw, found, table)
 
-    monkeypatch.setattr(writer_mod, "_fold_table", counting_fold)
+    monkeypatch.setattr(seal_mod, "_fold_table", counting_fold)
     finalize(store)
 
     assert len(decoded_at_commit) >= 3 * 2  # events and transitions, three batches each
@@ -543,11 +544,11 @@ def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, 
     is compacted, never a whole column, and leaves what the seal's one write leaves. One of
     its chunks that does not decode leaves it as written, with nothing half-written beside
     it."""
-    from metacollect.store import compact, zarrio
+    from metacollect.store import compact, layout, zarrio
     from metacollect.store import lifecycle as lifecycle_mod
-    from metacollect.store import writer as writer_mod
+    from metacollect.store import seal as seal_mod
 
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
+    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
     _, g = _run(store)
     for f in range(20):
         _flush_events(g, 500 * f, 500)  # 10,000 rows in each of two tables
@@ -556,9 +557,9 @@ def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, 
     shutil.copytree(store, damaged)
     finalize(store)
 
-    monkeypatch.setattr(writer_mod, "_write_sealed", writer_mod._append_folded)
+    monkeypatch.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
     whole, blocks = [], []
-    read_rows, read_block = zarrio.read_rows, zarrio.read_block
+    read_rows, read_block = chunkio.read_rows, chunkio.read_block
 
     async def counted_rows(arrays, n):
         whole.extend((a.path, n) for a in arrays)
@@ -568,8 +569,8 @@ def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, 
         blocks.append((arr.path, hi - lo))
         return await read_block(arr, lo, hi)
 
-    monkeypatch.setattr(zarrio, "read_rows", counted_rows)
-    monkeypatch.setattr(zarrio, "read_block", counted_block)
+    monkeypatch.setattr(chunkio, "read_rows", counted_rows)
+    monkeypatch.setattr(chunkio, "read_block", counted_block)
     finalize(appended)
     assert {p.rsplit("/", 1)[-1] for p, _ in blocks} >= {"key", "time", "msg"}
     assert max(n for _, n in blocks) <= 4000
@@ -592,7 +593,7 @@ def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, 
         f.write(bytes(body))
     root = zarrio.open_group(damaged, mode="a")
     before = set(os.listdir(os.path.dirname(table)))
-    assert compact.compact(root, writer_mod.read_nodes(root)) == 1  # the events table
+    assert compact.compact(root, seal_mod.read_nodes(root)) == 1  # the events table
     assert set(os.listdir(os.path.dirname(table))) == before  # no .compacting left
     with open(chunk, "rb") as f:
         assert f.read() == bytes(body)  # left as written
@@ -602,10 +603,10 @@ def test_a_store_sealed_with_the_chunks_of_before_is_not_sealed_again(store, mon
     """Seals before 2026-11-29 cut a large table into chunks of ``COMPACT_ROWS`` and a padded
     last one; today's divide it nearly evenly. A store sealed either way and sealed again
     (``metacollect finalize`` run twice, a merge) is left as it is, not rewritten."""
-    from metacollect.store import compact, zarrio
-    from metacollect.store import writer as writer_mod
+    from metacollect.store import compact, layout, zarrio
+    from metacollect.store import seal as seal_mod
 
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)
+    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)
     tables = {}
     for name, before in (("before", True), ("today", False)):
         where = os.path.join(os.path.dirname(store), f"{name}.zarr")
@@ -614,12 +615,12 @@ def test_a_store_sealed_with_the_chunks_of_before_is_not_sealed_again(store, mon
             _flush_events(g, 500 * f, 500)  # 2,500 rows in each of two tables
         with monkeypatch.context() as m:
             if before:
-                m.setattr(compact, "_chunk", lambda n, extra: min(n, compact._base_rows(extra)))
+                m.setattr(layout, "_chunk", lambda n, extra: min(n, layout._base_rows(extra)))
             finalize(where)
         table = os.path.join(where, *GROUP.split("/"), "transitions")
         tables[name] = zarr.open_array(os.path.join(table, "time"), mode="r").chunks
         root = zarrio.open_group(where, mode="a")
-        assert compact.compact(root, writer_mod.read_nodes(root)) == 0, name
+        assert compact.compact(root, seal_mod.read_nodes(root)) == 0, name
         assert validate_store(where) == []
     assert tables == {"before": (1000,), "today": (1250,)}
 
@@ -794,16 +795,14 @@ def test_the_seals_own_chunk_files_are_the_bytes_zarr_writes(store, tmp_path):
 
 
 def test_new_files_go_through_zarrs_store_where_it_is_not_a_directory():
-    """:func:`~metacollect.store.zarrio.put_new` writes a local directory itself and any
+    """:func:`~metacollect.store.documents.put_new` writes a local directory itself and any
     other store (fsspec, memory) through Zarr's own ``set``: the same keys and bytes."""
     from zarr.storage import MemoryStore, StorePath
 
-    from metacollect.store import zarrio
-
     memory = MemoryStore()
     files = {"c/0": b"chunk", "zarr.json": b"{}"}
-    asyncio.run(zarrio.put_new(StorePath(memory, "t/a"), files))
-    assert zarrio.local_path(StorePath(memory, "t/a")) is None
+    asyncio.run(documents.put_new(StorePath(memory, "t/a"), files))
+    assert documents.local_path(StorePath(memory, "t/a")) is None
     assert {k: bytes(v.to_bytes()) for k, v in memory._store_dict.items()} == {
         "t/a/c/0": b"chunk",
         "t/a/zarr.json": b"{}",
@@ -981,18 +980,16 @@ def test_a_merge_that_fails_is_recorded_and_loses_nothing_else(store, tmp_path):
     seal names the damaged one in what the store misses."""
     import dask.config
 
-    from metacollect.store import writer as writer_mod
-
     with dask.config.set({"metacollect.store.segment-merge": 2}):
         claimed = str(tmp_path / "claimed.zarr")
         _, g = _run(claimed)
         segdir = segments.directory(claimed, GROUP)
-        assert writer_mod._claim(segdir, 0.0) is None  # another process folds it
+        assert segments.claim(segdir, 0.0) is None  # another process folds it
         for f in range(3):
             _flush_events(g, 10 * f, 10)
         assert sorted(os.listdir(segdir)) == [
             *(segments.file_name(s) for s in range(3)),
-            writer_mod.CLAIM,
+            segments.CLAIM,
         ]
 
         _, g = _run(store)

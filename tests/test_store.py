@@ -12,11 +12,13 @@ import zarr
 from metacollect import open_run
 from metacollect.session import init_root
 from metacollect.steps.job import JobInfo, write_job
+from metacollect.store import documents
+from metacollect.store.buffers import StringTable
 from metacollect.store.lifecycle import finalize
-from metacollect.store.reader import walk
 from metacollect.store.schema import load_schema
 from metacollect.store.validate import validate_store
-from metacollect.store.writer import StoreWriter, StringTable
+from metacollect.store.writer import StoreWriter
+from metacollect.store.zarrio import walk
 
 
 def test_schema_groups_have_map_attrs():
@@ -513,29 +515,29 @@ def test_a_group_made_by_another_writer_meanwhile_is_never_written_over(store, m
 
     init_root(StoreWriter(store), "r1")
     root = zarrio.open_root(store)
-    theirs, made = zarrio.local_group(root, "clusters", {"by": "them"})
+    theirs, made = documents.local_group(root, "clusters", {"by": "them"})
     assert made and dict(theirs.attrs) == {"by": "them"}
-    read = zarrio._read_json
+    read = documents._read_json
     looked: list[str] = []
 
     def missed_once(path: str) -> object:  # the first look finds nothing, as in the race
         looked.append(path)
         return None if len(looked) == 1 else read(path)
 
-    monkeypatch.setattr(zarrio, "_read_json", missed_once)
-    mine, made = zarrio.local_group(root, "clusters", {"by": "me"})
+    monkeypatch.setattr(documents, "_read_json", missed_once)
+    mine, made = documents.local_group(root, "clusters", {"by": "me"})
     assert not made and dict(mine.attrs) == {"by": "them"} and len(looked) == 2
     assert dict(zarr.open_group(store, mode="r")["clusters"].attrs) == {"by": "them"}
     # a filesystem without hard links: made all the same, and still never written over
-    monkeypatch.setattr(zarrio, "_read_json", read)
+    monkeypatch.setattr(documents, "_read_json", read)
 
     def no_links(src: str, dst: str) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(zarrio.os, "link", no_links)
-    new, made = zarrio.local_group(root, "clusters/c1", {"by": "me"})
+    monkeypatch.setattr(documents.os, "link", no_links)
+    new, made = documents.local_group(root, "clusters/c1", {"by": "me"})
     assert made and dict(zarr.open_group(store, mode="r")["clusters/c1"].attrs) == {"by": "me"}
-    assert not zarrio._link_new(f"{store}/clusters/zarr.json", b"{}")
+    assert not documents._link_new(f"{store}/clusters/zarr.json", b"{}")
     assert dict(zarr.open_group(store, mode="r")["clusters"].attrs) == {"by": "them"}
 
 
@@ -804,7 +806,7 @@ def test_a_store_at_an_fsspec_url_is_sealed_through_the_store_api():
     filesystem: a run at an fsspec URL is cut to its rows and consolidated like a directory."""
     import warnings
 
-    from metacollect.store.writer import read_nodes
+    from metacollect.store.seal import read_nodes
 
     url = "memory://metacollect-test/sealed.zarr"
     w = StoreWriter(url)
@@ -907,11 +909,9 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(s
     of it out of the store: the errors table is written by itself."""
     from zarr.storage import LocalStore
 
-    from metacollect.store import zarrio
-
     w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
     g = w.group("scheduler", cluster="c1")
-    real_write = zarrio.write_doc
+    real_write = documents.write_doc
     outage = {"creates": 1}
 
     async def write_then_fail(where, doc):
@@ -920,7 +920,7 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(s
             outage["creates"] -= 1
             raise OSError("storage went away after writing the array's metadata")
 
-    monkeypatch.setattr(zarrio, "write_doc", write_then_fail)
+    monkeypatch.setattr(documents, "write_doc", write_then_fail)
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     assert g.flush() == 0
     assert g.flush() > 0
@@ -979,10 +979,9 @@ def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
     assert len(seen) > 3  # "a" and "b" have two codes each ...
     assert sorted(seen.drop_duplicates().topic, key=str) == [None, "a", "b"]  # one each
 
-    from metacollect.store import zarrio
     from metacollect.store.reader import _decode, _GroupStrings
 
-    few = _GroupStrings(zarrio.Nodes(w.root), path)
+    few = _GroupStrings(documents.Nodes(w.root), path)
     codes = np.array([0, 1, -1, few.n, 0])
     first_two = list(w.root[f"{path}/strings/value"][:2])
     assert _decode(few, codes).tolist() == [*first_two, None, None, first_two[0]]
@@ -1109,9 +1108,9 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
     strings and rows of counters, appended across chunk edges, by a writer that holds the
     tail and by a new one that must read it back, read the same as Zarr's own setitem."""
     from zarr.codecs import BloscCodec, ZstdCodec
-    from metacollect.store.zarrio import run as sync
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     rng = np.random.default_rng(0)
     kinds = {
@@ -1162,10 +1161,10 @@ def test_append_after_a_failed_chunk_reads_its_rows_back(tmp_path, monkeypatch):
     """An append whose second chunk failed to store (its first did) leaves the appender
     without a tail: the retry, from the committed row as a flush retries, reads the rows
     before it back from the store."""
-    from metacollect.store.zarrio import run as sync
     from zarr.storage import LocalStore
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     arr = zarr.open_group(tmp_path / "a.zarr", mode="w").create_array(
         "x", shape=(20,), chunks=(8,), dtype="f8", fill_value=np.nan
@@ -1464,10 +1463,10 @@ def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
 def test_appends_through_a_store_that_is_not_a_directory():
     """Chunks go through the array's store (``set``), not the filesystem: appends to an
     in-memory store read back as Zarr's own setitem writes them."""
-    from metacollect.store.zarrio import run as sync
     from zarr.storage import MemoryStore
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     root = zarr.open_group(MemoryStore(), mode="w")
     ours, theirs = (

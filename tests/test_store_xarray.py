@@ -18,8 +18,11 @@ from distributed import Client, LocalCluster
 from test_store import CLUSTER_ATTRS
 
 import metacollect.store.compact as compact
+import metacollect.store.layout as layout
+import metacollect.store.text as text
 from metacollect import collect, open_run
 from metacollect.session import init_root
+from metacollect.store import chunkio
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.validate import validate_store
@@ -196,8 +199,8 @@ def test_a_large_table_sealed_a_few_chunks_at_a_time_holds_what_was_appended(tmp
     whole, blocks = str(tmp_path / "whole.zarr"), str(tmp_path / "blocks.zarr")
     _many_flushes(whole, flushes, rows)
     finalize(whole)
-    monkeypatch.setattr(compact, "COMPACT_ROWS", 1000)  # 7 chunks of 1,058 rows ...
-    monkeypatch.setattr(compact, "BLOCK_CHUNKS", 3)  # ... written 3 at a time
+    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)  # 7 chunks of 1,058 rows ...
+    monkeypatch.setattr(layout, "BLOCK_CHUNKS", 3)  # ... written 3 at a time
     _many_flushes(blocks, flushes, rows)
     finalize(blocks)
     table = "clusters/c1/scheduler/transitions"
@@ -235,7 +238,6 @@ def test_strings_read_off_their_chunk_files_are_what_zarr_reads(tmp_path):
     from zarr.codecs import Crc32cCodec, GzipCodec, ZstdCodec
 
     from metacollect.errors import StoreError
-    from metacollect.store import zarrio
 
     values = np.array(
         [f"('x-\u00e9\u4e2d', {i})" if i % 5 else ("" if i % 2 else "\0") for i in range(2500)],
@@ -255,18 +257,18 @@ def test_strings_read_off_their_chunk_files_are_what_zarr_reads(tmp_path):
         "other", shape=(2500,), chunks=(1000,), dtype=str, compressors=[GzipCodec()]
     )
     other[:] = values
-    assert zarrio.chunk_decoder(ours) is not None and zarrio.chunk_decoder(other) is None
+    assert chunkio.chunk_decoder(ours) is not None and chunkio.chunk_decoder(other) is None
     for lo, hi in [(0, 2500), (0, 1), (999, 1001), (1500, 2500), (2400, 3000), (1000, 2000)]:
-        got = zarrio.read_slice(ours, lo, hi)
+        got = chunkio.read_slice(ours, lo, hi)
         assert got.dtype == object and got.tolist() == list(ours[lo:hi]), (lo, hi)
-        assert zarrio.read_slice(other, lo, min(hi, 2500)).tolist() == values[lo:hi].tolist()
+        assert chunkio.read_slice(other, lo, min(hi, 2500)).tolist() == values[lo:hi].tolist()
     chunk = tmp_path / "s.zarr" / "ours" / "c" / "1"
     data = bytearray(chunk.read_bytes())
     data[-1] ^= 0xFF  # the stored CRC32C: the chunk itself still decodes
     chunk.write_bytes(bytes(data))
-    assert zarrio.read_slice(ours, 0, 1000).tolist() == values[:1000].tolist()
+    assert chunkio.read_slice(ours, 0, 1000).tolist() == values[:1000].tolist()
     with pytest.raises(StoreError, match=r"array ours is damaged: rows 500..1499 do not decode"):
-        zarrio.read_slice(ours, 500, 1500)
+        chunkio.read_slice(ours, 500, 1500)
 
 
 @pytest.mark.parametrize(
@@ -302,23 +304,23 @@ def test_numbers_read_off_their_chunk_files_are_what_zarr_reads(tmp_path, dtype)
     other[:] = values
     assert isinstance(ours.metadata.codecs[1], BloscCodec)
     assert isinstance(ours.metadata.codecs[2], Crc32cCodec)
-    assert zarrio.chunk_decoder(ours) is not None and zarrio.chunk_decoder(other) is None
+    assert chunkio.chunk_decoder(ours) is not None and chunkio.chunk_decoder(other) is None
     for lo, hi in [(0, 2500), (0, 1), (999, 1001), (1500, 2500), (2400, 3000), (1000, 2000)]:
-        got = zarrio.read_slice(ours, lo, hi)
+        got = chunkio.read_slice(ours, lo, hi)
         assert got.dtype == np.dtype(dtype).newbyteorder("=") and got.dtype.isnative
         assert np.array_equal(got, ours[lo:hi]), (lo, hi)
-        assert np.array_equal(zarrio.read_slice(other, lo, min(hi, 2500)), values[lo:hi])
+        assert np.array_equal(chunkio.read_slice(other, lo, min(hi, 2500)), values[lo:hi])
     got[:1] = got[1:2]  # the caller's to change, as Zarr's arrays are
     chunk = tmp_path / "s.zarr" / "ours" / "c" / "1"
     data = bytearray(chunk.read_bytes())
     data[-1] ^= 0xFF  # the stored CRC32C: the chunk itself still decodes
     chunk.write_bytes(bytes(data))
-    assert np.array_equal(zarrio.read_slice(ours, 0, 1000), values[:1000])
+    assert np.array_equal(chunkio.read_slice(ours, 0, 1000), values[:1000])
     with pytest.raises(StoreError, match=r"array ours is damaged: rows 500..1499 do not decode"):
-        zarrio.read_slice(ours, 500, 1500)
+        chunkio.read_slice(ours, 500, 1500)
     chunk.unlink()
     with pytest.raises(StoreError, match=r"array ours is damaged: its chunk c/1 is missing"):
-        zarrio.read_slice(ours, 500, 2500)
+        chunkio.read_slice(ours, 500, 2500)
 
 
 def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
@@ -332,15 +334,15 @@ def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
     codes = np.array([0, -1, 1, 2, -1, 0])
     expected = ["", None, "\0", "a", None, ""]
     for data in (codes, np.array(expected, dtype=object)):
-        column = compact.SealedColumn.of("t/worker", var, data, {}, strings)
+        column = layout.SealedColumn.of("t/worker", var, data, {}, strings)
         attrs = column.attrs
-        assert attrs[compact.NONE_ATTR] == "\0\0" and "missing_value" not in attrs
+        assert attrs[text.NONE_ATTR] == "\0\0" and "missing_value" not in attrs
         sealed = column.rows(data)
-        assert compact.text_values(sealed, attrs[compact.NONE_ATTR]).tolist() == expected
+        assert text.text_values(sealed, attrs[text.NONE_ATTR]).tolist() == expected
     # without "" in the column, no value is "" itself, marked as CF's missing value
-    column = compact.SealedColumn.of("t/worker", var, codes[codes != 0], {}, strings)
-    assert column.attrs[compact.NONE_ATTR] == "" and column.attrs["missing_value"] == ""
-    assert compact.text_values(column.rows(codes[codes != 0]), "").tolist() == [
+    column = layout.SealedColumn.of("t/worker", var, codes[codes != 0], {}, strings)
+    assert column.attrs[text.NONE_ATTR] == "" and column.attrs["missing_value"] == ""
+    assert text.text_values(column.rows(codes[codes != 0]), "").tolist() == [
         None,
         "\0",
         "a",
@@ -354,8 +356,8 @@ def test_no_value_says_what_pandas_isna_says_of_strings():
     strings; any shape."""
     values = np.array(["", "\0", "nan", "None", None, float("nan"), "a", None], dtype=object)
     for data in (values, values.reshape(4, 2), values[:0]):
-        assert compact.no_value(data).tolist() == pd.isna(data).tolist()
-        assert compact.no_value(data).dtype == bool
+        assert text.no_value(data).tolist() == pd.isna(data).tolist()
+        assert text.no_value(data).dtype == bool
 
 
 def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_doctor(

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from metacollect.analysis.run import open_run
 from metacollect.analysis.tasks import (
     prefix_summary,
     wall_time,
 )
+from metacollect.errors import UsageError
 
 if TYPE_CHECKING:
     from metacollect.analysis.run import Run
@@ -55,8 +57,6 @@ def summary(run: Run) -> dict[str, Any]:
 def _labels(runs: Sequence[Run], labels: Sequence[str] | None) -> list[str]:
     if labels is not None:
         if len(labels) != len(runs):
-            from metacollect.errors import UsageError
-
             raise UsageError(
                 f"got {len(labels)} labels for {len(runs)} runs; give one label per run"
             )
@@ -147,8 +147,6 @@ def catalog(directory: str | os.PathLike[str], pattern: str = "**/*.zarr") -> pd
     >>> import metacollect
     >>> metacollect.catalog("runs/").sort_values("wall_time")   # doctest: +SKIP
     """
-    from metacollect.analysis.run import open_run
-
     rows = []
     for path in sorted(glob.glob(os.path.join(os.fspath(directory), pattern), recursive=True)):
         if not os.path.isdir(path):

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from metacollect.errors import StoreError
+
 if TYPE_CHECKING:
     from metacollect.analysis.run import Run
 
@@ -14,8 +16,6 @@ if TYPE_CHECKING:
 def pick_graph(run: Run, graph: int | None, cluster: str | None = None) -> tuple[str, int]:
     graphs = run.graphs()
     if not len(graphs):
-        from metacollect.errors import StoreError
-
         raise StoreError(f"{run.path} holds no submitted graph (step 2 was not collected)")
     if cluster is not None:
         graphs = graphs[graphs["cluster"] == cluster]
@@ -24,8 +24,6 @@ def pick_graph(run: Run, graph: int | None, cluster: str | None = None) -> tuple
         return str(row["cluster"]), int(row["graph"])
     sel = graphs[graphs["graph"] == graph]
     if not len(sel):
-        from metacollect.errors import StoreError
-
         raise StoreError(
             f"no graph {graph} in {run.path}; "
             f"graphs are {sorted(graphs['graph'].unique().tolist())}"

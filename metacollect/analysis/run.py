@@ -1,8 +1,10 @@
 """A collected run as users read it: :func:`open_run` and :class:`Run`.
 
 :class:`Run` is the store's generic reader (:class:`~metacollect.store.reader.StoreReader`:
-tables, groups, levels, tasks, workers) plus the readers of step-5 data, which live in the
-analysis layer because they interpret what the steps wrote (Yappi profiles, Darshan I/O).
+tables, groups, levels, which knows no step) plus the readers that interpret what the steps
+wrote: the run's records (tasks, workers, losses, jobs: :mod:`metacollect.analysis.records`),
+what collecting cost (:mod:`metacollect.analysis.collector`), spans, Dask's and Yappi's
+profiles and Darshan's I/O.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from typing import Any
 
 import pandas as pd
 
+from metacollect.analysis import collector, records
+from metacollect.analysis.dask_profile import compare_profiles, dask_profile, profile_nodes
+from metacollect.analysis.pstats import write as write_pstats
+from metacollect.analysis.spans import fine_metrics, span_summary, spans
 from metacollect.errors import StoreError
 from metacollect.store.reader import StoreReader
 
@@ -41,6 +47,83 @@ def open_run(path: str | os.PathLike[str]) -> Run:
 class Run(StoreReader):
     """One collected run. Every table method returns a pandas DataFrame."""
 
+    def tasks(self) -> pd.DataFrame:
+        """One row per execution of a task, as the scheduler learnt it (a task recomputed after
+        a worker loss appears once per execution, numbered by ``execution``).
+
+        Columns: cluster, key, execution, prefix, group, graph, span (the id of the Dask span
+        the task belongs to, ``""`` for tasks submitted before the collection), state, worker,
+        thread, start, stop, duration, nbytes, typename, retries, exception, time.
+
+        ``retries`` counts the retries Dask made before the outcome: 0 when the first attempt
+        succeeded (or failed for good), 2 for a task under ``retries=2`` that failed twice and
+        then succeeded. A failed attempt that Dask retried has no row of its own.
+        """
+        return records.tasks(self)
+
+    def workers(self) -> pd.DataFrame:
+        """One row per worker ever seen: address, name, host, pid, nthreads, memory_limit,
+        added/removed times, its store group, when its collector took its final flush
+        (``ended``: NaN if it never did, and what it did after its last flush is not in its
+        group), the signal that ended its process after that flush (``terminated``, e.g.
+        ``SIGTERM`` at a batch job's walltime; ``""`` when it closed) and the batch job it
+        ran in (``batch_job``, the ``job_id`` of ``job/batch``'s jobs; ``""`` outside one)."""
+        return records.workers(self)
+
+    def losses(self) -> pd.DataFrame:
+        """Tasks lost with a worker: one row per task the scheduler took back from a removed
+        worker (its result in memory there, or it was processing there).
+
+        Columns: cluster, worker, removed (time), removal_stimulus, key, lost (``memory`` or
+        ``processing``), recomputed (the task ran again afterwards, see ``tasks().execution``).
+        """
+        return records.losses(self)
+
+    def jobs(self) -> pd.DataFrame:
+        """One row per batch job (``job/batch``'s ``jobs``; empty outside a batch system),
+        with how it ended when it ended while collected: ``end_state`` (``TIMEOUT``,
+        ``CANCELLED``, ``FAILED``, ``COMPLETED``, ...; ``""`` for a job still running when
+        the collection ended), ``end_reason``, ``exit_code`` and ``end_time``, and
+        ``elapsed`` (seconds from its start to its end). ``state`` stays what the batch
+        system said when the row was captured, while the job ran."""
+        return records.jobs(self)
+
+    def worker_metrics(self) -> pd.DataFrame:
+        """Each worker's resource timeline (CPU, memory, spilled, network and disk rates) with
+        ``time`` on Dask's clock - the scheduler's, on which task and transition times are -
+        and ``worker_time`` the worker's own: they differ by the worker's ``clock_delay``
+        (distributed's ``scheduler_delay``, re-estimated at every heartbeat)."""
+        return records.worker_metrics(self)
+
+    def collector_cost(self, per: str = "group") -> pd.DataFrame:
+        """What collecting cost each process it ran in: one row per scheduler and worker
+        group, from the ``collector_cost`` its collector set with its end: ``flushes``,
+        ``flush_wall_s``, ``flush_cpu_s`` (the flushing thread's CPU: converting, encoding
+        and compressing rows; Zarr's I/O thread not in it), ``longest_gap_s``, and
+        ``process_cpu_s`` (every thread of the process while collected, the workload's
+        too); ``flush_cpu_share`` is the one over the other. ``ended``: when the process
+        ended its collection (a worker's group's ``ended``, the cluster's for the
+        scheduler), NaN if it never did (killed). The cost is NaN for a process killed, or
+        one in a store written before it was recorded (``ended`` set). The hooks, ~1 us
+        each inside Dask's own steps, are not timed.
+
+        ``per="process"``: one row per process of each cluster (``host``, ``pid``), for an
+        in-process cluster whose scheduler and workers share one process and so its CPU:
+        their flushes summed, ``process_cpu_s`` counted once (the longest window), and
+        ``groups`` naming how many groups it held."""
+        return collector.collector_cost(self, per=per)
+
+    def flushes(self) -> pd.DataFrame:
+        """Each flush of every scheduler's and worker's collector, in time order: cluster,
+        kind, group, ``address`` (the process's: the worker's, or the scheduler's), then its
+        ``flushes`` row - when it began (``time``), ``wall_s``, ``cpu_s`` (its thread's),
+        ``rows`` written - and ``gap_s``, the seconds since the one before began (since its
+        collection began, for the first): what a process killed just before that flush
+        lost. What :func:`collector_cost` totals, over the run: a flush whose cost grows
+        with the hours shows here. Empty for a store written before flushes were
+        recorded."""
+        return collector.flushes(self)
+
     def io(self, by: str = "file", scope: str = "user") -> pd.DataFrame:
         """Darshan I/O (step 5): bytes, ops and time, POSIX and STDIO together.
 
@@ -59,6 +142,8 @@ class Run(StoreReader):
         --------
         >>> run.io(by="worker")[["worker", "bytes_read", "bytes_written"]]   # doctest: +SKIP
         """
+        # imported here: metacollect.steps.darshan loads distributed (~240 modules),
+        # which reading a store does not need
         from metacollect.steps.darshan import read_io
 
         return read_io(self, by=by, scope=scope)
@@ -72,8 +157,6 @@ class Run(StoreReader):
         --------
         >>> run.spans()[["name", "start", "duration", "n_tasks"]]   # doctest: +SKIP
         """
-        from metacollect.analysis.spans import spans
-
         return spans(self)
 
     def fine_metrics(self, by: str | list[str] | None = None, time: bool = False) -> pd.DataFrame:
@@ -86,16 +169,12 @@ class Run(StoreReader):
         >>> fm = run.fine_metrics(by=["prefix", "activity", "unit"])   # doctest: +SKIP
         >>> fm[fm.unit == "seconds"].pivot(index="prefix", columns="activity")   # doctest: +SKIP
         """
-        from metacollect.analysis.spans import fine_metrics
-
         return fine_metrics(self, by=by, time=time)
 
     def span_summary(self, top: int = 5) -> pd.DataFrame:
         """Per span: its tasks' thread time by activity (Dask), the bytes they read and
         wrote (Darshan) and their heaviest functions (Yappi); see
         :func:`metacollect.analysis.spans.span_summary`."""
-        from metacollect.analysis.spans import span_summary
-
         return span_summary(self, top=top)
 
     def dask_profile(
@@ -120,8 +199,6 @@ class Run(StoreReader):
         nodes
             The stored call-tree nodes instead (one tree per worker, prefix and cycle).
         """
-        from metacollect.analysis.dask_profile import dask_profile, profile_nodes
-
         if nodes:
             return profile_nodes(self, worker=worker, prefix=prefix, kind=kind)
         return dask_profile(self, worker=worker, prefix=prefix, kind=kind)
@@ -130,8 +207,6 @@ class Run(StoreReader):
         self, prefix: str | None = None, worker: str | None = None
     ) -> pd.DataFrame:
         """Dask's sampled profile beside Yappi's exact one, per function (seconds)."""
-        from metacollect.analysis.dask_profile import compare_profiles
-
         return compare_profiles(self, prefix=prefix, worker=worker)
 
     def profile(
@@ -174,6 +249,8 @@ class Run(StoreReader):
         >>> run.profile(task="sum").groupby("name").tsub.sum()   # doctest: +SKIP
         >>> run.profile(task="('sum-*', 1*)")                    # doctest: +SKIP
         """
+        # imported here: metacollect.steps.yappi loads distributed and yappi, which
+        # reading a store does not need
         from metacollect.steps.yappi import read_profile
 
         return read_profile(self, worker=worker, task=task, thread=thread)
@@ -184,7 +261,7 @@ class Run(StoreReader):
         """Yappi call edges caller -> callee (counts, ttot, tsub of the callee under the caller),
         filtered like :meth:`profile` (``task`` selects the caller's task); enough to rebuild a
         call graph or flame view."""
-        from metacollect.steps.yappi import read_profile
+        from metacollect.steps.yappi import read_profile  # see profile()
 
         return read_profile(self, worker=worker, task=task, thread=thread, edges=True)
 
@@ -197,12 +274,10 @@ class Run(StoreReader):
         StoreError
             The run has no Yappi profile (it was not collected with ``yappi=True``).
         """
-        from metacollect.analysis.pstats import write
-
         stats = self.profile()
         if not len(stats):
             raise StoreError(
                 f"{self.path} has no Yappi profile; collect with "
                 "collect(client, store, yappi=True) or metacollect run --yappi"
             )
-        return write(stats, self.profile_edges(), directory)
+        return write_pstats(stats, self.profile_edges(), directory)

@@ -23,7 +23,8 @@ from tornado.ioloop import PeriodicCallback
 
 import metacollect.config as config
 from metacollect.store.flush import PeriodicFlusher
-from metacollect.store.writer import GroupWriter, StoreWriter, seal_own
+from metacollect.store.seal import seal_own
+from metacollect.store.writer import GroupWriter, StoreWriter
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class Recording:
     sink (``profile``) written with the flushes. :meth:`finish` is the one way they end:
     a last sample, the final flush (the profile's full snapshot with it), the sink detached,
     then the groups of ``writer`` (the collector's) sealed by this process
-    (:func:`~metacollect.store.writer.seal_own`), at the same time as the other processes'.
+    (:func:`~metacollect.store.seal.seal_own`), at the same time as the other processes'.
     """
 
     def __init__(

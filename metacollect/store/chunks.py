@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
+from metacollect.store import chunkio, documents
 
 
 class ChunkAppender:
@@ -37,7 +37,7 @@ class ChunkAppender:
                 "appends only to arrays with whole rows in a chunk"
             )
         self.chunk = int(chunks[0])
-        self.codec = zarrio.codec_of(arr)
+        self.codec = chunkio.codec_of(arr)
         #: (first row of the chunk, its rows written so far)
         self._tail: tuple[int, np.ndarray] | None = None
 
@@ -48,7 +48,7 @@ class ChunkAppender:
         first = start - start % self.chunk
         rows = np.concatenate([await self._rows(first, start), self._cast(data)])
         for key, body in chunk_files(rows, self.chunk, self.codec, first // self.chunk).items():
-            await (self.arr.store_path / key).set(zarrio.buffer(body))
+            await (self.arr.store_path / key).set(documents.buffer(body))
         last = first + (len(rows) - 1) // self.chunk * self.chunk
         self._tail = (last, rows[last - first :].copy())  # not a view of all the rows
 
@@ -66,7 +66,7 @@ class ChunkAppender:
 
 
 def chunk_files(
-    rows: np.ndarray, chunk: int, codec: zarrio.ArrayCodec, first: int = 0
+    rows: np.ndarray, chunk: int, codec: chunkio.ArrayCodec, first: int = 0
 ) -> dict[str, bytes]:
     """The encoded chunks of ``rows`` (whole rows, of ``codec``'s dtype) by store key, the
     first being chunk ``first``; the last chunk padded with the fill value, as Zarr does."""

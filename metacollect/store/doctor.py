@@ -19,11 +19,12 @@ import numpy as np
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import segments
-from metacollect.store.compact import NEW, NONE_ATTR, OLD, local_dir, text_values
+from metacollect.store import chunkio, documents, segments
+from metacollect.store.compact import NEW, OLD, local_dir
 from metacollect.store.integrity import rows_problem, seal_problems
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.schema import GroupSpec, TableSpec, load_schema
+from metacollect.store.text import NONE_ATTR, text_values
 from metacollect.store.writer import GroupWriter, StoreWriter
 
 #: attributes of a source root that the salvage writes anew
@@ -71,7 +72,7 @@ def salvage(source: str, target: str, overwrite: bool = False) -> Salvage:
     """Copy what decodes of store ``source`` into a new store at ``target``."""
     src = zarrio.open_group(source, "r")
     report = Salvage(source, target)
-    report.sealed = dict(zarrio.sealed_docs(src) or {})
+    report.sealed = dict(documents.sealed_docs(src) or {})
     schema = load_schema()
     target = prepare_store(target, overwrite)
     try:
@@ -271,7 +272,7 @@ def _arrays(
         at = f"{where}/{v}"
         try:
             arr = zarrio.array_at(tg, v)
-            doc = zarrio.run(zarrio.read_doc(arr.store_path))
+            doc = zarrio.run(documents.read_doc(arr.store_path))
         except KeyError:
             if at in report.sealed:
                 gone.append(v)
@@ -311,7 +312,7 @@ def _read_columns(
     step = max(int(a.chunks[0]) for a in arrays.values()) if arrays else 1
     for lo in range(0, n, step):
         hi = min(lo + step, n)
-        found = zarrio.read_slices(list(arrays.values()), lo, hi)
+        found = chunkio.read_slices(list(arrays.values()), lo, hi)
         for v, data in zip(arrays, found, strict=True):
             if isinstance(data, StoreError):
                 fill = np.empty((hi - lo, *arrays[v].shape[1:]), dtype=arrays[v].dtype)
@@ -343,7 +344,7 @@ def _strings(group: zarrio.Group, path: str) -> np.ndarray:
     out = np.empty(n, dtype=object)
     step = int(value.chunks[0])
     for lo in range(0, n, step):
-        (found,) = zarrio.read_slices([value], lo, min(lo + step, n))
+        (found,) = chunkio.read_slices([value], lo, min(lo + step, n))
         if not isinstance(found, StoreError):
             out[lo : lo + len(found)] = found
     return out

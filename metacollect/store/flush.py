@@ -31,8 +31,8 @@ T = TypeVar("T")
 
 
 #: the budget stretches the interval at most this many times: rows wait in memory until the
-#: next flush, so an unbounded stretch after one slow flush (a million-task burst) let the
-#: scheduler's buffer grow for minutes (306 MB extra peak at 1M tasks, vs 91 MB fixed)
+#: next flush, so an unbounded stretch after one slow flush (a million-task burst) would let
+#: the scheduler's buffer grow for minutes
 MAX_STRETCH = 6
 
 
@@ -84,9 +84,9 @@ def release_freed_memory() -> bool:
     """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``); whether it could.
 
     A flush's temporaries (columns, encoded strings, compressed chunks) are freed in its
-    thread's own malloc arena, and glibc keeps freed pages there: at 100k tasks the
-    scheduler's extra peak RSS was 106-114 MB without this after each flush, 59-63 MB with
-    it (Python's traced allocations: ~50 MB), for ~1.4 ms a flush. Dask reads a worker's
+    thread's own malloc arena, and glibc keeps freed pages there: without this the
+    scheduler's RSS stays well above what Python holds, for a trim that costs about a
+    millisecond a flush. Dask reads a worker's
     RSS as its memory (unmanaged memory: spilling, pausing), so the collector must not keep
     pages it no longer uses."""
     trim = _malloc_trim()

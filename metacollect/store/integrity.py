@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from metacollect.errors import StoreError
+
+if TYPE_CHECKING:
+    from metacollect.store.zarrio import Group
 
 RESTORE = "the store is damaged; restore it from a copy"
 
@@ -105,3 +108,12 @@ def _grown(was: dict[str, Any], now: dict[str, Any]) -> bool:
         return False
     same_rest = {**now, "shape": None} == {**was, "shape": None}
     return same_rest and shape[1:] == sealed_shape[1:] and shape[0] > sealed_shape[0]
+
+
+def committed_rows(tgroup: Group, shapes: Iterable[int] | None = None) -> int:
+    """Rows of a table that readers may use: its ``rows`` attribute (written once all of an
+    append's data had landed; arrays keep room past it), and no more than the shortest of
+    its variables. Without the attribute (a store from before it), the shortest variable."""
+    if shapes is None:
+        shapes = (a.shape[0] for _, a in tgroup.arrays())
+    return rows_within(tgroup.attrs.get("rows"), shapes)

@@ -24,10 +24,11 @@ import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
-from metacollect.store import segments
-from metacollect.store.compact import column_values, compact, group_strings, local_dir
+from metacollect.store import chunkio, documents, segments
+from metacollect.store.compact import compact, group_strings, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.writer import Folded, fold_segments, read_nodes, seal, trim
+from metacollect.store.seal import Folded, fold_segments, read_nodes, seal, trim
+from metacollect.store.text import column_values
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ def levels_index(
     root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, list[str]]:
     """``{level: [group paths]}`` of every (non-table) group in the store (``nodes``: its
-    :func:`~metacollect.store.writer.read_nodes` when already read)."""
+    :func:`~metacollect.store.seal.read_nodes` when already read)."""
     index: dict[str, list[str]] = {}
     for path, doc in (read_nodes(root) if nodes is None else nodes).items():
         if doc.get("node_type") == "group":
@@ -199,7 +200,7 @@ def consolidate(
     once - ``attrs`` added to its attributes, and the consolidated metadata of every node
     (after any write that adds groups), so plain Zarr and xarray readers see exactly the
     rows written. ``store``: its path or root group; ``nodes``: its
-    :func:`~metacollect.store.writer.read_nodes` when already read (one read of the store
+    :func:`~metacollect.store.seal.read_nodes` when already read (one read of the store
     serves the caller and the seal)."""
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
     with zarrio.compact_json():
@@ -237,7 +238,7 @@ def finalize(
                 with_segments.append(path)
         root = _run_root(store)
         # the flushes written as segments, folded into the tables (before anything reads
-        # them): what the processes that wrote them did not seal themselves (writer.seal_own;
+        # them): what the processes that wrote them did not seal themselves (seal.seal_own;
         # one still sealing has end-timeout to finish)
         fold = fold_segments(store, groups=with_segments, wait=config.interval("end-timeout"))
         # the temp files once those folds are over: a process folding its own groups (a
@@ -322,7 +323,7 @@ def _without_late_ends(
     during the seal, which its late-flush line says, not never (as the line said)."""
     since = {}
     for group in (g for g in late if g in nodes):
-        doc = zarrio.run(zarrio.read_doc(root.store_path / group)) or {}
+        doc = zarrio.run(documents.read_doc(root.store_path / group)) or {}
         if (doc.get("attributes") or {}).get("ended") is not None:
             since[group] = nodes[group]
     stale = set(unended_workers(since, ends))
@@ -438,7 +439,7 @@ def batch_job_ends(root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]]) -
     rows = int((doc.get("attributes") or {}).get("rows", 0))
     try:
         arrays = [zarrio.array_at(root, f"{ENDS_TABLE}/{v}") for v in names]
-        found = dict(zip(names, zarrio.run(zarrio.read_rows(arrays, rows)), strict=True))
+        found = dict(zip(names, zarrio.run(chunkio.read_rows(arrays, rows)), strict=True))
         strings = group_strings(root, nodes, ENDS_TABLE.rpartition("/")[0])
         text = {
             v: column_values(

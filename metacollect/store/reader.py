@@ -8,9 +8,10 @@ Opening a store never executes code from it: it holds no pickles, only arrays an
 from __future__ import annotations
 
 import functools
+import json
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -19,17 +20,18 @@ import xarray as xr
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
-from metacollect.store import segments
-from metacollect.store.compact import NONE_ATTR, codes_to_text, text_values
+from metacollect.store import chunkio, documents, segments
 from metacollect.store.integrity import check_codes, rows_within, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
+from metacollect.store.text import NONE_ATTR, codes_to_text, text_values
 
 
 class StoreReader:
     """The tables of a metacollect store, decoded by its schema, that know no step of the map.
 
-    Users open a run with :func:`metacollect.open_run`, whose :class:`~metacollect.analysis.run.Run`
-    adds the readers of step data (Yappi profiles, Darshan I/O) on top of this one.
+    Users open a run with :func:`metacollect.open_run`, whose
+    :class:`~metacollect.analysis.run.Run` adds the readers that interpret what the steps
+    wrote (tasks, workers, losses, jobs, collector cost, profiles, I/O) on top of this one.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -49,8 +51,8 @@ class StoreReader:
                 "give the path of a metacollect store"
             ) from e
         #: opens groups and arrays: from the store, or once :attr:`groups` found a sealed
-        #: store's nodes to be as its seal lists them, from their documents (see zarrio.Nodes)
-        self._open = zarrio.Nodes(self.root)
+        #: store's nodes to be as its seal lists them, from their documents (see documents.Nodes)
+        self._open = documents.Nodes(self.root)
         attrs = dict(self.root.attrs)
         if "run_id" not in attrs or "schema_version" not in attrs:
             raise NotAStoreError(
@@ -107,7 +109,7 @@ class StoreReader:
             is_table = doc.get("node_type") != "group" or "table" in attrs
             if not is_table and self.schema.table_owner(path) is None:
                 out[path] = dict(attrs)
-        sealed = zarrio.sealed_docs(self.root)
+        sealed = documents.sealed_docs(self.root)
         problems = seal_problems(sealed, docs) if sealed is not None else []
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -116,7 +118,7 @@ class StoreReader:
                 "`metacollect validate` lists what, restore it from a copy"
             )
         if sealed is not None:
-            self._open = zarrio.Nodes(self.root, docs, self._below)
+            self._open = documents.Nodes(self.root, docs, self._below)
         return out
 
     @functools.cached_property
@@ -126,7 +128,7 @@ class StoreReader:
 
     @functools.cached_property
     def _below(self) -> dict[str, list[str]]:
-        return zarrio.members_below(self.nodes)
+        return documents.members_below(self.nodes)
 
     def committed(self, group: str, table: str) -> int | None:
         """Rows of a table in Zarr that readers may use (``None``: no such table), from the
@@ -142,11 +144,11 @@ class StoreReader:
 
     def _docs(self) -> dict[str, dict[str, Any]]:
         """Every node's ``zarr.json`` below the root, as the seal lists them: read as files
-        on a local store (one listing a group, one read a node), where a walk through Zarr's
-        groups took ~2 ms a node (2.1 s for a run of 32 workers); a document that does not
+        on a local store (one listing a group, one read a node), not a walk through Zarr's
+        groups, which costs a round of its machinery a node; a document that does not
         decode is a :class:`StoreError` naming its node."""
         bad: dict[str, str] = {}
-        docs = zarrio.run(zarrio.list_docs(self.root, bad))
+        docs = zarrio.run(documents.list_docs(self.root, bad))
         if bad:
             raise zarrio.damaged_doc(*min(bad.items()))
         return docs
@@ -190,7 +192,7 @@ class StoreReader:
             return []
         items = [
             (dict(m.attrs).get("started", 0.0), name)
-            for name, m in walk(g, "clusters", depth=1)
+            for name, m in zarrio.walk(g, "clusters", depth=1)
             if zarrio.is_group(m)
         ]
         return [name for _, name in sorted(items)]
@@ -299,7 +301,7 @@ class StoreReader:
 
     @staticmethod
     def _read_columns(
-        tg: zarrio.Group, nodes: zarrio.Nodes, tspec: Any, wanted: list[str], distinct: bool
+        tg: zarrio.Group, nodes: documents.Nodes, tspec: Any, wanted: list[str], distinct: bool
     ) -> tuple[dict[str, np.ndarray], int, dict[str, Any]]:
         """The committed rows of the wanted variables the table holds, all in one batch of
         Zarr reads (they decode side by side); with ``distinct``, repeated rows dropped; and
@@ -308,7 +310,7 @@ class StoreReader:
         n = table_rows(tg.path, tg.attrs.get("rows"), {v: a.shape[0] for v, a in present.items()})
         names = [v for v in wanted if v in present]
         data_of = dict(
-            zip(names, zarrio.run(zarrio.read_rows([present[v] for v in names], n)), strict=True)
+            zip(names, zarrio.run(chunkio.read_rows([present[v] for v in names], n)), strict=True)
         )
         if distinct and data_of:
             frame = pd.DataFrame({v: _as_column(d) for v, d in data_of.items()})
@@ -326,7 +328,7 @@ class StoreReader:
         seal folded the others (a flush that outran the run's end; ``metacollect validate``
         names it) and is not read."""
         seqs = tuple(segments.seqs(segments.directory(self.path, group)))
-        if not seqs or zarrio.sealed_docs(self.root) is not None:
+        if not seqs or documents.sealed_docs(self.root) is not None:
             return None
         held = self._segment_cache.get(group)
         if held is None or held[0] != seqs:
@@ -359,7 +361,7 @@ class StoreReader:
             return pd.Series(data, dtype=object, copy=False)
         return data if data.ndim == 1 else list(data)
 
-    def _concat(
+    def concat(
         self,
         kind: str,
         table: str,
@@ -367,6 +369,10 @@ class StoreReader:
         columns: Iterable[str] | None = None,
         distinct: bool = False,
     ) -> pd.DataFrame:
+        """Table ``table`` of every group of ``kind`` (``paths``: of those only) as one frame,
+        a ``cluster`` column first (and ``worker_group`` for workers' groups); ``columns``
+        and ``distinct`` as in :meth:`table`. Empty, with the schema's columns, when no group
+        has it."""
         frames = []
         for path, attrs in self.groups.items():
             if attrs.get("kind") != kind or (paths is not None and path not in paths):
@@ -398,48 +404,36 @@ class StoreReader:
 
     def transitions(self) -> pd.DataFrame:
         """One row per scheduler transition: key, start, finish, time, stimulus_id, worker."""
-        return self._concat("scheduler", "transitions")
+        return self.concat("scheduler", "transitions")
 
     def graphs(self) -> pd.DataFrame:
         """One row per submitted graph: client, time, n_tasks, n_keys, n_dependencies, ..."""
-        return self._concat("client", "graphs")
+        return self.concat("client", "graphs")
 
     def graph_tasks(self) -> pd.DataFrame:
         """One row per task of each submitted graph: key, prefix, group, priority, ..."""
-        return self._concat("client", "tasks")
+        return self.concat("client", "tasks")
 
     def dependencies(self) -> pd.DataFrame:
         """Dependency edges of the submitted graphs (key depends on dependency)."""
-        return self._concat("client", "dependencies")
+        return self.concat("client", "dependencies")
 
     def events(self) -> pd.DataFrame:
         """Structured scheduler events of every topic (msg as JSON text)."""
-        return self._concat("scheduler", "events")
+        return self.concat("scheduler", "events")
 
     def worker_states(self) -> pd.DataFrame:
         """WorkerState samples over time (processing, occupancy, memory, ...)."""
-        return self._concat("scheduler", "worker_states")
+        return self.concat("scheduler", "worker_states")
 
     def scheduler_table(self, table: str) -> pd.DataFrame:
         """A step-3 table (transitions, tasks, workers, spans, span_ends, ...) of every
         cluster's scheduler."""
-        return self._concat("scheduler", table)
+        return self.concat("scheduler", table)
 
     def worker_table(self, table: str) -> pd.DataFrame:
         """A step-4 table (tasks, startstops, transitions, transfers, metrics) of every worker."""
-        return self._concat("worker", table)
-
-    def worker_metrics(self) -> pd.DataFrame:
-        """Each worker's resource timeline (CPU, memory, spilled, network and disk rates) with
-        ``time`` on Dask's clock - the scheduler's, on which task and transition times are -
-        and ``worker_time`` the worker's own: they differ by the worker's ``clock_delay``
-        (distributed's ``scheduler_delay``, re-estimated at every heartbeat)."""
-        df = self.worker_table("metrics")
-        if "clock_delay" not in df:  # stores written before the offset was recorded
-            df["clock_delay"] = 0.0
-        df.insert(df.columns.get_loc("time") + 1, "worker_time", df["time"])
-        df["time"] = df["worker_time"] + df["clock_delay"].fillna(0.0)
-        return df
+        return self.concat("worker", table)
 
     def errors(self) -> pd.DataFrame:
         """Every collector failure recorded in the store, with the group it belongs to."""
@@ -455,267 +449,8 @@ class StoreReader:
             return pd.DataFrame({"group": [], "time": [], "where": [], "what": [], "why": []})
         return pd.concat(frames, ignore_index=True).sort_values("time", ignore_index=True)
 
-    def losses(self) -> pd.DataFrame:
-        """Tasks lost with a worker: one row per task the scheduler took back from a removed
-        worker (its result in memory there, or it was processing there).
-
-        Columns: cluster, worker, removed (time), removal_stimulus, key, lost (``memory`` or
-        ``processing``), recomputed (the task ran again afterwards, see ``tasks().execution``).
-        """
-        cols = [
-            "cluster",
-            "worker",
-            "removed",
-            "removal_stimulus",
-            "key",
-            "lost",
-            "recomputed",
-        ]
-        w = self.workers()
-        w = w[w["removed"].notna()] if "removed" in w else w.iloc[:0]
-        if not len(w):
-            return pd.DataFrame({c: [] for c in cols})
-        tr = self.transitions()
-        tr = tr[tr["start"].isin(["memory", "processing"])].drop(columns=["worker"])
-        m = tr.merge(
-            w[["cluster", "address", "removed", "removal_stimulus"]],
-            left_on=["cluster", "stimulus_id"],
-            right_on=["cluster", "removal_stimulus"],
-        )
-        m = m.rename(columns={"address": "worker", "start": "lost"})
-        tasks = self.tasks()
-        last = tasks.groupby(["cluster", "key"])["time"].max().rename("last_done").reset_index()
-        m = m.merge(last, on=["cluster", "key"], how="left")
-        m["recomputed"] = m["last_done"] > m["removed"]
-        return m[cols].sort_values(["removed", "key"], ignore_index=True)
-
-    def workers(self) -> pd.DataFrame:
-        """One row per worker ever seen: address, name, host, pid, nthreads, memory_limit,
-        added/removed times, its store group, when its collector took its final flush
-        (``ended``: NaN if it never did, and what it did after its last flush is not in its
-        group), the signal that ended its process after that flush (``terminated``, e.g.
-        ``SIGTERM`` at a batch job's walltime; ``""`` when it closed) and the batch job it
-        ran in (``batch_job``, the ``job_id`` of ``job/batch``'s jobs; ``""`` outside one)."""
-        ev = self._concat("scheduler", "workers")
-        adds = (
-            ev[ev.event == "add"]
-            .drop(columns=["event", "stimulus_id"])
-            .rename(columns={"time": "added"})
-        )
-        adds = adds.drop_duplicates(["cluster", "address", "pid"], keep="first")
-        rem = ev[ev.event == "remove"][["cluster", "address", "time", "stimulus_id"]]
-        rem = rem.rename(columns={"time": "removed", "stimulus_id": "removal_stimulus"})
-        adds = (
-            pd.merge_asof(
-                adds.sort_values("added"),
-                rem.sort_values("removed"),
-                left_on="added",
-                right_on="removed",
-                by=["cluster", "address"],
-                direction="forward",
-            )
-            if len(rem) and len(adds)
-            else adds.assign(removed=np.nan, removal_stimulus="")
-        )
-        groups = pd.DataFrame(
-            [
-                (
-                    p.split("/")[1],
-                    a.get("address"),
-                    a.get("pid"),
-                    p.split("/")[-1],
-                    np.nan if a.get("ended") is None else a["ended"],
-                    a.get("terminated") or "",
-                    a.get("batch_job_id") or "",
-                )
-                for p, a in self.worker_groups().items()
-            ],
-            columns=["cluster", "address", "pid", "group", "ended", "terminated", "batch_job"],
-        )
-        out = adds.merge(groups, on=["cluster", "address", "pid"], how="left")
-        for column in ("terminated", "batch_job"):  # a worker without a group
-            out[column] = out[column].fillna("")
-        out["batch_job_end"] = _text_of(out["batch_job"], self._job_ends()["state"])
-        return out.sort_values("added", ignore_index=True)
-
-    def _collector_groups(
-        self,
-    ) -> Iterator[tuple[str, str, dict[str, Any], dict[str, Any], str]]:
-        """``(path, cluster, attrs, own, address)`` of each scheduler's and worker's group:
-        ``own`` are the attrs that say where the process ran and when it started and ended -
-        the worker group's own, the cluster group's for a scheduler - and ``address`` is the
-        process's from them (``""`` when not recorded, never "None")."""
-        for path, a in self.groups.items():
-            if a.get("kind") in ("scheduler", "worker"):
-                cluster = path.split("/")[1]
-                own = a if a["kind"] == "worker" else self.groups.get(f"clusters/{cluster}", {})
-                yield path, cluster, a, own, str(own.get("address") or "")
-
-    def collector_cost(self, per: str = "group") -> pd.DataFrame:
-        """What collecting cost each process it ran in: one row per scheduler and worker
-        group, from the ``collector_cost`` its collector set with its end: ``flushes``,
-        ``flush_wall_s``, ``flush_cpu_s`` (the flushing thread's CPU: converting, encoding
-        and compressing rows; Zarr's I/O thread not in it), ``longest_gap_s``, and
-        ``process_cpu_s`` (every thread of the process while collected, the workload's
-        too); ``flush_cpu_share`` is the one over the other. ``ended``: when the process
-        ended its collection (a worker's group's ``ended``, the cluster's for the
-        scheduler), NaN if it never did (killed). The cost is NaN for a process killed, or
-        one in a store written before it was recorded (``ended`` set). The hooks, ~1 us
-        each inside Dask's own steps, are not timed.
-
-        ``per="process"``: one row per process of each cluster (``host``, ``pid``), for an
-        in-process cluster whose scheduler and workers share one process and so its CPU:
-        their flushes summed, ``process_cpu_s`` counted once (the longest window), and
-        ``groups`` naming how many groups it held."""
-        if per not in ("group", "process"):
-            raise ValueError(f"per={per!r}: pass per='group' or per='process'")
-        fields = ["flushes", "flush_wall_s", "flush_cpu_s", "longest_gap_s", "process_cpu_s"]
-        rows = []
-        for path, cluster, a, own, address in self._collector_groups():
-            ended = np.nan if own.get("ended") is None else float(own["ended"])
-            cost = a.get("collector_cost") or {}
-            said = (float(cost.get(f, np.nan)) for f in fields)
-            where = (address, own.get("host", ""), own.get("pid"))
-            rows.append((cluster, a["kind"], path, *where, *said, ended))
-        columns = ["cluster", "kind", "group", "address", "host", "pid", *fields, "ended"]
-        out = pd.DataFrame(rows, columns=columns)
-        if per == "process":
-            out = (
-                out.groupby(["cluster", "host", "pid"], dropna=False, sort=False)
-                .agg(
-                    groups=("group", "size"),
-                    kind=("kind", lambda k: "+".join(sorted(set(k)))),
-                    flushes=("flushes", lambda v: v.sum(min_count=1)),
-                    flush_wall_s=("flush_wall_s", lambda v: v.sum(min_count=1)),
-                    flush_cpu_s=("flush_cpu_s", lambda v: v.sum(min_count=1)),
-                    longest_gap_s=("longest_gap_s", "max"),
-                    process_cpu_s=("process_cpu_s", "max"),
-                    ended=("ended", "max"),
-                )
-                .reset_index()
-            )
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out["flush_cpu_share"] = out["flush_cpu_s"] / out["process_cpu_s"]
-        order = ["cluster", "kind", "group"] if per == "group" else ["cluster", "kind", "pid"]
-        return out.sort_values(order, ignore_index=True)
-
-    def flushes(self) -> pd.DataFrame:
-        """Each flush of every scheduler's and worker's collector, in time order: cluster,
-        kind, group, ``address`` (the process's: the worker's, or the scheduler's), then its
-        ``flushes`` row - when it began (``time``), ``wall_s``, ``cpu_s`` (its thread's),
-        ``rows`` written - and ``gap_s``, the seconds since the one before began (since its
-        collection began, for the first): what a process killed just before that flush
-        lost. What :meth:`collector_cost` totals, over the run: a flush whose cost grows
-        with the hours shows here. Empty for a store written before flushes were
-        recorded."""
-        spec = self.schema.groups["scheduler"].tables["flushes"]
-        frames = []
-        for path, cluster, a, own, address in self._collector_groups():
-            df = self.table(path, "flushes").sort_values("time")
-            began = own.get("started")
-            before = df["time"].shift(1, fill_value=np.nan if began is None else float(began))
-            where = {"cluster": cluster, "kind": a["kind"], "group": path, "address": address}
-            frames.append(df.assign(**where, gap_s=df["time"] - before))
-        columns = ["cluster", "kind", "group", "address", *spec.variables, "gap_s"]
-        if not frames:
-            return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-        out = pd.concat(frames, ignore_index=True)[columns]
-        return out.sort_values(["time", "group"], ignore_index=True)
-
-    def jobs(self) -> pd.DataFrame:
-        """One row per batch job (``job/batch``'s ``jobs``; empty outside a batch system),
-        with how it ended when it ended while collected: ``end_state`` (``TIMEOUT``,
-        ``CANCELLED``, ``FAILED``, ``COMPLETED``, ...; ``""`` for a job still running when
-        the collection ended), ``end_reason``, ``exit_code`` and ``end_time``, and
-        ``elapsed`` (seconds from its start to its end). ``state`` stays what the batch
-        system said when the row was captured, while the job ran."""
-        jobs = self.table("job/batch", "jobs").drop_duplicates("job_id", keep="last")
-        ends = self._job_ends()
-        ids = jobs["job_id"]
-        jobs["end_state"] = _text_of(ids, ends["state"])
-        jobs["end_reason"] = _text_of(ids, ends["reason"])
-        jobs["exit_code"] = _text_of(ids, ends["exit_code"])
-        jobs["end_time"] = ids.map(ends["end_time"]).astype(float).fillna(jobs["end_time"])
-        jobs["elapsed"] = jobs["end_time"] - jobs["start_time"]
-        return jobs.reset_index(drop=True)
-
-    def _job_ends(self) -> pd.DataFrame:
-        """``job/batch``'s ``ends`` by job id (the last row of a job, if written twice)."""
-        ends = self.table("job/batch", "ends")
-        return ends.drop_duplicates("job_id", keep="last").set_index("job_id")
-
-    def tasks(self) -> pd.DataFrame:
-        """One row per execution of a task, as the scheduler learnt it (a task recomputed after
-        a worker loss appears once per execution, numbered by ``execution``).
-
-        Columns: cluster, key, execution, prefix, group, graph, span (the id of the Dask span
-        the task belongs to, ``""`` for tasks submitted before the collection), state, worker,
-        thread, start, stop, duration, nbytes, typename, retries, exception, time.
-
-        ``retries`` counts the retries Dask made before the outcome: 0 when the first attempt
-        succeeded (or failed for good), 2 for a task under ``retries=2`` that failed twice and
-        then succeeded. A failed attempt that Dask retried has no row of its own.
-        """
-        df = self._concat("scheduler", "tasks")
-        df = df.sort_values(["time"], kind="stable", ignore_index=True)
-        by = ["key"] if df["cluster"].nunique() <= 1 else ["cluster", "key"]
-        ids = df[by[0]].to_numpy() if len(by) == 1 else pd.MultiIndex.from_frame(df[by])
-        codes, _ = pd.factorize(ids)
-        df.insert(
-            2,
-            "execution",
-            pd.Series(codes).groupby(codes, sort=False).cumcount().to_numpy(),
-        )
-        df["duration"] = df["stop"] - df["start"]
-        if not len(df):
-            df.insert(5, "graph", np.full(0, -1, dtype=np.int64))
-            df.insert(6, "span", np.full(0, "", dtype=object))
-            return df
-        # which graph and span each task group was submitted in: one read of the client's
-        # tasks serves both (a million rows' group strings decode in ~0.15 s a column); the
-        # span is looked up by graph, so the graph column goes in first
-        submitted = self._concat(
-            "client", "tasks", columns=["graph", "group", "span"], distinct=True
-        )
-        df.insert(5, "graph", self._graph_of(df, submitted))
-        df.insert(6, "span", self._span_of(df, submitted))
-        return df
-
-    def _span_of(self, df: pd.DataFrame, submitted: pd.DataFrame) -> np.ndarray:
-        """Span id of each execution, from the graph it was submitted in (a task group has
-        one span within a graph: the first of its tasks the scheduler saw decided it).
-        ``submitted``: the client's distinct (cluster, graph, group, span) rows."""
-        pairs = submitted.drop_duplicates(["cluster", "graph", "group"])
-        m = df[["cluster", "graph", "group"]].merge(
-            pairs, on=["cluster", "graph", "group"], how="left"
-        )
-        return m["span"].fillna("").to_numpy(dtype=object)
-
-    def _graph_of(self, df: pd.DataFrame, submitted: pd.DataFrame) -> np.ndarray:
-        """Graph number of each execution: the latest submission of its key before it ran.
-        ``submitted``: the client's distinct (cluster, graph, group, span) rows.
-
-        Fast path: when every task group was submitted in one graph, map by group (a small
-        table) instead of joining millions of keys.
-        """
-        pairs = submitted[["cluster", "graph", "group"]].drop_duplicates()
-        if not len(pairs):
-            return np.full(len(df), -1, dtype=np.int64)
-        if not pairs.duplicated(["cluster", "group"]).any():
-            m = df[["cluster", "group"]].merge(pairs, on=["cluster", "group"], how="left")
-            return m["graph"].fillna(-1).to_numpy(dtype=np.int64)
-        gt = self._concat("client", "tasks", columns=["graph", "key"])
-        g = self.graphs()[["cluster", "graph", "time"]]
-        gt = gt.merge(g, on=["cluster", "graph"], how="left")
-        left = df[["cluster", "key", "time"]].reset_index().sort_values("time")
-        right = gt.rename(columns={"time": "gtime"}).sort_values("gtime")
-        m = pd.merge_asof(left, right, left_on="time", right_on="gtime", by=["cluster", "key"])
-        return m.sort_values("index")["graph"].fillna(-1).to_numpy(dtype=np.int64)
-
     def config(self) -> dict[str, Any]:
         """The effective dask config of the run, as a nested dict."""
-        import json
-
         entries = self.table("config", "entries")
         out: dict[str, Any] = {}
         for key, value in zip(entries["key"], entries["value"], strict=False):
@@ -732,7 +467,7 @@ class _GroupStrings:
     handful of codes uses (a column of task prefixes must not read a million task keys), or
     all of it at most once (task keys), then shared by the table's other columns."""
 
-    def __init__(self, nodes: zarrio.Nodes, group: str) -> None:
+    def __init__(self, nodes: documents.Nodes, group: str) -> None:
         self.nodes, self.group = nodes, group
         self.value: zarrio.Array | None = None
         self.all: np.ndarray | None = None
@@ -758,7 +493,7 @@ class _GroupStrings:
         if self.n == 0 or self.value is None:
             return np.empty(0, dtype=object)
         if self.all is None:
-            self.all = np.asarray(zarrio.read_slice(self.value, 0, self.n), dtype=object)
+            self.all = np.asarray(chunkio.read_slice(self.value, 0, self.n), dtype=object)
         return self.all
 
     def folded(self) -> int:
@@ -776,10 +511,10 @@ class _GroupStrings:
         if self.value is None:  # codes are in range only when strings exist
             raise StoreError("codes refer to a strings table the store does not hold")
         if self.all is None and len(idx) > self.n // 4:
-            self.all = np.asarray(zarrio.read_slice(self.value, 0, self.n), dtype=object)
+            self.all = np.asarray(chunkio.read_slice(self.value, 0, self.n), dtype=object)
         if self.all is not None:
             return self.all[idx]
-        return np.asarray(zarrio.read_picks(self.value, idx), dtype=object)
+        return np.asarray(chunkio.read_picks(self.value, idx), dtype=object)
 
 
 def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:
@@ -808,38 +543,9 @@ def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:
     return out
 
 
-def walk(
-    group: zarrio.Group,
-    path: str = "",
-    on_error: Callable[[str], None] | None = None,
-    depth: int | None = None,
-) -> Iterator[tuple[str, zarrio.Group | zarrio.Array]]:
-    """``(path, member)`` of every group and array below ``group``, listing one group at a time.
-
-    A group whose listing fails (damaged ``zarr.json``) raises a :class:`StoreError` naming it,
-    or, with ``on_error``, is reported there and skipped.
-    """
-    try:
-        members = zarrio.members(group)
-    except Exception as e:
-        msg = (
-            f"group /{path} or a node directly below it has a damaged zarr.json "
-            f"({type(e).__name__}: {e}); `metacollect validate` names it"
-        )
-        if on_error is None:
-            raise StoreError(msg) from e
-        on_error(msg)
-        return
-    for name, member in members:
-        sub = f"{path}/{name}" if path else name
-        yield (name if depth == 1 else sub), member
-        if zarrio.is_group(member) and depth != 1:
-            yield from walk(member, sub, on_error, None if depth is None else depth - 1)
-
-
 def _as_column(data: np.ndarray) -> Any:
     """A column for a DataFrame as it is: strings stay Python objects (pandas 3 would copy
-    them into Arrow strings first, ~25 ms a million), rows of a 2-D array become lists."""
+    them into Arrow strings first, for nothing), rows of a 2-D array become lists."""
     if data.ndim > 1:
         return list(data)
     return pd.Series(data, dtype=object, copy=False) if data.dtype == object else data
@@ -855,9 +561,3 @@ def _pandas_dtype(dtype: str) -> Any:
         "uint64": np.uint64,
         "float64": np.float64,
     }[dtype]
-
-
-def _text_of(keys: pd.Series, values: pd.Series) -> pd.Series:
-    """``values`` looked up by ``keys`` (a text column; ``""`` where none)."""
-    found = keys.map(values).astype(object)
-    return found.where(found.notna(), "")

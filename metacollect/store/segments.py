@@ -39,6 +39,7 @@ import json
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,8 +49,9 @@ import numcodecs
 import numpy as np
 
 from metacollect.errors import StoreError
+from metacollect.store import lock
 from metacollect.store._codes import holds_blank, vlen_utf8
-from metacollect.store.schema import load_schema
+from metacollect.store.schema import GroupSpec, load_schema
 
 #: the directory of a group's segments, below the group's own
 SEG_DIR = ".segments"
@@ -579,3 +581,45 @@ def walk_groups(store: str) -> Iterator[tuple[str, list[str], list[str]]]:
         yield path, list(dirs), files
         is_table = path and schema.table_owner(path) is not None
         dirs[:] = [] if is_table else sorted(d for d in dirs if not d.startswith("."))
+
+
+# -- claiming a group's fold ----------------------------------------------------------------------
+def tables_in_zarr(store: str, group: str, spec: GroupSpec) -> bool:
+    """Whether a table of ``group`` (in the local store ``store``) is in Zarr already, its
+    ``zarr.json`` written: a fold cut short, or rows appended without segments. Its
+    segments then take the append path and the compaction at the seal, and do not merge
+    meanwhile. One listing of the group's directory, and a stat a table directory there
+    (mostly none: a table's directory is made at the seal)."""
+    try:
+        names = os.listdir(os.path.join(store, group))
+    except FileNotFoundError:
+        return False
+    return any(
+        os.path.exists(os.path.join(store, group, t, "zarr.json"))
+        for t in spec.tables.keys() & set(names)
+    )
+
+
+#: a process folding a group's segments holds this file in their directory (see lock.take)
+CLAIM = "folding.json"
+
+
+def claim(segdir: str, deadline: float) -> dict[str, Any] | None:
+    """Claim the fold of a segment directory; ``None`` when claimed (or there is no such
+    directory: nothing to fold), else who holds it, waiting for it until ``deadline``
+    (``time.monotonic``; a process sealing its own groups takes a fraction of a second)."""
+    while True:
+        try:
+            holder = lock.take(os.path.join(segdir, CLAIM))
+        except FileNotFoundError:
+            return None
+        if holder is None or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.01)
+
+
+def unclaim(segdir: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(segdir, CLAIM))
+    with contextlib.suppress(OSError):  # not empty: a segment written meanwhile stays
+        os.rmdir(segdir)

@@ -13,10 +13,12 @@ import pandas as pd
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import segments
-from metacollect.store.compact import COMPACTED, NONE_ATTR, local_dir, text_values
+from metacollect.store import chunkio, documents, segments
+from metacollect.store.compact import local_dir
 from metacollect.store.integrity import code_problem, rows_problem, seal_problems
+from metacollect.store.layout import COMPACTED
 from metacollect.store.schema import DTYPES, GroupSpec, Schema, VariableSpec, load_schema
+from metacollect.store.text import NONE_ATTR, text_values
 
 _ATTR_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
@@ -155,16 +157,16 @@ def _group_segment_problems(
     return problems
 
 
-def _check_seal(root: zarrio.Group, problems: list[str]) -> tuple[bool, zarrio.Nodes]:
+def _check_seal(root: zarrio.Group, problems: list[str]) -> tuple[bool, documents.Nodes]:
     """Every node's ``zarr.json`` readable, and, for a sealed store, as the seal recorded it;
     returns whether the store is sealed, and how to open its nodes: from the documents just
     read when they are as sealed (as :class:`~metacollect.store.reader.StoreReader` does),
     else through Zarr, which names what it cannot read."""
     bad: dict[str, str] = {}
-    through_zarr = zarrio.Nodes(root)
+    through_zarr = documents.Nodes(root)
     try:
-        docs = zarrio.run(zarrio.list_docs(root, bad))
-        sealed = zarrio.sealed_docs(root)
+        docs = zarrio.run(documents.list_docs(root, bad))
+        sealed = documents.sealed_docs(root)
     except Exception as e:  # a listing that fails: the walk below names the group
         problems.append(f"/: the store's nodes cannot be listed ({type(e).__name__}: {e})")
         return False, through_zarr
@@ -173,16 +175,14 @@ def _check_seal(root: zarrio.Group, problems: list[str]) -> tuple[bool, zarrio.N
         return False, through_zarr
     unlike = seal_problems(sealed, {**docs, **{p: {} for p in bad}})
     problems.extend(unlike)
-    return True, through_zarr if bad or unlike else zarrio.Nodes(root, docs)
+    return True, through_zarr if bad or unlike else documents.Nodes(root, docs)
 
 
-def _groups(nodes: zarrio.Nodes, problems: list[str]) -> Iterator[tuple[str, zarrio.Group]]:
+def _groups(nodes: documents.Nodes, problems: list[str]) -> Iterator[tuple[str, zarrio.Group]]:
     """``(path, group)`` of every group below the root, in the order of a walk by name; a
     group that cannot be opened is a problem."""
     if nodes.docs is None:
-        from metacollect.store.reader import walk
-
-        for path, member in walk(nodes.root, on_error=problems.append):
+        for path, member in zarrio.walk(nodes.root, on_error=problems.append):
             if zarrio.is_group(member):
                 yield path, member
         return
@@ -295,8 +295,8 @@ def _variable_problems(
             if attrs.get(k) != v
         )
     expected = np.dtype(DTYPES[var.dtype])
-    if var.dtype == "code" and (compacted or zarrio.holds_text(arr)):
-        if not zarrio.holds_text(arr):
+    if var.dtype == "code" and (compacted or chunkio.holds_text(arr)):
+        if not chunkio.holds_text(arr):
             problems.append(f"{where}: codes in a compacted table; it should hold strings")
     elif var.dtype != "str":
         if np.dtype(arr.dtype) != expected:
@@ -353,7 +353,7 @@ class _Facts:
     whole: bool
     targets: set[str]
     #: how the store's groups and arrays are opened (see :func:`_check_seal`)
-    nodes: zarrio.Nodes
+    nodes: documents.Nodes
     #: committed rows of each table, by path
     rows: dict[str, int] = field(default_factory=dict)
     #: (group, smallest, largest) code of each code array, by path
@@ -388,13 +388,13 @@ class _Facts:
             if var.joins is not None:
                 target = f"{group}/{var.joins.replace('.', '/')}".lstrip("/")
                 self.joins.append((f"{table}/{var.name}", target))
-        chunk = min(zarrio.chunk_rows(a) for a in arrays.values())
+        chunk = min(chunkio.chunk_rows(a) for a in arrays.values())
         step = max(1, SLICE_ROWS // chunk) * chunk
         todo = dict(arrays)
         for start in range(0, n, step):
             if n > step:
                 self.progress(f"validating {table}: rows {start:,} of {n:,}")
-            found = zarrio.read_slices(list(todo.values()), start, min(n, start + step))
+            found = chunkio.read_slices(list(todo.values()), start, min(n, start + step))
             for var, data in zip(list(todo), found, strict=True):
                 if isinstance(data, StoreError):
                     problems.append(str(data))
@@ -465,5 +465,5 @@ class _Facts:
         if group not in self._text_of:  # the whole table once: far faster than picking
             arr = self.nodes.array(path)
             n = self.rows.get(f"{group}/strings", 0)
-            self._text_of[group] = np.asarray(zarrio.read_slice(arr, 0, n), dtype=object)
+            self._text_of[group] = np.asarray(chunkio.read_slice(arr, 0, n), dtype=object)
         return self._text_of[group][codes]

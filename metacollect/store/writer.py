@@ -1,27 +1,25 @@
-"""Columnar buffers appended to Zarr, driven by the schema.
+"""The live writer: a process's rows flushed into the store, driven by the schema.
 
 Each process that collects owns a :class:`StoreWriter` and the groups it writes; distinct
 processes never append to the same array, so no locking is needed on a shared filesystem.
-Collectors append rows to in-memory tables (cheap); :meth:`GroupWriter.flush` turns them into
-arrays and writes them - from a thread or at the end, never on a hot path: into a store on a
-filesystem as one segment file per flush (:mod:`metacollect.store.segments`, folded into Zarr
-by :func:`fold_segments` when the store is sealed), elsewhere (fsspec URLs, and writers into a
-sealed store) appended to the Zarr arrays directly.
+Collectors append rows to in-memory tables (cheap, :mod:`metacollect.store.buffers`);
+:meth:`GroupWriter.flush` turns them into arrays and writes them - from a thread or at the
+end, never on a hot path: into a store on a filesystem as one segment file per flush
+(:mod:`metacollect.store.segments`, folded into Zarr by the seal,
+:mod:`metacollect.store.seal`), elsewhere (fsspec URLs, and writers into a sealed store)
+appended to the Zarr arrays directly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,18 +27,14 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import _codes, lock
+from metacollect.store import chunkio, documents, lock
 from metacollect.store import segments as seg
+from metacollect.store.buffers import StringTable, Table
 from metacollect.store.chunks import ChunkAppender
-from metacollect.store.compact import (
-    NONE_ATTR,
-    SealedTable,
-    Templates,
-    variable_layout,
-    write_sealed_stream,
-)
-from metacollect.store.integrity import rows_within
+from metacollect.store.integrity import committed_rows
+from metacollect.store.layout import Templates, variable_layout
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
+from metacollect.store.text import NONE_ATTR
 
 logger = logging.getLogger(__name__)
 
@@ -64,123 +58,6 @@ class _Written(NamedTuple):
     level: int  # merges that made it (0: a flush's)
     rows: int
     data: bytes | None = None  # a flush's bytes, kept until merged: not read back
-
-
-class StringTable:
-    """Dictionary encoding of a group's repeated strings (task keys, states, workers, ...).
-
-    Codes are stable while the cache holds fewer than ``cache_size`` distinct values; past that
-    the cache restarts and a string seen again gets a new code (the store stays correct, a
-    string may then appear twice in the lookup table). This bounds memory on million-task runs.
-    """
-
-    def __init__(self, cache_size: int) -> None:
-        self._codes = _codes.Codes(cache_size)
-        self._next = 0
-        self._new: list[str] = []
-        self._hint = 1024  # distinct objects in the last encode: its identity table's size
-        self._lock = threading.Lock()
-
-    def encode(self, *columns: Sequence[Any]) -> np.ndarray:
-        """int32 codes of the values of ``columns``, one column after the other (``None``
-        and float NaN -> -1); non-strings are encoded as ``str(v)``. A flush hands over all
-        its columns at once: the same objects recur across them.
-
-        The values are told apart by identity first (the hooks hand over the very objects
-        Dask passes around, so a flush of a million transitions holds a few distinct state
-        strings and one key object per task), then each distinct object is turned into its
-        string once and looked up; new strings get the next codes in first-seen order. All
-        of it is one pass in C (:mod:`metacollect.store._codes`): in Python and numpy the
-        same steps cost ~6x the CPU, most of a busy scheduler's flush. The cache holds the
-        strings, never the caller's objects: a task key cached as the scheduler's own tuple
-        would outlive the task by the whole cache.
-        """
-        n = sum(map(len, columns))
-        out = np.empty(n, np.int32)
-        if n == 0:
-            return out
-        with self._lock:
-            before = len(self._new)
-            try:
-                self._hint = self._codes.encode_into(
-                    columns, out, self._new, self._next, self._hint
-                )
-            finally:  # each string appended to _new took the next code, even on a failure
-                self._next += len(self._new) - before
-        return out
-
-    def strings_of(self, codes: np.ndarray) -> np.ndarray:
-        """The strings of codes this table gave out while its cache holds them (-1:
-        ``None``), for an array the seal turned into strings that a later writer appends to."""
-        with self._lock:
-            back = {c: s for s, c in self._codes.items()}
-        return np.array([back.get(int(c)) for c in codes], dtype=object)
-
-    def take_new(self) -> list[str]:
-        with self._lock:
-            new, self._new = self._new, []
-        return new
-
-    def restore(self, new: list[str]) -> None:
-        """Put back strings whose append failed, ahead of newer ones."""
-        with self._lock:
-            self._new = new + self._new
-
-
-class Table:
-    """Pending rows of one table, as column chunks."""
-
-    def __init__(self, spec: TableSpec, limit: int) -> None:
-        self.spec = spec
-        self.limit = limit
-        self._chunks: list[tuple[int, dict[str, Any]]] = []
-        self._rows = 0
-        self.dropped = 0
-        self._lock = threading.Lock()
-
-    def append(self, columns: Mapping[str, Any]) -> None:
-        """Add rows given as ``{variable: sequence}`` (all of one length)."""
-        n = len(next(iter(columns.values()))) if columns else 0
-        if n == 0:
-            return
-        unknown = set(columns) - set(self.spec.variables)
-        if unknown:
-            raise KeyError(f"table {self.spec.name!r} has no variables {sorted(unknown)}")
-        with self._lock:
-            self._chunks.append((n, dict(columns)))
-            self._rows += n
-            while self._rows > self.limit and len(self._chunks) > 1:
-                m, _ = self._chunks.pop(0)
-                self._rows -= m
-                self.dropped += m
-
-    def take(self, limit: int | None = None) -> list[tuple[int, dict[str, Any]]]:
-        """The pending rows, oldest first: all of them, or about ``limit`` (a chunk that
-        straddles it is split)."""
-        with self._lock:
-            if limit is None or self._rows <= limit:
-                chunks, self._chunks, self._rows = self._chunks, [], 0
-                return chunks
-            chunks, rows = [], 0
-            while rows < limit:
-                n, cols = self._chunks.pop(0)
-                if rows + n > limit:
-                    m = limit - rows
-                    self._chunks.insert(0, (n - m, {k: v[m:] for k, v in cols.items()}))
-                    n, cols = m, {k: v[:m] for k, v in cols.items()}
-                chunks.append((n, cols))
-                rows += n
-            self._rows -= rows
-        return chunks
-
-    def restore(self, chunks: list[tuple[int, dict[str, Any]]]) -> None:
-        with self._lock:
-            self._chunks = chunks + self._chunks
-            self._rows += sum(n for n, _ in chunks)
-
-    @property
-    def pending(self) -> int:
-        return self._rows
 
 
 class GroupWriter:
@@ -291,7 +168,7 @@ class GroupWriter:
             return
         self.store.check_exists()
         with compact_json():  # one write of zarr.json, not one per key
-            self.group.update_attributes(_jsonable(attrs))
+            self.group.update_attributes(jsonable(attrs))
 
     # -- writing ----------------------------------------------------------------------
     @property
@@ -414,9 +291,9 @@ class GroupWriter:
         at 5 s; on Lustre or GPFS each is an inode and a metadata-server call for every
         reader and for the seal). Each row is written again once a level, in the flush
         thread. Only this writer's own, consecutive segments merge, the group's fold claimed
-        meanwhile (:func:`_claim`: a run's seal folding it goes first, and the merge waits
-        for a later flush); a group with tables in Zarr already (a fold cut short) is left
-        to the seal as it is."""
+        meanwhile (:func:`~metacollect.store.segments.claim`: a run's seal folding it goes
+        first, and the merge waits for a later flush); a group with tables in Zarr already
+        (a fold cut short) is left to the seal as it is."""
         k = self._merge
         while k > 1 and len(self._written) >= k:
             run = self._written[-k:]
@@ -446,10 +323,10 @@ class GroupWriter:
         segdir = self._segdir
         assert segdir is not None
         try:
-            if _claim(segdir, time.monotonic()) is not None:
+            if seg.claim(segdir, time.monotonic()) is not None:
                 return False  # the run's seal is folding the group: not now
             try:
-                if tables_in_zarr(self.store.path, self.path, self.spec):  # a fold began
+                if seg.tables_in_zarr(self.store.path, self.path, self.spec):  # a fold began
                     self._merge = 0
                     return False
                 seqs = [w.seq for w in run]
@@ -459,7 +336,7 @@ class GroupWriter:
                 seg.merge(segdir, seqs, level, {w.seq: w.data for w in run if w.data})
                 return True
             finally:
-                _unclaim(segdir)
+                seg.unclaim(segdir)
         except Exception as e:
             self._merge = 0  # its segments stay as written (nothing lost) for the seal
             self.record_error("merge segments", e)
@@ -523,7 +400,8 @@ class GroupWriter:
         return out
 
     def _rows_in_store(self, table: str) -> int:
-        """Whole rows of a table already in the store (see :func:`committed_rows`)."""
+        """Whole rows of a table already in the store (see
+        :func:`~metacollect.store.integrity.committed_rows`)."""
         try:
             tgroup = self.create()[table]
         except KeyError:
@@ -562,7 +440,7 @@ class GroupWriter:
     async def _append_all(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
         # a store removed under the run must fail the flush (rows kept, reported once), not
         # be recreated piecemeal by the appends: Zarr makes missing directories on write
-        if not await zarrio.exists(self.store.root.store_path):
+        if not await documents.exists(self.store.root.store_path):
             raise self.store.removed()
         self.store.check_run_open()
 
@@ -573,7 +451,7 @@ class GroupWriter:
             end = start + len(data)
             if arr.shape[0] < end:
                 await arr.resize((_capacity(end, arr.shape[0], arr.chunks[0]), *arr.shape[1:]))
-            if data.dtype.kind in "iu" and zarrio.holds_text(arr):  # codes, into a column
+            if data.dtype.kind in "iu" and chunkio.holds_text(arr):  # codes, into a column
                 # the seal turned into strings (a writer after it: ``metacollect ingest``)
                 text = self.strings.strings_of(data)
                 none = arr.metadata.attributes.get(NONE_ATTR)
@@ -592,7 +470,7 @@ class GroupWriter:
                 {"rows": self._committed[table] + n, **self._commit_attrs.get(table, {})}
             )
 
-        _raise_first(
+        raise_first(
             await asyncio.gather(
                 *(
                     one(table, name, data)
@@ -607,7 +485,7 @@ class GroupWriter:
         rows = {t: len(next(iter(c.values()))) for t, c in tables.items()}
         if "strings" in rows:
             await commit("strings", rows.pop("strings"))
-        _raise_first(
+        raise_first(
             await asyncio.gather(*(commit(t, n) for t, n in rows.items()), return_exceptions=True)
         )
 
@@ -721,14 +599,14 @@ class StoreWriter:
                 if pspec is not None and "step" not in g.attrs:
                     g.update_attributes(self._annotation(pspec))
             g = zarrio.require_group(self.root, path) if path else self.root
-            g.update_attributes({**self._annotation(spec), **_jsonable(dict(attrs))})
+            g.update_attributes({**self._annotation(spec), **jsonable(dict(attrs))})
         return g
 
     def _ensure_local_group(
         self, parts: list[str], spec: GroupSpec, attrs: Mapping[str, Any]
     ) -> zarrio.Group:
         """:meth:`ensure_group` in a local store: each level new is made with its attributes
-        in one write (:func:`zarrio.local_group`); one found as it should be is only read.
+        in one write (:func:`documents.local_group`); one found as it should be is only read.
         A level found without its annotation (written by something else) and a group of
         ours found already there (a writer after another) are updated through Zarr."""
         g = self.root
@@ -737,8 +615,8 @@ class StoreWriter:
             last = i == len(parts)
             pspec = spec if last else self.schema.match(here)
             annotation = self._annotation(pspec) if pspec is not None else {}
-            wanted = {**annotation, **_jsonable(dict(attrs))} if last else annotation
-            g, made = zarrio.local_group(self.root, here, wanted)
+            wanted = {**annotation, **jsonable(dict(attrs))} if last else annotation
+            g, made = documents.local_group(self.root, here, wanted)
             if made:
                 continue
             if last or (pspec is not None and "step" not in g.attrs):
@@ -753,7 +631,7 @@ class StoreWriter:
         try:
             return self.root[key]  # type: ignore[return-value]
         except KeyError:
-            return zarrio.make_group(self.root, key, self.table_attributes(gw.spec, table))[0]
+            return documents.make_group(self.root, key, self.table_attributes(gw.spec, table))[0]
 
     def table_attributes(self, spec: GroupSpec, table: str) -> dict[str, Any]:
         """The attributes of a new table's group (no rows yet)."""
@@ -811,7 +689,7 @@ class StoreWriter:
         # written over if there (an earlier flush that failed after creating it): no other
         # writer makes this table's arrays, and rows past the commit point are free
         where = tgroup.store_path / name
-        await zarrio.write_doc(where, doc)
+        await documents.write_doc(where, doc)
         return zarrio.async_array(where, doc)
 
     def flush(self) -> int:
@@ -825,7 +703,7 @@ class StoreWriter:
         """Raise :meth:`removed` if the store's root is gone: a write below it would make
         its directories anew (Zarr creates them), a half store without the run's record; and
         :meth:`check_run_open`."""
-        if not zarrio.run(zarrio.exists(self.root.store_path)):
+        if not zarrio.run(documents.exists(self.root.store_path)):
             raise self.removed()
         self.check_run_open()
 
@@ -846,285 +724,6 @@ class StoreWriter:
         )
 
 
-#: rows of a table the fold appends to Zarr at a time (whole segments: at least this many);
-#: a batch of a strings table is Python strings, ~80 bytes a row: with 1,048,576 rows a batch
-#: the fold of 1M tasks' transitions peaked at 308 MB, with 262,144 at 94 MB
-FOLD_ROWS = 262_144
-#: rows per chunk of the arrays the fold makes
-FOLD_CHUNK_ROWS = 65_536
-
-
-def fold_segments(
-    path: str,
-    schema: Schema | None = None,
-    groups: Iterable[str] | None = None,
-    wait: float = 0.0,
-) -> Folded:
-    """Put every group's segments (:mod:`metacollect.store.segments`) into its Zarr tables,
-    in ``seq`` order, then remove them; for a store no process writes any more, before it is
-    compacted and sealed. Returns the groups folded, and one line per torn segment (a
-    process killed while writing it: the rows of that flush are lost), per group another
-    process was still folding (:func:`seal_own`) after ``wait`` seconds, and per group of
-    segments this version's schema does not know.
-
-    A group none of whose tables is in Zarr yet (the usual case) has each table written
-    once, already as the seal leaves it; otherwise its rows are appended and the compaction
-    rewrites the tables. Either way a table is committed together with the last segment it
-    holds (``segments_folded``), so a fold cut short and run again writes nothing twice. The
-    one write halves a seal's writes and leaves nothing to swap: 1.8-2.5 s -> 0.7 s for a
-    15k-task run's store. ``groups``: those with segments, when the caller has listed them.
-    """
-    if "://" in path:
-        return Folded([], [])
-    known = schema or load_schema()
-    lost: list[str] = []
-    folded: list[str] = []
-
-    @functools.cache
-    def writer() -> StoreWriter:  # made once, for the first group that has rows to fold
-        return _fold_writer(path, known)
-
-    deadline = time.monotonic() + wait  # one wait for the whole fold, not one per group
-    for group in seg.groups_with_segments(path) if groups is None else groups:
-        holder = _claim(seg.directory(path, group), deadline)
-        if holder is not None:
-            lost.append(_still_folding(group, holder, path))
-            continue
-        spec = known.match(group)
-        if spec is not None:
-            folded.append(group)
-        lost += _fold_claimed(path, group, spec, writer)
-    return Folded(lost, folded)
-
-
-class Folded(NamedTuple):
-    """What :func:`fold_segments` did: ``lost``, one line per loss; ``groups``, those
-    folded (a flush that ends after their fold leaves a segment there again)."""
-
-    lost: list[str]
-    groups: list[str]
-
-
-def seal_own(writer: StoreWriter) -> None:
-    """Fold the segments of the groups ``writer`` wrote into their sealed tables, as its
-    process ends its part of the run: each process seals its own groups, at the same time
-    as the others, instead of the run's seal doing every group in turn (on a parallel
-    filesystem, a seal's file creations spread over the nodes). A group another process is
-    folding, or with tables in Zarr already (rows appended: they need the compaction), is
-    left to the run's seal (:func:`fold_segments`), and so is a torn segment (the run's seal
-    names it in what the store misses)."""
-    if "://" in writer.path or not writer.segments:
-        return
-    for group in sorted(writer.groups):
-        segdir = seg.directory(writer.path, group)
-        spec = writer.schema.match(group)
-        if spec is None or _claim(segdir, time.monotonic()) is not None:
-            continue
-        try:
-            if tables_in_zarr(writer.path, group, spec):
-                continue
-            _fold_claimed(writer.path, group, spec, lambda: writer, torn=False)
-        finally:
-            _unclaim(segdir)
-
-
-def tables_in_zarr(store: str, group: str, spec: GroupSpec) -> bool:
-    """Whether a table of ``group`` (in the local store ``store``) is in Zarr already, its
-    ``zarr.json`` written: a fold cut short, or rows appended without segments. Its
-    segments then take the append path and the compaction at the seal, and do not merge
-    meanwhile. One listing of the group's directory, and a stat a table directory there
-    (mostly none: a table's directory is made at the seal)."""
-    try:
-        names = os.listdir(os.path.join(store, group))
-    except FileNotFoundError:
-        return False
-    return any(
-        os.path.exists(os.path.join(store, group, t, "zarr.json"))
-        for t in spec.tables.keys() & set(names)
-    )
-
-
-#: a process folding a group's segments holds this file in their directory (see lock.take)
-CLAIM = "folding.json"
-
-
-def _claim(segdir: str, deadline: float) -> dict[str, Any] | None:
-    """Claim the fold of a segment directory; ``None`` when claimed (or there is no such
-    directory: nothing to fold), else who holds it, waiting for it until ``deadline``
-    (``time.monotonic``; a process sealing its own groups takes a fraction of a second)."""
-    while True:
-        try:
-            holder = lock.take(os.path.join(segdir, CLAIM))
-        except FileNotFoundError:
-            return None
-        if holder is None or time.monotonic() >= deadline:
-            return holder
-        time.sleep(0.01)
-
-
-def _unclaim(segdir: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(segdir, CLAIM))
-    with contextlib.suppress(OSError):  # not empty: a segment written meanwhile stays
-        os.rmdir(segdir)
-
-
-def _still_folding(group: str, holder: dict[str, Any], path: str) -> str:
-    who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
-    claim = os.path.join(seg.directory(path, group), CLAIM)
-    return (
-        f"{group or '/'}: {who} was still folding its segments into tables when the store "
-        f"was sealed ({claim}): its rows are in the segments left, which `metacollect "
-        f"doctor {path} -o NEW` salvages into a new store once that process is gone"
-    )
-
-
-def _fold_claimed(
-    path: str,
-    group: str,
-    spec: GroupSpec | None,
-    writer: Callable[[], StoreWriter],
-    torn: bool = True,
-) -> list[str]:
-    """Fold one group's segments (its directory claimed by this process; ``spec``: the
-    schema's group it matches, ``None`` for none), remove them and the claim; the lines of
-    what was lost (``torn``: the torn segments are named and removed, else left for the
-    run's seal to name)."""
-    segdir = seg.directory(path, group)
-    try:
-        found = seg.load(path, group, decoded=False)
-        lost = [
-            f"{group or '/'}: segment {os.path.basename(file)} is torn ({why}): the rows "
-            "of the flush a killed process was writing are lost"
-            for file, why in sorted(found.torn.items())
-            if torn
-        ]
-        if spec is None:  # written by another version of metacollect, or not ours
-            return [
-                *lost,
-                f"{group or '/'}: segments left unfolded, no group of this version's schema "
-                "(written by another metacollect version?): their rows are not in the tables",
-            ]
-        if found.segments:
-            _fold_group(writer(), spec, group, found)
-        # the files folded (and the torn ones), not the directory: a segment a late flush
-        # wrote meanwhile stays, for validate to name, instead of vanishing
-        for s in found.segments:
-            os.remove(os.path.join(segdir, seg.file_name(s.seq)))
-        for file in [*found.superseded, *(found.torn if torn else ())]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(file)
-        return lost
-    finally:
-        _unclaim(segdir)
-
-
-def _fold_writer(path: str, schema: Schema) -> StoreWriter:
-    writer = StoreWriter(path, schema, segments=False)
-    # the compaction that follows rewrites every table the fold appends to: large chunks,
-    # compressed fast (a table that stays as folded still reads)
-    writer.chunk_rows = FOLD_CHUNK_ROWS
-    writer._numeric = zarrio.codecs("numeric", 1)
-    writer._text = zarrio.codecs("text", 1)
-    return writer
-
-
-def _fold_group(writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments) -> None:
-    """Put one group's segment rows into Zarr: each table written once in its sealed form
-    when none of the group's tables is in Zarr yet (the usual case: every row of the run is
-    in segments), else appended to the tables, the strings first, for the compaction.
-    A table's directory without its ``zarr.json`` is what a fold killed while writing it
-    left (arrays no reader counts): removed, then written again."""
-    held = {t for s in found.segments for t in s.head["tables"]}
-    names = sorted(held & set(spec.tables) - {"strings"})
-    directory = os.path.join(writer.path, path)
-    if not os.path.exists(os.path.join(directory, "zarr.json")):
-        writer.ensure_group(path, spec, {})  # its metadata lost (a damaged store): made again
-    in_zarr = False
-    for t in sorted(set(os.listdir(directory)) & set(spec.tables)):
-        if os.path.exists(os.path.join(directory, t, "zarr.json")):
-            in_zarr = True
-        else:
-            shutil.rmtree(os.path.join(directory, t), ignore_errors=True)
-    if in_zarr:
-        _append_folded(writer, spec, path, found, names)
-    else:
-        _write_sealed(writer, spec, path, found, names)
-
-
-def _append_folded(
-    writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments, tables: list[str]
-) -> None:
-    """Append a group's segment rows to its Zarr tables (rows in Zarr already: a writer
-    without segments, a fold cut short), the strings first: the codes continue them."""
-    gw = GroupWriter(writer, spec, path, {})
-    if gw.group is None:  # could not make it: the store cannot be written
-        raise StoreError(f"cannot fold the segments of {path or '/'} into {writer.path}")
-    for table in ["strings", *tables] if "strings" in spec.tables else tables:
-        _fold_table(gw, found, table)
-
-
-def _write_sealed(
-    writer: StoreWriter, spec: GroupSpec, path: str, found: seg.GroupSegments, tables: list[str]
-) -> None:
-    """Write a group's tables, whose rows are all in its segments, straight in their sealed
-    form (:func:`~metacollect.store.compact.write_sealed_stream`: codes as strings, large
-    chunks), each with the last segment it holds; the compaction then finds them done.
-    The segments are decoded one at a time, in order, and each let go once its rows are
-    added: the seal holds a few blocks of rows and the strings of the recent segments
-    (:class:`~metacollect.store.segments.StringWindow`), not a run's segments decoded (a
-    run of 1M tasks' transitions made the scheduler's seal hold 325 MB). The group itself
-    is there (its segments are in it): no writer of it is made, which would read and
-    rewrite its metadata."""
-    window = seg.StringWindow(found, keep=int(config.get("strings.cache-size")))
-    plan = {
-        table: SealedTable(
-            spec.tables[table],
-            {**writer.table_attributes(spec, table), seg.FOLDED: found.last(table)},
-            layout,
-        )
-        for table in tables
-        if (layout := found.layout(table)) is not None
-    }
-
-    def parts() -> Iterator[dict[str, dict[str, np.ndarray]]]:
-        for s in found.segments:
-            decoded = s.tables
-            if "strings" in decoded:
-                window.hold(s.seq, decoded["strings"]["value"])
-            yield decoded
-            s.release()
-
-    with compact_json():
-        zarrio.run(
-            write_sealed_stream(writer.root, path, plan, parts, window, writer.sealed_templates)
-        )
-
-
-def _fold_table(gw: GroupWriter, found: seg.GroupSegments, table: str) -> None:
-    """Append a table's rows of the segments not folded yet, a batch of whole segments at a
-    time, each batch committed with the last segment it holds. A segment is decoded as its
-    turn comes and let go once this table's rows are taken from it: the fold of a many-hour
-    run's seal that was cut short holds one batch of rows, not the run's segments decoded."""
-    after = gw._folded(table)
-    todo = [s for s in found.segments if s.seq > after and s.holds(table)]
-    batch: list[Mapping[str, np.ndarray]] = []
-    rows = 0
-    for i, s in enumerate(todo):
-        held = s.decoded  # decoded by its caller: theirs to let go
-        part = s.tables[table]
-        if not held:
-            s.release()  # ``part`` keeps this table's columns only
-        batch.append(part)
-        rows += len(next(iter(part.values())))
-        if rows >= FOLD_ROWS or i == len(todo) - 1:
-            columns = seg.concat(batch)
-            if columns:
-                gw._commit_attrs[table] = {seg.FOLDED: s.seq}
-                gw._append_zarr({table: columns})
-            batch, rows = [], 0
-
-
 def _capacity(needed: int, current: int, chunk: int) -> int:
     """Rows to give an array that must hold ``needed``: at least double what it has, in
     whole chunks. Growing an array rewrites its metadata; growing it geometrically keeps
@@ -1133,98 +732,18 @@ def _capacity(needed: int, current: int, chunk: int) -> int:
     return max(chunk, -(-want // chunk) * chunk)
 
 
-def read_nodes(root: zarrio.Group) -> dict[str, dict[str, Any]]:
-    """``{path: metadata}`` of every group and array below ``root``: each node's ``zarr.json``
-    as JSON, group by group, each level's listings and reads concurrent. What sealing needs
-    is these documents; Zarr's own walk (``members``) also builds a metadata object of each
-    node and the seal turned them back into JSON - three quarters of a short run's finalize
-    (188 nodes: 60 of 65 ms). Entries without a ``zarr.json`` (a write cut short) are
-    skipped."""
-    return zarrio.run(zarrio.list_docs(root))
-
-
-def trim(root: zarrio.Group, nodes: dict[str, dict[str, Any]]) -> int:
-    """Cut every table's arrays back to its committed rows (the room writers keep ahead
-    is fill values), all in one batch of Zarr writes, and update their documents in
-    ``nodes`` (the :func:`read_nodes` of a store no process writes any more); returns the
-    arrays cut."""
-    rows = {
-        path: doc["attributes"]["rows"]
-        for path, doc in nodes.items()
-        if doc.get("node_type") == "group"
-        and isinstance(doc.get("attributes", {}).get("rows"), int)
-    }
-    cuts = []
-    for path, doc in nodes.items():
-        n = rows.get(path.rpartition("/")[0])
-        if doc.get("node_type") == "array" and n is not None and doc["shape"][0] > n:
-            cuts.append((path, (n, *doc["shape"][1:])))
-
-    async def cut(path: str, shape: tuple[int, ...]) -> None:
-        # Zarr's resize: the new metadata, and the chunks past the new end deleted
-        arr = zarrio.async_array(root.store_path / path, nodes[path])
-        await arr.resize(shape)
-        nodes[path] = zarrio.array_doc(arr)
-
-    async def cut_all() -> None:
-        # each resize is a few ms of Zarr's machinery and a store has hundreds: one batch
-        _raise_first(
-            await asyncio.gather(
-                *(cut(path, shape) for path, shape in cuts), return_exceptions=True
-            )
-        )
-
-    if cuts:
-        zarrio.run(cut_all())
-    return len(cuts)
-
-
-def seal(root: zarrio.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str, Any]) -> None:
-    """Write the root's ``zarr.json`` once: ``attrs`` added to its attributes, and the
-    consolidated metadata of ``nodes`` (the :func:`read_nodes` of a store no process writes
-    any more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
-    reading the whole store a second time - where the store supports it."""
-    sp = root.store_path
-    found = zarrio.run(zarrio.read_doc(sp))
-    doc = found if found is not None else root.metadata.to_dict()
-    doc["attributes"] = {**doc.get("attributes", {}), **_jsonable(dict(attrs))}
-    doc.pop("consolidated_metadata", None)
-    if sp.store.supports_consolidated_metadata:  # most stores; not all
-        flat = {}
-        for path, node in nodes.items():
-            if node.get("node_type") == "group":
-                # a group's own entry says it has no children beyond those listed
-                node = {**node, "consolidated_metadata": _INLINE_EMPTY}
-            flat[path] = node
-        doc["consolidated_metadata"] = {**_INLINE_EMPTY, "metadata": flat}
-    zarrio.run(zarrio.write_doc(sp, doc))
-
-
-#: consolidated metadata of a group listed in its parent's: no children beyond those listed
-_INLINE_EMPTY = {"kind": "inline", "must_understand": False, "metadata": {}}
-
-
-def committed_rows(tgroup: zarrio.Group, shapes: Iterable[int] | None = None) -> int:
-    """Rows of a table that readers may use: its ``rows`` attribute (written once all of an
-    append's data had landed; arrays keep room past it), and no more than the shortest of
-    its variables. Without the attribute (a store from before it), the shortest variable."""
-    if shapes is None:
-        shapes = (a.shape[0] for _, a in tgroup.arrays())
-    return rows_within(tgroup.attrs.get("rows"), shapes)
-
-
-def _raise_first(results: Iterable[Any]) -> None:
+def raise_first(results: Iterable[Any]) -> None:
     for r in results:
         if isinstance(r, BaseException):
             raise r
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Attrs must be plain JSON: convert numpy scalars, tuples, sets and unknown objects."""
     if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, np.generic):
         return obj.item()
     if obj is None or isinstance(obj, (str, int, float, bool)):

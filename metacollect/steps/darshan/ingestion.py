@@ -23,7 +23,8 @@ from metacollect.steps.darshan.process import partial_reasons, process_attrs, wr
 from metacollect.steps.darshan.runtime import NO_JOBID_VARIABLE
 from metacollect.store.lifecycle import consolidate, levels_index
 from metacollect.store.schema import safe_name
-from metacollect.store.writer import GroupWriter, StoreWriter, read_nodes
+from metacollect.store.seal import read_nodes
+from metacollect.store.writer import GroupWriter, StoreWriter
 from metacollect.store.zarrio import open_group
 
 logger = logging.getLogger(__name__)

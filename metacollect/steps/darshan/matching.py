@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from metacollect.steps.darshan.logs import LogFile
-from metacollect.store.compact import column_values
+from metacollect.store.integrity import committed_rows
 from metacollect.store.schema import load_schema
-from metacollect.store.writer import committed_rows
+from metacollect.store.text import column_values
 from metacollect.store.zarrio import Group, open_group, subgroups
 
 

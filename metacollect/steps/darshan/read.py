@@ -14,8 +14,8 @@ from metacollect.errors import StoreError
 from metacollect.steps.darshan.attribution import SCOPES, attribute_segments, file_scopes
 from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.log_reader import RECORD_TABLES
-from metacollect.store.compact import codes_to_text, column_values
-from metacollect.store.writer import committed_rows
+from metacollect.store.integrity import committed_rows
+from metacollect.store.text import codes_to_text, column_values
 
 if TYPE_CHECKING:
     from metacollect.store.reader import StoreReader as Run

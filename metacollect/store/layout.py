@@ -1,0 +1,240 @@
+"""The layout of a sealed table: its arrays' chunks, codecs, attributes and documents.
+
+The seal writes each table once so that the sealed store reads as plain data and has
+files in proportion to its data:
+
+- chunks of at least :data:`COMPACT_ROWS` rows that divide the table nearly evenly (the
+  whole table when it is smaller), so a table's files grow with its rows, never with the
+  flushes that wrote them, and its last chunk is not mostly padding;
+- every ``code`` variable as variable-length strings (Zstandard on whole chunks absorbs the
+  repetition the codes saved), so ``xarray.open_datatree`` shows names, not numbers;
+- each array's CF attributes (``units``, ``long_name``, ``calendar``) from the schema.
+
+:class:`ColumnLook` takes the one look at a column that says how it is sealed
+(:class:`SealedColumn`): the string a missing value is written as, and its attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import metacollect.store.zarrio as zarrio
+from metacollect.errors import StoreError
+from metacollect.store import chunkio
+from metacollect.store.schema import FILL, TableSpec, VariableSpec
+from metacollect.store.text import NONE_ATTR, codes_to_text, no_value, none_value, text_values
+
+#: the seal's array templates by kind (see :func:`template`), shared by a store's tables
+Templates = dict[Any, "asyncio.Future[tuple[dict[str, Any], chunkio.ArrayCodec]]"]
+
+
+#: fewest rows in a chunk of a large sealed table (see :func:`_chunk`)
+COMPACT_ROWS = 65_536
+
+
+#: chunks of a large table's array made and stored at a time (bounds the seal's memory)
+BLOCK_CHUNKS = 4
+
+
+#: lowest Zstandard level of a sealed table's strings (see :func:`template`): 8 makes them
+#: about as small as 9 in less time; 5 to 7 are faster still but markedly larger on a
+#: run's task keys (docs/benchmarks.md)
+SEAL_TEXT_LEVEL = 8
+
+
+#: attribute of a table group the seal compacted
+COMPACTED = "compacted"
+
+
+def _chunk(n: int, extra: list[int]) -> int:
+    """Rows in each chunk of a sealed array of ``n`` rows (``extra``: its shape past them):
+    the whole array when it is short, else as few chunks of at least the base length as
+    divide it nearly evenly, so the last one is padded by fewer rows than there are chunks
+    (one chunk of the base length and a last one nearly empty would encode its padding:
+    a tenth of a 20k-task run's seal)."""
+    base = _base_rows(extra)
+    if n <= base:
+        return max(1, n)
+    return -(-n // (n // base))
+
+
+def _base_rows(extra: Sequence[int]) -> int:
+    """The shortest chunk of a large sealed array (fewer rows for a 2-D variable: about as
+    many values)."""
+    width = int(np.prod(extra)) if extra else 1
+    return max(1024, COMPACT_ROWS // width) if width > 1 else COMPACT_ROWS
+
+
+def sealed_chunks(n: int, extra: list[int]) -> set[int]:
+    """The chunk lengths a sealed array of ``n`` rows may have: this seal's, and the base
+    length older versions' seals gave every large array (not sealed again for it)."""
+    return {_chunk(n, extra), min(max(1, n), _base_rows(extra))}
+
+
+def variable_layout(
+    tspec: TableSpec, name: str, extra: tuple[int, ...]
+) -> tuple[list[str], dict[str, Any]]:
+    """The dimension names and attributes of variable ``name``'s array (``extra``: its
+    shape past the rows), the same whether a writer appends to it or the seal writes it."""
+    var = tspec.variables[name]
+    dims = [tspec.dim] + ([var.dim2] if var.dim2 else [f"{name}_dim{i}" for i in range(len(extra))])
+    return dims, {"description": var.description, "dtype": var.dtype, **var.cf_attrs}
+
+
+def sealed_attrs(attrs: Mapping[str, Any], var: VariableSpec, none: str | None) -> dict[str, Any]:
+    """A sealed array's attributes: the schema's CF attributes over ``attrs``, and for a
+    ``code`` variable the string its missing values are written as (``none``; ``None``: it
+    has none), with CF's ``missing_value`` when that is ``""`` (xarray reads it as missing)."""
+    out = {**attrs, **var.cf_attrs}
+    if var.dtype == "code":
+        out.pop(NONE_ATTR, None)
+        out.pop("missing_value", None)
+        if none is not None:
+            out[NONE_ATTR] = none
+            if none == "":
+                out["missing_value"] = ""
+    return out
+
+
+def sealed_doc(
+    template: Mapping[str, Any], shape: Sequence[int], dims: Any, attrs: dict[str, Any]
+) -> dict[str, Any]:
+    """A sealed array's ``zarr.json``, from its kind's template."""
+    return {
+        **template,
+        "shape": list(shape),
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_of(shape)}},
+        "dimension_names": dims,
+        "attributes": attrs,
+    }
+
+
+def chunk_of(shape: Sequence[int]) -> list[int]:
+    """The chunk shape of a sealed array of ``shape`` (whole rows past the first axis)."""
+    return [_chunk(shape[0], list(shape[1:])), *shape[1:]]
+
+
+def template(
+    var: VariableSpec, extra: list[int], chunk: list[int], level: int, templates: Templates
+) -> asyncio.Future[tuple[dict[str, Any], chunkio.ArrayCodec]]:
+    """Zarr's metadata and codec for this kind of array, made once in memory and shared by
+    the arrays written meanwhile (they wait for the one making). The chunk's length (a small
+    table's is its rows) is set per array, not part of the kind: a store's tables have as
+    many lengths as sizes, and making a template is a round of Zarr's machinery."""
+    is_str = var.dtype in ("str", "code")
+    kind = (is_str, var.dtype, tuple(extra))
+    made = templates.get(kind)
+    if made is None:
+
+        async def make() -> tuple[dict[str, Any], chunkio.ArrayCodec]:
+            doc = await zarrio.array_template(
+                (0, *extra),
+                tuple(chunk),
+                str if is_str else var.numpy_dtype,
+                # strings once, at the seal, at a higher Zstandard level (SEAL_TEXT_LEVEL:
+                # much smaller string columns); Blosc's highest levels are many times slower
+                # for little less on numbers, so numbers keep the store's level
+                zarrio.codecs("text", max(level, SEAL_TEXT_LEVEL))
+                if is_str
+                else zarrio.codecs("numeric", level),
+                "" if is_str else FILL[var.dtype],
+            )
+            return doc, chunkio.array_codec(doc)
+
+        made = templates[kind] = asyncio.ensure_future(make())
+    return made
+
+
+class SealedColumn(NamedTuple):
+    """How a column is sealed, from one look at all of it: its array's attributes, and for a
+    ``code`` variable the string a missing value is written as (``none``; ``None`` when no
+    value is missing). :meth:`rows` then turns any block of the column into what the
+    sealed array holds: codes (or strings) as strings, a missing value as ``none``."""
+
+    var: VariableSpec
+    attrs: dict[str, Any]
+    none: str | None
+    #: the ``none`` string of a column that is strings already (a compacted table's)
+    read_none: Any
+    strings: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        where: str,
+        var: VariableSpec,
+        data: np.ndarray,
+        attrs: dict[str, Any],
+        strings: np.ndarray | None,
+    ) -> SealedColumn:
+        look = ColumnLook(where, var, attrs, strings)
+        look.add(data)
+        return look.sealed()
+
+    def rows(self, block: np.ndarray) -> np.ndarray:
+        """A block of the column's rows as the sealed array holds them."""
+        if self.var.dtype != "code":
+            return block
+        if block.dtype.kind in "iu":
+            out = codes_to_text(block, self.strings).reshape(block.shape)
+        else:
+            out = text_values(block, self.read_none)
+        if self.none is not None:
+            missing = no_value(out)
+            if missing.any():
+                out = out.copy()
+                out[missing] = self.none
+        return out
+
+
+class ColumnLook:
+    """The one look at all of a column that says how it is sealed (:class:`SealedColumn`),
+    taken a block of rows at a time (a large table's column is read from the store a block
+    at a time): for a ``code`` variable, which strings its codes use, whether a value is
+    missing, and the blank strings the ``none`` string must not be."""
+
+    def __init__(
+        self, where: str, var: VariableSpec, attrs: dict[str, Any], strings: np.ndarray | None
+    ) -> None:
+        self.where, self.var, self.attrs = where, var, attrs
+        self.strings = strings
+        self.lookup = np.asarray(strings if strings is not None else [], dtype=object)
+        self.read_none = attrs.get(NONE_ATTR)
+        self.used = np.zeros(len(self.lookup), bool)
+        self.blank: set[str] = set()
+        self.missing = False
+
+    def add(self, data: np.ndarray) -> None:
+        if self.var.dtype != "code":
+            return
+        if data.dtype.kind in "iu":
+            # one look at each distinct string, not at each row (a million-row column of a
+            # few workers)
+            codes = data.reshape(-1)
+            if self.strings is None and len(codes) and codes.max() >= 0:
+                raise StoreError(f"{self.where}: codes without a strings table that reads")
+            inside = (codes >= 0) & (codes < len(self.lookup))
+            self.used[codes[inside]] = True
+            self.missing = self.missing or not inside.all()
+        else:  # strings already (a compacted table's)
+            held = text_values(np.asarray(data), self.read_none).reshape(-1)
+            absent = no_value(held)
+            self.missing = self.missing or bool(absent.any())
+            self.blank.update(v for v in held[~absent] if not v.strip("\0"))
+
+    def sealed(self) -> SealedColumn:
+        if self.var.dtype != "code":
+            return SealedColumn(
+                self.var, sealed_attrs(self.attrs, self.var, None), None, None, self.lookup
+            )
+        held = self.lookup[self.used]
+        absent = no_value(held)
+        missing = self.missing or bool(absent.any())
+        none = none_value([*held[~absent], *self.blank]) if missing else None
+        return SealedColumn(
+            self.var, sealed_attrs(self.attrs, self.var, none), none, self.read_none, self.lookup
+        )
