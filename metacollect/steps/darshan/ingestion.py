@@ -9,7 +9,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,12 @@ from metacollect.steps.darshan.live import LiveLog, live_attrs, live_delta
 from metacollect.steps.darshan.logs import LogFile, ReaderPool, ReadResult, find_logs, read_logs
 from metacollect.steps.darshan.matching import Known, known_processes, match_log, table_columns
 from metacollect.steps.darshan.mmap_log import read_mmap_log
-from metacollect.steps.darshan.process import partial_reasons, process_attrs, write_process
+from metacollect.steps.darshan.process import (
+    partial_reasons,
+    process_attrs,
+    unverified_records,
+    write_process,
+)
 from metacollect.steps.darshan.runtime import NO_JOBID_VARIABLE
 from metacollect.store.lifecycle import consolidate, levels_index
 from metacollect.store.schema import safe_name
@@ -303,6 +308,9 @@ class _Ingestion:
     ) -> None:
         self.writer = writer
         self.darshan = writer.group("darshan", attrs=attrs)
+        #: the runtime keeps its table of descriptors true (records named through it
+        #: can be trusted); unknown counts as not
+        self.names_exact = _names_exact(writer.path, attrs)
         self.known = known
         #: process groups of the store, those there before and those written now
         self.groups = groups
@@ -377,6 +385,7 @@ class _Ingestion:
             return
         reasons = partial_reasons(lg, res)
         attrs = process_attrs(lg, res, match, role, host, reasons)
+        attrs["unverified_names"] = unverified_records(res.arrays, self.names_exact)
         start = attrs["start_time"] if math.isfinite(attrs["start_time"]) else None
         if "live" in res.meta:  # the clock mark's record is in the end snapshot
             origin, source = res.meta["live"]["time_origin"]
@@ -553,6 +562,18 @@ def batch_job_ids(store: str) -> set[int]:
                 if m:
                     ids.add(int(m[1]))
     return ids
+
+
+def _names_exact(store: str, attrs: Mapping[str, Any]) -> bool:
+    """``stdio_names_exact`` of the runtime the ``darshan`` group describes: the attrs
+    about to be written, else the store's group (``False`` when neither says)."""
+    runtime: Any = attrs.get("runtime")
+    if runtime is None:
+        try:
+            runtime = dict(open_group(store)["darshan"].attrs).get("runtime")
+        except Exception:
+            runtime = None
+    return isinstance(runtime, Mapping) and bool(runtime.get("stdio_names_exact", False))
 
 
 def _darshan_attrs(store: str, log_dir: str) -> dict[str, Any]:

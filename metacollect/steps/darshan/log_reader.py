@@ -36,6 +36,29 @@ RECORD_TABLES = {
 }
 DXT_MODULES = ("DXT_POSIX", "DXT_MPIIO")
 
+#: counters of a record whose name came from Darshan's table of descriptors rather than
+#: from a path: a runtime without the fix for descriptors that ``fclose`` closes
+#: (``runtime.stdio_names_exact`` false) can give such a record another file's name
+DESCRIPTOR_NAMED = {
+    "POSIX": ("POSIX_DUPS", "POSIX_FILENOS"),
+    "STDIO": ("STDIO_FDOPENS",),
+}
+
+
+def unverified_names(module: str, counters: Mapping[str, np.ndarray], exact: bool) -> np.ndarray:
+    """Per record of ``module``: whether its file name cannot be trusted - named through
+    the descriptor table (:data:`DESCRIPTOR_NAMED`) by a runtime that can leave closed
+    descriptors in it. ``counters`` maps counter names to their columns."""
+    n = len(next(iter(counters.values()))) if counters else 0
+    out = np.zeros(n, dtype=bool)
+    if exact:
+        return out
+    for name in DESCRIPTOR_NAMED.get(module, ()):
+        if name in counters:
+            out |= np.asarray(counters[name]) > 0
+    return out
+
+
 #: on the child's stderr, starts the lines the library prints while reading log ``<i>``
 LOG_MARK = "@@metacollect-darshan-log "
 _DXT_COLUMNS = ("module", "id", "rank", "hostname", "op", "offset", "length", "start", "stop")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from metacollect.steps.darshan.log_reader import DXT_MODULES, RECORD_TABLES
+from metacollect.steps.darshan.log_reader import DXT_MODULES, RECORD_TABLES, unverified_names
 from metacollect.steps.darshan.logs import LogFile, ReadResult
 from metacollect.steps.darshan.matching import (
     Known,
@@ -95,6 +95,20 @@ def process_attrs(
         "mounts": result.meta.get("mounts", []),
         "counter_names": _counter_names(result.arrays),
     }
+
+
+def unverified_records(arrays: Mapping[str, np.ndarray], exact: bool) -> int:
+    """How many of a log's records may carry another file's name (see
+    :func:`~metacollect.steps.darshan.log_reader.unverified_names`)."""
+    total = 0
+    for module, table in RECORD_TABLES.items():
+        names = arrays.get(f"{table}.counter_names")
+        counters = arrays.get(f"{table}.counters")
+        if names is None or counters is None or counters.ndim != 2:
+            continue
+        columns = {str(n): counters[:, j] for j, n in enumerate(names[: counters.shape[1]])}
+        total += int(unverified_names(module, columns, exact).sum())
+    return total
 
 
 def _modules(modules: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

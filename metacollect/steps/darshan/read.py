@@ -13,7 +13,7 @@ import pandas as pd
 from metacollect.errors import StoreError
 from metacollect.steps.darshan.attribution import SCOPES, attribute_segments, file_scopes
 from metacollect.steps.darshan.conffile import interpreter_paths
-from metacollect.steps.darshan.log_reader import RECORD_TABLES
+from metacollect.steps.darshan.log_reader import DESCRIPTOR_NAMED, RECORD_TABLES, unverified_names
 from metacollect.store.integrity import committed_rows
 from metacollect.store.text import codes_to_text, column_values
 
@@ -46,8 +46,18 @@ _FILE_SUMS = [
     "meta_time",
 ]
 _PROC_COLS = ["cluster", "worker", "worker_group", "process", "role", "host", "pid"]
-_FILE_COLS = [*_PROC_COLS, "file", "scope", "interfaces", *_SUMS, "start", "stop", "partial"]
-_WORKER_COLS = [*_PROC_COLS, "files", *_SUMS, "start", "stop", "partial"]
+_FILE_COLS = [
+    *_PROC_COLS,
+    "file",
+    "scope",
+    "interfaces",
+    *_SUMS,
+    "start",
+    "stop",
+    "partial",
+    "name_verified",
+]
+_WORKER_COLS = [*_PROC_COLS, "files", *_SUMS, "start", "stop", "partial", "unverified_files"]
 _SEG_COLS = [
     *_PROC_COLS,
     "module",
@@ -152,9 +162,11 @@ def _since(origin: float, stamps: pd.Series | None) -> np.ndarray | float:
     return np.where(stamps.to_numpy() > 0, origin + stamps.to_numpy(), np.nan)
 
 
-def _module_rows(df: pd.DataFrame, module: str, origin: float) -> pd.DataFrame:
+def _module_rows(df: pd.DataFrame, module: str, origin: float, exact: bool) -> pd.DataFrame:
     """One row per record of a POSIX or STDIO table, with the counters :func:`read_io`
-    sums."""
+    sums and whether its file name can be trusted (``exact``: the runtime keeps its
+    table of descriptors true)."""
+    named = {c: df[c].to_numpy() for c in DESCRIPTOR_NAMED.get(module, ()) if c in df}
     p = module + "_"
     f = module + "_F_"
     opens = _col(df, p + "OPENS") + (_col(df, p + "FDOPENS") if module == "STDIO" else 0)
@@ -172,6 +184,7 @@ def _module_rows(df: pd.DataFrame, module: str, origin: float) -> pd.DataFrame:
             "meta_time": _col(df, f + "META_TIME"),
             "start": _since(origin, df.get(f + "OPEN_START_TIMESTAMP")),
             "stop": _since(origin, df.get(f + "CLOSE_END_TIMESTAMP")),
+            "name_verified": ~unverified_names(module, named, exact) if named else True,
         }
     )
 
@@ -185,13 +198,22 @@ def _origin(attrs: Mapping[str, Any]) -> float:
     return float(start) if isinstance(start, (int, float)) and math.isfinite(start) else math.nan
 
 
+def stdio_names_exact(run: Run) -> bool:
+    """Whether the run's Darshan runtime keeps its table of descriptors true, so that a
+    stream opened with ``fdopen`` is named after its own file (``runtime`` attr of the
+    ``darshan`` group; unknown - an older store, logs ingested alone - is ``False``)."""
+    runtime = run.groups.get("darshan", {}).get("runtime") or {}
+    return bool(runtime.get("stdio_names_exact", False))
+
+
 def _file_rows(run: Run, path: str, attrs: Mapping[str, Any]) -> pd.DataFrame:
     """One row per file a process touched, POSIX and STDIO summed (empty: no records)."""
     frames = []
+    exact = stdio_names_exact(run)
     for module in ("POSIX", "STDIO"):
         df = read_records(run, path, module)
         if df is not None and len(df):
-            frames.append(_module_rows(df, module, _origin(attrs)))
+            frames.append(_module_rows(df, module, _origin(attrs), exact))
     if not frames:
         return pd.DataFrame()
     return _per_file(pd.concat(frames, ignore_index=True))
@@ -225,6 +247,7 @@ def _per_file(df: pd.DataFrame) -> pd.DataFrame:
     out["interfaces"] = np.where(posix & stdio, "POSIX+STDIO", np.where(posix, "POSIX", "STDIO"))
     out["start"] = g["start"].min()
     out["stop"] = g["stop"].max()
+    out["name_verified"] = g["name_verified"].all()
     out = out.reset_index()
     out["bytes"] = out["bytes_read"] + out["bytes_written"]
     out["ops"] = out["reads"] + out["writes"]
@@ -284,8 +307,12 @@ def read_io(run: Run, by: str = "file", scope: str = "user") -> pd.DataFrame:
     pandas.DataFrame
         Process columns (cluster, worker address, worker_group, process group, role,
         host, pid) and bytes_read, bytes_written, bytes, reads, writes, ops, opens,
-        read_time, write_time, meta_time, time (s), start/stop (epoch s), partial; empty
-        when the run has no Darshan data.
+        read_time, write_time, meta_time, time (s), start/stop (epoch s), partial; by
+        file, ``name_verified`` (``False``: the file was named through Darshan's table
+        of descriptors - ``fdopen``, ``dup``, ``fileno``, as ``numpy.save`` writes - by
+        a runtime that can leave closed descriptors in it: its bytes may belong to
+        another file; the process's totals are exact), by worker ``unverified_files``;
+        empty when the run has no Darshan data.
 
     Raises
     ------
@@ -328,13 +355,20 @@ def _process_rows(
             df[k] = v
         return df
     if not len(df):
-        totals = {"files": 0, **dict.fromkeys(_SUMS, 0), "start": math.nan, "stop": math.nan}
+        totals = {
+            "files": 0,
+            **dict.fromkeys(_SUMS, 0),
+            "start": math.nan,
+            "stop": math.nan,
+            "unverified_files": 0,
+        }
     else:
         totals = {
             "files": len(df),
             **{c: df[c].sum() for c in _SUMS},
             "start": df["start"].min(),
             "stop": df["stop"].max(),
+            "unverified_files": int((~df["name_verified"]).sum()),
         }
     return pd.DataFrame([{**proc, **totals}])
 
@@ -387,12 +421,13 @@ def _windows(run: Run, procs: Mapping[str, Mapping[str, Any]], module: str) -> l
     start (``<module>-session-bound``): a bound that may cover several tasks (then it is
     ambiguous, never given to one)."""
     frames = []
+    exact = stdio_names_exact(run)
     for path, attrs in procs.items():
         df = read_records(run, path, module)
         if df is None or not len(df):
             continue
         origin = _origin(attrs)
-        rows = _module_rows(df, module, origin)
+        rows = _module_rows(df, module, origin, exact)
         session = attrs.get("snapshot_start")
         for op, col in (("read", "bytes_read"), ("write", "bytes_written")):
             has = rows[col].to_numpy() > 0

@@ -217,6 +217,7 @@ class RuntimeBuild:
     log_path_by_env: tuple[str, ...] = ()
     jobid_env: str = ""
     darshan_config: str | None = None
+    stdio_names_exact: bool = False
 
     @property
     def layout(self) -> str:
@@ -234,6 +235,7 @@ class RuntimeBuild:
             "log_path_by_env": list(self.log_path_by_env),
             "jobid_env": self.jobid_env,
             "darshan_config": self.darshan_config,
+            "stdio_names_exact": self.stdio_names_exact,
         }
 
 
@@ -274,15 +276,16 @@ def runtime_build(
 ) -> RuntimeBuild:
     """How the runtime of ``library`` was built, from its ``darshan-config``
     (:class:`RuntimeBuild`; ``layout`` ``unknown`` when there is none or it fails)."""
+    exact = forgets_closed_descriptors(library)
     path = darshan_config_of(library, environ)
     if path is None:
-        return RuntimeBuild()
+        return RuntimeBuild(stdio_names_exact=exact)
     try:
         answers = _ask_darshan_config(path, os.stat(path).st_mtime)
     except OSError:
         answers = None
     if answers is None:
-        return RuntimeBuild()
+        return RuntimeBuild(stdio_names_exact=exact)
     version, log_path, by_env, jobid_env = answers
     names = tuple(
         n for n in re.split(r"[,\s]+", by_env) if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)
@@ -293,7 +296,28 @@ def runtime_build(
         log_path_by_env=names,
         jobid_env=jobid_env,
         darshan_config=path,
+        stdio_names_exact=exact,
     )
+
+
+#: exported by a runtime whose POSIX module forgets the descriptors ``fclose`` closes
+#: (``.ci/darshan-patches``); without it, a stream opened with ``fdopen(dup(fd))`` - as
+#: ``numpy.save`` and ``ndarray.tofile`` write - can be named after a closed descriptor's
+#: file, so its bytes land on another file's record (totals stay exact)
+FORGET_FD_SYMBOL = b"darshan_posix_forget_fd"
+
+
+def forgets_closed_descriptors(library: str | None) -> bool:
+    """Whether ``library`` carries the fix that keeps Darshan's table of descriptors true
+    (it exports :data:`FORGET_FD_SYMBOL`); ``False`` when it cannot be read. The library
+    is read as bytes, never loaded: loading it would start Darshan in this process."""
+    if not library:
+        return False
+    try:
+        with open(library, "rb") as f:
+            return FORGET_FD_SYMBOL + b"\0" in f.read()
+    except OSError:
+        return False
 
 
 def site_log_variables(
