@@ -25,12 +25,41 @@ def _flushers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "metacollect-flush"]
 
 
+#: marks of the tests that only ``--full`` runs: long by nature, or needing a batch system
+#: or the real Darshan runtime (CI has them: ``.ci/run``)
+FULL_ONLY = ("slow", "slurm", "pbs", "darshan")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--full",
+        action="store_true",
+        default=False,
+        help=f"also run the tests marked {', '.join(FULL_ONLY)} (CI: .ci/run)",
+    )
+
+
+def pytest_report_header(config):
+    if not config.getoption("--full"):
+        return f"fast suite: tests marked {', '.join(FULL_ONLY)} deselected (--full runs them)"
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The suite runs in two processes (pytest-xdist, ``addopts``): the tests that submit
-    batch jobs go to one of them, one after the other, since they compare Slurm's queue
-    before and after (another test's jobs are not theirs); the slow ones go first, so that
-    neither process is left with a long test at the end while the other waits."""
+    """Without ``--full``, the tests marked :data:`FULL_ONLY` are deselected. The suite runs
+    in two processes (pytest-xdist, ``addopts``): the tests that submit batch jobs go to one
+    of them, one after the other, since they compare Slurm's queue before and after (another
+    test's jobs are not theirs); the slow ones go first, so that neither process is left with
+    a long test at the end while the other waits."""
+    if not config.getoption("--full"):
+        kept, full_only = [], []
+        for item in items:
+            marked = any(item.get_closest_marker(m) for m in FULL_ONLY)
+            (full_only if marked else kept).append(item)
+        if full_only:
+            config.hook.pytest_deselected(items=full_only)
+            items[:] = kept
     for item in items:
         if item.get_closest_marker("slurm") or item.get_closest_marker("pbs"):
             item.add_marker(pytest.mark.xdist_group("batch-system"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pandas as pd
 import pytest
 from views_runs import CHAIN, LONG_CHAIN, WIDE, basic_store, chain_store

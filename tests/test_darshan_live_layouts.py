@@ -40,6 +40,8 @@ from metacollect.store.writer import StoreWriter
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
+pytestmark = pytest.mark.darshan  # the real runtime: /opt/darshan, built by .ci/run
+
 VERSION = "3.5.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.environ.get(

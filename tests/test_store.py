@@ -148,7 +148,6 @@ def test_string_table_gives_its_strings_back_and_restarts_whole():
     holds reads back (``strings_of``, for a seal's strings a later writer appends to),
     a restart forgets every string and nothing else, and equal texts from ``str()`` of
     distinct objects (and of a str subclass a ``__str__`` returns) are one string."""
-    from metacollect.store._codes import Codes
 
     class Sub(str):
         def __hash__(self) -> int:  # a subclass's own hash must not split equal texts
@@ -533,7 +532,7 @@ def test_a_group_made_by_another_writer_meanwhile_is_never_written_over(store, m
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(zarrio.os, "link", no_links)
-    new, made = zarrio.local_group(root, "clusters/c1", {"by": "me"})
+    _, made = zarrio.local_group(root, "clusters/c1", {"by": "me"})
     assert made and dict(zarr.open_group(store, mode="r")["clusters/c1"].attrs) == {"by": "me"}
     assert not zarrio._link_new(f"{store}/clusters/zarr.json", b"{}")
     assert dict(zarr.open_group(store, mode="r")["clusters"].attrs) == {"by": "them"}
@@ -1109,9 +1108,9 @@ def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
     strings and rows of counters, appended across chunk edges, by a writer that holds the
     tail and by a new one that must read it back, read the same as Zarr's own setitem."""
     from zarr.codecs import BloscCodec, ZstdCodec
-    from metacollect.store.zarrio import run as sync
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     rng = np.random.default_rng(0)
     kinds = {
@@ -1162,10 +1161,10 @@ def test_append_after_a_failed_chunk_reads_its_rows_back(tmp_path, monkeypatch):
     """An append whose second chunk failed to store (its first did) leaves the appender
     without a tail: the retry, from the committed row as a flush retries, reads the rows
     before it back from the store."""
-    from metacollect.store.zarrio import run as sync
     from zarr.storage import LocalStore
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     arr = zarr.open_group(tmp_path / "a.zarr", mode="w").create_array(
         "x", shape=(20,), chunks=(8,), dtype="f8", fill_value=np.nan
@@ -1464,10 +1463,10 @@ def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
 def test_appends_through_a_store_that_is_not_a_directory():
     """Chunks go through the array's store (``set``), not the filesystem: appends to an
     in-memory store read back as Zarr's own setitem writes them."""
-    from metacollect.store.zarrio import run as sync
     from zarr.storage import MemoryStore
 
     from metacollect.store.chunks import ChunkAppender
+    from metacollect.store.zarrio import run as sync
 
     root = zarr.open_group(MemoryStore(), mode="w")
     ours, theirs = (
