@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 
 import pytest
@@ -19,6 +21,34 @@ def _flushers_left_running(request):
     left = [t for t in _flushers() if t not in before]
     if left:
         _FLUSHERS_LEFT.append(f"{request.node.nodeid}: {len(left)}")
+
+
+@contextlib.contextmanager
+def _environment_kept():
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_environment_restored():
+    """What a module's shared fixtures (clusters) wrote into ``os.environ`` ends with the
+    module (see :func:`_environment_restored`)."""
+    with _environment_kept():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test starts with the environment the one before it started with. A process
+    LocalCluster's nannies live in the test's process, and each spawn writes its pre-spawn
+    variables into ``os.environ`` (distributed's ``Nanny``: ``os.environ.update``): left
+    there, a Darshan session's variables, or a ``SLURM_JOB_ID``, reach the processes, jobs
+    and ``srun`` steps of every later test in this process."""
+    with _environment_kept():
+        yield
 
 
 def _flushers() -> list[threading.Thread]:

@@ -65,6 +65,16 @@ def squeue_ids() -> set[str]:
     return set(out.stdout.split())
 
 
+def jobs_submitted_from(directory) -> set[str]:
+    """Ids of the queued jobs whose work directory is ``directory``: those a test submitted
+    from its own ``tmp_path``, whatever else is in the queue (another session's jobs)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True, check=True
+    )
+    rows = (line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    return {job for job, workdir in rows if workdir == str(directory)}
+
+
 # -- without a batch system ------------------------------------------------------------------
 def test_scontrol_fields_parse():
     line = (
@@ -383,7 +393,6 @@ def test_a_refused_job_submission_fails_the_start_in_one_line(tmp_path, system):
     waiting for workers that never came, until the job's time ran out; it is now one line
     that quotes the refusal, exit 2, the script not run, no store and no job left."""
     require_slurm()
-    before = squeue_ids()
     proc, store = _run_on_cluster(
         tmp_path,
         system,
@@ -398,7 +407,7 @@ def test_a_refused_job_submission_fails_the_start_in_one_line(tmp_path, system):
     assert f"jobqueue.{system} config" in line
     assert "the script ran" not in proc.stdout
     assert not store.exists()
-    assert squeue_ids() <= before
+    assert jobs_submitted_from(tmp_path) == set()  # the run's cwd: its jobs' work directory
 
 
 @pytest.mark.parametrize("system", ["slurm", "pbs"])
