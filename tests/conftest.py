@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 
 import pytest
@@ -21,16 +23,73 @@ def _flushers_left_running(request):
         _FLUSHERS_LEFT.append(f"{request.node.nodeid}: {len(left)}")
 
 
+@contextlib.contextmanager
+def _environment_kept():
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_environment_restored():
+    """What a module's shared fixtures (clusters) wrote into ``os.environ`` ends with the
+    module (see :func:`_environment_restored`)."""
+    with _environment_kept():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test starts with the environment the one before it started with. A process
+    LocalCluster's nannies live in the test's process, and each spawn writes its pre-spawn
+    variables into ``os.environ`` (distributed's ``Nanny``: ``os.environ.update``): left
+    there, a Darshan session's variables, or a ``SLURM_JOB_ID``, reach the processes, jobs
+    and ``srun`` steps of every later test in this process."""
+    with _environment_kept():
+        yield
+
+
 def _flushers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "metacollect-flush"]
 
 
+#: marks of the tests that only ``--full`` runs: long by nature, or needing a batch system
+#: or the real Darshan runtime (CI has them: ``.ci/run``)
+FULL_ONLY = ("slow", "slurm", "pbs", "darshan")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--full",
+        action="store_true",
+        default=False,
+        help=f"also run the tests marked {', '.join(FULL_ONLY)} (CI: .ci/run)",
+    )
+
+
+def pytest_report_header(config):
+    if not config.getoption("--full"):
+        return f"fast suite: tests marked {', '.join(FULL_ONLY)} deselected (--full runs them)"
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The suite runs in two processes (pytest-xdist, ``addopts``): the tests that submit
-    batch jobs go to one of them, one after the other, since they compare Slurm's queue
-    before and after (another test's jobs are not theirs); the slow ones go first, so that
-    neither process is left with a long test at the end while the other waits."""
+    """Without ``--full``, the tests marked :data:`FULL_ONLY` are deselected. The suite runs
+    in two processes (pytest-xdist, ``addopts``): the tests that submit batch jobs go to one
+    of them, one after the other, since they compare Slurm's queue before and after (another
+    test's jobs are not theirs); the slow ones go first, so that neither process is left with
+    a long test at the end while the other waits."""
+    if not config.getoption("--full"):
+        kept, full_only = [], []
+        for item in items:
+            marked = any(item.get_closest_marker(m) for m in FULL_ONLY)
+            (full_only if marked else kept).append(item)
+        if full_only:
+            config.hook.pytest_deselected(items=full_only)
+            items[:] = kept
     for item in items:
         if item.get_closest_marker("slurm") or item.get_closest_marker("pbs"):
             item.add_marker(pytest.mark.xdist_group("batch-system"))

@@ -165,7 +165,9 @@ def test_a_worker_killed_the_store_unwritable_and_the_client_killed_in_one_run(t
     # heard of (finished and flushed, its report still unsent at the kill); and any worker one
     # whose end crossed its release: the client died while it ran, the scheduler released it
     # from processing on that worker and dropped the worker's late report (a loaded machine)
-    placed = set(zip(tr[tr.finish == "processing"].key, tr[tr.finish == "processing"].worker))
+    placed = set(
+        zip(tr[tr.finish == "processing"].key, tr[tr.finish == "processing"].worker, strict=True)
+    )
     let_go = set(tr[(tr.start == "processing") & (tr.finish != "memory")].key)
     crossed = {(k, w) for k, w in placed if k in let_go}
     unheard = {(k, w) for k, w in recorded - ran if w != victim}

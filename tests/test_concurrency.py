@@ -33,7 +33,9 @@ def slow(x):
 
 if __name__ == "__main__":
     tag, store = sys.argv[1], sys.argv[2]
-    with Client(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as client:
+    with Client(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as client:
         with collect(client, store, flush_interval="0.5s", run_id=tag):
             futures = [client.submit(slow, i, key=f"{tag}-{i}") for i in range(30)]
             assert sum(client.gather(futures)) == sum(range(30))
@@ -217,9 +219,9 @@ def test_a_nested_collection_leaves_yappi_to_the_first_and_says_so(tmp_path):
         ) as cluster,
         Client(cluster) as client,
         collect(client, outer_store, yappi=True, flush_interval="0.5s"),
+        collect(client, inner_store, yappi=True, flush_interval="0.5s") as inner,  # nested
     ):
-        with collect(client, inner_store, yappi=True, flush_interval="0.5s") as inner:
-            assert sum(client.gather(client.map(slow, range(20), key=_keys("inner", 20)))) == 190
+        assert sum(client.gather(client.map(slow, range(20), key=_keys("inner", 20)))) == 190
     assert inner.status == "incomplete"
     (reason,) = inner.missing
     assert reason.startswith("yappi: not collected here") and outer_store in reason

@@ -906,7 +906,8 @@ import json, os, sys
 from distributed import Client
 if __name__ == "__main__":
     with Client(n_workers=2, threads_per_worker=1, dashboard_address=":0") as c:
-        env = c.run(lambda: {k: v for k, v in os.environ.items() if k.startswith("DARSHAN_") or k == "LD_PRELOAD"})
+        env = c.run(lambda: {k: v for k, v in os.environ.items()
+                             if k.startswith("DARSHAN_") or k == "LD_PRELOAD"})
         c.gather(c.map(lambda x: x + 1, range(6)))
     with open(sys.argv[1], "w") as f:
         json.dump(env, f)

@@ -29,6 +29,8 @@ from metacollect.steps.job import scheduler_identity
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
+pytestmark = pytest.mark.darshan  # the real runtime: /opt/darshan, built by .ci/run
+
 
 def _find_library() -> str | None:
     """``METACOLLECT_DARSHAN_LIBRARY`` (a file or an install prefix), else /opt/darshan."""

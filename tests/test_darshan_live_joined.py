@@ -85,10 +85,12 @@ def _written(run, group: str, data: str) -> dict[str, int]:
     }
 
 
+@pytest.mark.darshan
 def test_the_session_ended_live(joined):
     assert open_run(joined["store"]).groups["darshan"]["method"] == "live-snapshot"
 
 
+@pytest.mark.darshan
 def test_the_killed_workers_record_is_partial_and_exact(joined):
     run = open_run(joined["store"])
     group = _process(run, joined["pids"]["killed"])
@@ -99,6 +101,7 @@ def test_the_killed_workers_record_is_partial_and_exact(joined):
     assert _written(run, group, joined["data"]) == {"killed.bin": CHUNK * CHUNKS}
 
 
+@pytest.mark.darshan
 def test_the_worker_started_in_its_place_is_read_whole_and_exact(joined):
     run = open_run(joined["store"])
     group = _process(run, joined["pids"]["joined"])
@@ -108,6 +111,7 @@ def test_the_worker_started_in_its_place_is_read_whole_and_exact(joined):
     assert _written(run, group, joined["data"]) == {"new.bin": joined["sizes"]["new.bin"]}
 
 
+@pytest.mark.darshan
 def test_the_other_workers_record_is_exact(joined):
     run = open_run(joined["store"])
     group = _process(run, joined["pids"]["other"])
@@ -115,6 +119,7 @@ def test_the_other_workers_record_is_exact(joined):
     assert _written(run, group, joined["data"]) == {"b.bin": joined["sizes"]["b.bin"]}
 
 
+@pytest.mark.darshan
 def test_only_the_killed_worker_is_missing(joined):
     run = open_run(joined["store"])
     assert run.attrs["status"] == "incomplete"
@@ -158,6 +163,7 @@ def unlistable() -> None:
     raise RuntimeError("the workers are out of reach")
 
 
+@pytest.mark.darshan
 def test_workers_that_cannot_be_listed_at_the_end_are_said(
     darshan_library,  # noqa: F811
     tmp_path,

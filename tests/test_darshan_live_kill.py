@@ -33,6 +33,8 @@ from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
+pytestmark = pytest.mark.darshan  # the real runtime: /opt/darshan, built by .ci/run
+
 CHUNK = 65_536
 CHUNKS = 7  # written before the kill: 458,752 B
 

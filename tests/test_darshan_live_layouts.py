@@ -40,6 +40,8 @@ from metacollect.store.writer import StoreWriter
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
+pytestmark = pytest.mark.darshan  # the real runtime: /opt/darshan, built by .ci/run
+
 VERSION = "3.5.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.environ.get(
@@ -158,17 +160,6 @@ def write_npy(path: str, n: int) -> int:
     return n
 
 
-@pytest.fixture(autouse=True)
-def _environment_restored():
-    """distributed's Nanny writes pre-spawn-environ into this process's environment
-    (``os.environ.update``): put it back after each test, or a later ``srun`` of another
-    test takes this module's SLURM_JOB_ID for its allocation."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def test_dated_layout_session_is_found_mapped_and_exact(dated_library, tmp_path):
     store = str(tmp_path / "run.zarr")
     data = tmp_path / "data"
@@ -231,8 +222,9 @@ if sys.argv[3] == "kill":
 
 
 def _site_process(library: str, logs: str, path: str, n: int, how: str) -> int:
+    # none of this process's Darshan variables (a DARSHAN_JOBID would name another job id)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("DARSHAN_")},
         "LD_PRELOAD": library,
         "DARSHAN_ENABLE_NONMPI": "1",
         "DARSHAN_LOGPATH": logs,

@@ -22,6 +22,8 @@ from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
+pytestmark = pytest.mark.darshan  # the real runtime: /opt/darshan, built by .ci/run
+
 
 def write_file(path: str, n: int) -> int:
     with open(path, "wb") as f:

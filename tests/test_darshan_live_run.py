@@ -30,6 +30,8 @@ from metacollect.cli import main
 from metacollect.store.validate import validate_store
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.darshan  # the real runtime: /opt/darshan, built by .ci/run
+
 SCRIPT = """
     import os, sys
     import numpy as np

@@ -27,6 +27,8 @@ from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 from tests.test_jobqueue import KW, require_slurm, squeue_ids
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.darshan  # the real runtime: /opt/darshan, built by .ci/run
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

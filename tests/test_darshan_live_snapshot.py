@@ -207,6 +207,7 @@ def _files(run, files) -> dict[str, dict[str, int]]:
     }
 
 
+@pytest.mark.darshan
 def test_the_workers_run_on_and_the_method_is_recorded(live):
     for k in (1, 2):
         s = live[k]
@@ -219,6 +220,7 @@ def test_the_workers_run_on_and_the_method_is_recorded(live):
     assert live[1]["after"] == live[2]["before"]
 
 
+@pytest.mark.darshan
 def test_each_session_has_exactly_its_own_bytes_per_file(live):
     sizes = live["sizes"]
     first = _files(open_run(live["stores"][1]), live["files"])
@@ -239,6 +241,7 @@ def test_each_session_has_exactly_its_own_bytes_per_file(live):
     assert sizes["held.bin"] == HELD_1 + HELD_2
 
 
+@pytest.mark.darshan
 def test_the_record_is_whole_and_says_what_predates_the_session(live):
     for k in (1, 2):
         run = open_run(live["stores"][k])
@@ -274,6 +277,7 @@ def test_the_record_is_whole_and_says_what_predates_the_session(live):
         assert row["POSIX_ACCESS1_ACCESS"] == -1  # the process's, not the session's
 
 
+@pytest.mark.darshan
 def test_bytes_go_to_the_tasks_that_did_them(live):
     files = live["files"]
     expect = {
@@ -309,6 +313,7 @@ def test_bytes_go_to_the_tasks_that_did_them(live):
     assert held["key"].isna().all() and list(held["length"]) == [HELD_2]
 
 
+@pytest.mark.darshan
 def test_a_log_unreadable_at_the_end_is_recorded_not_dropped(live):
     addr, pid = live["unreadable"]
     run = open_run(live["stores"][3])
@@ -323,6 +328,7 @@ def test_a_log_unreadable_at_the_end_is_recorded_not_dropped(live):
     assert run.groups["darshan"]["method"] == "live-snapshot"
 
 
+@pytest.mark.darshan
 def test_the_snapshots_read_here_are_what_pydarshan_reads(live, tmp_path):
     # a worker's live mmap log, read in this process and by pydarshan in a reader child:
     # the same arrays, element by element, and the same metadata
@@ -352,6 +358,7 @@ def write_file(path: str, n: int) -> int:
     return os.getpid()
 
 
+@pytest.mark.darshan
 def test_dxt_on_ends_by_stopping_the_workers(darshan_library, tmp_path):  # noqa: F811
     store = str(tmp_path / "run.zarr")
     path = str(tmp_path / "x.bin")

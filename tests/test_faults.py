@@ -51,23 +51,26 @@ def _cluster(n=2):
 
 def test_worker_sigkilled_mid_run(tmp_path):
     store = str(tmp_path / "kill.zarr")
-    with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="0.5s"):
-            futures = client.map(slow_inc, range(40), pure=False)
-            total = client.submit(sum, futures)
-            # wait until both workers hold results, then kill one of them
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                done = sum(f.status == "finished" for f in futures)
-                held = {w for ws in client.who_has(futures).values() for w in ws}
-                if done >= 10 and len(held) == 2:
-                    break
-                time.sleep(0.05)
-            victim = sorted(held)[0]
-            pid = client.run(os.getpid, workers=[victim])[victim]
-            os.kill(pid, signal.SIGKILL)
-            assert total.result(timeout=120) == sum(range(1, 41))  # the run completes
-            killed_at = time.time()
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="0.5s"),
+    ):
+        futures = client.map(slow_inc, range(40), pure=False)
+        total = client.submit(sum, futures)
+        # wait until both workers hold results, then kill one of them
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            done = sum(f.status == "finished" for f in futures)
+            held = {w for ws in client.who_has(futures).values() for w in ws}
+            if done >= 10 and len(held) == 2:
+                break
+            time.sleep(0.05)
+        victim = sorted(held)[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        assert total.result(timeout=120) == sum(range(1, 41))  # the run completes
+        killed_at = time.time()
     run = open_run(store)
     # the killed worker never took its final flush: its own rows since its last flush are
     # lost, and the store says so (and nothing else)
@@ -154,10 +157,13 @@ def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     """SIGTERM (a batch job's walltime, ``kill``): the worker flushes what it did since its
     last flush, then dies of the signal; its nanny starts another, as it would have."""
     store = str(tmp_path / "term.zarr")
-    with _cluster(2) as cluster, Client(cluster) as client:
-        # no flush but the final ones; its Yappi profile too goes with its final flush
-        with collect(client, store, flush_interval="60s", yappi=True):
-            victim, pid, ran = sigterm_a_worker_mid_run(client)
+    # no flush but the final ones; its Yappi profile too goes with its final flush
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="60s", yappi=True),
+    ):
+        _, pid, ran = sigterm_a_worker_mid_run(client)
     run = open_run(store)
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
     workers = run.workers().set_index("pid")
@@ -180,12 +186,15 @@ def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
 def test_a_worker_retired_mid_run_ends_its_record(tmp_path):
     """A worker that leaves on purpose takes its final flush: nothing is missing."""
     store = str(tmp_path / "retire.zarr")
-    with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="10s"):  # no flush but the final ones
-            first = client.gather(client.map(slow_inc, range(10), pure=False))
-            victim = sorted(scheduler_identity(client)["workers"])[0]
-            client.retire_workers([victim], close_workers=True)
-            then = client.gather(client.map(slow_inc, range(10, 20), pure=False))
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="10s"),  # no flush but the final ones
+    ):
+        first = client.gather(client.map(slow_inc, range(10), pure=False))
+        victim = sorted(scheduler_identity(client)["workers"])[0]
+        client.retire_workers([victim], close_workers=True)
+        then = client.gather(client.map(slow_inc, range(10, 20), pure=False))
     assert first + then == list(range(1, 21))
     run = open_run(store)
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
@@ -222,14 +231,17 @@ def test_a_sigterm_as_a_retired_workers_end_begins_still_takes_its_final_flush(t
     do, the process died of it, and the group never ended. Either the end or the signal's
     own final flush must take it."""
     store = str(tmp_path / "late.zarr")
-    with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="60s"):  # no flush but the final ones
-            first = client.gather(client.map(slow_inc, range(10), pure=False))
-            victim = sorted(scheduler_identity(client)["workers"])[0]
-            pid = client.run(os.getpid, workers=[victim])[victim]
-            client.run(_sigterm_as_the_end_begins, workers=[victim])
-            client.retire_workers([victim], close_workers=True)
-            then = client.gather(client.map(slow_inc, range(10, 20), pure=False))
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="60s"),  # no flush but the final ones
+    ):
+        first = client.gather(client.map(slow_inc, range(10), pure=False))
+        victim = sorted(scheduler_identity(client)["workers"])[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        client.run(_sigterm_as_the_end_begins, workers=[victim])
+        client.retire_workers([victim], close_workers=True)
+        then = client.gather(client.map(slow_inc, range(10, 20), pure=False))
     assert first + then == list(range(1, 21))
     run = open_run(store)
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
@@ -246,20 +258,23 @@ def test_a_failed_final_flush_is_named(tmp_path, whose):
     names it; the scheduler's end names its group. Before, both went unsaid and the run
     was ``complete`` without those rows."""
     store = str(tmp_path / "broken.zarr")
-    with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="60s") as session:  # the final flush only
-            assert sum(client.gather(client.map(slow_inc, range(10), pure=False))) == 55
-            groups = sorted(
-                dirpath
-                for dirpath, dirs, _ in os.walk(os.path.join(store, "clusters"))
-                if ".segments" in dirs
-                and (os.path.basename(os.path.dirname(dirpath)) == "workers") == (whose == "worker")
-                and (whose == "worker" or os.path.basename(dirpath) == "scheduler")
-            )
-            victim = os.path.join(groups[0], ".segments")
-            os.rmdir(victim)
-            with open(victim, "w") as f:  # a file where its segments go
-                f.write("not a directory")
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="60s") as session,  # the final flush only
+    ):
+        assert sum(client.gather(client.map(slow_inc, range(10), pure=False))) == 55
+        groups = sorted(
+            dirpath
+            for dirpath, dirs, _ in os.walk(os.path.join(store, "clusters"))
+            if ".segments" in dirs
+            and (os.path.basename(os.path.dirname(dirpath)) == "workers") == (whose == "worker")
+            and (whose == "worker" or os.path.basename(dirpath) == "scheduler")
+        )
+        victim = os.path.join(groups[0], ".segments")
+        os.rmdir(victim)
+        with open(victim, "w") as f:  # a file where its segments go
+            f.write("not a directory")
     assert session.status == "incomplete"
     group = os.path.relpath(groups[0], store)
     if whose == "worker":
@@ -469,35 +484,34 @@ def test_failing_flush_reported_once_and_bounded(tmp_path):
         f.write("not a directory")
     os.symlink(good, link)
     store = os.path.join(link, "flaky.zarr")
-    with _cluster(2) as cluster, Client(cluster) as client:
-        # flushes on a fixed 0.2 s schedule (budget 1): the first ones create every array
-        # and would otherwise stretch the interval past the test's few seconds
-        with collect(client, store, flush_interval="0.2s", flush_budget=1, buffer_limit=1000):
-            assert sum(client.gather(client.map(slow_inc, range(10), delay=0))) == 55
-            time.sleep(0.5)
-            _point(link, blocked)
-            # Dask keeps running through many failing flushes, with >1000 transitions pending
-            for i in range(3):
-                assert (
-                    len(
-                        client.gather(
-                            client.map(slow_inc, range(i * 1000, i * 1000 + 300), delay=0)
-                        )
-                    )
-                    == 300
-                )
-                time.sleep(0.3)
-            sched = client.run_on_scheduler(_scheduler_flush_state)
-            workers = client.run(_worker_flush_state)
-            for state in [sched, *workers.values()]:
-                failing = {p: s for p, s in state.items() if s[2]}
-                assert failing, state
-                for path, (flush_errors, over, _) in failing.items():
-                    assert flush_errors == 1, (path, flush_errors)  # reported once
-                    assert not over, (path, over)  # bounded
-            _point(link, good)  # the filesystem is back: kept rows land
-            time.sleep(1.0)
-            assert sum(client.gather(client.map(slow_inc, range(5), delay=0))) == 15
+    # flushes on a fixed 0.2 s schedule (budget 1): the first ones create every array
+    # and would otherwise stretch the interval past the test's few seconds
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="0.2s", flush_budget=1, buffer_limit=1000),
+    ):
+        assert sum(client.gather(client.map(slow_inc, range(10), delay=0))) == 55
+        time.sleep(0.5)
+        _point(link, blocked)
+        # Dask keeps running through many failing flushes, with >1000 transitions pending
+        for i in range(3):
+            assert (
+                len(client.gather(client.map(slow_inc, range(i * 1000, i * 1000 + 300), delay=0)))
+                == 300
+            )
+            time.sleep(0.3)
+        sched = client.run_on_scheduler(_scheduler_flush_state)
+        workers = client.run(_worker_flush_state)
+        for state in [sched, *workers.values()]:
+            failing = {p: s for p, s in state.items() if s[2]}
+            assert failing, state
+            for path, (flush_errors, over, _) in failing.items():
+                assert flush_errors == 1, (path, flush_errors)  # reported once
+                assert not over, (path, over)  # bounded
+        _point(link, good)  # the filesystem is back: kept rows land
+        time.sleep(1.0)
+        assert sum(client.gather(client.map(slow_inc, range(5), delay=0))) == 15
     run = open_run(store)
     assert run.attrs["status"] == "complete"
     errors = run.errors()
@@ -542,16 +556,19 @@ class FailingCollector(SchedulerCollector):
 
 def test_hook_exception_recorded_and_dask_keeps_running(tmp_path):
     store = str(tmp_path / "hooks.zarr")
-    with _cluster(1) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="0.3s") as session:
-            failing = FailingCollector(session.store, {})
-            client.unregister_scheduler_plugin(failing.name)
-            client.register_plugin(failing)
-            assert client.submit(slow_inc, 1, delay=0).result() == 2
-            assert sum(client.gather(client.map(slow_inc, range(50), delay=0))) == sum(range(1, 51))
-            with Client(cluster.scheduler_address) as other:  # add_client / remove_client hooks
-                assert other.submit(slow_inc, 10, delay=0).result() == 11
-            time.sleep(0.6)
+    with (
+        _cluster(1) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="0.3s") as session,
+    ):
+        failing = FailingCollector(session.store, {})
+        client.unregister_scheduler_plugin(failing.name)
+        client.register_plugin(failing)
+        assert client.submit(slow_inc, 1, delay=0).result() == 2
+        assert sum(client.gather(client.map(slow_inc, range(50), delay=0))) == sum(range(1, 51))
+        with Client(cluster.scheduler_address) as other:  # add_client / remove_client hooks
+            assert other.submit(slow_inc, 10, delay=0).result() == 11
+        time.sleep(0.6)
     errors = open_run(store).errors()
     where = set(errors["where"])
     assert {
@@ -654,8 +671,8 @@ def test_a_column_of_priorities_is_encoded_as_each_value_alone():
     for values in columns:
         told_each: list[tuple[str, str]] = []
         told_alone: list[tuple[str, str]] = []
-        alone = [encode_json(v, lambda k, w: told_alone.append((k, w))) for v in values]
-        each = encode_json_each(values, lambda k, w: told_each.append((k, w)))
+        alone = [encode_json(v, lambda k, w, t=told_alone: t.append((k, w))) for v in values]
+        each = encode_json_each(values, lambda k, w, t=told_each: t.append((k, w)))
         assert list(map(kind, each)) == list(map(kind, alone)), values[:3]
         assert [k for k, _ in told_each] == [k for k, _ in told_alone]
 
@@ -672,14 +689,16 @@ def test_a_store_removed_mid_run_is_reported_and_never_remade_piecemeal(tmp_path
     import dask.array as da
 
     store = str(tmp_path / "gone.zarr")
-    with caplog.at_level(logging.WARNING, logger="metacollect"):
-        with collect(client, store, flush_interval="50ms") as session:
-            assert (da.ones(100, chunks=10) + 1).sum().compute() == 200
-            time.sleep(0.3)
-            os.rename(store, store + ".trash")  # at once, whatever a flush writes meanwhile
-            shutil.rmtree(store + ".trash")
-            assert (da.ones(100, chunks=10) + 2).sum().compute() == 300
-            time.sleep(0.3)
+    with (
+        caplog.at_level(logging.WARNING, logger="metacollect"),
+        collect(client, store, flush_interval="50ms") as session,
+    ):
+        assert (da.ones(100, chunks=10) + 1).sum().compute() == 200
+        time.sleep(0.3)
+        os.rename(store, store + ".trash")  # at once, whatever a flush writes meanwhile
+        shutil.rmtree(store + ".trash")
+        assert (da.ones(100, chunks=10) + 2).sum().compute() == 300
+        time.sleep(0.3)
     assert session.status == "incomplete", (session.status, session.missing)
     assert any("removed or replaced during the run" in m for m in session.missing)
     lost = [r for r in caplog.records if "record is not complete" in r.getMessage()]
@@ -710,7 +729,7 @@ def test_metacollect_run_says_in_one_line_when_its_store_was_removed(tmp_path, c
         ).replace("STORE", repr(store))
     )
     code = main(["run", "--store", store, str(script)])
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert code == 3, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]

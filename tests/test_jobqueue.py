@@ -65,6 +65,16 @@ def squeue_ids() -> set[str]:
     return set(out.stdout.split())
 
 
+def jobs_submitted_from(directory) -> set[str]:
+    """Ids of the queued jobs whose work directory is ``directory``: those a test submitted
+    from its own ``tmp_path``, whatever else is in the queue (another session's jobs)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True, check=True
+    )
+    rows = (line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    return {job for job, workdir in rows if workdir == str(directory)}
+
+
 # -- without a batch system ------------------------------------------------------------------
 def test_scontrol_fields_parse():
     line = (
@@ -329,9 +339,11 @@ def _run_on_cluster(tmp_path, system, script_text, *options, env=None):
     script.write_text(script_text)
     store = tmp_path / "run.zarr"
     proc = subprocess.run(
-        [sys.executable, "-m", "metacollect", "run", "--store", str(store), "--cluster", system]
-        + ["--jobs", "2", "--cores", "1", "--memory", "1GB", "--interface", "lo", *options]
-        + [str(script)],
+        [
+            *(sys.executable, "-m", "metacollect", "run", "--store", str(store)),
+            *("--cluster", system, "--jobs", "2", "--cores", "1", "--memory", "1GB"),
+            *("--interface", "lo", *options, str(script)),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -381,7 +393,6 @@ def test_a_refused_job_submission_fails_the_start_in_one_line(tmp_path, system):
     waiting for workers that never came, until the job's time ran out; it is now one line
     that quotes the refusal, exit 2, the script not run, no store and no job left."""
     require_slurm()
-    before = squeue_ids()
     proc, store = _run_on_cluster(
         tmp_path,
         system,
@@ -396,7 +407,7 @@ def test_a_refused_job_submission_fails_the_start_in_one_line(tmp_path, system):
     assert f"jobqueue.{system} config" in line
     assert "the script ran" not in proc.stdout
     assert not store.exists()
-    assert squeue_ids() <= before
+    assert jobs_submitted_from(tmp_path) == set()  # the run's cwd: its jobs' work directory
 
 
 @pytest.mark.parametrize("system", ["slurm", "pbs"])
@@ -578,7 +589,8 @@ if __name__ == "__main__":
     client.wait_for_workers(2, timeout=60)
     with collect(client, store, flush_interval="60s"):  # no flush but the final ones
         print(sum(client.gather(client.map(lambda x: x + 1, range(100)))), flush=True)
-        pathlib.Path(ready).write_text(json.dumps([str(j.job_id) for j in cluster.workers.values()]))
+        jobs = [str(j.job_id) for j in cluster.workers.values()]
+        pathlib.Path(ready).write_text(json.dumps(jobs))
         time.sleep(600)
 """
 
@@ -899,27 +911,27 @@ def test_a_job_slurm_forgot_while_it_was_completing_is_named(tmp_path):
     with (
         SLURMCluster(log_directory=str(tmp_path / "logs"), **kw) as cluster,
         Client(cluster) as client,
+        collect(client, store, snapshot_interval="600s") as session,
     ):
-        with collect(client, store, snapshot_interval="600s") as session:
-            assert session.batch is not None
-            cluster.scale(jobs=1)
-            client.wait_for_workers(1, timeout=60)
-            (job_id,) = [str(j.job_id) for j in cluster.workers.values()]
-            assert client.submit(lambda x: x + 1, 1).result() == 2
-            session.batch.record()  # its row, while it runs (the watch is 10 min apart)
-            cancelled = time.time()
-            subprocess.run(["scancel", job_id], check=True)
-            deadline = time.time() + 30
-            while cluster.scheduler_info["workers"] and time.time() < deadline:
-                time.sleep(0.05)  # its worker has left (the SIGTERM), its helper has not
-            assert scontrol_job(job_id).get("JobState") == "COMPLETING"
-            session.batch.record()  # a look, with its worker gone: how did the job end?
-            assert scontrol_job(job_id).get("JobState") == "COMPLETING", "over too soon"
-            deadline = time.time() + 90
-            while scontrol_job(job_id) and time.time() < deadline:
-                time.sleep(0.5)
-            assert not scontrol_job(job_id), "Slurm still knows the job (MinJobAge)"
-            session.batch.record()  # the next question: Slurm has forgotten it
+        assert session.batch is not None
+        cluster.scale(jobs=1)
+        client.wait_for_workers(1, timeout=60)
+        (job_id,) = [str(j.job_id) for j in cluster.workers.values()]
+        assert client.submit(lambda x: x + 1, 1).result() == 2
+        session.batch.record()  # its row, while it runs (the watch is 10 min apart)
+        cancelled = time.time()
+        subprocess.run(["scancel", job_id], check=True)
+        deadline = time.time() + 30
+        while cluster.scheduler_info["workers"] and time.time() < deadline:
+            time.sleep(0.05)  # its worker has left (the SIGTERM), its helper has not
+        assert scontrol_job(job_id).get("JobState") == "COMPLETING"
+        session.batch.record()  # a look, with its worker gone: how did the job end?
+        assert scontrol_job(job_id).get("JobState") == "COMPLETING", "over too soon"
+        deadline = time.time() + 90
+        while scontrol_job(job_id) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not scontrol_job(job_id), "Slurm still knows the job (MinJobAge)"
+        session.batch.record()  # the next question: Slurm has forgotten it
     run = open_run(store)
     (end,) = run.table("job/batch", "ends").query("job_id == @job_id").to_dict("records")
     assert end["state"] == "COMPLETING"
@@ -967,31 +979,31 @@ def test_jobs_the_controller_could_not_be_asked_about_are_not_read_as_forgotten(
     with (
         SLURMCluster(log_directory=str(tmp_path / "logs"), **KW) as cluster,
         Client(cluster) as client,
+        collect(client, store, snapshot_interval="1s") as session,
     ):
-        with collect(client, store, snapshot_interval="1s") as session:
-            batch = session.batch
-            assert batch is not None
-            cluster.scale(jobs=2)
-            client.wait_for_workers(2, timeout=60)
-            first, second = sorted((str(j.job_id) for j in cluster.workers.values()), key=int)
-            assert client.submit(lambda x: x + 1, 1).result() == 2
-            batch.record()  # both rows, while they run
-            down.touch()
-            subprocess.run(["scancel", first], check=True)
-            deadline = time.time() + 30
-            while first in squeue_ids() and time.time() < deadline:
-                time.sleep(0.2)  # over: its end is there to read, for whoever can ask
-            time.sleep(2)  # two looks and a question again, none answered
-            assert first not in batch._ended, "its end was taken for an answer"
-            down.unlink()  # the controller is back
-            deadline = time.time() + 30
-            while first not in batch._ended and time.time() < deadline:
-                time.sleep(0.2)
-            down.touch()  # and gone again, until the collection has ended
-            subprocess.run(["scancel", second], check=True)
-            deadline = time.time() + 30
-            while len(scheduler_identity(client)["workers"]) and time.time() < deadline:
-                time.sleep(0.2)
+        batch = session.batch
+        assert batch is not None
+        cluster.scale(jobs=2)
+        client.wait_for_workers(2, timeout=60)
+        first, second = sorted((str(j.job_id) for j in cluster.workers.values()), key=int)
+        assert client.submit(lambda x: x + 1, 1).result() == 2
+        batch.record()  # both rows, while they run
+        down.touch()
+        subprocess.run(["scancel", first], check=True)
+        deadline = time.time() + 30
+        while first in squeue_ids() and time.time() < deadline:
+            time.sleep(0.2)  # over: its end is there to read, for whoever can ask
+        time.sleep(2)  # two looks and a question again, none answered
+        assert first not in batch._ended, "its end was taken for an answer"
+        down.unlink()  # the controller is back
+        deadline = time.time() + 30
+        while first not in batch._ended and time.time() < deadline:
+            time.sleep(0.2)
+        down.touch()  # and gone again, until the collection has ended
+        subprocess.run(["scancel", second], check=True)
+        deadline = time.time() + 30
+        while len(scheduler_identity(client)["workers"]) and time.time() < deadline:
+            time.sleep(0.2)
     run = open_run(store)
     ends = run.table("job/batch", "ends").set_index("job_id")
     assert ends.loc[first, "state"] == "CANCELLED"
@@ -1021,18 +1033,18 @@ def test_a_job_slurm_forgot_before_it_was_recorded_is_named(tmp_path):
     with (
         SLURMCluster(log_directory=str(tmp_path / "logs"), **KW) as cluster,
         Client(cluster) as client,
+        collect(client, store, snapshot_interval="60s"),
     ):
-        with collect(client, store, snapshot_interval="60s"):
-            cluster.scale(jobs=1)
-            client.wait_for_workers(1, timeout=60)
-            (job_id,) = [str(j.job_id) for j in cluster.workers.values()]
-            (address,) = scheduler_identity(client)["workers"]
-            assert client.submit(lambda x: x + 1, 1).result() == 2
-            cluster.scale(0)
-            deadline = time.time() + 90
-            while (cluster.workers or scontrol_job(job_id)) and time.time() < deadline:
-                time.sleep(0.5)
-            assert not scontrol_job(job_id), "Slurm still knows the job (MinJobAge)"
+        cluster.scale(jobs=1)
+        client.wait_for_workers(1, timeout=60)
+        (job_id,) = [str(j.job_id) for j in cluster.workers.values()]
+        (address,) = scheduler_identity(client)["workers"]
+        assert client.submit(lambda x: x + 1, 1).result() == 2
+        cluster.scale(0)
+        deadline = time.time() + 90
+        while (cluster.workers or scontrol_job(job_id)) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not scontrol_job(job_id), "Slurm still knows the job (MinJobAge)"
     run = open_run(store)
     assert run.attrs["status"] == "incomplete"
     (named,) = [m for m in run.attrs["missing"] if m.startswith(f"batch job {job_id}:")]

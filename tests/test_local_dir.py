@@ -56,25 +56,27 @@ def _committed_tasks(node, address, least=3, timeout=60):
 def test_workers_write_node_local_and_gather_at_their_end(tmp_path, monkeypatch):
     store, node = str(tmp_path / "run.zarr"), tmp_path / "node"
     monkeypatch.setenv("NODE_SCRATCH", str(node))  # expanded on the node, like $TMPDIR
-    with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="0.2s", local_dir="$NODE_SCRATCH/mc") as session:
-            futures = client.map(slow_inc, range(30), pure=False)
-            assert sum(client.gather(futures)) == sum(range(1, 31))
-            time.sleep(0.6)  # a few flushes
-            # mid-run: the rows are on the node; the store has one placeholder per worker
-            local_stores = glob.glob(str(node / "mc" / "metacollect-*" / "*.zarr"))
-            assert len(local_stores) == 2
-            assert all(
-                glob.glob(os.path.join(s, "clusters/*/workers/*/.segments/*.seg"))
-                for s in local_stores
-            )
-            placeholders = glob.glob(os.path.join(store, "clusters/*/workers/*/zarr.json"))
-            assert len(placeholders) == 2
-            for p in placeholders:
-                with open(p) as f:
-                    attrs = json.load(f)["attributes"]
-                assert attrs["local_store"].split(":", 1)[1] in local_stores
-                assert _files(os.path.dirname(p)) == ["zarr.json"]  # no table written there
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="0.2s", local_dir="$NODE_SCRATCH/mc") as session,
+    ):
+        futures = client.map(slow_inc, range(30), pure=False)
+        assert sum(client.gather(futures)) == sum(range(1, 31))
+        time.sleep(0.6)  # a few flushes
+        # mid-run: the rows are on the node; the store has one placeholder per worker
+        local_stores = glob.glob(str(node / "mc" / "metacollect-*" / "*.zarr"))
+        assert len(local_stores) == 2
+        assert all(
+            glob.glob(os.path.join(s, "clusters/*/workers/*/.segments/*.seg")) for s in local_stores
+        )
+        placeholders = glob.glob(os.path.join(store, "clusters/*/workers/*/zarr.json"))
+        assert len(placeholders) == 2
+        for p in placeholders:
+            with open(p) as f:
+                attrs = json.load(f)["attributes"]
+            assert attrs["local_store"].split(":", 1)[1] in local_stores
+            assert _files(os.path.dirname(p)) == ["zarr.json"]  # no table written there
     assert session.status == "complete", session.missing
     run = open_run(store)
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
@@ -91,23 +93,26 @@ def test_workers_write_node_local_and_gather_at_their_end(tmp_path, monkeypatch)
 
 def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
     store, node = str(tmp_path / "kill.zarr"), str(tmp_path / "node")
-    with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="0.2s", local_dir=node) as session:
-            notes = tmp_path / "ran"
-            notes.mkdir()
-            futures = client.map(noted_inc, range(40), notes=str(notes), pure=False)
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                done = [f for f in futures if f.status == "finished"]
-                held = {w for ws in client.who_has(done).values() for w in ws}
-                if len(done) >= 10 and len(held) == 2:
-                    break
-                time.sleep(0.05)
-            victim = sorted(held)[0]
-            flushed = _committed_tasks(node, victim)  # the victim's rows on its node, so far
-            pid = client.run(os.getpid, workers=[victim])[victim]
-            os.kill(pid, signal.SIGKILL)
-            assert sum(client.gather(futures)) == sum(range(1, 41))
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="0.2s", local_dir=node) as session,
+    ):
+        notes = tmp_path / "ran"
+        notes.mkdir()
+        futures = client.map(noted_inc, range(40), notes=str(notes), pure=False)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            done = [f for f in futures if f.status == "finished"]
+            held = {w for ws in client.who_has(done).values() for w in ws}
+            if len(done) >= 10 and len(held) == 2:
+                break
+            time.sleep(0.05)
+        victim = sorted(held)[0]
+        flushed = _committed_tasks(node, victim)  # the victim's rows on its node, so far
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        assert sum(client.gather(futures)) == sum(range(1, 41))
     # what ran on the victim up to its kill, as its tasks noted it (who_has, asked task by
     # task before the kill, missed one the victim finished and flushed meanwhile)
     ran_on_victim = set((notes / str(pid)).read_text().split())
@@ -118,7 +123,7 @@ def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
     assert run.attrs["missing"] == session.missing
     (victim_group,) = [p for p, a in run.worker_groups().items() if a["address"] == victim]
     assert victim_group in lines[0]
-    victim_id = victim_group.rsplit("/", 1)[1]
+    victim_id = victim_group.rsplit("/", 1)[1]  # noqa: F841  (the queries' @victim_id)
     assert len(run.worker_table("tasks").query("worker_group == @victim_id")) == 0
     # on the node, after the job: gather what the killed worker left
     left = glob.glob(os.path.join(node, "metacollect-*"))
@@ -140,9 +145,12 @@ def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
 def test_local_dir_naming_an_unset_variable_is_said_and_the_run_goes_on(tmp_path):
     store = str(tmp_path / "unset.zarr")
     os.environ.pop("NO_SUCH_SCRATCH_VAR", None)
-    with _cluster(1) as cluster, Client(cluster) as client:
-        with collect(client, store, local_dir="$NO_SUCH_SCRATCH_VAR/x"):
-            assert client.submit(slow_inc, 1).result() == 2
+    with (
+        _cluster(1) as cluster,
+        Client(cluster) as client,
+        collect(client, store, local_dir="$NO_SUCH_SCRATCH_VAR/x"),
+    ):
+        assert client.submit(slow_inc, 1).result() == 2
     run = open_run(store)
     assert len(run.worker_table("tasks")) == 1  # written to the run's store directly
     errors = run.errors()
@@ -181,9 +189,12 @@ def test_a_sigtermed_worker_gathers_its_group_before_it_dies(tmp_path):
     its final flush on its node and copies its group into the run's store, then dies of the
     signal. Nothing is left to gather and nothing is missing."""
     store, node = str(tmp_path / "term.zarr"), str(tmp_path / "node")
-    with _cluster(2) as cluster, Client(cluster) as client:
-        with collect(client, store, flush_interval="60s", local_dir=node) as session:
-            _, pid, ran = sigterm_a_worker_mid_run(client)
+    with (
+        _cluster(2) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="60s", local_dir=node) as session,
+    ):
+        _, pid, ran = sigterm_a_worker_mid_run(client)
     assert session.status == "complete" and session.missing == []
     run = open_run(store)
     (group,) = [p for p, a in run.worker_groups().items() if a["pid"] == pid]

@@ -58,9 +58,11 @@ def test_a_second_run_into_a_store_in_use_is_refused_and_the_first_is_untouched(
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and f"in use by another run: pid {first.pid}" in err[0]
         # the API: the same error, before anything is written
-        with pytest.raises(StoreLockedError, match="wait until it ends or choose another path"):
-            with collect(client, store, overwrite=True):
-                pass
+        with (
+            pytest.raises(StoreLockedError, match="wait until it ends or choose another path"),
+            collect(client, store, overwrite=True),
+        ):
+            pass
     finally:
         open(go, "w").close()
         out, _ = first.communicate(timeout=120)
@@ -95,9 +97,8 @@ def test_a_run_that_fails_to_start_leaves_no_store_and_no_lock(tmp_path, client)
     from metacollect.errors import ConfigError
 
     store = tmp_path / "never.zarr"
-    with pytest.raises(ConfigError):
-        with collect(client, str(store), flush_interval="-1s"):
-            pass
+    with pytest.raises(ConfigError), collect(client, str(store), flush_interval="-1s"):
+        pass
     assert not store.exists()
     with collect(client, str(store)):  # and the path is free for the next run
         pass

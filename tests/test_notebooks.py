@@ -31,7 +31,8 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     # the notebooks keep their stores in a temp dir for the reader to explore: the kernel's
     # temp dir is the test's, or every run leaves ~1,500 files a notebook in /tmp
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    # the kernel must not inherit pytest's "warnings are errors"; the notebooks' own code runs as users run it
+    # the kernel must not inherit pytest's "warnings are errors"; the notebooks' own code
+    # runs as users run it
     client = NotebookClient(
         nb,
         timeout=240,

@@ -278,9 +278,20 @@ def test_an_end_cancelled_under_its_own_seal_is_marked_and_loses_nothing(store):
         recording.start()
         sealing = threading.Event()
         seal = recording._seal
-        recording._seal = lambda sealing=sealing, seal=seal: (sealing.set(), go_on.wait(10), seal())
+        recording._seal = lambda sealing=sealing, seal=seal, go_on=go_on: (
+            sealing.set(),
+            go_on.wait(10),
+            seal(),
+        )
 
-        async def end(recording=recording, marked=marked, sealing=sealing, in_flush=in_flush):
+        async def end(
+            recording=recording,
+            marked=marked,
+            sealing=sealing,
+            in_flush=in_flush,
+            when=when,
+            go_on=go_on,
+        ):
             task = asyncio.ensure_future(recording.finish(lambda: marked.append(time.time())))
             started = sealing if when == "seal" else in_flush
             while not started.is_set():

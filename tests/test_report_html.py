@@ -146,7 +146,9 @@ def test_collector_holds_every_flush_with_hover(report):
     objs = _objects(report.read_text())
     drawn = _sources(objs, "x", "cpu_ms", "wall_ms", "rows", "gap_s", "process")
     assert {p for s in drawn for p in s["process"]} == {"scheduler", *run.workers()["address"]}
-    points = sorted((x, c, g) for s in drawn for x, c, g in zip(s["x"], s["cpu_ms"], s["gap_s"]))
+    points = sorted(
+        (x, c, g) for s in drawn for x, c, g in zip(s["x"], s["cpu_ms"], s["gap_s"], strict=True)
+    )
     truth = sorted(
         zip(flushes["time"] * 1000.0, flushes["cpu_s"] * 1000.0, flushes["gap_s"], strict=True)
     )

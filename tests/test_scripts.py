@@ -436,10 +436,11 @@ def test_a_module_level_client_to_an_external_scheduler(tmp_path):
     truth = str(tmp_path / "truth")
     env = {**os.environ, **groundtruth.environment(truth)}
     sched_file = str(tmp_path / "scheduler.json")
+    # a free port: dask's default (8786) is the one of the batch tests' job schedulers
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file",
-             sched_file, "--host", "127.0.0.1", "--dashboard-address", ":0"],
+             sched_file, "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
     ]  # fmt: skip

@@ -1078,24 +1078,24 @@ def test_real_collectors_merge_their_segments_during_a_run(tmp_path):
             time.sleep(0.02)
 
     keys = [f"inc-{i}" for i in range(2000)]
-    with dask.config.set({"metacollect.store.segment-merge": 2}):
-        with (
-            LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-            ) as cluster,
-            Client(cluster) as client,
-        ):
-            with collect(client, store, flush_interval="0.05s", flush_budget=1):
-                watcher = threading.Thread(target=watch)
-                watcher.start()
-                try:
-                    for b in range(40):
-                        batch = keys[50 * b : 50 * (b + 1)]
-                        client.gather(client.map(_inc, range(50 * b, 50 * (b + 1)), key=batch))
-                        time.sleep(0.05)
-                finally:
-                    stop.set()
-                    watcher.join()
+    with (
+        dask.config.set({"metacollect.store.segment-merge": 2}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        collect(client, store, flush_interval="0.05s", flush_budget=1),
+    ):
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            for b in range(40):
+                batch = keys[50 * b : 50 * (b + 1)]
+                client.gather(client.map(_inc, range(50 * b, 50 * (b + 1)), key=batch))
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            watcher.join()
     workers = [g for g in most if "/workers/" in g]
     assert len(workers) == 2 and any(g.endswith("/scheduler") for g in most), most
     assert max(most.values()) <= 12, most  # a flush each 50 ms for seconds: ~80 unmerged

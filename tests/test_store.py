@@ -150,7 +150,6 @@ def test_string_table_gives_its_strings_back_and_restarts_whole():
     holds reads back (``strings_of``, for a seal's strings a later writer appends to),
     a restart forgets every string and nothing else, and equal texts from ``str()`` of
     distinct objects (and of a str subclass a ``__str__`` returns) are one string."""
-    from metacollect.store._codes import Codes
 
     class Sub(str):
         def __hash__(self) -> int:  # a subclass's own hash must not split equal texts
@@ -535,7 +534,7 @@ def test_a_group_made_by_another_writer_meanwhile_is_never_written_over(store, m
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(documents.os, "link", no_links)
-    new, made = documents.local_group(root, "clusters/c1", {"by": "me"})
+    _, made = documents.local_group(root, "clusters/c1", {"by": "me"})
     assert made and dict(zarr.open_group(store, mode="r")["clusters/c1"].attrs) == {"by": "me"}
     assert not documents._link_new(f"{store}/clusters/zarr.json", b"{}")
     assert dict(zarr.open_group(store, mode="r")["clusters"].attrs) == {"by": "them"}

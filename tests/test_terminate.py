@@ -112,7 +112,7 @@ def test_overlapping_held_blocks_of_one_event_loop_all_finish_first(tmp_path):
                 final(name)("done")
 
         async def main():
-            ends = [asyncio.ensure_future(end("short", 0.5)), asyncio.ensure_future(end("long", 1.5))]
+            ends = [asyncio.ensure_future(end(n, t)) for n, t in (("short", 0.5), ("long", 1.5))]
             await asyncio.sleep(0.1)
             print("READY", os.getpid(), flush=True)
             await asyncio.gather(*ends)
@@ -323,7 +323,7 @@ def test_keeping_the_workers_down_never_ends_the_script_in_place_of_the_signal(m
     a nanny set that cannot be read (another thread adding a nanny) is logged, and none is
     told."""
     import distributed
-    import distributed.nanny  # noqa: F401  # what says that this process may hold nannies
+    import distributed.nanny  # what says that this process may hold nannies
 
     from metacollect.steps.terminate import keep_workers_down
 

@@ -52,7 +52,8 @@ def _tmp() -> str:
 
 @functools.cache
 def basic_store() -> str:
-    """Path of a store holding graph 0 = a chain, graph 1 = a wide graph, graph 2 = one erred task."""
+    """Path of a store holding graph 0 = a chain, graph 1 = a wide graph, graph 2 = one erred
+    task."""
     import dask
 
     store = f"{_tmp()}/basic.zarr"
@@ -65,10 +66,8 @@ def basic_store() -> str:
         parts = [dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(WIDE)]
         dask.compute(dask.delayed(total)(*parts, dask_key_name="total-0"))
         fut = client.submit(boom, 1, key="boom-0")
-        try:
+        with contextlib.suppress(ValueError):
             fut.result()
-        except ValueError:
-            pass
         time.sleep(0.5)  # a few worker-state samples after the last task
     return store
 
@@ -103,7 +102,8 @@ def work(i):
     return i * 2
 
 if __name__ == "__main__":
-    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster):
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster, \
+            Client(cluster):
         print(sum(dask.compute(*[dask.delayed(work)(i) for i in range(10)])))
 """
 
