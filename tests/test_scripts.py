@@ -543,8 +543,18 @@ def test_an_ignored_signal_stays_ignored(tmp_path, signum, job):
 
 @pytest.mark.parametrize(
     "signum, to_group",
-    [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
-    ids=["sigterm-to-the-runner", "walltime-to-the-jobs-group", "ctrl-c-to-the-terminal-group"],
+    [
+        (signal.SIGTERM, False),
+        (signal.SIGTERM, True),
+        (signal.SIGINT, True),
+        (signal.SIGINT, False),
+    ],
+    ids=[
+        "sigterm-to-the-runner",
+        "walltime-to-the-jobs-group",
+        "ctrl-c-to-the-terminal-group",
+        "sigint-to-the-runner-alone",  # kill -INT PID, timeout -s INT, a job manager's
+    ],
 )
 def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, to_group):
     """A batch system's walltime sends SIGTERM (to ``metacollect run``, or to every process

@@ -7,7 +7,9 @@ from typing import Any
 __all__ = ["graceful_close", "jobqueue_cluster"]
 
 
-def __getattr__(name: str) -> Any:  # lazy: importing dask-jobqueue is not free
+# lazy: every module of this package imports it first, and ``metacollect run``'s child
+# (:mod:`.child`) must not import distributed before the script it runs does
+def __getattr__(name: str) -> Any:
     if name == "jobqueue_cluster":
         from metacollect.launch.batch import jobqueue_cluster
 

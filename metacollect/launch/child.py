@@ -37,7 +37,24 @@ import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
+from metacollect.config import redact_text
 from metacollect.steps.terminate import keep_workers_down
+
+#: the environment variable naming the pipe through which this process tells ``metacollect
+#: run`` the signals it receives (:func:`report_signals`)
+SIGNALS_FD = "METACOLLECT_RUN_SIGNALS_FD"
+
+
+def report_signals() -> None:
+    """Write the number of every signal this process receives (one byte each) into the pipe
+    ``metacollect run`` gave it, through Python's wakeup fd (written at the signal's arrival,
+    whatever handler the script installs): the runner then knows whether a Ctrl-C reached
+    the script, and passes on one sent to the runner alone (:func:`~metacollect.launch.
+    runner.run_child`). The variable is not passed on to the script's own processes."""
+    fd = os.environ.pop(SIGNALS_FD, "")
+    if fd.isdigit():
+        os.set_blocking(int(fd), False)
+        signal.set_wakeup_fd(int(fd), warn_on_full_buffer=False)
 
 
 class Terminated(BaseException):
@@ -202,6 +219,8 @@ def end(outcome: Outcome) -> None:
     outcome.distributed = "distributed" in sys.modules
     if not outcome.distributed:
         return
+    # here, not at the top: they import distributed, which the script's process must not
+    # hold before the script (``outcome.distributed`` says whether the script imported it)
     from metacollect.launch.preload import attach_failures, attach_settings
     from metacollect.session.process import end_process_collections
 
@@ -216,8 +235,6 @@ def end(outcome: Outcome) -> None:
 
 def finish(outcome: Outcome, pending: BaseException | None, path: str) -> NoReturn:
     """Write the outcome, then leave as the script would have left."""
-    from metacollect.config import redact_text
-
     for name in ("exception", "traceback"):
         value = getattr(outcome, name)
         if value is not None:
@@ -240,6 +257,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if len(argv) < 3 or argv[1] not in ("path", "module"):
         sys.exit("usage: python -m metacollect.launch.child OUTCOME (path|module) TARGET [ARGS...]")
     path, kind, target, *args = argv
+    report_signals()
     outcome, pending = run(kind, target, args)
     end(outcome)
     finish(outcome, pending, path)

@@ -17,12 +17,14 @@ import atexit
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
+import dask.config
+from distributed import Client, Scheduler
+from distributed.protocol.pickle import dumps
 
-if TYPE_CHECKING:
-    from distributed import Client
+from metacollect.steps.scheduler import SchedulerCollector
 
 ENV = "METACOLLECT_ATTACH"
 MODULE = "metacollect.launch.preload"
@@ -51,8 +53,6 @@ def attach_environment(
 def _user_preloads(key: str) -> list[str]:
     """The user's own preloads under ``key``, from their config as it is now (YAML files and
     ``DASK_*`` variables), read afresh."""
-    import dask.config
-
     fresh = dask.config.collect(env=os.environ)
     found = dask.config.get(key, default=[], config=fresh) or []
     return [found] if isinstance(found, str) else list(found)
@@ -87,10 +87,6 @@ def _flush_at_exit(plugin: Any) -> None:
 async def _attach_through(client: Client, store: str, options: dict[str, Any]) -> None:
     """Register the scheduler collector on a client's scheduler (a no-op where one runs
     already, e.g. a scheduler this process started with the scheduler preload)."""
-    from distributed.protocol.pickle import dumps
-
-    from metacollect.steps.scheduler import SchedulerCollector
-
     scheduler = client.scheduler
     if scheduler is None:  # not connected: nothing to attach to
         return
@@ -113,8 +109,6 @@ async def _attach_through(client: Client, store: str, options: dict[str, Any]) -
 def dask_setup(server: Any, metacollect_store: str | None = None) -> Any:
     """Add the scheduler collector to a scheduler (workers get theirs from it), or through a
     client to the scheduler it connects to."""
-    from distributed import Client, Scheduler
-
     attach = attach_settings()
     if isinstance(server, Client):
         store = metacollect_store or attach.get("store")
@@ -125,8 +119,6 @@ def dask_setup(server: Any, metacollect_store: str | None = None) -> Any:
             type(server).__name__,
         )
         return
-    from metacollect.steps.scheduler import SchedulerCollector
-
     store = metacollect_store or attach.get("store")
     if not store:
         logger.error(

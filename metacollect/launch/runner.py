@@ -21,28 +21,26 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import dask.config
+from distributed import Client, LocalCluster
 
 import metacollect.config as config
+from metacollect.dask_private import submit_scaled_jobs
 from metacollect.errors import ConfigError, MetacollectError, UsageError
-from metacollect.launch.child import Outcome
+from metacollect.launch.batch import jobqueue_cluster
+from metacollect.launch.child import SIGNALS_FD, Outcome
 from metacollect.launch.preload import attach_environment
-from metacollect.session.collection import Collection, init_root
+from metacollect.session.collection import Collection
+from metacollect.session.start import prepare_run, start_run
 from metacollect.steps import terminate
-from metacollect.steps.darshan.logs import remove_old_logs
-from metacollect.steps.job import JobInfo, write_job
-from metacollect.store.lifecycle import (
-    abandon,
-    cluster_ends,
-    finalize,
-    prepare_store,
-    unended_clusters,
-)
+from metacollect.steps.darshan.logs import ReaderPool
+from metacollect.steps.darshan.script import finish_script, script_environment
+from metacollect.steps.job import JobInfo
+from metacollect.store.lifecycle import abandon, cluster_ends, finalize, unended_clusters
 from metacollect.store.writer import StoreWriter
 
 
@@ -56,8 +54,6 @@ def start_local(
     """A LocalCluster with worker processes (nannies). It takes the options that mean
     something on one machine: a batch option given here (``--queue``, ...) is an error
     (:func:`check_cluster_options`), not ignored."""
-    from distributed import LocalCluster
-
     return LocalCluster(
         n_workers=workers or 2,
         threads_per_worker=threads or 1,
@@ -87,8 +83,6 @@ def start_jobqueue(system: str) -> Callable[..., Any]:
         darshan_store: str | None = None,
     ) -> Any:
         """What is not given comes from dask-jobqueue's ``jobqueue.<system>`` config."""
-        from metacollect.launch.batch import jobqueue_cluster
-
         given: dict[str, Any] = {
             "memory": memory,
             "cores": cores,
@@ -134,7 +128,7 @@ def submit_jobs(cluster: Any, jobs: int) -> None:
     the submission awaited."""
     while len(cluster.worker_spec) < jobs:
         cluster.worker_spec.update(cluster.new_worker_spec())
-    cluster.sync(cluster._correct_state)
+    submit_scaled_jobs(cluster)
 
 
 #: the module that runs the script (``python -m CHILD``)
@@ -302,10 +296,10 @@ def run_target(
         config.validate()
         # a copy: dask.config.set restores the live dicts in place when the block ends
         opts = copy.deepcopy(dask.config.get("metacollect"))
-    store = prepare_store(store, overwrite)
+    # prepared before a cluster starts: a store that cannot be written stops the run first
+    store = prepare_run(store, overwrite)
     launch: AttachedLaunch | ClusterLaunch | None = None
     try:
-        remove_old_logs(store)  # an earlier run's Darshan logs would pass for this run's
         with dask.config.set(overrides):
             launch = (
                 AttachedLaunch(store, opts, echo)
@@ -381,22 +375,17 @@ class AttachedLaunch:
 
     def __init__(self, store: str, opts: dict[str, Any], echo: Callable[[str], None]) -> None:
         self.store, self.opts, self.echo = store, opts, echo
-        self.writer = StoreWriter(store)
-        init_root(self.writer, uuid.uuid4().hex)
-        write_job(self.writer, JobInfo.capture("run", cluster_type="script"))
+        job = JobInfo.capture("run", cluster_type="script")
+        _, self.writer = start_run(store, None, job, prepared=True)
         self.env = {**os.environ, **attach_environment(store, opts)}
         self.darshan = False
         if opts["darshan"]["enabled"]:  # every process the script starts runs under Darshan
-            from metacollect.steps.darshan.script import script_environment
-
             darshan_env = script_environment(store, self.writer, echo)
             self.env.update(darshan_env)
             self.darshan = bool(darshan_env)
         #: the log reader, importing pydarshan while the script runs (closed by finish)
         self.readers: Any = None
         if self.darshan:
-            from metacollect.steps.darshan.logs import ReaderPool
-
             self.readers = ReaderPool(min(2, os.cpu_count() or 1))
 
     def finish(
@@ -406,8 +395,6 @@ class AttachedLaunch:
         script's children may outlive it), then seal the store."""
         problems: list[str] = []
         if self.darshan:
-            from metacollect.steps.darshan.script import finish_script
-
             try:
                 problems = finish_script(self.store, self.writer, self.echo, self.readers)
             except Exception as e:  # the run's record is sealed all the same
@@ -435,8 +422,6 @@ class ClusterLaunch:
         cluster: str,
         cluster_options: dict[str, Any],
     ) -> None:
-        from distributed import Client
-
         echo(f"metacollect: starting a {cluster} cluster")
         if opts["darshan"]["enabled"] and cluster != "local":
             cluster_options["darshan_store"] = store  # the job script prologue exports it
@@ -483,6 +468,52 @@ class ClusterLaunch:
         self.cluster.close()
 
 
+#: seconds a SIGINT to ``metacollect run`` waits for the script's process to report that it
+#: received it too (a Ctrl-C reaches the terminal's whole foreground group) before it is
+#: passed on to it (one sent to the runner alone: ``kill -INT PID``, a job manager's)
+INTERRUPT_GRACE = 0.5
+
+
+class Interrupts:
+    """The SIGINTs ``metacollect run`` receives while the script runs, each passed on to
+    the script's process unless that process received it too.
+
+    The script's process writes the number of each signal it receives into a pipe
+    (:func:`~metacollect.launch.child.report_signals`). The n-th SIGINT of the runner is
+    passed on when, :data:`INTERRUPT_GRACE` seconds later, the script has reported fewer
+    than n: so the script gets a Ctrl-C once, and a ``kill -INT`` of the runner alone, as
+    ``python script.py`` would.
+    """
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        self.seen = 0  # SIGINTs the runner received
+        self.reached = 0  # SIGINTs the script's process reported
+        self._lock = threading.Lock()
+
+    def received(self, pid: int) -> None:
+        """A SIGINT came (called from the signal handler)."""
+        self.seen += 1
+        timer = threading.Timer(INTERRUPT_GRACE, self._pass_on, (pid, self.seen))
+        timer.daemon = True
+        timer.start()
+
+    def _pass_on(self, pid: int, nth: int) -> None:
+        with self._lock:
+            with contextlib.suppress(BlockingIOError, OSError):
+                while data := os.read(self.read_fd, 4096):
+                    self.reached += data.count(bytes([signal.SIGINT]))
+            if self.reached < nth and not _exited(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGINT)
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def run_child(
     kind: str, target: str, args: list[str], env: dict[str, str]
 ) -> tuple[int, Outcome | None, int | None]:
@@ -491,8 +522,9 @@ def run_child(
     before it could say, e.g. SIGKILL) and the signal its process died of, if it did.
 
     Ctrl-C reaches the script's process directly (the terminal signals the whole foreground
-    process group), so this process lets it be while the script runs (one that comes before
-    the script's process exists is passed on once it does); a SIGTERM sent to this
+    process group), so this process passes a SIGINT on only when the script's process did
+    not receive it too (:class:`Interrupts`; one that comes before the script's process
+    exists is passed on once it does); a SIGTERM sent to this
     process only (``kill PID``; a batch system signals every process of the job) is passed on
     while the script runs. Once it has ended, the signal is this process's own: it is raised
     again here, for the caller's :func:`~metacollect.steps.terminate.held` seal to finish first.
@@ -502,6 +534,8 @@ def run_child(
     with tempfile.TemporaryDirectory(prefix="metacollect-run-") as tmp:
         outcome_path = os.path.join(tmp, "outcome.json")
         cmd = [sys.executable, "-m", CHILD, outcome_path, kind, target, *args]
+        interrupts = Interrupts()
+        env = {**env, SIGNALS_FD: str(interrupts.write_fd)}
         proc: subprocess.Popen[bytes] | None = None
         early: list[int] = []  # a signal before the script's process exists: passed on
         late: list[int] = []  # one after it has ended, before the handlers are given back
@@ -514,7 +548,9 @@ def run_child(
                 # signals) or gone, maybe reaped an instant ago: the signal is this
                 # process's own, as once it is reaped (a Ctrl-C then is the seal's, answered)
                 late.append(signum)
-            elif signum != signal.SIGINT:  # a Ctrl-C reaches the script's process directly
+            elif signum == signal.SIGINT:  # a Ctrl-C reaches the script's process directly
+                interrupts.received(proc.pid)
+            else:
                 os.kill(proc.pid, signum)
 
         before = signal.getsignal(signal.SIGTERM)
@@ -531,13 +567,14 @@ def run_child(
         if interrupted != signal.SIG_IGN:
             signal.signal(signal.SIGINT, relay)
         try:
-            proc = subprocess.Popen(cmd, env=env)
+            proc = subprocess.Popen(cmd, env=env, pass_fds=(interrupts.write_fd,))
             for signum in early:  # it has just started: not leaving yet
                 os.kill(proc.pid, signum)
             code = proc.wait()
         finally:
             signal.signal(signal.SIGINT, interrupted)
             signal.signal(signal.SIGTERM, before)
+            interrupts.close()
         for signum in late:
             signal.raise_signal(signum)
         outcome = None

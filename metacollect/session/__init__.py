@@ -1,5 +1,6 @@
 """The one place that starts and ends a collection.
 
+- :mod:`.start`: the start of a run's store, the same for every way in (:func:`start_run`);
 - :mod:`.collection`: ``with collect(client, store): ...`` (:class:`Collection`);
 - :mod:`.process`: ending every collection of a process whose script has returned
   (``metacollect run``'s child process);
@@ -11,7 +12,16 @@ All of them end a collection through the scheduler collector's own end
 
 from __future__ import annotations
 
-from metacollect.session.collection import Collection, collect, config_overrides, init_root
+from metacollect.session.collection import Collection, collect, config_overrides
 from metacollect.session.process import end_process_collections
+from metacollect.session.start import init_root, prepare_run, start_run
 
-__all__ = ["Collection", "collect", "config_overrides", "end_process_collections", "init_root"]
+__all__ = [
+    "Collection",
+    "collect",
+    "config_overrides",
+    "end_process_collections",
+    "init_root",
+    "prepare_run",
+    "start_run",
+]

@@ -14,10 +14,10 @@ import copy
 import logging
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
-from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -25,11 +25,12 @@ import dask.config
 import metacollect.config as config
 from metacollect.errors import UsageError
 from metacollect.session.shutdown import end_through, retire_and_wait, retire_batch
-from metacollect.steps import terminate
-from metacollect.steps.darshan.logs import remove_old_logs
-from metacollect.steps.job import JobInfo, scheduler_identity, versions, write_job
+from metacollect.session.start import start_run
+from metacollect.steps import darshan, terminate, yappi
+from metacollect.steps.batch import BatchRecorder
+from metacollect.steps.job import JobInfo, scheduler_identity
 from metacollect.steps.scheduler import SchedulerCollector, active_stores
-from metacollect.store.lifecycle import abandon, finalize, prepare_store
+from metacollect.store.lifecycle import abandon, finalize
 from metacollect.store.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -40,24 +41,6 @@ logger = logging.getLogger(__name__)
 _NFRAMES = "distributed.diagnostics.computations.nframes"
 
 __all__ = ["Collection", "collect"]
-
-
-def init_root(writer: StoreWriter, run_id: str) -> None:
-    """Root attrs of a new run, status incomplete until :func:`finalize`."""
-    writer.group(
-        "root",
-        attrs={
-            "run_id": run_id,
-            "status": "incomplete",
-            "started": time.time(),
-            "ended": None,
-            "metacollect_version": version("metacollect"),
-            "versions": versions(),
-            "levels": {},
-            # user content a capture.* switch kept out of this run's record
-            "left_out": config.left_out(),
-        },
-    )
 
 
 def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
@@ -75,8 +58,6 @@ def _cluster_description(client: Client) -> tuple[str, dict[str, Any]]:
 
 def _batch_recorder(client: Client, writer: StoreWriter) -> Any:
     """Step 1 of a dask-jobqueue cluster's batch jobs (``job/batch``), or ``None``."""
-    from metacollect.steps.batch import BatchRecorder
-
     try:
         recorder = BatchRecorder.for_client(client, writer)
         if recorder is not None:
@@ -116,18 +97,12 @@ def _client_profile(client: Client, writer: StoreWriter) -> Any:
     """Step 5 for the client process (``metacollect.yappi.client``), or ``None``."""
     if not (config.get("yappi.enabled") and config.get("yappi.client")):
         return None
-    import threading
-
-    from metacollect.steps import yappi
-
     try:  # the client's event loop runs in its own thread: that is the coroutine level
         loop_thread = client.sync(threading.get_ident) if not client.asynchronous else None
     except Exception:
         loop_thread = None
     sink = yappi.attach(writer, "client", loop_thread=loop_thread)
     if sink is not None and loop_thread is not None and not config.get("yappi.event-loop"):
-        import sys
-
         client.sync(sys.setprofile, None)  # leave the client's event loop out
     return sink
 
@@ -136,8 +111,6 @@ def _darshan_start(client: Client, store: str, writer: StoreWriter) -> Any:
     """Step 5 for the workers' I/O (``metacollect.darshan``), or ``None``."""
     if not config.get("darshan.enabled"):
         return None
-    from metacollect.steps import darshan
-
     return darshan.start(client, store, writer)
 
 
@@ -174,10 +147,14 @@ class Collection:
     ) -> None:
         self.client = client
         self.options = options
-        # ``prepared``: the caller (a launcher) prepared the store and holds its lock
-        self.store = store if prepared else prepare_store(store, overwrite)
-        if not prepared:  # an earlier run's Darshan logs would pass for this run's
-            remove_old_logs(self.store)
+        #: the store's path (absolute once :meth:`start` has prepared it)
+        self.store = store
+        self.overwrite = overwrite
+        #: the store is prepared and locked for this run: given up if the start fails.
+        #: ``prepared``: the caller (a launcher) prepared it and holds its lock
+        self.prepared = prepared
+        #: the scheduler collector's registration was asked for (undone if the start fails)
+        self._registering = False
         self.run_id = run_id or uuid.uuid4().hex
         self.launcher = launcher
         # set by start(); None until then (a start that failed half way still stops cleanly)
@@ -200,14 +177,12 @@ class Collection:
             config.validate()
             # a copy: dask.config.set restores the live nested dict in place on exit
             opts = self._opts = copy.deepcopy(dask.config.get("metacollect"))
-            writer = StoreWriter(self.store)
-            init_root(writer, self.run_id)
             ctype, spec = _cluster_description(self.client)
-            write_job(
-                writer,
-                JobInfo.capture(self.launcher, cluster_type=ctype, cluster_spec=spec),
+            job = JobInfo.capture(self.launcher, cluster_type=ctype, cluster_spec=spec)
+            self.store, writer = start_run(
+                self.store, self.overwrite, job, run_id=self.run_id, prepared=self.prepared
             )
-            writer.flush()
+            self.prepared = True
             self.batch = _batch_recorder(self.client, writer)
             self.left_out = _left_to_others(self.client)
             if not self.left_out:
@@ -215,6 +190,7 @@ class Collection:
                 # Darshan: workers restart under it (if they must) before the collectors attach
                 self.darshan = _darshan_start(self.client, self.store, writer)
         self._code_frames(opts)
+        self._registering = True
         self.client.register_plugin(SchedulerCollector(self.store, opts))
 
     def _code_frames(self, opts: dict[str, Any]) -> None:
@@ -236,12 +212,16 @@ class Collection:
 
     def abandon(self) -> None:
         """Undo a start that failed before any collector ran: the client's plugins detached,
-        the store given up (:func:`~metacollect.store.lifecycle.abandon`)."""
-        with contextlib.suppress(Exception):
-            self.client.unregister_scheduler_plugin(SchedulerCollector(self.store).name)
+        the store given up (:func:`~metacollect.store.lifecycle.abandon`). Only what the
+        start did is undone: a start that failed on its arguments (a bad option, a store
+        that exists) registered nothing and prepared no store."""
+        if self._registering:
+            with contextlib.suppress(Exception):
+                self.client.unregister_scheduler_plugin(SchedulerCollector(self.store).name)
         if self.batch is not None:
             self.batch.stop()
-        abandon(self.store)
+        if self.prepared:
+            abandon(self.store)
 
     def stop(
         self, status: str = "complete", error: BaseException | None = None, **extra: Any

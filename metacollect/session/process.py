@@ -9,6 +9,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from distributed.core import Status
+
+from metacollect.dask_private import process_instances
 from metacollect.session.shutdown import end_through
 from metacollect.steps.job import scheduler_identity
 from metacollect.steps.scheduler import active_collectors
@@ -39,23 +42,20 @@ def end_process_collections(
     (ended, problems)
         What was ended, in order, and the problems met (each a gap the run's status shows).
     """
-    from distributed import Client, Scheduler
-    from distributed.core import Status
-    from distributed.deploy.spec import SpecCluster
-
     ended: list[str] = []
     problems: list[str] = []
-    local = {s.id for s in list(Scheduler._instances)}
-    clients = [c for c in list(Client._instances) if c.status not in ("closing", "closed")]
+    all_clients, schedulers, clusters = process_instances()
+    local = {s.id for s in schedulers}
+    clients = [c for c in all_clients if c.status not in ("closing", "closed")]
     for client in clients:
         _end_remote(client, store, local, timeout, ended, problems)
     for client in clients:
         _attempt(f"close client {client.id}", ended, problems, client.close, timeout=timeout)
-    for cluster in list(SpecCluster._instances):
+    for cluster in clusters:
         if getattr(cluster, "status", Status.closed) != Status.closed:
             what = f"close {type(cluster).__name__} {getattr(cluster, 'name', '')}".rstrip()
             _attempt(what, ended, problems, cluster.close, timeout=timeout)
-    for scheduler in list(Scheduler._instances):  # started by hand, with no cluster object
+    for scheduler in schedulers:  # started by hand, with no cluster object
         for plugin in active_collectors(scheduler):
             _attempt(f"final flush of scheduler {scheduler.id}", ended, problems, plugin.finish_now)
     return ended, problems

@@ -9,10 +9,10 @@ scheduler *and* their batch jobs have left the queue, then close.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import time
-import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from metacollect.steps.batch import BatchRecorder
 
 import metacollect.config as config
+from metacollect.dask_private import wait_stream_handled
 from metacollect.steps.batch_status import (
     SLURM_UNKNOWN,
     BatchCommandError,
@@ -29,7 +30,7 @@ from metacollect.steps.batch_status import (
     qstat_unknown,
     run_command,
 )
-from metacollect.steps.scheduler import DRAIN_OP, accept_drain_marks, end_collection
+from metacollect.steps.scheduler import end_collection, holds_collection
 
 logger = logging.getLogger(__name__)
 
@@ -54,19 +55,20 @@ def end_through(client: Client, store: str | None = None) -> list[str] | None:
 
     A result released just before the end (``del future``, or ``dask.compute`` returning)
     travels on the client's stream; the scheduler forgets the result's whole graph when it
-    handles it. A mark sent after it on the same stream says when that has happened."""
-    if not client.run_on_scheduler(accept_drain_marks, store=store):
+    handles it, and the end waits until it has (:func:`~metacollect.dask_private.
+    wait_stream_handled`), so that the forgetting is in the record."""
+    if not client.run_on_scheduler(holds_collection, store=store):
         return None
-    token: str | None = None
-    if client.loop is not None:  # a client always has one once started
-        token = uuid.uuid4().hex
-        # a release takes two hops on the client's loop (Future.release -> Client._dec_ref
-        # -> Client._send_to_scheduler): the mark takes two as well, so it follows every
-        # release made before this call (Dask has no public call to send on the stream)
-        client.loop.add_callback(client._send_to_scheduler, {"op": DRAIN_OP, "token": token})
+    problems: list[str] = []
     timeout = config.interval("end-timeout")
-    ended = client.run_on_scheduler(end_collection, store=store, drain=token, drain_timeout=timeout)
-    return None if ended is None else list(ended)
+    if client.loop is not None and not wait_stream_handled(client, timeout):
+        problems.append(
+            f"scheduler: it had not handled the client's last messages {timeout:g} s "
+            "after the session ended (metacollect.end-timeout): what they set off, such as "
+            "the forgetting of released results, is not in the store"
+        )
+    ended = client.run_on_scheduler(end_collection, store=store)
+    return None if ended is None else problems + list(ended)
 
 
 #: seconds between two looks at the batch queue while retired workers' jobs leave it: each
@@ -242,8 +244,6 @@ def _unfinished(dask_scheduler: Any) -> int:
 
 async def _retire(client: Client, timeout: float) -> dict[str, Any]:
     """``retire_workers(close_workers=True)`` of every worker, at most ``timeout`` s."""
-    import asyncio
-
     scheduler: Any = client.scheduler
     info = await scheduler.identity(n_workers=-1)
     return dict(

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import metacollect.config as config
+from metacollect.dask_private import job_template
 from metacollect.steps import terminate
 from metacollect.steps.batch_status import (
     SLURM,
@@ -222,7 +223,7 @@ class BatchRecorder:
         self._reported = 0  # lines of unrecorded the final look handed over
         #: (the cluster's job template, ours with the TERM trap) while ours is in place
         self._trapped: tuple[dict[str, Any], dict[str, Any]] | None = None
-        job = getattr(cluster, "_dummy_job", None)
+        job = job_template(cluster)
         self.group = writer.group(
             "batch",
             attrs={
@@ -277,7 +278,7 @@ class BatchRecorder:
                 return "own"  # the user's prologue, or jobqueue_cluster's
             spec = cluster.new_spec
             options = dict(spec["options"])
-            prologue = getattr(cluster._dummy_job, "_job_script_prologue", None)
+            prologue = getattr(job_template(cluster), "_job_script_prologue", None)
             if prologue is None:
                 prologue = options.get("job_script_prologue") or []
             options["job_script_prologue"] = [*prologue, terminate.JOB_SCRIPT_TRAP]
@@ -684,7 +685,7 @@ def _requested(cluster: Any, name: str) -> Any:
 
     value = (getattr(cluster, "_job_kwargs", None) or {}).get(name)
     if value is None:
-        config_name = getattr(getattr(cluster, "_dummy_job", None), "config_name", None)
+        config_name = getattr(job_template(cluster), "config_name", None)
         if config_name:
             value = dask.config.get(f"jobqueue.{config_name}.{name}", None)
     return None if value is None else str(value)

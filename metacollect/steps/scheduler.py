@@ -18,16 +18,15 @@ import logging
 import os
 import socket
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
-from distributed.protocol.pickle import dumps
 from distributed.utils import key_split_group
 
 import metacollect.config as config
+from metacollect.dask_private import add_worker_plugin, remove_worker_plugin, removed_absent
 from metacollect.steps.base import ErrorRecorder, Recording, encode_json, write_parts
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.spans import SpanRecorder
@@ -51,20 +50,8 @@ RETRIES_MADE = "metacollect_retries_made"
 
 _now = time.time  # a global lookup, not an attribute lookup, on the transition hot path
 
-#: collectors started in this process and not yet finished, whether or not their scheduler
-#: still holds them: one dropped by the user (``unregister_scheduler_plugin``, or a plugin
-#: registered under its name) still has rows to write and must still be ended
-_LIVE: weakref.WeakSet[SchedulerCollector] = weakref.WeakSet()
-#: the dropped ones among them, held here until they are ended: nothing else holds a
-#: collector its scheduler dropped once its flush thread has stopped
-_DROPPED: set[SchedulerCollector] = set()
-
-
-#: the stream op a client sends after its last messages, so that the end of a session waits
-#: until the scheduler has handled them (:func:`end_collection`'s ``drain``)
-DRAIN_OP = "metacollect-drain"
-#: drain marks this scheduler process has handled, until :func:`end_collection` takes them
-_DRAINED: set[str] = set()
+#: the plugin name of a scheduler's :class:`CollectorRegistry`
+REGISTRY = "metacollect-collectors"
 
 
 _WORKER_STATE = (
@@ -72,6 +59,41 @@ _WORKER_STATE = (
     "memory_managed", "memory_unmanaged", "memory_spilled", "nbytes", "n_in_memory",
 )  # fmt: skip
 _CLIENT_STATE = ("time", "client", "wants_what", "last_seen")
+
+
+class CollectorRegistry(SchedulerPlugin):
+    """The collectors a scheduler has started and not yet ended, whether or not it still
+    holds them: one it dropped (``unregister_scheduler_plugin``, or a plugin registered under
+    its name) still has rows to write and must still be ended, and nothing else holds it
+    once its flush thread has stopped. One per scheduler, among its plugins as
+    :data:`REGISTRY` while it holds a collector (:meth:`of`); it has no hooks of its own."""
+
+    name = REGISTRY
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.live: dict[SchedulerCollector, None] = {}  # a set kept in start order
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, create: bool = False) -> CollectorRegistry | None:
+        """The scheduler's registry (a new one, added to its plugins, if ``create``)."""
+        found = scheduler.plugins.get(REGISTRY)
+        if isinstance(found, cls):
+            return found
+        if not create:
+            return None
+        registry = cls()
+        scheduler.add_plugin(registry, name=REGISTRY)
+        return registry
+
+    def add(self, collector: SchedulerCollector) -> None:
+        self.live[collector] = None
+
+    def discard(self, collector: SchedulerCollector, scheduler: Scheduler) -> None:
+        """``collector`` has ended; the registry leaves the scheduler with the last one."""
+        self.live.pop(collector, None)
+        if not self.live and scheduler.plugins.get(REGISTRY) is self:
+            scheduler.remove_plugin(REGISTRY)
 
 
 def cluster_id(scheduler_id: str) -> str:
@@ -117,16 +139,9 @@ class SchedulerCollector(SchedulerPlugin):
         #: processing; only tasks that may be retried, until their outcome or forgetting
         self._retries_at_start: dict[Any, int] = {}
 
-    # -- pickling: only the parameters travel ---------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "store_path": self.store_path,
-            "options": self.options,
-            "attached_by": self.attached_by,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["store_path"], state["options"], state["attached_by"])  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Only the parameters travel: the collector is built afresh where it arrives."""
+        return (type(self), (self.store_path, self.options, self.attached_by))
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self, scheduler: Scheduler) -> None:
@@ -139,7 +154,9 @@ class SchedulerCollector(SchedulerPlugin):
             self.options = {**self.options, "yappi": yappi_options}
         self._config_before = config.apply(self.options)
         self.scheduler = scheduler
-        _LIVE.add(self)
+        registry = CollectorRegistry.of(scheduler, create=True)
+        if registry is not None:  # always, when asked to create it
+            registry.add(self)
         #: when the scheduler was found to have dropped this collector (None: it holds it)
         self.dropped: float | None = None
         self._held = False  # the scheduler has held it (see _see_held)
@@ -174,6 +191,8 @@ class SchedulerCollector(SchedulerPlugin):
         self.group: GroupWriter = self.writer.group("scheduler", cluster=self.cluster)
         self.profile = None  # step 5, Yappi: the scheduler process's profile
         if config.get("yappi.enabled") and config.get("yappi.scheduler"):
+            # here, not at the top: the Yappi step imports pandas, which no scheduler
+            # that does not profile should pay for as it starts
             from metacollect.steps import yappi
 
             self.profile = yappi.attach(self.writer, "scheduler", cluster=self.cluster)
@@ -194,9 +213,7 @@ class SchedulerCollector(SchedulerPlugin):
         for address in list(scheduler.workers):
             self.add_worker(scheduler, address)
         plugin = WorkerCollector(self.store_path, self.cluster, self.options)
-        replies = await scheduler.register_worker_plugin(
-            None, dumps(plugin), name=plugin.name, idempotent=True
-        )
+        replies = await add_worker_plugin(scheduler, plugin, plugin.name)
         # a worker whose collector could not start writes nothing: say so in the store
         for address, reply in (replies or {}).items():
             if isinstance(reply, dict) and reply.get("status") == "error":
@@ -221,8 +238,7 @@ class SchedulerCollector(SchedulerPlugin):
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
-        _LIVE.discard(self)
-        _DROPPED.discard(self)
+        self._unregister()
         self._end_spans()
 
         how = {"detached": True} if detached else {}
@@ -278,11 +294,17 @@ class SchedulerCollector(SchedulerPlugin):
         if self.scheduler is None or getattr(self, "_finished", False):
             return
         self._finished = True
-        _LIVE.discard(self)
-        _DROPPED.discard(self)
+        self._unregister()
         self._end_spans()
         self.recording.finish_now()
         self._mark_ended()
+
+    def _unregister(self) -> None:
+        """Leave the scheduler's :class:`CollectorRegistry` (this collector has ended)."""
+        if self.scheduler is not None:
+            registry = CollectorRegistry.of(self.scheduler)
+            if registry is not None:
+                registry.discard(self, self.scheduler)
 
     def _mark_ended(self, **how: Any) -> None:
         """The scheduler's final flush is in the store: the cluster group's ``ended`` (with
@@ -505,9 +527,9 @@ class SchedulerCollector(SchedulerPlugin):
             self.profile.detach()
 
     def _note_dropped(self) -> None:
-        """Record the drop (errors table) and hold the collector until it is ended."""
+        """Record the drop (errors table); the scheduler's registry holds the collector
+        until it is ended."""
         self.dropped = time.time()
-        _DROPPED.add(self)
         self._on_error("removed", self.dropped_message())
 
     def dropped_message(self) -> str:
@@ -534,13 +556,9 @@ class SchedulerCollector(SchedulerPlugin):
         its group's own ``ended``, which the seal reads
         (:func:`~metacollect.store.lifecycle.unended_workers`)."""
         name = worker_plugin_name(self.store_path)
-        if scheduler.worker_plugins.pop(name, None) is None:
+        replies = await remove_worker_plugin(scheduler, name)
+        if replies is None:
             return []
-        # Scheduler.unregister_worker_plugin's broadcast, with each worker's failure apart
-        replies = await scheduler.broadcast(
-            msg={"op": "plugin-remove", "name": name}, on_error="return"
-        )
-        absent = repr(KeyError(name))  # the worker's plugin_remove found no such plugin
         problems = []
         for address, reply in replies.items():
             if isinstance(reply, OSError):  # CommClosedError, a refused or timed-out connect
@@ -548,7 +566,7 @@ class SchedulerCollector(SchedulerPlugin):
             elif isinstance(reply, BaseException):
                 problems.append(f"final flush of worker {address}: {type(reply).__name__}: {reply}")
             elif isinstance(reply, dict) and reply.get("status") == "error":
-                if reply.get("exception_text") == absent:
+                if removed_absent(reply, name):
                     self._on_error("end", f"worker {address} had no collector to detach")
                 else:
                     problems.append(f"final flush of worker {address}: {_reply_error(reply)}")
@@ -732,7 +750,9 @@ def collectors(scheduler: Scheduler, store: str | None = None) -> list[Scheduler
     """The scheduler's collectors (into ``store`` only, if given): those it holds, and those
     it dropped that have not ended (they are ended like the others)."""
     held = [p for p in list(scheduler.plugins.values()) if isinstance(p, SchedulerCollector)]
-    dropped = [p for p in list(_LIVE) if p.scheduler is scheduler and p not in held]
+    registry = CollectorRegistry.of(scheduler)
+    live = list(registry.live) if registry is not None else []
+    dropped = [p for p in live if p not in held]
     return [p for p in held + dropped if store in (None, p.store_path)]
 
 
@@ -750,57 +770,23 @@ def active_stores(dask_scheduler: Scheduler) -> list[str]:
     return [p.store_path for p in active_collectors(dask_scheduler)]
 
 
-def _drain_mark(token: str, **_: Any) -> None:
-    """Stream handler of :data:`DRAIN_OP`: the scheduler has handled every message the
-    client sent before this one (a client's stream is handled in order)."""
-    _DRAINED.add(token)
-
-
-def accept_drain_marks(dask_scheduler: Scheduler, store: str | None = None) -> bool:
-    """Let this scheduler handle :data:`DRAIN_OP` (an op it does not know would break the
-    client's stream); whether it holds a collection into ``store`` (any if ``None``). Run
-    it with ``run_on_scheduler`` before sending the mark."""
-    dask_scheduler.stream_handlers.setdefault(DRAIN_OP, _drain_mark)
+def holds_collection(dask_scheduler: Scheduler, store: str | None = None) -> bool:
+    """Whether this scheduler holds a collection into ``store`` (any if ``None``); run it
+    with ``run_on_scheduler``."""
     return bool(collectors(dask_scheduler, store))
 
 
-async def _drained(token: str, timeout: float) -> bool:
-    """Wait until the drain mark ``token`` has been handled; whether it was in time."""
-    deadline = time.monotonic() + timeout
-    while token not in _DRAINED and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-    found = token in _DRAINED
-    _DRAINED.discard(token)
-    return found
-
-
-async def end_collection(
-    dask_scheduler: Scheduler,
-    store: str | None = None,
-    drain: str | None = None,
-    drain_timeout: float = 60.0,
-) -> list[str] | None:
+async def end_collection(dask_scheduler: Scheduler, store: str | None = None) -> list[str] | None:
     """End the scheduler's collection into ``store`` (every collection if ``None``; see
     :meth:`SchedulerCollector.end`); run it on the scheduler with
-    ``client.run_on_scheduler(end_collection, store=...)``. A scheduler collected into other
-    stores only is left alone. Returns the problems met, or ``None`` when there was nothing to
-    end.
-
-    ``drain``: the token of a mark the client sent through its stream after its last
-    messages (:func:`metacollect.session.shutdown.end_through`): the end waits, up to
-    ``drain_timeout`` seconds, until the scheduler has handled them. A result the client
-    released just before sets off the forgetting of its whole graph, which this RPC
-    (another connection) would otherwise overtake."""
+    ``client.run_on_scheduler(end_collection, store=...)``, once the scheduler has handled
+    the client's last messages (:func:`metacollect.session.shutdown.end_through`). A
+    scheduler collected into other stores only is left alone. Returns the problems met, or
+    ``None`` when there was nothing to end."""
     found = collectors(dask_scheduler, store)
     if not found:
         return None
     problems: list[str] = []
-    if drain is not None and not await _drained(drain, drain_timeout):
-        problems.append(
-            f"scheduler: it had not handled the client's last messages {drain_timeout:g} s "
-            "after the session ended (metacollect.end-timeout): what they set off, such as "
-            "the forgetting of released results, is not in the store"
-        )
     for plugin in found:
         problems += await plugin.end()
     return problems

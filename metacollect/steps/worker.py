@@ -158,15 +158,9 @@ class WorkerCollector(WorkerPlugin):
         #: parts of flushes that failed to convert: their rows are missing from the store
         self.losses = 0
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "store_path": self.store_path,
-            "cluster": self.cluster,
-            "options": self.options,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["store_path"], state["cluster"], state["options"])  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Only the parameters travel: the collector is built afresh on the worker."""
+        return (type(self), (self.store_path, self.cluster, self.options))
 
     # -- lifecycle --------------------------------------------------------------------------
     def setup(self, worker: Worker) -> None:
