@@ -28,6 +28,7 @@ from distributed.protocol.pickle import dumps
 from distributed.utils import key_split_group
 
 import metacollect.config as config
+from metacollect.steps import clock
 from metacollect.steps.base import ErrorRecorder, Recording, encode_json, write_parts
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.spans import SpanRecorder
@@ -193,6 +194,7 @@ class SchedulerCollector(SchedulerPlugin):
         self._exception_text = bool(config.get("capture.exception-text"))
         for address in list(scheduler.workers):
             self.add_worker(scheduler, address)
+        clock.serve(scheduler)  # before the worker collectors' first round trips
         plugin = WorkerCollector(self.store_path, self.cluster, self.options)
         replies = await scheduler.register_worker_plugin(
             None, dumps(plugin), name=plugin.name, idempotent=True
