@@ -41,10 +41,16 @@ def test_worker_groups_hold_their_executions(client, store):
     metrics = run.worker_table("metrics")
     assert metrics.groupby("worker_group").size().min() >= 2
     assert metrics.memory.gt(0).all()
-    # one clock: the timeline on Dask's clock is the worker's plus the offset it had then
+    # the timeline on Dask's clock is the worker's plus the offset it had then
     timeline = run.worker_metrics()
     assert timeline.clock_delay.notna().all()  # its size is distributed's estimate (load)
-    assert np.allclose(timeline.time - timeline.worker_time, timeline.clock_delay, atol=1e-9)
+    assert np.allclose(timeline.time_dask - timeline.worker_time, timeline.clock_delay, atol=1e-9)
+    # one clock: ``time`` on the scheduler's, the worker's plus its estimated offset
+    assert (timeline.clock == "scheduler").all()
+    offsets = run.clock_offsets().set_index("worker_group")
+    moved = timeline.time - timeline.worker_time
+    assert np.allclose(moved, timeline.worker_group.map(offsets.offset), atol=1e-9)
+    assert (offsets.uncertainty < 0.05).all() and (offsets.samples >= 5).all()
     assert timeline.time.min() <= wt.stop.max() <= timeline.time.max() + 1
     wtr = run.worker_table("transitions")
     assert {"executing", "memory"} <= set(wtr.finish)

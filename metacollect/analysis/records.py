@@ -12,16 +12,27 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from metacollect.analysis import clock
 from metacollect.store.reader import StoreReader
 
 
 def worker_metrics(run: StoreReader) -> pd.DataFrame:
-    """Each worker's resource timeline on Dask's clock (:meth:`Run.worker_metrics`)."""
-    df = run.worker_table("metrics")
+    """Each worker's resource timeline on the scheduler's clock (:meth:`Run.worker_metrics`)."""
+    df = run.concat("worker", "metrics")
     if "clock_delay" not in df:  # stores written before the offset was recorded
         df["clock_delay"] = 0.0
     df.insert(df.columns.get_loc("time") + 1, "worker_time", df["time"])
-    df["time"] = df["worker_time"] + df["clock_delay"].fillna(0.0)
+    df.insert(
+        df.columns.get_loc("time") + 2, "time_dask", df["time"] + df["clock_delay"].fillna(0.0)
+    )
+    df = clock.to_scheduler(df, ("time",), clock.models(run), suffix="_own")
+    # a worker without round trips: Dask's clock, as before they were taken
+    raw = (df["clock"] != "scheduler").to_numpy()
+    df.loc[raw, "time"] = df.loc[raw, "time_dask"]
+    df.loc[raw, "clock"] = "dask"
+    attrs = df.attrs
+    df = df.drop(columns=["time_own"])
+    df.attrs = {"clock": attrs["clock"].replace("worker", "dask")}
     return df
 
 
@@ -132,6 +143,7 @@ def tasks(run: StoreReader) -> pd.DataFrame:
         pd.Series(codes).groupby(codes, sort=False).cumcount().to_numpy(),
     )
     df["duration"] = df["stop"] - df["start"]
+    df = clock.tasks_on_scheduler(run, df)
     if not len(df):
         df.insert(5, "graph", np.full(0, -1, dtype=np.int64))
         df.insert(6, "span", np.full(0, "", dtype=object))

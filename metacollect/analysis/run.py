@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from metacollect.analysis import collector, records
+from metacollect.analysis.clock import clock_offsets, models, to_scheduler
 from metacollect.analysis.dask_profile import compare_profiles, dask_profile, profile_nodes
 from metacollect.analysis.pstats import write as write_pstats
 from metacollect.analysis.spans import fine_metrics, span_summary, spans
@@ -53,7 +54,18 @@ class Run(StoreReader):
 
         Columns: cluster, key, execution, prefix, group, graph, span (the id of the Dask span
         the task belongs to, ``""`` for tasks submitted before the collection), state, worker,
-        thread, start, stop, duration, nbytes, typename, retries, exception, time.
+        thread, start, stop, duration, nbytes, typename, retries, exception, time,
+        start_dask, stop_dask, clock.
+
+        One clock: ``start``/``stop`` (compute) and ``time`` (when the scheduler learnt the
+        outcome) are on the scheduler's clock, ``start``/``stop`` within the worker's
+        ``uncertainty`` of :meth:`clock_offsets`. ``start_dask``/``stop_dask`` are the times
+        as Dask reported them: the worker's own clock plus its ``scheduler_delay`` of that
+        moment (one heartbeat's estimate of the offset, off by up to hundreds of ms under
+        load). ``clock`` says which clock a row's ``start``/``stop`` are on: ``"scheduler"``,
+        or ``"dask"`` (the reported times, kept) for a worker without round trips to the
+        scheduler (a store written before they were taken); ``attrs["clock"]`` says the same
+        for the frame.
 
         ``retries`` counts the retries Dask made before the outcome: 0 when the first attempt
         succeeded (or failed for good), 2 for a task under ``retries=2`` that failed twice and
@@ -90,10 +102,54 @@ class Run(StoreReader):
 
     def worker_metrics(self) -> pd.DataFrame:
         """Each worker's resource timeline (CPU, memory, spilled, network and disk rates) with
-        ``time`` on Dask's clock - the scheduler's, on which task and transition times are -
-        and ``worker_time`` the worker's own: they differ by the worker's ``clock_delay``
-        (distributed's ``scheduler_delay``, re-estimated at every heartbeat)."""
+        ``time`` on the scheduler's clock (the worker's own time plus its offset from
+        :meth:`clock_offsets`), ``worker_time`` the worker's own and ``time_dask`` on Dask's
+        clock (``worker_time + clock_delay``, distributed's ``scheduler_delay``, re-estimated
+        at every heartbeat). ``clock``: ``"scheduler"``, or ``"dask"`` where the worker has
+        no round trips (a store written before they were taken: ``time`` is ``time_dask``)."""
         return records.worker_metrics(self)
+
+    def clock_offsets(self) -> pd.DataFrame:
+        """Each worker process's clock against the scheduler's, estimated from its round
+        trips to the scheduler (the worker group's ``clock`` table; NTP-style: the shortest
+        round trips bound it best), one row per worker group that has them.
+
+        Columns: cluster, worker_group, address; ``offset`` (seconds to add to the worker's
+        own time for the scheduler's, at ``reference``, a time on the worker's clock),
+        ``drift`` (its change per second; 0 for a run shorter than a few minutes),
+        ``uncertainty`` (the bound, seconds, on a worker time moved to the scheduler's
+        clock), ``round_trip_min``, ``samples`` (round trips), ``used`` (those that bound the
+        estimate), ``dask_delay_median`` and ``dask_delay_error_max`` (Dask's own estimates
+        of the same offset, ``scheduler_delay`` at each round trip: their median, and how
+        far the worst was from this one). Computed on read; nothing derived is stored.
+        """
+        return clock_offsets(self)
+
+    def worker_table(self, table: str, clock: str = "stored") -> pd.DataFrame:
+        """A step-4 table of every worker, its times as stored (``clock="stored"``: tasks
+        and startstops on Dask's clock, transitions and metrics on the worker's own), or
+        on the scheduler's clock (``clock="scheduler"``) for the tables whose times move
+        exactly: ``tasks`` (``start``/``stop``; Dask's kept as ``start_dask``/``stop_dask``),
+        ``transitions`` (``time``; the worker's own kept as ``time_own``) and ``metrics``
+        (as :meth:`worker_metrics`); ``clock`` then says per row which clock they are on
+        (``"scheduler"``, or the stored times where the worker has no round trips)."""
+        df = super().worker_table(table)
+        if clock == "stored":
+            return df
+        if clock != "scheduler":
+            raise StoreError(f"unknown clock={clock!r}; use 'stored' or 'scheduler'")
+        if table == "tasks":
+            return to_scheduler(
+                df, ("start", "stop"), models(self), suffix="_dask", delay="clock_delay"
+            )
+        if table == "transitions":
+            return to_scheduler(df, ("time",), models(self))
+        if table == "metrics":
+            return records.worker_metrics(self)
+        raise StoreError(
+            f"the times of {table!r} cannot be moved to the scheduler's clock exactly; "
+            "read it with clock='stored'"
+        )
 
     def collector_cost(self, per: str = "group") -> pd.DataFrame:
         """What collecting cost each process it ran in: one row per scheduler and worker
@@ -132,7 +188,10 @@ class Run(StoreReader):
         by
             ``"file"`` (one row per process and file), ``"worker"`` (one row per process),
             ``"task"`` (DXT segments summed per task whose compute interval contains them) or
-            ``"segment"`` (the DXT segments, on Dask's clock, with their task).
+            ``"segment"`` (the DXT segments with their task, joined on the worker's own
+            clock). ``start``/``stop`` are on the scheduler's clock, the worker's own kept
+            as ``start_own``/``stop_own``; ``clock`` says per row (``"worker"``: the own
+            times, for a worker without round trips to the scheduler).
         scope
             ``"user"`` (default: the workload's files), ``"metacollect"`` (the store,
             logs and metacollect's scratch), ``"dask"`` (the workers' scratch space),
@@ -146,7 +205,10 @@ class Run(StoreReader):
         # which reading a store does not need
         from metacollect.steps.darshan import read_io
 
-        return read_io(self, by=by, scope=scope)
+        io = read_io(self, by=by, scope=scope)
+        # Darshan's times are the worker's own (segments joined to tasks on that clock):
+        # shown on the scheduler's, the own ones kept
+        return to_scheduler(io, ("start", "stop"), models(self))
 
     def spans(self) -> pd.DataFrame:
         """Dask's spans the run's tasks belonged to, one row each (see

@@ -27,6 +27,7 @@ from distributed.utils import key_split_group
 
 import metacollect.config as config
 from metacollect.dask_private import add_worker_plugin, remove_worker_plugin, removed_absent
+from metacollect.steps import clock
 from metacollect.steps.base import ErrorRecorder, Recording, encode_json, write_parts
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.spans import SpanRecorder
@@ -212,6 +213,7 @@ class SchedulerCollector(SchedulerPlugin):
         self._exception_text = bool(config.get("capture.exception-text"))
         for address in list(scheduler.workers):
             self.add_worker(scheduler, address)
+        clock.serve(scheduler)  # before the worker collectors' first round trips
         plugin = WorkerCollector(self.store_path, self.cluster, self.options)
         replies = await add_worker_plugin(scheduler, plugin, plugin.name)
         # a worker whose collector could not start writes nothing: say so in the store

@@ -25,6 +25,8 @@ from metacollect.errors import StoreError
 from metacollect.steps import dask_profile, finemetrics, terminate
 from metacollect.steps.base import ErrorRecorder, Recording, write_parts
 from metacollect.steps.batch import batch_environment
+from metacollect.steps.clock import COLUMNS as _CLOCK
+from metacollect.steps.clock import ClockSampler
 from metacollect.store import local, lock
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
@@ -183,6 +185,8 @@ class WorkerCollector(WorkerPlugin):
         if local_failed is not None:
             self._on_error("node-local store", local_failed)
         self._start_optional_steps(worker)
+        #: round trips to the scheduler: this worker's clock offset (metacollect.steps.clock)
+        self.clock = ClockSampler(worker, config.interval("clock-interval"), self._on_error)
         self.recording = Recording(
             self._swap,
             self._write,
@@ -194,6 +198,7 @@ class WorkerCollector(WorkerPlugin):
             group=self.group,
         )
         self.recording.start()
+        self.clock.start()
         self._started = True
         #: a batch system's SIGTERM, in a process it would kill outright: the final flush first
         self._watch = terminate.watch(self._terminated)
@@ -266,6 +271,7 @@ class WorkerCollector(WorkerPlugin):
             self._started = False
             if self.cycles is not None:
                 self.cycles.close()  # the cycle in progress, copied on the loop that fills it
+            await self.clock.stop()  # the end's burst, into the final flush
             await self.recording.finish(self._ended)
             gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None
         terminate.unwatch(self._watch)
@@ -459,6 +465,7 @@ class WorkerCollector(WorkerPlugin):
             take(self._samples),
             self._take("fine metrics", self.digests, None),
             self._take("dask profile", self.cycles, []),
+            self.clock.take(),
         )
 
     def _take(self, what: str, source: Any, empty: Any) -> Any:
@@ -479,7 +486,7 @@ class WorkerCollector(WorkerPlugin):
     def _write(self, batch: tuple[Any, ...]) -> int:
         """Append a swapped batch to the tables and flush them; the rows written. Each part
         is converted on its own: one that fails is recorded and costs only its own rows."""
-        transitions, executions, samples, digests, cycles = batch
+        transitions, executions, samples, digests, cycles, clock = batch
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
             ("transitions", lambda: self._write_transitions(transitions)),
             ("executions", lambda: self._write_executions(executions)),
@@ -487,10 +494,15 @@ class WorkerCollector(WorkerPlugin):
             ("fine metrics", lambda: self._write_fine_metrics(digests)),
             ("dask profile", lambda: self._write_dask_profile(cycles)),
             ("profile", lambda: self._write_profile(transitions)),
+            ("clock", lambda: self._write_clock(clock)),
         )
         self.losses += write_parts(parts, self._on_error)
         self.errors.report_counts()
         return self.writer.flush()
+
+    def _write_clock(self, rows: list[tuple[float, ...]]) -> None:
+        if rows:
+            self.group.append("clock", dict(zip(_CLOCK, zip(*rows, strict=True), strict=True)))
 
     def _write_fine_metrics(self, digests: Any) -> None:
         if digests is not None and digests[1]:

@@ -1,0 +1,68 @@
+"""The clock estimator (metacollect.analysis.clock) on synthetic round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from metacollect.analysis.clock import WINDOW, ClockModel, estimate, to_scheduler
+
+
+def _round_trips(offset, drift, n, span, rng, delayed=()):
+    """Round trips of a worker whose clock reads ``true - offset - drift * true``: one-way
+    delays of 0.2-0.6 ms, and the ``delayed`` ones held 50-300 ms on one way only."""
+    true_send = np.sort(rng.uniform(0, span, n)) + 1.7e9
+    out = rng.uniform(0.0002, 0.0006, n)
+    back = rng.uniform(0.0002, 0.0006, n)
+    for i in delayed:
+        (out if i % 2 else back)[i] += rng.uniform(0.05, 0.3)
+    ts = true_send + out  # the scheduler's clock is the true one
+    true_receive = ts + back
+    t0 = true_send.min()
+
+    def worker(t):
+        return t - offset - drift * (t - t0)
+
+    return worker(true_send), worker(true_receive), ts
+
+
+def test_constant_offset_with_delayed_outliers():
+    rng = np.random.default_rng(0)
+    send, receive, ts = _round_trips(-2.0, 0.0, 60, 50, rng, delayed=range(0, 60, 7))
+    m = estimate(send, receive, ts)
+    assert m is not None and m.drift == 0.0
+    assert abs(m.offset - -2.0) <= m.uncertainty <= 0.0006
+    assert m.samples == 60 and 1 <= m.used <= 2
+
+
+def test_drift_over_windows():
+    rng = np.random.default_rng(1)
+    drift = 20e-6  # 20 ppm: 72 ms an hour
+    send, receive, ts = _round_trips(1.5, drift, 1800, 3600, rng, delayed=range(3, 1800, 11))
+    m = estimate(send, receive, ts)
+    assert m is not None
+    assert abs(m.drift - drift) < 1e-6  # scheduler - worker grows as the worker lags
+    own = np.linspace(send.min(), send.max(), 50)
+    # the truth: the scheduler's (true) time of a worker time, solved from _round_trips'
+    t0 = ts.min() - 0.0006  # its first true send, to within 0.4 ms (x drift: negligible)
+    true = (own + 1.5 - drift * t0) / (1 - drift)
+    assert np.abs(m.to_scheduler(own) - true).max() <= m.uncertainty < 0.002
+    assert m.used >= 3600 // WINDOW
+
+
+def test_none_without_samples_and_frame_conversion():
+    assert estimate(np.array([]), np.array([]), np.array([])) is None
+    model = ClockModel(2.0, 0.0, 0.0, 0.001, 5, 2, 0.002)
+    df = pd.DataFrame(
+        {
+            "cluster": ["c", "c"],
+            "worker_group": ["a", "b"],
+            "start": [10.0, 10.0],
+            "delay": [0.5, 0.5],
+        }
+    )
+    out = to_scheduler(df, ("start",), {("c", "a"): model}, suffix="_dask", delay="delay")
+    assert out["start"].tolist() == [11.5, 10.0]  # (10 - 0.5) + 2; no model: as reported
+    assert out["start_dask"].tolist() == [10.0, 10.0]
+    assert out["clock"].tolist() == ["scheduler", "dask"]
+    assert out.attrs["clock"].startswith("dask: some rows")
