@@ -429,7 +429,7 @@ ENDS_TABLE = "job/batch/ends"
 
 def batch_job_ends(root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """How each batch job of the run ended, by id, in words for a ``missing`` line ("ended
-    TIMEOUT (TimeLimit) at 2026-11-28 12:03:04, exit code 0:15"), from the store's
+    TIMEOUT (TimeLimit) at YYYY-MM-DD HH:MM:SS, exit code 0:15"), from the store's
     ``job/batch`` ends; empty when it has none (not a batch run), or when that table does
     not read (the line then says less; the table itself is what ``validate`` checks)."""
     doc = nodes.get(ENDS_TABLE)
