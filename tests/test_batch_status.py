@@ -17,19 +17,20 @@ import time
 
 import pytest
 
-from metacollect.session.shutdown import jobs_in_queue, retire_and_wait
-from metacollect.steps import batch_status
-from metacollect.steps.batch import allocation_id, end_row, job_row
-from metacollect.steps.batch_status import (
+from metacollect.batch import (
     NO_COMMANDS,
     PBS,
-    PBS_TIME,
     SLURM,
     BatchCommandError,
-    SlurmElsePBSCommands,
+    allocation_id,
     batch_commands,
-    parse_qstat,
+    jobs_in_queue,
 )
+from metacollect.batch import commands as command_runner
+from metacollect.batch.pbs import PBS_TIME, parse_qstat
+from metacollect.batch.systems import SlurmElsePBSCommands
+from metacollect.session.shutdown import retire_and_wait
+from metacollect.steps.batch import end_row, job_row
 from metacollect.steps.job import scheduler_identity
 
 #: ``qstat -fx`` of a finished PBS Pro job, long values wrapped as PBS wraps them (a newline
@@ -204,7 +205,7 @@ def test_a_batch_command_that_does_not_answer_is_a_failed_call(tmp_path, monkeyp
     (bin_dir / "qstat").write_text("#!/bin/sh\nsleep 30\n")
     (bin_dir / "qstat").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(batch_status, "COMMAND_TIMEOUT", 0.5)
+    monkeypatch.setattr(command_runner, "COMMAND_TIMEOUT", 0.5)
     t0 = time.monotonic()
     with pytest.raises(BatchCommandError, match=r"timed out after 0\.5 s"):
         PBS.fields("4321")  # not an answer: the job is not said to be gone
