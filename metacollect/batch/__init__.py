@@ -32,6 +32,7 @@ from metacollect.batch.systems import (
     in_batch_script,
     job_id_of,
     jobs_in_queue,
+    queue_of,
 )
 
 __all__ = [
@@ -52,4 +53,5 @@ __all__ = [
     "job_id_of",
     "job_number",
     "jobs_in_queue",
+    "queue_of",
 ]

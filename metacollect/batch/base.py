@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -124,6 +123,9 @@ class BatchSystem(BatchCommands):
     #: the variable of a job's processes that holds its id, and the prefix of all of its own
     job_id_variable = ""
     variable_prefix = ""
+    #: the variable of a job's processes naming its queue, read where the system cannot be
+    #: asked ("": none read)
+    queue_variable = ""
     #: ``(variable, value)`` set in the job script's own shell (not in a step it starts)
     script_environment: tuple[str, str] = ("", "")
     #: the command that lists the queue: where it is found, this system's commands are
@@ -132,8 +134,6 @@ class BatchSystem(BatchCommands):
     submit_command = ""
     #: the directive a job script's header lines start with
     directive_prefix = ""
-    #: the signal the system ends a job with (walltime, cancel), before SIGKILL
-    end_signal = signal.SIGTERM
 
     def here(self) -> bool:
         """Whether this system's commands are found on ``PATH``."""

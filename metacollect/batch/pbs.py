@@ -121,6 +121,7 @@ class PBSSystem(BatchSystem):
     final_states = frozenset({"F", "C", "X"})
     job_id_variable = "PBS_JOBID"
     variable_prefix = "PBS_"
+    queue_variable = "PBS_QUEUE"
     script_environment = ("PBS_ENVIRONMENT", "PBS_BATCH")
     queue_command = "qstat"
     submit_command = "qsub"

@@ -36,6 +36,7 @@ __all__ = [
     "in_batch_script",
     "job_id_of",
     "jobs_in_queue",
+    "queue_of",
 ]
 
 #: each batch system by its name, in the order they are looked for (Slurm first: under its
@@ -58,6 +59,14 @@ def job_id_of(environ: Mapping[str, str]) -> str:
         if environ.get(system.job_id_variable):
             return system.job_id(environ)
     return ""
+
+
+def queue_of(environ: Mapping[str, str]) -> str | None:
+    """The queue a process with ``environ`` runs in, as its batch variables name it."""
+    for system in _BY_NAME.values():
+        if system.queue_variable and system.queue_variable in environ:
+            return environ[system.queue_variable]
+    return None
 
 
 def in_batch_script(environ: Mapping[str, str] | None = None) -> bool:

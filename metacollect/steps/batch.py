@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import socket
 import threading
 import time
 import warnings
@@ -112,12 +113,9 @@ def end_row(
 
 def batch_environment() -> dict[str, Any]:
     """Run on each worker: its host and batch variables."""
-    import os as _os
-    import socket as _socket
-
-    env = {k: v for k, v in _os.environ.items() if k.startswith(BATCH_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k.startswith(BATCH_PREFIXES)}
     return {
-        "host": _socket.gethostname(),
+        "host": socket.gethostname(),
         "env": env,
         "job_id": job_id_of(env),
     }

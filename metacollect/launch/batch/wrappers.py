@@ -17,6 +17,7 @@ from metacollect.batch import (
     BatchCommands,
     allocation_id,
     batch_commands,
+    queue_of,
 )
 from metacollect.errors import UsageError
 from metacollect.session import init_root
@@ -67,7 +68,7 @@ def batch_start(
             "batch_system": system,
             "source": "jobscript",
             "job_script": stored_script(script),
-            "queue": asked.get("partition") or os.environ.get("PBS_QUEUE"),
+            "queue": asked.get("partition") or queue_of(os.environ),
             "account": asked.get("account") or None,
             "walltime": asked.get("time_limit") or None,
             "cores": asked.get("cpus"),
