@@ -18,12 +18,18 @@ import time
 import pytest
 
 from metacollect.batch import (
+    BATCH_PREFIXES,
     NO_COMMANDS,
     PBS,
     SLURM,
+    SYSTEMS,
     BatchCommandError,
+    BatchSystem,
+    JobRequest,
     allocation_id,
     batch_commands,
+    get_system,
+    job_id_of,
     jobs_in_queue,
 )
 from metacollect.batch import commands as command_runner
@@ -283,3 +289,34 @@ def test_a_queue_that_cannot_be_asked_is_not_read_as_empty(tmp_path, monkeypatch
     _command(bin_dir, "qstat", "qstat: cannot connect to server pbs01 (errno=15010)", 2)
     with pytest.raises(BatchCommandError, match="cannot connect to server"):
         jobs_in_queue(["12"])
+
+
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_each_batch_system_provides_what_the_base_names(name):
+    """Every system of :data:`~metacollect.batch.SYSTEMS` is a whole :class:`BatchSystem`:
+    its variables, commands, directives and shipped wrapper (a new system's module is held
+    to the same)."""
+    system = get_system(name)
+    assert isinstance(system, BatchSystem) and system.name == name
+    for attribute in (
+        "command",
+        "title",
+        "forgets",
+        "job_id_variable",
+        "variable_prefix",
+        "queue_command",
+        "submit_command",
+        "directive_prefix",
+    ):
+        assert getattr(system, attribute), f"{name} says no {attribute}"
+    assert system.job_id_variable.startswith(system.variable_prefix)
+    assert system.variable_prefix in BATCH_PREFIXES
+    assert system.final_states <= system.ended_states
+    assert all(v for v in system.script_environment)
+    assert os.path.exists(system.template_path())
+    request = JobRequest("j", 1, 2, "1GB", "00:10:00", extra=["--x", "#KEEP"])
+    lines = system.directives(request)
+    assert all(line.startswith("#") for line in lines)
+    assert lines[-2:] == [f"{system.directive_prefix} --x", "#KEEP"]
+    assert system.job_id({system.job_id_variable: "12.server"}) == "12"
+    assert job_id_of({system.job_id_variable: "12"}) == "12"
