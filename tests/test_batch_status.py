@@ -17,19 +17,26 @@ import time
 
 import pytest
 
-from metacollect.session.shutdown import jobs_in_queue, retire_and_wait
-from metacollect.steps import batch_status
-from metacollect.steps.batch import allocation_id, end_row, job_row
-from metacollect.steps.batch_status import (
+from metacollect.batch import (
+    BATCH_PREFIXES,
     NO_COMMANDS,
     PBS,
-    PBS_TIME,
     SLURM,
+    SYSTEMS,
     BatchCommandError,
-    SlurmElsePBSCommands,
+    BatchSystem,
+    JobRequest,
+    allocation_id,
     batch_commands,
-    parse_qstat,
+    get_system,
+    job_id_of,
+    jobs_in_queue,
 )
+from metacollect.batch import commands as command_runner
+from metacollect.batch.pbs import PBS_TIME, parse_qstat
+from metacollect.batch.systems import SlurmElsePBSCommands
+from metacollect.session.shutdown import retire_and_wait
+from metacollect.steps.batch import end_row, job_row
 from metacollect.steps.job import scheduler_identity
 
 #: ``qstat -fx`` of a finished PBS Pro job, long values wrapped as PBS wraps them (a newline
@@ -204,7 +211,7 @@ def test_a_batch_command_that_does_not_answer_is_a_failed_call(tmp_path, monkeyp
     (bin_dir / "qstat").write_text("#!/bin/sh\nsleep 30\n")
     (bin_dir / "qstat").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(batch_status, "COMMAND_TIMEOUT", 0.5)
+    monkeypatch.setattr(command_runner, "COMMAND_TIMEOUT", 0.5)
     t0 = time.monotonic()
     with pytest.raises(BatchCommandError, match=r"timed out after 0\.5 s"):
         PBS.fields("4321")  # not an answer: the job is not said to be gone
@@ -282,3 +289,34 @@ def test_a_queue_that_cannot_be_asked_is_not_read_as_empty(tmp_path, monkeypatch
     _command(bin_dir, "qstat", "qstat: cannot connect to server pbs01 (errno=15010)", 2)
     with pytest.raises(BatchCommandError, match="cannot connect to server"):
         jobs_in_queue(["12"])
+
+
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_each_batch_system_provides_what_the_base_names(name):
+    """Every system of :data:`~metacollect.batch.SYSTEMS` is a whole :class:`BatchSystem`:
+    its variables, commands, directives and shipped wrapper (a new system's module is held
+    to the same)."""
+    system = get_system(name)
+    assert isinstance(system, BatchSystem) and system.name == name
+    for attribute in (
+        "command",
+        "title",
+        "forgets",
+        "job_id_variable",
+        "variable_prefix",
+        "queue_command",
+        "submit_command",
+        "directive_prefix",
+    ):
+        assert getattr(system, attribute), f"{name} says no {attribute}"
+    assert system.job_id_variable.startswith(system.variable_prefix)
+    assert system.variable_prefix in BATCH_PREFIXES
+    assert system.final_states <= system.ended_states
+    assert all(v for v in system.script_environment)
+    assert os.path.exists(system.template_path())
+    request = JobRequest("j", 1, 2, "1GB", "00:10:00", extra=["--x", "#KEEP"])
+    lines = system.directives(request)
+    assert all(line.startswith("#") for line in lines)
+    assert lines[-2:] == [f"{system.directive_prefix} --x", "#KEEP"]
+    assert system.job_id({system.job_id_variable: "12.server"}) == "12"
+    assert job_id_of({system.job_id_variable: "12"}) == "12"

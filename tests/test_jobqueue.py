@@ -22,21 +22,16 @@ from distributed import Client
 from pbs_site import pbs_site_path
 
 from metacollect import collect, open_run, plot
+from metacollect.batch import batch_system, jobs_in_queue
+from metacollect.batch.commands import _epoch
+from metacollect.batch.pbs import parse_qstat
+from metacollect.batch.slurm import _FIELD, ENDED_STATES, scontrol_job, scontrol_script
 from metacollect.cli.info import describe
 from metacollect.launch import runner
 from metacollect.launch.batch import jobqueue_cluster
 from metacollect.report import views
-from metacollect.session.shutdown import jobs_in_queue
 from metacollect.steps import terminate
-from metacollect.steps.batch import batch_system, job_row
-from metacollect.steps.batch_status import (
-    _FIELD,
-    ENDED_STATES,
-    _epoch,
-    parse_qstat,
-    scontrol_job,
-    scontrol_script,
-)
+from metacollect.steps.batch import job_row
 from metacollect.steps.job import scheduler_identity
 from metacollect.store.validate import validate_store
 

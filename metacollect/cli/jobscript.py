@@ -11,70 +11,41 @@ import functools
 import os
 import re
 import sys
+from types import ModuleType
 from typing import Any
 
+from metacollect.batch import SYSTEMS, JobRequest, get_system
 from metacollect.cli import options as t
 from metacollect.errors import UsageError
 from metacollect.files import atomic_file, check_file_target
+from metacollect.steps import terminate
 
 MARKER = "# ---- no need to edit below this line"
-JOBSCRIPTS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "jobscripts",
+#: a directive line of any batch system, also one commented out (``##SBATCH``)
+_DIRECTIVE = re.compile(
+    r"##?({})\b".format("|".join(re.escape(get_system(s).directive_prefix[1:]) for s in SYSTEMS))
 )
 
 
 def template_path(system: str) -> str:
     """Path of the wrapper shipped for ``system`` in ``jobscripts/``."""
-    return os.path.join(JOBSCRIPTS, system, f"metacollect-{system}.sh")
-
-
-def _mb(memory: str) -> int:
-    from dask.utils import parse_bytes
-
-    try:
-        return max(1, int(parse_bytes(memory) // 2**20))
-    except (ValueError, TypeError) as e:
-        raise UsageError(
-            f"cannot read --memory {memory!r}; give a size such as 4GB or 500MB"
-        ) from e
+    return get_system(system).template_path()
 
 
 def directives(system: str, args: argparse.Namespace) -> list[str]:
     """The ``#SBATCH`` / ``#PBS`` lines of the options."""
-    if system == "slurm":
-        lines = [
-            f"#SBATCH --job-name={args.job_name}",
-            f"#SBATCH --nodes={args.nodes}",
-            "#SBATCH --ntasks-per-node=1",
-            f"#SBATCH --cpus-per-task={args.cores}",
-            f"#SBATCH --mem={_mb(args.memory)}M",
-            f"#SBATCH --time={args.walltime}",
-        ]
-        if args.queue:
-            lines.append(f"#SBATCH --partition={args.queue}")
-        if args.account:
-            lines.append(f"#SBATCH --account={args.account}")
-        if args.output:
-            lines.append(f"#SBATCH --output={args.output}")
-        prefix = "#SBATCH"
-    else:
-        lines = [
-            f"#PBS -N {args.job_name}",
-            f"#PBS -l select={args.nodes}:ncpus={args.cores}:mem={_mb(args.memory)}MB",
-            f"#PBS -l walltime={args.walltime}",
-        ]
-        if args.queue:
-            lines.append(f"#PBS -q {args.queue}")
-        if args.account:
-            lines.append(f"#PBS -A {args.account}")
-        if args.output:
-            lines.append(f"#PBS -o {args.output}")
-        prefix = "#PBS"
-    for extra in args.job_extra or []:
-        extra = extra.strip()
-        lines.append(extra if extra.startswith("#") else f"{prefix} {extra}")
-    return lines
+    request = JobRequest(
+        job_name=args.job_name,
+        nodes=args.nodes,
+        cores=args.cores,
+        memory=args.memory,
+        walltime=args.walltime,
+        queue=args.queue,
+        account=args.account,
+        output=args.output,
+        extra=list(args.job_extra or []),
+    )
+    return get_system(system).directives(request)
 
 
 def _default_value(match: re.Match[str], name: str, value: Any) -> str:
@@ -93,7 +64,7 @@ def render(system: str, args: argparse.Namespace) -> str:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     head, body = text.split(MARKER, 1)
-    kept = [line for line in head.splitlines() if not re.match(r"##?(SBATCH|PBS)\b", line)]
+    kept = [line for line in head.splitlines() if not _DIRECTIVE.match(line)]
     first_var = next(i for i, line in enumerate(kept) if line.startswith("WORKFLOW="))
     insert = first_var
     while insert > 0 and kept[insert - 1] == "":
@@ -138,7 +109,7 @@ def _add_batch_parser(sub: Any) -> None:
     s = bsub.add_parser("start", help="create the store: run, step 1 and the allocation's job")
     s.add_argument("store")
     s.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    s.add_argument("--system", choices=["slurm", "pbs"], help="batch system (default: detected)")
+    s.add_argument("--system", choices=SYSTEMS, help="batch system (default: detected)")
     s.add_argument(
         "--job-script",
         metavar="FILE",
@@ -206,7 +177,7 @@ def _add_jobscript_parser(sub: Any) -> argparse.ArgumentParser:
         "workers with metacollect inside the allocation, runs WORKFLOW, shuts down gracefully and "
         "finalises the store. Submit it with sbatch (slurm) or qsub (pbs).",
     )
-    p.add_argument("system", choices=["slurm", "pbs"], help="batch system")
+    p.add_argument("system", choices=SYSTEMS, help="batch system")
     p.add_argument(
         "--workflow",
         "-w",
@@ -260,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output_file:
         with atomic_file(args.output_file, what="the job script", executable=True) as f:
             f.write(text)
-        submit = "sbatch" if args.system == "slurm" else "qsub"
+        submit = get_system(args.system).submit_command
         print(
             f"metacollect: wrote {args.output_file}; submit it with `{submit} {args.output_file}`",
             file=sys.stderr,
@@ -270,14 +241,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seal(store: str, exit_code: int, signal_name: str | None) -> None:
+def _seal(finalize: ModuleType, store: str, exit_code: int, signal_name: str | None) -> None:
     """``batch finalize``, also as ``batch stop``'s last step: the job's end (SIGTERM) that
     comes during the seal waits for it, then ends this process."""
-    from metacollect.launch import batch
-    from metacollect.steps import terminate
-
     with terminate.held():
-        status = batch.batch_finalize(store, exit_code, signal_name)
+        status = finalize.batch_finalize(store, exit_code, signal_name)
     print(f"metacollect: store {store} sealed (status {status})", file=sys.stderr)
 
 
@@ -290,23 +258,29 @@ def _still_running(action: str, left: list[int]) -> None:
 
 
 def run_batch(args: argparse.Namespace) -> int:
-    from metacollect.launch import batch
+    # here, not at the top: the store's modules kept off the CLI's start-up
+    from metacollect.launch.batch import finalize
 
-    if args.action == "start":
-        store = batch.batch_start(
-            args.store, overwrite=args.overwrite, system=args.system, job_script=args.job_script
-        )
-        print(f"metacollect: collecting into {store}", file=sys.stderr)
-    elif args.action == "stop":
-        for problem in batch.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):
-            print(f"metacollect batch stop: {problem}", file=sys.stderr)
-        _still_running("stop", batch.wait_pids(args.wait_pid, timeout=args.timeout))
-        if args.exit_code is not None:
-            _seal(args.store, args.exit_code, None)
-    else:
-        left = batch.wait_cluster_end(
+    if args.action == "finalize":
+        left = finalize.wait_cluster_end(
             args.store, args.wait_pid, args.worker_launcher, timeout=args.timeout
         )
         _still_running("finalize", left)
-        _seal(args.store, args.exit_code, args.signal)
+        _seal(finalize, args.store, args.exit_code, args.signal)
+        return 0
+    # distributed's and the session's modules too, which `batch finalize` does without (it
+    # runs within the job's grace period)
+    from metacollect.launch.batch import wrappers
+
+    if args.action == "start":
+        store = wrappers.batch_start(
+            args.store, overwrite=args.overwrite, system=args.system, job_script=args.job_script
+        )
+        print(f"metacollect: collecting into {store}", file=sys.stderr)
+        return 0
+    for problem in wrappers.batch_stop(args.store, args.scheduler_file, timeout=args.timeout):
+        print(f"metacollect batch stop: {problem}", file=sys.stderr)
+    _still_running("stop", finalize.wait_pids(args.wait_pid, timeout=args.timeout))
+    if args.exit_code is not None:
+        _seal(finalize, args.store, args.exit_code, None)
     return 0

@@ -14,10 +14,12 @@ import sys
 import time
 from typing import Any
 
+from metacollect.batch import SYSTEMS
 from metacollect.cli import options as t
+from metacollect.errors import UsageError
 
 #: what --cluster can start (the runner's CLUSTERS; listed here so parsing stays light)
-CLUSTERS = ("local", "pbs", "slurm")
+CLUSTERS = ("local", *sorted(SYSTEMS))
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -54,6 +56,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="replace an existing store",
     )
+    _add_cluster_options(p)
+    _add_collect_options(p)
+    return p
+
+
+def _add_cluster_options(p: argparse.ArgumentParser) -> None:
+    """``--cluster`` and the shape of the cluster it starts."""
     p.add_argument(
         "--cluster",
         choices=CLUSTERS,
@@ -88,6 +97,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--local-directory", type=t.line, help="worker scratch directory on the compute nodes"
     )
+
+
+def _add_collect_options(p: argparse.ArgumentParser) -> None:
+    """What is collected, and how."""
     p.add_argument("--flush-interval", type=t.duration, help="how often collectors flush (e.g. 2s)")
     p.add_argument(
         "--node-local",
@@ -103,7 +116,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="profile the worker processes with Yappi",
     )
     p.add_argument("--darshan", action="store_true", default=None, help="capture I/O with Darshan")
-    return p
 
 
 def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -191,8 +203,6 @@ def default_store(name: str) -> str:
 
 def _target(args: argparse.Namespace) -> tuple[str, str]:
     """``("path", SCRIPT)`` or ``("module", MODULE)``; a UsageError without either."""
-    from metacollect.errors import UsageError
-
     if args.module is not None and args.script is not None:
         raise UsageError(
             f"give a script or -m MODULE, not both ({args.script} and -m {args.module}); "
@@ -209,6 +219,8 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: the runner's modules (distributed, the store) kept off the CLI's
+    # start-up
     from metacollect.launch.runner import run_target
 
     kind, target = _target(args)

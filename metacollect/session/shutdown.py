@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -22,14 +21,8 @@ if TYPE_CHECKING:
     from metacollect.steps.batch import BatchRecorder
 
 import metacollect.config as config
+from metacollect.batch import BatchCommandError, jobs_in_queue
 from metacollect.dask_private import wait_stream_handled
-from metacollect.steps.batch_status import (
-    SLURM_UNKNOWN,
-    BatchCommandError,
-    failed_command,
-    qstat_unknown,
-    run_command,
-)
 from metacollect.steps.scheduler import end_collection, holds_collection
 
 logger = logging.getLogger(__name__)
@@ -41,7 +34,6 @@ __all__ = [
     "cluster_job_ids",
     "end_through",
     "graceful_close",
-    "jobs_in_queue",
     "retire_and_wait",
     "retire_batch",
 ]
@@ -75,49 +67,6 @@ def end_through(client: Client, store: str | None = None) -> list[str] | None:
 #: look is a request to the controller the whole machine shares (with several ids, Slurm's
 #: ``squeue -j`` still has it send every job, and filters them itself)
 QUEUE_POLL = 1.0
-#: PBS states of a job that has left (Torque's completed, PBS Pro's finished, shown with -x)
-PBS_GONE = frozenset({"C", "F"})
-
-
-def jobs_in_queue(job_ids: Iterable[str]) -> set[str]:
-    """The ids among ``job_ids`` that the batch system still lists (any state).
-
-    Uses ``squeue`` when Slurm's commands are there (also under the torque wrappers), else
-    one ``qstat`` with every id (a PBS site). A job the batch system has forgotten counts as
-    gone. ``squeue`` is asked for these jobs only (``-j``): for one job, Slurm's controller
-    then looks up that job instead of sending its whole queue, every user's jobs.
-    A command that fails otherwise than on a job it does not know (a controller or server
-    that does not answer) raises :class:`~metacollect.steps.batch_status.BatchCommandError`:
-    no answer is not an empty queue.
-    """
-    ids = {str(j) for j in job_ids if j}
-    if not ids:
-        return set()
-    if shutil.which("squeue"):
-        # one unknown id alone is an error ("Invalid job id specified"), not an empty list:
-        # either way nothing is listed, and that job is gone
-        wanted = ",".join(sorted({j.split(".")[0] for j in ids}))
-        out = run_command("squeue", "-h", "-o", "%i", "-j", wanted)
-        if out.returncode != 0 and SLURM_UNKNOWN not in out.stderr:
-            raise failed_command(out)
-        listed = {line.strip() for line in out.stdout.splitlines()}
-        return {j for j in ids if j.split(".")[0] in listed}
-    if shutil.which("qstat"):
-        # one call for all: PBS lists the jobs it knows (an unknown or, on PBS Pro, finished
-        # one is an error on stderr, and the exit code is not 0 then), in columns ending with
-        # the state and the queue. Asked and compared by number, as squeue is: PBS lists ids
-        # cut short, and Slurm's torque wrappers know no server name
-        numbers = sorted({j.split(".")[0] for j in ids})
-        out = run_command("qstat", *numbers)
-        if out.returncode != 0 and not qstat_unknown(out):
-            raise failed_command(out)
-        listed = set()
-        for line in out.stdout.splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[0][:1].isdigit() and parts[-2] not in PBS_GONE:
-                listed.add(parts[0].split(".")[0])
-        return {j for j in ids if j.split(".")[0] in listed}
-    return set()
 
 
 def _wait(predicate: Any, timeout: float, poll: float) -> bool:

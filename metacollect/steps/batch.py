@@ -2,7 +2,7 @@
 
 A dask-jobqueue cluster's worker jobs (:class:`BatchRecorder`, while they run and as each
 ends: ``scontrol show job``, or PBS's ``qstat -f``, as
-:mod:`~metacollect.steps.batch_status` reads them - there may be no accounting, and finished
+:mod:`metacollect.batch` reads them - there may be no accounting, and finished
 jobs vanish within minutes), each job's script, and the ``SLURM_*`` / ``PBS_*`` variables
 each worker sees, into ``job/batch``; the batch wrappers in ``jobscripts/`` record the
 allocation itself with the same rows (:mod:`metacollect.launch.batch`).
@@ -15,22 +15,29 @@ import json
 import math
 import os
 import re
-import sys
+import socket
 import threading
 import time
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import dask.config
+from dask.utils import format_bytes
+
 import metacollect.config as config
-from metacollect.dask_private import job_template
-from metacollect.steps import terminate
-from metacollect.steps.batch_status import (
+from metacollect.batch import (
+    BATCH_PREFIXES,
     SLURM,
     BatchCommandError,
     BatchCommands,
     batch_commands,
+    batch_system,
+    job_id_of,
+    job_number,
 )
+from metacollect.dask_private import job_template
+from metacollect.steps import terminate
 from metacollect.steps.job import scheduler_identity
 
 if TYPE_CHECKING:
@@ -39,42 +46,14 @@ if TYPE_CHECKING:
     from metacollect.store.writer import StoreWriter
 
 __all__ = [
-    "BATCH_PREFIXES",
     "BatchRecorder",
-    "allocation_id",
     "batch_environment",
-    "batch_system",
     "end_row",
     "env_rows",
-    "job_number",
     "job_row",
     "stored_script",
     "write_rows",
 ]
-
-BATCH_PREFIXES = ("SLURM_", "PBS_")
-
-
-def job_number(job_id: str) -> str:
-    """A batch job's id as the store keys it: what dask-jobqueue reads from the submission
-    (the number), also for the ids PBS gives its jobs' processes (``PBS_JOBID=1234.server``
-    is job 1234, as ``qstat 1234`` and Darshan's log names have it). Slurm's are numbers."""
-    return job_id.strip().split(".")[0]
-
-
-def batch_system(cluster: Any) -> str | None:
-    """``"slurm"`` / ``"pbs"`` for a dask-jobqueue cluster, ``None`` for any other cluster."""
-    if "dask_jobqueue" not in sys.modules:
-        return None  # no jobqueue cluster exists without it; importing it takes ~0.3 s
-    try:
-        from dask_jobqueue import PBSCluster, SLURMCluster
-    except ImportError:
-        return None
-    if isinstance(cluster, SLURMCluster):
-        return "slurm"
-    if isinstance(cluster, PBSCluster):
-        return "pbs"
-    return None
 
 
 #: seconds at most between two questions about a job still ending (also at most a third
@@ -135,14 +114,11 @@ def end_row(
 
 def batch_environment() -> dict[str, Any]:
     """Run on each worker: its host and batch variables."""
-    import os as _os
-    import socket as _socket
-
-    env = {k: v for k, v in _os.environ.items() if k.startswith(BATCH_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k.startswith(BATCH_PREFIXES)}
     return {
-        "host": _socket.gethostname(),
+        "host": socket.gethostname(),
         "env": env,
-        "job_id": job_number(env.get("SLURM_JOB_ID") or env.get("PBS_JOBID") or ""),
+        "job_id": job_id_of(env),
     }
 
 
@@ -461,14 +437,14 @@ class BatchRecorder:
         if unasked is not None:
             self._ended.add(job_id)
             self.unrecorded.append(
-                f"batch job {job_id}: {self.commands.system} could not be asked about it "
+                f"batch job {job_id}: {self.commands.title} could not be asked about it "
                 f"({unasked}): its row holds only what its workers said of it (id, workers, "
                 "hosts, environment), and how it ended is not in job/batch's ends"
             )
         elif not fields and self.commands.command:
             self._ended.add(job_id)  # its end is as unknown as the rest: said once
             self.unrecorded.append(
-                f"batch job {job_id}: {self.commands.system} had forgotten it before it was "
+                f"batch job {job_id}: {self.commands.title} had forgotten it before it was "
                 f"recorded ({self.commands.forgets}): its row holds only what its workers "
                 "said of it (id, workers, hosts, environment)"
             )
@@ -557,7 +533,7 @@ class BatchRecorder:
                 rows.append(end_row(job_id, fields or last_seen or {}, commands))
             if not fields:
                 self.unrecorded.append(
-                    f"batch job {job_id}: it ended while collected, and {commands.system} had "
+                    f"batch job {job_id}: it ended while collected, and {commands.title} had "
                     "forgotten it before how it ended could be read"
                     + (
                         " (it was still completing at the last question): its end time is "
@@ -577,7 +553,7 @@ class BatchRecorder:
         self._ended.add(job_id)
         last_seen = self._completing.pop(job_id, None)
         self.unrecorded.append(
-            f"batch job {job_id}: it ended while collected, and {self.commands.system} could "
+            f"batch job {job_id}: it ended while collected, and {self.commands.title} could "
             f"not be asked how ({why})"
             + (
                 f": its end time is in job/batch's ends, as {self.commands.state(last_seen)}, "
@@ -667,7 +643,7 @@ class BatchRecorder:
         is not in the store. Said, not guessed."""
         if unasked is not None:
             self.unrecorded.append(
-                f"batch job {job_id}: {self.commands.system} could not be asked about it "
+                f"batch job {job_id}: {self.commands.title} could not be asked about it "
                 f"({unasked}) and none of its workers was seen: whether it ran, and where, "
                 "is not in job/batch"
             )
@@ -681,8 +657,6 @@ class BatchRecorder:
 
 def _requested(cluster: Any, name: str) -> Any:
     """What a jobqueue cluster asked for: its keyword argument, else jobqueue's config."""
-    import dask.config
-
     value = (getattr(cluster, "_job_kwargs", None) or {}).get(name)
     if value is None:
         config_name = getattr(job_template(cluster), "config_name", None)
@@ -694,19 +668,4 @@ def _requested(cluster: Any, name: str) -> Any:
 def _memory(value: Any) -> str | None:
     if value is None:
         return None
-    from dask.utils import format_bytes
-
     return format_bytes(int(value)) if isinstance(value, int | float) else str(value)
-
-
-def allocation_id(environ: Mapping[str, str] | None = None) -> tuple[str | None, str]:
-    """``(job id, batch system)`` of the allocation this process runs in (Slurm checked first:
-    under Slurm's torque wrappers PBS_JOBID is set too)."""
-    env = os.environ if environ is None else environ
-    if env.get("SLURM_JOB_ID"):
-        return env["SLURM_JOB_ID"], (
-            "pbs" if env.get("METACOLLECT_BATCH_SYSTEM") == "pbs" else "slurm"
-        )
-    if env.get("PBS_JOBID"):
-        return job_number(env["PBS_JOBID"]), "pbs"
-    return None, env.get("METACOLLECT_BATCH_SYSTEM", "slurm")

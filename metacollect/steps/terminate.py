@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 
 import metacollect.config as config
+from metacollect.batch import in_batch_script
 
 logger = logging.getLogger(__name__)
 
@@ -219,10 +220,7 @@ def batch_shell_warning(command: str) -> str | None:
     the store stayed unsealed, its workers mid-flush). In a batch job that ignores SIGTERM
     (``trap '' TERM``: its commands inherit it), the warning that only the grace period's
     SIGKILL can end this process. ``None`` anywhere else."""
-    if (
-        os.environ.get("ENVIRONMENT") != "BATCH"  # Slurm's batch step (srun steps too)
-        and os.environ.get("PBS_ENVIRONMENT") != "PBS_BATCH"
-    ):
+    if not in_batch_script():
         return None
     if signal.getsignal(SIGNAL) == signal.SIG_IGN:  # inherited: nothing runs on the signal
         return (
