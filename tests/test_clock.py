@@ -11,6 +11,7 @@ from distributed.metrics import time
 from tornado.ioloop import PeriodicCallback
 
 from metacollect.analysis.clock import WINDOW, ClockModel, estimate, to_scheduler
+from metacollect.analysis.dask_clock import delay_at
 from metacollect.steps.clock import DelayLog
 
 
@@ -124,3 +125,18 @@ def test_delay_log_drops_what_no_running_task_needs():
         w.scheduler_delay += 1.0
         log.observe()
     assert len(log.times) == 2 and len(log.take()) == 5  # the store keeps every change
+
+
+def test_dask_times_undone_with_the_delay_of_their_moment():
+    # the worker's delay: 0.5 from t=100, 0.8 from t=110, -0.2 from t=120 (its own clock)
+    times, delays = np.array([100.0, 110.0, 120.0]), np.array([0.5, 0.8, -0.2])
+    own = np.array([105.0, 109.9, 110.1, 118.0, 121.0, 130.0])
+    truth = np.array([0.5, 0.5, 0.8, 0.8, -0.2, -0.2])
+    d, fits, error = delay_at(own + truth, times, delays)
+    np.testing.assert_array_equal(d, truth)
+    assert fits.all() and (error == 0).all()
+    # the delay fell by 1.0 at 120: Dask's 120.0 is 119.2 + 0.8 or 120.2 - 0.2, not told
+    d, fits, error = delay_at(np.array([120.0]), times, delays)
+    assert not fits.any() and error[0] == 1.0 and d[0] in (0.8, -0.2)
+    _, fits, error = delay_at(np.array([99.0]), times, delays)  # before anything recorded
+    assert not fits.any() and np.isnan(error).all()

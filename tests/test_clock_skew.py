@@ -5,6 +5,7 @@ scheduler's clock, against ground truths the test takes itself."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import time
@@ -90,7 +91,12 @@ def work(i: int) -> tuple[str, str, float, float]:
     return str(worker.get_current_task()), worker.name, begin, time.time()
 
 
-def _run_skewed(store: str) -> list[tuple[str, str, float, float]]:
+def pair(a: tuple, b: tuple) -> float:
+    """A task on two ``work`` results: those on another worker come by a transfer."""
+    return a[2] + b[2]
+
+
+def _run_skewed(store: str) -> tuple[list[tuple[str, str, float, float]], dict[str, str]]:
     lock = asyncio.Lock()
     workers = {
         name: {
@@ -112,9 +118,14 @@ def _run_skewed(store: str) -> list[tuple[str, str, float, float]]:
             assert abs(skews[by_name[name]] - now - skew) < 0.5
         client.register_plugin(LoopHog())
         with metacollect.collect(client, store):
-            stamps = client.gather(client.map(work, range(1000), pure=False))
+            futures = client.map(work, range(1000), pure=False)
+            stamps = client.gather(futures)
+            keys = [f"pair-{i}" for i in range(500)]
+            client.gather(client.map(pair, futures[0::2], futures[1::2], key=keys))
             time.sleep(3)  # a few periodic round trips besides the bursts
-    return stamps
+    dependent = {f.key: k for f, k in zip(futures[0::2], keys, strict=True)}
+    dependent.update({f.key: k for f, k in zip(futures[1::2], keys, strict=True)})
+    return stamps, dependent
 
 
 def _sent_and_heard(run: metacollect.Run, tasks: pd.DataFrame) -> pd.DataFrame:
@@ -139,7 +150,7 @@ def _sent_and_heard(run: metacollect.Run, tasks: pd.DataFrame) -> pd.DataFrame:
 def test_causality_on_skewed_clocks(tmp_path):
     before = dict(os.environ)
     try:
-        stamps = _run_skewed(str(tmp_path / "skew.zarr"))
+        stamps, dependent = _run_skewed(str(tmp_path / "skew.zarr"))
     finally:  # the nannies wrote their pre-spawn environment into this process's
         os.environ.clear()
         os.environ.update(before)
@@ -214,3 +225,38 @@ def test_causality_on_skewed_clocks(tmp_path):
     np.testing.assert_allclose(
         m["stop_dask"] - m["start_dask"], m["stop"] - m["start"], atol=1e-6
     )  # one shift per execution: durations unchanged
+
+    _transfers_in_their_tasks_windows(run, m, dependent, uncertainty)
+
+
+def _transfers_in_their_tasks_windows(run, work, dependent, uncertainty):
+    """Each transfer of a ``work`` result, on the scheduler's clock, after the scheduler
+    heard that result done, and before the task it was fetched for started (incoming) or,
+    sent, before the scheduler heard that task done (outgoing)."""
+    tf = run.worker_table("transfers", clock="scheduler")
+    print("transfers by delay source:", tf["clock_delay_source"].value_counts().to_dict())
+    assert len(tf) > 0 and (tf["clock"] == "scheduler").all()
+    # exact but where the delay fell at a heartbeat by more than the time from the transfer's
+    # end to that heartbeat: two values fit, and the error is bounded by their spread
+    exact = (tf["clock_delay_source"] == "dask_delays").to_numpy()
+    assert exact.any() and (tf["clock_delay_error"][exact] == 0).all(), tf
+    assert (tf["clock_delay_error"] < 0.5).all(), tf
+    print("transfers' delay error where not exact:", tf["clock_delay_error"][~exact].tolist())
+    pairs = run.tasks()
+    pairs = pairs[pairs["key"].str.startswith("pair-")].set_index("key")
+    assert pairs.index.is_unique and len(pairs) == 500
+    heard = work.set_index("key")["time"]
+    groups = {p.split("/")[-1]: a["address"] for p, a in run.worker_groups().items()}
+    checked = 0
+    for row in tf.itertuples():
+        unc = uncertainty[groups[row.worker_group]] + row.clock_delay_error
+        for key in json.loads(row.keys):
+            if key not in dependent:  # a result sent to the client
+                continue
+            assert heard[key] <= row.start + unc, (row, heard[key])
+            fetched_for = pairs.loc[dependent[key]]
+            end = fetched_for["start"] if row.direction == "in" else fetched_for["time"]
+            assert row.stop - unc <= end, (row, fetched_for)
+            checked += 1
+    print("transfers checked:", checked)
+    assert checked > 0
