@@ -227,6 +227,25 @@ def test_causality_on_skewed_clocks(tmp_path):
     )  # one shift per execution: durations unchanged
 
     _transfers_in_their_tasks_windows(run, m, dependent, uncertainty)
+    _flush_and_cycle_times_on_the_schedulers_clock(run, groups, uncertainty)
+
+
+def _flush_and_cycle_times_on_the_schedulers_clock(run, groups, uncertainty):
+    """Fine metrics' flush times (the worker's own) and Dask's profile cycles (Dask's
+    clock) land where the skews put them on the scheduler's clock."""
+    fm = run.fine_metrics(by=["worker"], time=True)
+    assert len(fm) and fm.attrs["clock"] == "scheduler"
+    skew = fm["worker"].map(lambda a: SKEWS[groups[a]]).to_numpy(float)
+    bound = fm["worker"].map(uncertainty).to_numpy(float) + 0.005
+    assert (np.abs(fm["time"] - (fm["time_own"] - skew)) <= bound).all(), fm
+    nodes = run.dask_profile(kind="administrative", nodes=True)
+    nodes = pd.concat([nodes, run.dask_profile(nodes=True)])
+    print("profile cycles by delay source:", nodes["clock_delay_source"].value_counts().to_dict())
+    assert len(nodes) and (nodes["clock"] == "scheduler").all()
+    own = nodes["time_dask"] - nodes["clock_delay"]
+    skew = nodes["worker"].map(lambda a: SKEWS[groups[a]]).to_numpy(float)
+    bound = nodes["worker"].map(uncertainty).to_numpy(float) + 0.005
+    assert (np.abs(nodes["time"] - (own - skew)) <= bound).all()
 
 
 def _transfers_in_their_tasks_windows(run, work, dependent, uncertainty):

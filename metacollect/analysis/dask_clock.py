@@ -138,17 +138,20 @@ def startstops(run: StoreReader) -> pd.DataFrame:
     m = ss[on].merge(executions, on=on, how="left")  # unique right keys: the order kept
     delay = np.where(ss["action"] == "compute", m["clock_delay"].to_numpy(float), np.nan)
     ss = ss.assign(clock_delay=delay, clock_delay_source=np.where(np.isnan(delay), "", "execution"))
-    return _moved(run, with_delays(run, ss, "stop"))
+    return moved(run, ss)
 
 
 def transfers(run: StoreReader) -> pd.DataFrame:
     """Every worker's ``transfers`` on the scheduler's clock, Dask's kept as
     ``start_dask``/``stop_dask``: distributed logged both with the delay of the transfer's
     end."""
-    return _moved(run, with_delays(run, run.concat("worker", "transfers"), "stop"))
+    return moved(run, run.concat("worker", "transfers"))
 
 
-def _moved(run: StoreReader, df: pd.DataFrame) -> pd.DataFrame:
-    return clock.to_scheduler(
-        df, ("start", "stop"), clock.models(run), suffix="_dask", delay="clock_delay"
-    )
+def moved(
+    run: StoreReader, df: pd.DataFrame, columns: tuple[str, ...] = ("start", "stop")
+) -> pd.DataFrame:
+    """``columns`` of worker rows stamped by distributed, on the scheduler's clock, Dask's
+    kept as ``<column>_dask``: the delay of the moment the last column was stamped."""
+    df = with_delays(run, df, columns[-1])
+    return clock.to_scheduler(df, columns, clock.models(run), suffix="_dask", delay="clock_delay")

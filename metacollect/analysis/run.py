@@ -282,6 +282,8 @@ class Run(StoreReader):
         self, worker: str | None = None, task: Any = None, thread: int | None = None
     ) -> pd.DataFrame:
         """Yappi function stats (step 5), one row per (process, thread, task tag, function).
+        Yappi keeps durations only, no time of any call: nothing here is on a clock (the
+        snapshots' ``time`` in the store is the process's own).
 
         Parameters
         ----------
