@@ -259,7 +259,9 @@ def _transfers_in_their_tasks_windows(run, work, dependent, uncertainty):
     # end to that heartbeat: two values fit, and the error is bounded by their spread
     exact = (tf["clock_delay_source"] == "dask_delays").to_numpy()
     assert exact.any() and (tf["clock_delay_error"][exact] == 0).all(), tf
-    assert (tf["clock_delay_error"] < 0.5).all(), tf
+    changes = run.worker_table("dask_delays").sort_values("time")
+    largest = changes.groupby("worker_group")["delay"].agg(lambda d: d.diff().abs().max())
+    assert (tf["clock_delay_error"] <= tf["worker_group"].map(largest) + 1e-9).all(), tf
     print("transfers' delay error where not exact:", tf["clock_delay_error"][~exact].tolist())
     pairs = run.tasks()
     pairs = pairs[pairs["key"].str.startswith("pair-")].set_index("key")
