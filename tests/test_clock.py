@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
+
 import numpy as np
 import pandas as pd
+from distributed.metrics import time
+from tornado.ioloop import PeriodicCallback
 
 from metacollect.analysis.clock import WINDOW, ClockModel, estimate, to_scheduler
+from metacollect.analysis.dask_clock import delay_at
+from metacollect.steps.clock import DelayLog
 
 
 def _round_trips(offset, drift, n, span, rng, delayed=()):
@@ -66,3 +73,70 @@ def test_none_without_samples_and_frame_conversion():
     assert out["start_dask"].tolist() == [10.0, 10.0]
     assert out["clock"].tolist() == ["scheduler", "dask"]
     assert out.attrs["clock"].startswith("dask: some rows")
+
+
+class _Worker:
+    """What DelayLog reads of a worker: its delay and its heartbeat's periodic callback."""
+
+    def __init__(self):
+        self.scheduler_delay = 0.25
+        self.periodic_callbacks = {"heartbeat": PeriodicCallback(self.heartbeat, 1e6)}
+
+    async def heartbeat(self):
+        await asyncio.sleep(0)
+        self.scheduler_delay += 0.5
+
+
+def test_delay_log_knows_the_delay_at_any_time():
+    async def main():
+        w = _Worker()
+        began = time()  # a task seen executing (still running): the delay then
+        seen = w.scheduler_delay
+        log = DelayLog(w, lambda: began)
+        log.start()
+        before = time()
+        await w.periodic_callbacks["heartbeat"].callback()  # the change, recorded at once
+        after = time()
+        await w.periodic_callbacks["heartbeat"].callback()
+        rows = log.take()
+        log.stop()
+        assert w.periodic_callbacks["heartbeat"].callback == w.heartbeat
+        return log, began, seen, before, after, rows
+
+    log, began, seen, before, after, rows = asyncio.run(main())
+    assert [d for _, d in rows] == [0.25, 0.75, 1.25]
+    end = (1.25, time())  # the delay read again as the task finished
+    assert log.at(before, (seen, began), end) == 0.25  # distributed read it before the change
+    assert log.at(after, (seen, began), end) == 0.75
+    assert log.at(after, (seen, math.nan), end) == 0.75  # not seen executing: the log alone
+    assert math.isnan(log.at(began - 10, (seen, began), end))  # before anything observed
+    assert math.isnan(log.at(None, (seen, began), end))
+    # a change no heartbeat made (the log disagrees with a read): not known, inferred instead
+    assert math.isnan(log.at(after, (seen, began), (2.0, end[1])))
+    assert math.isnan(log.at(after, (0.5, before), end))
+
+
+def test_delay_log_drops_what_no_running_task_needs():
+    w = _Worker()
+    oldest = [0.0]
+    log = DelayLog(w, lambda: oldest[0])
+    for _ in range(5):
+        oldest[0] = time()
+        w.scheduler_delay += 1.0
+        log.observe()
+    assert len(log.times) == 2 and len(log.take()) == 5  # the store keeps every change
+
+
+def test_dask_times_undone_with_the_delay_of_their_moment():
+    # the worker's delay: 0.5 from t=100, 0.8 from t=110, -0.2 from t=120 (its own clock)
+    times, delays = np.array([100.0, 110.0, 120.0]), np.array([0.5, 0.8, -0.2])
+    own = np.array([105.0, 109.9, 110.1, 118.0, 121.0, 130.0])
+    truth = np.array([0.5, 0.5, 0.8, 0.8, -0.2, -0.2])
+    d, fits, error = delay_at(own + truth, times, delays)
+    np.testing.assert_array_equal(d, truth)
+    assert fits.all() and (error == 0).all()
+    # the delay fell by 1.0 at 120: Dask's 120.0 is 119.2 + 0.8 or 120.2 - 0.2, not told
+    d, fits, error = delay_at(np.array([120.0]), times, delays)
+    assert not fits.any() and error[0] == 1.0 and d[0] in (0.8, -0.2)
+    _, fits, error = delay_at(np.array([99.0]), times, delays)  # before anything recorded
+    assert not fits.any() and np.isnan(error).all()

@@ -11,6 +11,7 @@ from views_runs import spans_store
 
 import metacollect
 from metacollect import analysis
+from metacollect.analysis.clock import models
 from metacollect.analysis.spans import tree_order
 from metacollect.export import perfetto
 
@@ -118,7 +119,15 @@ def test_fine_metrics_are_each_workers_cumulative_execute_seconds(run, doc):
     assert {e["name"] for e in counters} == {perfetto.EXECUTE_COUNTER}
     fm = run.fine_metrics(by=["worker", "context", "activity", "unit"], time=True)
     ex = fm[(fm["context"] == "execute") & (fm["unit"] == "seconds")]
-    started = {a["address"]: a["started"] for a in run.worker_groups().values()}
+    # each worker's collector start, on the scheduler's clock as its flush times are
+    found = models(run)
+    started = {
+        a["address"]: float(
+            found[p.split("/")[1], p.split("/")[-1]].to_scheduler(np.array([a["started"]]))[0]
+        )
+        for p, a in run.worker_groups().items()
+    }
+    assert fm.attrs["clock"] == "scheduler"
     assert {worker_of[e["pid"]] for e in counters} == set(ex["worker"]) == set(started)
     for worker, truth in ex.groupby("worker"):
         mine = sorted((e for e in counters if worker_of[e["pid"]] == worker), key=lambda e: e["ts"])

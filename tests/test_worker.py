@@ -49,13 +49,32 @@ def test_worker_groups_hold_their_executions(client, store):
     assert (timeline.clock == "scheduler").all()
     offsets = run.clock_offsets().set_index("worker_group")
     moved = timeline.time - timeline.worker_time
-    assert np.allclose(moved, timeline.worker_group.map(offsets.offset), atol=1e-9)
+    # to the float resolution of epoch seconds (2.4e-7 s): time - worker_time rounds
+    assert np.allclose(moved, timeline.worker_group.map(offsets.offset), atol=5e-7)
     assert (offsets.uncertainty < 0.05).all() and (offsets.samples >= 5).all()
     assert timeline.time.min() <= wt.stop.max() <= timeline.time.max() + 1
     wtr = run.worker_table("transitions")
     assert {"executing", "memory"} <= set(wtr.finish)
     for _path, attrs in run.worker_groups().items():
         assert attrs["pid"] > 0 and attrs["nthreads"] == 2 and attrs["level"] == "worker"
+    # start/stops and transfers on the scheduler's clock too, Dask's kept: a compute with
+    # its execution's delay (so where its task is), the rest with the delay of their end
+    ss = run.worker_table("startstops", clock="scheduler")
+    assert (ss.clock == "scheduler").all() and ss.clock_delay.notna().all()
+    compute = ss[ss.action == "compute"]
+    assert (compute.clock_delay_source == "execution").all()
+    assert set(ss.clock_delay_source) <= {"execution", "dask_delays", "nearest"}
+    tasks = run.worker_table("tasks", clock="scheduler")
+    on = ["cluster", "worker_group", "key", "start_dask"]
+    same = compute.merge(tasks, on=on, suffixes=("", "_task"), validate="one_to_one")
+    assert len(same) == len(tasks) and np.allclose(same.start, same.start_task, atol=1e-9)
+    tf = run.worker_table("transfers", clock="scheduler")
+    assert len(tf) and (tf.clock == "scheduler").all()
+    assert set(tf.clock_delay_source) <= {"dask_delays", "nearest"}
+    exact = tf.clock_delay_source == "dask_delays"
+    assert (tf.clock_delay_error[exact] == 0).all() and tf.clock_delay_error.notna().all()
+    np.testing.assert_allclose(tf.stop_dask - tf.start_dask, tf.stop - tf.start, atol=1e-6)
+    assert len(run.worker_table("dask_delays")) >= 2  # each worker's value at its start
 
 
 class _HeartbeatAtExecute:

@@ -196,6 +196,8 @@ def to_scheduler(
             if model is None:
                 continue
             sel = codes == i
+            if delay is not None:  # a row whose delay is not known stays as Dask reported it
+                sel &= ~np.isnan(df[delay].to_numpy(float))
             back = df[delay].to_numpy(float)[sel] if delay is not None else 0.0
             for name in columns:
                 own = df[name].to_numpy(float)[sel] - np.nan_to_num(back)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from metacollect.analysis import dask_clock
 from metacollect.analysis.tasks import worker_addresses
 from metacollect.errors import StoreError
 
@@ -26,6 +27,9 @@ def profile_nodes(
 ) -> pd.DataFrame:
     """The stored call-tree nodes (``Run.dask_profile(..., nodes=True)``), with a ``tree``
     number (one per worker, kind, prefix and cycle) and what each node's samples mean.
+    Each cycle's end ``time`` is on the scheduler's clock, Dask's kept as ``time_dask``
+    (:mod:`metacollect.analysis.dask_clock`: distributed stamped it with the delay of
+    that moment).
 
     Dask's sampler counts a sample on every frame of the stack *except the innermost*
     (``profile.process`` is called with ``child=True``): a node's ``count`` is the samples
@@ -48,7 +52,7 @@ def profile_nodes(
         df = df[(df["worker"] == worker) | (df["worker_group"] == worker)]
     if prefix is not None:
         df = df[df["prefix"] == prefix]
-    df = df.reset_index(drop=True)
+    df = dask_clock.moved(run, df.reset_index(drop=True), ("time",))
     # a tree starts at each root (node 0); rows are stored tree by tree in preorder
     tree = np.cumsum(df["node"].to_numpy() == 0) - 1
     df.insert(0, "tree", tree)

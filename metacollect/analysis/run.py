@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from metacollect.analysis import collector, records
+from metacollect.analysis import collector, dask_clock, records
 from metacollect.analysis.clock import clock_offsets, models, to_scheduler
 from metacollect.analysis.dask_profile import compare_profiles, dask_profile, profile_nodes
 from metacollect.analysis.pstats import write as write_pstats
@@ -131,8 +131,11 @@ class Run(StoreReader):
         on the scheduler's clock (``clock="scheduler"``) for the tables whose times move
         exactly: ``tasks`` (``start``/``stop``; Dask's kept as ``start_dask``/``stop_dask``),
         ``transitions`` (``time``; the worker's own kept as ``time_own``) and ``metrics``
-        (as :meth:`worker_metrics`); ``clock`` then says per row which clock they are on
-        (``"scheduler"``, or the stored times where the worker has no round trips)."""
+        (as :meth:`worker_metrics`), ``startstops`` and ``transfers`` (``start``/``stop``,
+        Dask's kept as ``start_dask``/``stop_dask``; ``clock_delay_source`` says how the
+        delay Dask added was found, :mod:`metacollect.analysis.dask_clock`); ``clock`` then
+        says per row which clock they are on (``"scheduler"``, or the stored times where the
+        worker has no round trips)."""
         df = super().worker_table(table)
         if clock == "stored":
             return df
@@ -144,6 +147,10 @@ class Run(StoreReader):
             )
         if table == "transitions":
             return to_scheduler(df, ("time",), models(self))
+        if table == "startstops":
+            return dask_clock.startstops(self)
+        if table == "transfers":
+            return dask_clock.transfers(self)
         if table == "metrics":
             return records.worker_metrics(self)
         raise StoreError(
@@ -275,6 +282,8 @@ class Run(StoreReader):
         self, worker: str | None = None, task: Any = None, thread: int | None = None
     ) -> pd.DataFrame:
         """Yappi function stats (step 5), one row per (process, thread, task tag, function).
+        Yappi keeps durations only, no time of any call: nothing here is on a clock (the
+        snapshots' ``time`` in the store is the process's own).
 
         Parameters
         ----------

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from metacollect.analysis.clock import models, to_scheduler
 from metacollect.analysis.tasks import worker_addresses
 from metacollect.errors import StoreError, UsageError
 
@@ -71,8 +72,9 @@ def fine_metrics(
         Columns to keep, of ``worker``, ``context``, ``span``, ``prefix``, ``activity``,
         ``unit``; the values are summed over the others. Default: all of them.
     time
-        Keep each flush's delta (a ``time`` column: the end of its interval) instead of the
-        totals: the metrics over time.
+        Keep each flush's delta (a ``time`` column: the end of its interval, on the
+        scheduler's clock; ``time_own``: on the worker's) instead of the totals: the
+        metrics over time. ``attrs["clock"]`` says which clock ``time`` is on.
 
     Returns
     -------
@@ -91,6 +93,9 @@ def fine_metrics(
     if time and "time" not in keys:
         keys = ["time", *keys]
     df = run.worker_table("fine_metrics")
+    if time:  # each flush's time on the scheduler's clock, the worker's own kept
+        df = to_scheduler(df, ("time",), models(run))
+        keys.insert(keys.index("time") + 1, "time_own")
     addr = worker_addresses(run)
     df["worker"] = [
         addr.get((c, g), g) for c, g in zip(df["cluster"], df["worker_group"], strict=True)
@@ -100,6 +105,7 @@ def fine_metrics(
         if len(df)
         else df[[*keys, "value"]]
     )
+    out.attrs = {"clock": df.attrs["clock"]} if time else {}
     if "span" in keys:
         names = spans(run)
         name_of = dict(zip(names["id"], names["name"], strict=True))

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 import metacollect.analysis as analysis
+from metacollect.analysis.clock import models
 from metacollect.analysis.spans import fine_metrics, ordered_activities, spans, tree_order
 from metacollect.files import atomic_file
 
@@ -277,7 +278,11 @@ def _execute_counters(run: Run) -> pd.DataFrame:
     ex = fm[(fm["context"] == "execute") & (fm["unit"] == "seconds")]
     if not len(ex):
         return pd.DataFrame({"worker": pd.Series(dtype=object), "time": []})
-    started = {str(a.get("address")): a.get("started") for a in run.worker_groups().values()}
+    started = (
+        _started_on_scheduler(run)
+        if fm.attrs.get("clock") == "scheduler"
+        else {str(a.get("address")): a.get("started") for a in run.worker_groups().values()}
+    )
     frames = []
     for worker, g in ex.groupby("worker", sort=True):
         wide = g.pivot_table(
@@ -290,6 +295,20 @@ def _execute_counters(run: Run) -> pd.DataFrame:
         wide.columns.name = None
         frames.append(wide.rename_axis("time").reset_index().assign(worker=worker))
     return pd.concat(frames, ignore_index=True).sort_values("time", kind="stable")
+
+
+def _started_on_scheduler(run: Run) -> dict[str, Any]:
+    """Each worker's ``started`` (its collector's first snapshot, on its own clock) on the
+    scheduler's clock, as the flush times of its fine metrics are."""
+    found = models(run)
+    out: dict[str, Any] = {}
+    for path, attrs in run.worker_groups().items():
+        parts = path.split("/")
+        model, zero = found.get((parts[1], parts[-1])), attrs.get("started")
+        if model is not None and isinstance(zero, (int, float)):
+            zero = float(model.to_scheduler(np.array([float(zero)]))[0])
+        out[str(attrs.get("address"))] = zero
+    return out
 
 
 def _counter_events(

@@ -9,13 +9,16 @@ the worker's clock before the request (``send``) and after the answer (``receive
 scheduler read its own time between the two, so the worker's offset to the scheduler lies
 within ``scheduler_time - receive .. scheduler_time - send`` whatever the delays on the way.
 Dask's ``scheduler_delay`` of that moment is kept beside each sample: it is what distributed
-added to the worker times it reported then.
+added to the worker times it reported then. Every change of it is recorded too, with the
+worker's time (:class:`DelayLog`, the ``dask_delays`` table).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: the scheduler's handler answering its ``time()``
 CLOCK_OP = "metacollect_clock"
+#: the ``dask_delays`` table's columns: each value of ``scheduler_delay`` and the worker's
+#: time it took it (:class:`DelayLog`)
+DELAY_COLUMNS = ("time", "delay")
 #: the ``clock`` table's columns, in the order a sample's row holds them
 COLUMNS = ("send", "receive", "scheduler_time", "round_trip", "dask_delay")
 #: round trips in a burst (at the start and end of a worker's collection), and the pause
@@ -135,3 +141,97 @@ class ClockSampler:
             )
         )
         return True
+
+
+class DelayLog:
+    """Every value a worker's ``scheduler_delay`` takes while it is collected, with the
+    worker's time it took it: what distributed added to any of its times is then known, not
+    inferred.
+
+    Distributed sets the delay in its heartbeat only (and once at registration, before any
+    task runs), on the event loop, and reads it there too: for a task's start and stop at
+    ``ts.start_time``, with no step of the loop between. The heartbeat is wrapped so that
+    the new value is read as soon as it returns, before the loop runs anything else: a task
+    started before the change has its ``start_time`` before the recorded time, one started
+    after it, after.
+
+    Parameters
+    ----------
+    worker
+        The worker whose delay is followed.
+    oldest
+        The worker's time of the oldest observation a lookup may still need (values before
+        it are dropped, but for the last).
+    """
+
+    def __init__(self, worker: Worker, oldest: Callable[[], float]) -> None:
+        self.worker = worker
+        self.oldest = oldest
+        #: the changes kept for lookups (event loop only)
+        self.times: list[float] = []
+        self.delays: list[float] = []
+        #: the changes since the last :meth:`take`, as ``(time, delay)`` rows
+        self.rows: list[tuple[float, float]] = []
+        self._callback: PeriodicCallback | None = None
+        self._original: Callable[[], Any] | None = None
+
+    def start(self) -> None:
+        """Record the current value and wrap the worker's heartbeat (event loop)."""
+        self.observe()
+        callback = self.worker.periodic_callbacks.get("heartbeat")
+        if callback is None:
+            return
+        original = callback.callback
+
+        async def heartbeat() -> None:
+            try:
+                result = original()
+                if result is not None:
+                    await result
+            finally:
+                self.observe()
+
+        self._callback, self._original = callback, original
+        callback.callback = heartbeat
+
+    def stop(self) -> None:
+        """Give the heartbeat back its own callback."""
+        if self._callback is not None and self._original is not None:
+            self._callback.callback = self._original
+        self._callback = self._original = None
+
+    def observe(self) -> None:
+        """Record the delay now, if it changed (event loop)."""
+        delay = float(getattr(self.worker, "scheduler_delay", 0.0) or 0.0)
+        if self.delays and self.delays[-1] == delay:
+            return
+        now = time()
+        self.times.append(now)
+        self.delays.append(delay)
+        self.rows.append((now, delay))
+        keep = bisect.bisect_right(self.times, min(self.oldest(), now)) - 1
+        if keep > 0:
+            del self.times[:keep], self.delays[:keep]
+
+    def at(self, when: float | None, seen: tuple[float, float], last: tuple[float, float]) -> float:
+        """The delay in effect at the worker's time ``when``: the last value observed at or
+        before it, a recorded change or ``seen`` (a value and the time it was read); NaN if
+        neither came before it, or if the log disagrees with ``seen`` or ``last`` (a value
+        read later): the delay changed where no heartbeat was seen (event loop)."""
+        if when is None or not math.isfinite(when):
+            return math.nan
+        for delay, read_at in (seen, last):
+            if not math.isfinite(read_at):
+                continue
+            i = bisect.bisect_right(self.times, read_at)
+            if i and self.delays[i - 1] != float(delay or 0.0):
+                return math.nan
+        i = bisect.bisect_right(self.times, when)
+        value, read_at = seen
+        if i and not self.times[i - 1] <= read_at:  # a NaN read_at: not observed
+            return self.delays[i - 1]
+        return float(value or 0.0) if read_at <= when else math.nan
+
+    def take(self) -> list[tuple[float, float]]:
+        """The changes recorded since the last call (flush thread)."""
+        return take(self.rows)

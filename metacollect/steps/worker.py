@@ -26,7 +26,7 @@ from metacollect.steps import dask_profile, finemetrics, terminate
 from metacollect.steps.base import ErrorRecorder, Recording, write_parts
 from metacollect.steps.batch import batch_environment
 from metacollect.steps.clock import COLUMNS as _CLOCK
-from metacollect.steps.clock import ClockSampler
+from metacollect.steps.clock import DELAY_COLUMNS, ClockSampler, DelayLog
 from metacollect.store import local, lock
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
@@ -187,6 +187,8 @@ class WorkerCollector(WorkerPlugin):
         self._start_optional_steps(worker)
         #: round trips to the scheduler: this worker's clock offset (metacollect.steps.clock)
         self.clock = ClockSampler(worker, config.interval("clock-interval"), self._on_error)
+        #: every value of Worker.scheduler_delay: what it added to each task's times
+        self.delay_log = DelayLog(worker, self._oldest_running)
         self.recording = Recording(
             self._swap,
             self._write,
@@ -199,6 +201,7 @@ class WorkerCollector(WorkerPlugin):
         )
         self.recording.start()
         self.clock.start()
+        self.delay_log.start()
         self._started = True
         #: a batch system's SIGTERM, in a process it would kill outright: the final flush first
         self._watch = terminate.watch(self._terminated)
@@ -272,6 +275,7 @@ class WorkerCollector(WorkerPlugin):
             if self.cycles is not None:
                 self.cycles.close()  # the cycle in progress, copied on the loop that fills it
             await self.clock.stop()  # the end's burst, into the final flush
+            self.delay_log.stop()
             await self.recording.finish(self._ended)
             gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None
         terminate.unwatch(self._watch)
@@ -377,6 +381,8 @@ class WorkerCollector(WorkerPlugin):
                 if ts is not None:
                     if delay is None:  # not seen executing: the collector attached meanwhile
                         delay = (getattr(self.worker, "scheduler_delay", 0.0), math.nan)
+                    start_time = getattr(ts, "start_time", None)
+                    after = getattr(self.worker, "scheduler_delay", 0.0)
                     # read all first: the columns stay aligned whatever raises
                     row = (
                         key,
@@ -388,12 +394,13 @@ class WorkerCollector(WorkerPlugin):
                         ts.type,
                         # what the worker added to its clock for startstops (Worker.
                         # scheduler_delay, read as distributed did at ts.start_time):
-                        # Darshan's times need it to meet them (used_delay)
+                        # known from the delay's changes, else inferred (used_delay)
                         (
                             *delay,
                             now,
-                            getattr(self.worker, "scheduler_delay", 0.0),
-                            getattr(ts, "start_time", None),
+                            after,
+                            start_time,
+                            self.delay_log.at(start_time, delay, (after, now)),
                         ),
                     )
                     for add, value in zip(self._eappend, row, strict=True):
@@ -466,6 +473,7 @@ class WorkerCollector(WorkerPlugin):
             self._take("fine metrics", self.digests, None),
             self._take("dask profile", self.cycles, []),
             self.clock.take(),
+            self.delay_log.take(),
         )
 
     def _take(self, what: str, source: Any, empty: Any) -> Any:
@@ -486,7 +494,7 @@ class WorkerCollector(WorkerPlugin):
     def _write(self, batch: tuple[Any, ...]) -> int:
         """Append a swapped batch to the tables and flush them; the rows written. Each part
         is converted on its own: one that fails is recorded and costs only its own rows."""
-        transitions, executions, samples, digests, cycles, clock = batch
+        transitions, executions, samples, digests, cycles, clock, delays = batch
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
             ("transitions", lambda: self._write_transitions(transitions)),
             ("executions", lambda: self._write_executions(executions)),
@@ -494,15 +502,25 @@ class WorkerCollector(WorkerPlugin):
             ("fine metrics", lambda: self._write_fine_metrics(digests)),
             ("dask profile", lambda: self._write_dask_profile(cycles)),
             ("profile", lambda: self._write_profile(transitions)),
-            ("clock", lambda: self._write_clock(clock)),
+            ("clock", lambda: self._write_clock(clock, delays)),
         )
         self.losses += write_parts(parts, self._on_error)
         self.errors.report_counts()
         return self.writer.flush()
 
-    def _write_clock(self, rows: list[tuple[float, ...]]) -> None:
+    def _write_clock(
+        self, rows: list[tuple[float, ...]], delays: list[tuple[float, float]]
+    ) -> None:
+        """The ``clock`` round trips and the ``dask_delays`` changes."""
         if rows:
             self.group.append("clock", dict(zip(_CLOCK, zip(*rows, strict=True), strict=True)))
+        if delays:
+            columns = zip(*delays, strict=True)
+            self.group.append("dask_delays", dict(zip(DELAY_COLUMNS, columns, strict=True)))
+
+    def _oldest_running(self) -> float:
+        """The worker's time the oldest running task was seen starting (event loop)."""
+        return min((began for _, began in self._delays.values()), default=math.inf)
 
     def _write_fine_metrics(self, digests: Any) -> None:
         if digests is not None and digests[1]:
@@ -555,7 +573,10 @@ class WorkerCollector(WorkerPlugin):
             tasks["stop"].append(compute[-1]["stop"] if compute else math.nan)
             tasks["nbytes"].append(nbytes if isinstance(nbytes, int) else -1)
             tasks["typename"].append(getattr(typ, "__name__", None) if typ is not None else None)
-            tasks["clock_delay"].append(used_delay(delay, compute))
+            known = delay[5]
+            tasks["clock_delay"].append(
+                known if math.isfinite(known) else used_delay(delay[:5], compute)
+            )
         if tasks["key"]:
             self.group.append("tasks", tasks)
         if ss["key"]:
