@@ -1,4 +1,5 @@
-"""Shared fixtures: real LocalClusters with worker processes, stores in tmp_path."""
+"""Shared fixtures (real LocalClusters with worker processes, stores in tmp_path) and what
+the suite runs: ``pytest`` the fast suite, ``pytest --full`` every test (CI)."""
 
 from __future__ import annotations
 

@@ -81,6 +81,7 @@ def test_critical_path_unknown_graph_says_which_exist(run):
         analysis.critical_path(run, graph=99)
 
 
+@pytest.mark.slow
 def test_critical_path_of_a_200k_task_chain():
     """Linear in the path's length (it was quadratic: 8 s at 10k tasks, no end at 200k; the
     suite's per-test timeout stops a quadratic one - no timing asserted here)."""

@@ -283,6 +283,7 @@ def _damage(store: str, rng: random.Random) -> str:
     return f"{kind} {os.path.relpath(target, store)}"
 
 
+@pytest.mark.slow
 def test_fuzz_damaged_stores(real_store, tmp_path, capsys):
     rng = random.Random(20261121)
     failures = []

@@ -15,11 +15,14 @@ import textwrap
 import time
 
 import groundtruth
+import pytest
 from distributed import Client
 
 from metacollect import open_run
 from metacollect.steps.job import scheduler_identity
 from metacollect.store.validate import validate_store
+
+pytestmark = pytest.mark.slow  # a scheduler, workers and a client killed, in real processes
 
 CLIENT = """
 import sys, time

@@ -532,6 +532,7 @@ def test_run_arguments_after_the_script_are_the_scripts(
     assert got == (script, module, store, passthrough, misplaced)
 
 
+@pytest.mark.slow
 def test_run_without_store_names_a_new_store_per_run_and_says_where(tmp_path):
     """Two runs of one script get a store each, named after the script, the time and the
     process id; an option that once was metacollect's goes to the script, which is said."""
@@ -556,6 +557,7 @@ def test_run_without_store_names_a_new_store_per_run_and_says_where(tmp_path):
     assert len(list(tmp_path.glob("*.zarr"))) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "shown"),
     [

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import dask
+import pytest
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
@@ -42,6 +43,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_two_runs_at_once(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(RUN_SCRIPT))
@@ -62,6 +64,7 @@ def test_two_runs_at_once(tmp_path):
         assert main(["validate", "-q", store]) == 0
 
 
+@pytest.mark.slow
 def test_two_clients_one_scheduler(tmp_path):
     store = str(tmp_path / "two.zarr")
     with (
@@ -94,6 +97,7 @@ def _wait_workers(client, n, timeout=90):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_workers_join_and_leave(tmp_path):
     store = str(tmp_path / "adapt.zarr")
     with (
@@ -127,6 +131,7 @@ def test_workers_join_and_leave(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_the_cluster_recorded_at_each_start_has_its_workers_while_the_client_refreshes(
     tmp_path,
 ):
@@ -169,6 +174,7 @@ def _transitions_of(run, prefix):
     return sorted(zip(t.key.astype(str), t.start.astype(str), t.finish.astype(str), strict=True))
 
 
+@pytest.mark.slow
 def test_collections_nested_and_one_after_another_each_keep_a_whole_record(tmp_path, caplog):
     """``collect()`` inside ``collect()`` on one client: each store holds its own whole record
     (one collector per store, none replaces the other); one after another works too."""

@@ -412,6 +412,7 @@ def _fuzz_damage(store: str, rng: random.Random) -> str:
 FUZZ_CASES = 40
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["good", "coded"])
 def test_fuzz_damage_caught_or_harmless(form, request, tmp_path):
     good_store = request.getfixturevalue(f"{form}_store")

@@ -378,6 +378,7 @@ def test_ingest_every_example_log_counters_match_pydarshan(tmp_path):
     assert (again.ingested, again.skipped) == (0, len(logs))
 
 
+@pytest.mark.slow
 def test_ingest_shows_progress_on_a_terminal_only(tmp_path):
     """``metacollect ingest darshan``: a progress line on a terminal; piped, only the
     summary; with --quiet, nothing."""
@@ -771,6 +772,7 @@ def _inside_worker():
     }
 
 
+@pytest.mark.slow
 def test_collect_with_darshan_end_to_end(stub_runtime, tmp_path, clean_environ, monkeypatch):
     monkeypatch.setenv("METACOLLECT_TEST_DARSHAN_TEMPLATE", get_log_path("dxt.darshan"))
     store = str(tmp_path / "run.zarr")
@@ -914,6 +916,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_metacollect_run_darshan_reaches_the_scripts_workers_and_ingests(
     stub_runtime, tmp_path, clean_environ, monkeypatch
 ):

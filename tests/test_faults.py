@@ -49,6 +49,7 @@ def _cluster(n=2):
 # -- a worker killed ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_worker_sigkilled_mid_run(tmp_path):
     store = str(tmp_path / "kill.zarr")
     with (
@@ -153,6 +154,7 @@ def sigterm_a_worker_mid_run(client: Client) -> tuple[str, int, set[str]]:
     return victim, pid, ran_on[victim]
 
 
+@pytest.mark.slow
 def test_worker_sigtermed_mid_run_takes_its_final_flush(tmp_path):
     """SIGTERM (a batch job's walltime, ``kill``): the worker flushes what it did since its
     last flush, then dies of the signal; its nanny starts another, as it would have."""
@@ -224,6 +226,7 @@ def _sigterm_as_the_end_begins(dask_worker) -> None:
     terminate.held = late
 
 
+@pytest.mark.slow
 def test_a_sigterm_as_a_retired_workers_end_begins_still_takes_its_final_flush(tmp_path):
     """11-29, a full run on Slurm: adapt retired a worker and cancelled its job; the SIGTERM
     was handled as its collector's end began, after the end had marked the collector as
@@ -422,6 +425,7 @@ def _check_incomplete(store, capsys):
     return run
 
 
+@pytest.mark.slow
 def test_client_killed_mid_run(tmp_path, capsys):
     store = str(tmp_path / "client.zarr")
     with _cluster(1) as cluster, Client(cluster) as observer:
@@ -770,6 +774,7 @@ def _files(store):
     }
 
 
+@pytest.mark.slow
 def test_an_external_scheduler_killed_while_collect_runs_is_told(tmp_path, caplog):
     """The scheduler (another process) dies while ``collect()`` runs: the store keeps what was
     flushed, and the status and ``missing`` say the scheduler was lost and what that costs.
@@ -843,6 +848,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_kill_at_a_random_time_loses_at_most_what_the_durability_promise_says(tmp_path):
     """kill -9 of the whole job (scheduler, client and workers) at a random moment: every
     transition older than the promised window (the flush interval, stretched at most

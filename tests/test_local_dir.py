@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+import pytest
 from distributed import Client
 from test_faults import _cluster, sigterm_a_worker_mid_run, slow_inc
 
@@ -91,6 +92,7 @@ def test_workers_write_node_local_and_gather_at_their_end(tmp_path, monkeypatch)
     assert main(["validate", "-q", store]) == 0
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
     store, node = str(tmp_path / "kill.zarr"), str(tmp_path / "node")
     with (
@@ -168,6 +170,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_run_node_local_on_a_script_that_never_closes_its_client(tmp_path, monkeypatch):
     script, store = tmp_path / "flow.py", str(tmp_path / "flow.zarr")
     script.write_text(UNCLOSED)
@@ -184,6 +187,7 @@ def test_run_node_local_on_a_script_that_never_closes_its_client(tmp_path, monke
     assert not os.listdir(tmp_path / "node")
 
 
+@pytest.mark.slow
 def test_a_sigtermed_worker_gathers_its_group_before_it_dies(tmp_path):
     """SIGTERM (a batch job's walltime: the node's scratch is wiped next): the worker takes
     its final flush on its node and copies its group into the run's store, then dies of the

@@ -92,6 +92,7 @@ def test_task_graph_aggregates_by_prefix(run):
     render(fig)
 
 
+@pytest.mark.slow
 def test_critical_path_of_a_200k_task_chain():
     """The view was quadratic in the path's length (a set rebuilt for every task on it): it
     never ended at 200k tasks; linear, it takes seconds (no timing here - the suite's

@@ -22,6 +22,8 @@ import pytest
 from metacollect import open_run
 from metacollect.store.validate import validate_store
 
+pytestmark = pytest.mark.slow  # whole documentation pages under metacollect run
+
 #: (package, page): chosen for different shapes - collections and delayed with a late client;
 #: dataframe merges with Parquet I/O; several clients and clusters, scaling and adapt; tasks
 #: that fail on the workers and events they log

@@ -158,6 +158,7 @@ def test_collector_holds_every_flush_with_hover(report):
     assert any({"process", "CPU", "wall", "rows", "since the one before"} <= f for f in fields)
 
 
+@pytest.mark.slow
 def test_200k_tasks_bounded_and_said(tmp_path):
     out = tmp_path / "big.html"
     write_html(chain_store(), out)

@@ -85,6 +85,7 @@ def test_run_collects_whatever_cluster_the_script_starts(tmp_path, name, capsys)
     assert " clients=1 (joined 1, left 1)" in out
 
 
+@pytest.mark.slow
 def test_run_keeps_several_clusters_apart_and_passes_args(tmp_path):
     store = str(tmp_path / "s.zarr")
     assert (
@@ -111,6 +112,7 @@ def test_run_keeps_several_clusters_apart_and_passes_args(tmp_path):
     assert validate_store(store) == []
 
 
+@pytest.mark.slow
 def test_run_appends_to_the_users_own_preload(tmp_path, monkeypatch):
     (tmp_path / "mypreload.py").write_text(
         "import os\ndef dask_setup(scheduler):\n    open(os.environ['MARK'], 'w').write('ran')\n"
@@ -232,6 +234,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("layout", "target"),
     [

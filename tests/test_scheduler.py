@@ -230,6 +230,7 @@ def test_dependencies_stay_with_their_tasks_across_slices(client, store, monkeyp
     assert sorted(deps.dependency[deps.dependency.isin(leaves)]) == sorted(leaves)
 
 
+@pytest.mark.slow
 def test_the_session_end_keeps_what_the_released_results_set_off(client, store):
     """A session ended right after ``dask.compute`` returns: the client has just released
     the results, and the scheduler forgets every task of the graph on those messages. The

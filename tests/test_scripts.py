@@ -251,6 +251,7 @@ def run_cli(tmp_path, source, *args, env=None, timeout=240):
     return proc, store, truth, script
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_script_is_recorded_completely(tmp_path, name):
     source, exit_code, status = CORPUS[name]
@@ -282,6 +283,7 @@ def test_script_is_recorded_completely(tmp_path, name):
     print(name, counts)
 
 
+@pytest.mark.slow
 def test_a_busy_scheduler_leaves_no_heartbeat_traceback_in_the_log(tmp_path):
     """A worker's heartbeat still in flight when it closes its connections logs a traceback
     ("Failed to communicate with scheduler during heartbeat"): distributed stops heartbeats
@@ -327,6 +329,7 @@ def _frames(stderr: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_failing_script_ends_as_under_plain_python(tmp_path):
     """Exit code and traceback as ``python flow.py`` gives them; the store holds the
     exception and says the script failed."""
@@ -429,6 +432,7 @@ def test_a_script_without_distributed_records_steps_1_and_2_and_says_so(tmp_path
     assert f"missing from the record: {NO_DISTRIBUTED}" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_module_level_client_to_an_external_scheduler(tmp_path):
     """The script connects to a scheduler it did not start and never closes its client: the
     collection is attached through the client and ended when the script ends; the
@@ -492,6 +496,7 @@ def test_a_module_level_client_to_an_external_scheduler(tmp_path):
             p.wait(timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, job",
     [(signal.SIGTERM, "trap '' TERM\nexec {}\n"), (signal.SIGINT, "{} &\nwait $!\n")],
@@ -541,6 +546,7 @@ def test_an_ignored_signal_stays_ignored(tmp_path, signum, job):
     assert groundtruth.compare(run, truth)["executed"] == 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, to_group",
     [
@@ -599,6 +605,7 @@ def test_a_signal_flushes_and_marks_the_run_interrupted(tmp_path, signum, to_gro
     assert counts["executed"] == 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reaped", [True, False], ids=["after-the-reap", "before-the-reap"])
 def test_a_sigterm_during_the_seal_waits_for_it(tmp_path, reaped):
     """The job's end can come after the script's, while ``metacollect run`` seals the store:
@@ -638,6 +645,7 @@ def test_a_sigterm_during_the_seal_waits_for_it(tmp_path, reaped):
     assert validate_store(store) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("presses", [1, 2], ids=["once", "twice"])
 def test_ctrl_c_once_the_script_has_ended_is_answered_and_a_second_stops_the_seal(
     tmp_path,
