@@ -8,6 +8,7 @@ import asyncio
 import gc
 import inspect
 
+import dask_jobqueue
 import pytest
 from distributed import Client, LocalCluster, Scheduler
 from distributed.deploy.spec import SpecCluster
@@ -82,7 +83,6 @@ def test_submit_scaled_jobs_starts_the_workers_in_the_spec():
 
 
 def test_job_template_of_a_jobqueue_cluster():
-    dask_jobqueue = pytest.importorskip("dask_jobqueue")
     with dask_jobqueue.SLURMCluster(
         cores=2, memory="1GB", processes=1, scheduler_options={"dashboard_address": ":0"}
     ) as cluster:
