@@ -17,7 +17,7 @@ from distributed import Client
 from metacollect import collect, open_run
 from metacollect.steps import darshan as dsh
 from tests import nodes as nodes_fixture
-from tests.test_clock_skew import FAKETIME, faketime_env
+from tests.test_clock_skew import FAKETIME, _sent_and_heard, faketime_env
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
 #: host name -> its clock's skew (seconds ahead of the scheduler's)
@@ -36,7 +36,7 @@ pytestmark = [
 def _node_env(store: str, host: str, library: str) -> dict[str, str]:
     """Darshan's variables for ``host`` (its own log directory), libfaketime beside them
     on a skewed node."""
-    env = dsh.darshan_environment(store, host=host, library=library, environ={})
+    env = dsh.darshan_environment(store, host=host, library=library, dxt=True, environ={})
     if SKEWS[host]:
         env.update({k: v for k, v in faketime_env(SKEWS[host]).items() if k != "LD_PRELOAD"})
         env["LD_PRELOAD"] += f":{FAKETIME}"
@@ -121,6 +121,12 @@ def test_the_store_per_node(tmp_path, darshan_library):  # noqa: F811
     for host, (path, _) in groups.items():
         row = offsets.loc[path.rsplit("/", 1)[-1]]
         assert abs(row["offset"] + SKEWS[host]) <= max(0.005, row["uncertainty"]), row
+    # on the scheduler's clock every task ran after it was sent, before it was heard done
+    tasks = run.tasks()
+    m = _sent_and_heard(run, tasks[tasks["key"].isin(written)])
+    assert len(m) == len(written) and m["sent"].notna().all()
+    unc = m["worker"].map(offsets.set_index("address")["uncertainty"]).to_numpy(float)
+    assert (m["sent"] <= m["start"] + unc).all() and (m["stop"] - unc <= m["time"]).all(), m
 
     # Darshan: each node's logs in its own directory, its worker's log in its worker group
     logs = run.table("darshan", "logs")
@@ -144,3 +150,15 @@ def test_the_store_per_node(tmp_path, darshan_library):  # noqa: F811
         assert row["bytes_written"] == os.path.getsize(path), (key, row)
         assert row["name_verified"], (key, row)
     print(io[["host", "interfaces", "bytes_written"]].to_string())
+
+    # DXT's segments joined to the tasks that wrote them, on the skewed node too
+    tasks = run.io(by="task").dropna(subset=["key"]).set_index("key")
+    seg = run.io(by="segment")
+    print(
+        "DXT segments of the files per node:",
+        seg[seg["file"].isin(written.values())].groupby("host").size().to_dict(),
+    )
+    for key, path in written.items():
+        assert set(seg[seg["file"] == path]["key"]) == {key}, seg[seg["file"] == path]
+        assert tasks.loc[key, "bytes_written"] == os.path.getsize(path), key
+        assert not tasks.loc[key, "ambiguous"], key
