@@ -75,8 +75,8 @@ def _run(tmp_path, library: str) -> tuple[str, dict, dict[str, str]]:
         Client(address, timeout=60) as client,
     ):
         client.wait_for_workers(len(nodes), timeout=120)
-        by_host = {w["host"]: a for a, w in client.scheduler_info()["workers"].items()}
-        assert set(by_host) == {n.address for n in nodes.values()}
+        hosts = {w["host"] for w in client.scheduler_info()["workers"].values()}
+        assert hosts == {n.address for n in nodes.values()}
         now, clocks = time.time(), client.run(time.time)
         darshan = {"enabled": True, "library": library}
         with collect(client, store, darshan=darshan, local_dir="$TMPDIR"):
@@ -115,7 +115,12 @@ def test_the_store_per_node(tmp_path, darshan_library):  # noqa: F811
         assert workers.loc[host, "host"] == node.address
         assert workers.loc[host, "group"] == groups[host][0].rsplit("/", 1)[-1]
 
-    # one clock: each node's offset to the scheduler, the skewed one's -1.5 s
+    _one_clock(run, groups, written)
+    _darshan_per_node(run, groups, written)
+
+
+def _one_clock(run, groups: dict, written: dict[str, str]) -> None:
+    """Each node's offset to the scheduler (the skewed one's -1.5 s); causality."""
     offsets = run.clock_offsets().set_index("worker_group")
     print(offsets[["address", "offset", "uncertainty", "round_trip_min", "samples"]].to_string())
     for host, (path, _) in groups.items():
@@ -128,7 +133,10 @@ def test_the_store_per_node(tmp_path, darshan_library):  # noqa: F811
     unc = m["worker"].map(offsets.set_index("address")["uncertainty"]).to_numpy(float)
     assert (m["sent"] <= m["start"] + unc).all() and (m["stop"] - unc <= m["time"]).all(), m
 
-    # Darshan: each node's logs in its own directory, its worker's log in its worker group
+
+def _darshan_per_node(run, groups: dict, written: dict[str, str]) -> None:
+    """Each node's logs in its own directory, its worker's log in its worker group; bytes
+    per file and DXT segments per task."""
     logs = run.table("darshan", "logs")
     print(logs[["host", "pid", "kind", "role", "group", "status"]].to_string())
     assert (logs["status"] == "ingested").all(), logs
