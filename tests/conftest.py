@@ -132,3 +132,17 @@ def client(cluster):
 @pytest.fixture
 def store(tmp_path):
     return str(tmp_path / "run.zarr")
+
+
+#: libfaketime (Debian's ``faketime``), preloaded into workers whose clock must be skewed
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+@pytest.fixture
+def needs_faketime() -> None:
+    """libfaketime, which CI installs (.ci/run): there its absence fails the test."""
+    if not os.path.exists(FAKETIME):
+        why = f"libfaketime is not installed ({FAKETIME}; apt-get install faketime)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}: CI must have it")
+        pytest.skip(why)

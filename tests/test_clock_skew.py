@@ -23,10 +23,7 @@ FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 #: worker name -> its clock's skew (seconds ahead of the scheduler's)
 SKEWS = {"ahead": 2.0, "behind": -1.5, "true": 0.0}
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(FAKETIME), reason="libfaketime is not installed"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("needs_faketime")]
 
 
 def faketime_env(skew: float) -> dict[str, str]:

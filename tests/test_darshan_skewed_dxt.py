@@ -30,7 +30,7 @@ SKEWS = {"ahead": 2.0, "behind": -1.5}
 #: tasks per worker
 TASKS = 8
 
-pytestmark = pytest.mark.skipif(not os.path.exists(FAKETIME), reason="libfaketime missing")
+pytestmark = pytest.mark.usefixtures("needs_faketime")
 
 
 def write_chunks(path: str, n: int) -> int:

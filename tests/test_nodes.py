@@ -33,7 +33,7 @@ def _nodes_can_be_made() -> None:
     """Namespaces and libfaketime, which CI has (.ci/run): there their absence fails."""
     why = nodes_fixture.usable()
     if why is None and not os.path.exists(FAKETIME):
-        why = "libfaketime is not installed (apt-get install faketime)"
+        why = f"libfaketime is not installed ({FAKETIME}; apt-get install faketime)"
     if why is not None:
         if os.environ.get("CI"):
             pytest.fail(f"several nodes on one machine cannot be made in CI: {why}")
