@@ -237,8 +237,11 @@ def tasks_on_scheduler(run: StoreReader, df: pd.DataFrame) -> pd.DataFrame:
         for k in zip(worker["cluster"].astype(str), worker["worker_group"].astype(str), strict=True)
     ]
     on = ["cluster", "worker", "key", "start"]
-    worker = worker.drop_duplicates(on)
-    m = df[on].merge(worker, on=on, how="left")  # a left merge on unique right keys keeps order
+    # text keys as objects on both sides: an empty or all-missing column reads as floats
+    text = dict.fromkeys(("cluster", "worker", "key"), object)
+    worker = worker.astype(text).drop_duplicates(on)
+    left = df[on].astype(text)
+    m = left.merge(worker, on=on, how="left")  # a left merge on unique right keys keeps order
     joined = df.assign(
         worker_group=m["worker_group"].to_numpy(), _delay=m["clock_delay"].to_numpy()
     )

@@ -104,7 +104,7 @@ def activity(run: Run) -> pd.DataFrame:
     DataFrame
         worker (address), key, prefix, action, start, stop, source, t_start, t_stop.
     """
-    ss = run.worker_table("startstops")
+    ss = run.worker_table("startstops", clock="scheduler")
     ss = ss[ss["action"] != "compute"].copy()
     addr = worker_addresses(run)
     ss.insert(
@@ -269,7 +269,7 @@ def utilisation(run: Run) -> pd.DataFrame:
     out["busy"] = busy.reindex(index).fillna(0.0)
     out["span"] = wall
     out["utilisation"] = out["busy"] / (out["nthreads"] * wall) if wall > 0 else np.nan
-    tr = run.worker_table("transfers")
+    tr = run.worker_table("transfers")  # bytes only: no time read
     addr = worker_addresses(run)
     if len(tr):
         tr = tr[tr["direction"] == "in"]

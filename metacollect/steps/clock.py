@@ -91,14 +91,17 @@ class ClockSampler:
             self._periodic = PeriodicCallback(self._tick, self.interval * 1000)
             self._periodic.start()
 
-    async def stop(self) -> None:
+    async def stop(self, burst: bool = True) -> None:
         """Stop the periodic round trips and take the end's burst (bounded in time: a
         scheduler that does not answer costs the worker's close at most
-        :data:`END_TIMEOUT`)."""
+        :data:`END_TIMEOUT`). A worker that is closing takes none: its final flush must not
+        wait on round trips to a scheduler that may be going down with it."""
         if self._periodic is not None:
             self._periodic.stop()
         if self._first is not None and not self._first.done():
             self._first.cancel()
+        if not burst:
+            return
         try:
             await asyncio.wait_for(self.burst(quiet=True), END_TIMEOUT)
         except (TimeoutError, asyncio.CancelledError):

@@ -259,7 +259,8 @@ class WorkerCollector(WorkerPlugin):
             )
 
     async def teardown(self, worker: Worker) -> None:
-        if worker.status == Status.closing:  # the worker's close, not the plugin's removal
+        closing = worker.status == Status.closing  # the worker's close, not the plugin's removal
+        if closing:
             _stop_heartbeats(worker)
         # a worker scaled down (adapt, scale) is closed as its job is cancelled: the SIGTERM
         # comes while this runs, and waits for it (the signal's own final flush cannot take
@@ -274,7 +275,7 @@ class WorkerCollector(WorkerPlugin):
             self._started = False
             if self.cycles is not None:
                 self.cycles.close()  # the cycle in progress, copied on the loop that fills it
-            await self.clock.stop()  # the end's burst, into the final flush
+            await self.clock.stop(burst=not closing)  # the end's burst, into the final flush
             self.delay_log.stop()
             await self.recording.finish(self._ended)
             gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None

@@ -24,7 +24,7 @@ from metacollect.report.views.base import (
 
 def cpu_bandwidth(ctx: Context) -> Layout:
     """Each worker process's CPU, and its host's network read and write rates."""
-    m = ctx.run.worker_table("metrics")
+    m = ctx.run.worker_table("metrics", clock="scheduler")
     if not len(m):
         return note("No worker metrics: the store holds no worker samples (step 4).")
     m = m.assign(worker=worker_label(ctx.run, m)).sort_values("time")

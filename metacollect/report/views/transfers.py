@@ -27,7 +27,7 @@ from metacollect.report.views.base import (
 
 def transfers(ctx: Context) -> Layout:
     """Bytes received by sender and receiver, and the transfer rate of all workers."""
-    tr = ctx.run.worker_table("transfers")
+    tr = ctx.run.worker_table("transfers", clock="scheduler")
     tr = tr[tr["direction"] == "in"] if len(tr) else tr
     if not len(tr):
         return note("No transfer between workers: every task found its inputs where it ran.")
