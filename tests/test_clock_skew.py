@@ -93,6 +93,23 @@ def pair(a: tuple, b: tuple) -> float:
     return a[2] + b[2]
 
 
+def _name(dask_worker) -> str:
+    return str(dask_worker.name)
+
+
+def skewed_workers(client: Client, skews: dict[str, float]) -> dict[str, str]:
+    """Wait for the workers named in ``skews``; check that each one's clock is off by its
+    skew (the preload took), each asked itself; their addresses by name."""
+    client.wait_for_workers(len(skews))
+    clocks = client.run(time.time)
+    now = time.time()
+    by_name = {name: address for address, name in client.run(_name).items()}
+    assert sorted(by_name) == sorted(skews)
+    for name, skew in skews.items():
+        assert abs(clocks[by_name[name]] - now - skew) < 0.5
+    return by_name
+
+
 def _run_skewed(store: str) -> tuple[list[tuple[str, str, float, float]], dict[str, str]]:
     lock = asyncio.Lock()
     workers = {
@@ -107,12 +124,7 @@ def _run_skewed(store: str) -> tuple[list[tuple[str, str, float, float]], dict[s
         SpecCluster(workers=workers, scheduler=scheduler) as cluster,
         Client(cluster) as client,
     ):
-        client.wait_for_workers(len(SKEWS))
-        skews = client.run(time.time)
-        now = time.time()
-        by_name = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
-        for name, skew in SKEWS.items():  # the preload took: each clock is off as asked
-            assert abs(skews[by_name[name]] - now - skew) < 0.5
+        skewed_workers(client, SKEWS)
         client.register_plugin(LoopHog())
         with metacollect.collect(client, store):
             futures = client.map(work, range(1000), pure=False)

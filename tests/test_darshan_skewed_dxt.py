@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 
 import cloudpickle
 import dask
@@ -21,7 +20,7 @@ from distributed import Client, Scheduler, SpecCluster
 
 from metacollect import collect, open_run
 from metacollect.steps import darshan as dsh
-from tests.test_clock_skew import FAKETIME, SkewedNanny, faketime_env
+from tests.test_clock_skew import FAKETIME, SkewedNanny, faketime_env, skewed_workers
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
@@ -76,12 +75,7 @@ def test_dxt_segments_join_their_tasks_on_skewed_workers(darshan_library, tmp_pa
             SpecCluster(workers=workers, scheduler=scheduler) as cluster,
             Client(cluster) as client,
         ):
-            client.wait_for_workers(len(SKEWS))
-            skews = client.run(time.time)
-            now = time.time()
-            by_name = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
-            for name, skew in SKEWS.items():  # the preload took: each clock is off as asked
-                assert abs(skews[by_name[name]] - now - skew) < 0.5
+            by_name = skewed_workers(client, SKEWS)
             with collect(client, store, darshan={"enabled": True, "library": darshan_library}):
                 futures = []
                 for name in SKEWS:
