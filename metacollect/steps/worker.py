@@ -273,9 +273,11 @@ class WorkerCollector(WorkerPlugin):
             if not self._started:
                 return
             self._started = False
+            # the end's round trips first: they await, and a profile cycle that ended
+            # meanwhile would be both in the closed cycle's copy and in Dask's history
+            await self.clock.stop(burst=not closing)
             if self.cycles is not None:
                 self.cycles.close()  # the cycle in progress, copied on the loop that fills it
-            await self.clock.stop(burst=not closing)  # the end's burst, into the final flush
             self.delay_log.stop()
             await self.recording.finish(self._ended)
             gathered = await asyncio.to_thread(self._gather_now) if self.local is not None else None
