@@ -259,8 +259,10 @@ def _flush_and_cycle_times_on_the_schedulers_clock(run, groups, uncertainty):
 
 def _transfers_in_their_tasks_windows(run, work, dependent, uncertainty):
     """Each transfer of a ``work`` result, on the scheduler's clock, after the scheduler
-    heard that result done, and before the task it was fetched for started (incoming) or,
-    sent, before the scheduler heard that task done (outgoing)."""
+    heard that result done (a peer asks for it only then), and, received, before the task
+    it was fetched for started. A sent one has no such end: the sender stamps its stop
+    when the receiver's acknowledgement reaches its event loop, which a busy loop reads
+    after the receiver has run the task and the scheduler heard it done."""
     tf = run.worker_table("transfers", clock="scheduler")
     print("transfers by delay source:", tf["clock_delay_source"].value_counts().to_dict())
     assert len(tf) > 0 and (tf["clock"] == "scheduler").all()
@@ -284,9 +286,9 @@ def _transfers_in_their_tasks_windows(run, work, dependent, uncertainty):
             if key not in dependent:  # a result sent to the client
                 continue
             assert heard[key] <= row.start + unc, (row, heard[key])
-            fetched_for = pairs.loc[dependent[key]]
-            end = fetched_for["start"] if row.direction == "in" else fetched_for["time"]
-            assert row.stop - unc <= end, (row, fetched_for)
+            if row.direction == "in":
+                fetched_for = pairs.loc[dependent[key]]
+                assert row.stop - unc <= fetched_for["start"], (row, fetched_for)
             checked += 1
     print("transfers checked:", checked)
     assert checked > 0
