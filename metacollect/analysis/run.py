@@ -17,6 +17,7 @@ import pandas as pd
 from metacollect.analysis import collector, dask_clock, records
 from metacollect.analysis.clock import clock_offsets, models, to_scheduler
 from metacollect.analysis.dask_profile import compare_profiles, dask_profile, profile_nodes
+from metacollect.analysis.diff import RunDiff, diff
 from metacollect.analysis.pstats import write as write_pstats
 from metacollect.analysis.spans import fine_metrics, span_summary, spans
 from metacollect.errors import StoreError
@@ -335,6 +336,16 @@ class Run(StoreReader):
         from metacollect.steps.yappi import read_profile  # see profile()
 
         return read_profile(self, worker=worker, task=task, thread=thread, edges=True)
+
+    def diff(self, other: Run, labels: tuple[str, str] | None = None) -> RunDiff:
+        """What changed from this run to ``other``, most important first (see
+        :func:`metacollect.analysis.diff.diff`): ``print(run.diff(other))``.
+
+        Examples
+        --------
+        >>> print(open_run("a.zarr").diff(open_run("b.zarr")))   # doctest: +SKIP
+        """
+        return diff(self, other, labels)
 
     def export_pstats(self, directory: str | os.PathLike[str]) -> list[str]:
         """Write each process's Yappi profile as a pstats file and a callgrind file into

@@ -29,6 +29,7 @@ COMMANDS = [
     "metacollect.cli.doctor",
     "metacollect.cli.jobscript",
     "metacollect.cli.report",
+    "metacollect.cli.compare",
     "metacollect.cli.export",
     "metacollect.cli.ingest",
 ]
