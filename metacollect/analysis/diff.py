@@ -210,7 +210,7 @@ def _prefix_table(ta: pd.DataFrame, tb: pd.DataFrame) -> pd.DataFrame:
         out["typical"] = out["n"] * out["median"]
         return out
 
-    out = per(ta).join(per(tb), how="outer", lsuffix="_a", rsuffix="_b")
+    out = side_by_side(per(ta), per(tb))
     out = out.fillna({c: 0 for c in out.columns if not c.startswith("median")})
     out["delta_total"] = out["total_b"] - out["total_a"]
     out["delta_typical"] = out["typical_b"] - out["typical_a"]
@@ -231,7 +231,7 @@ def _worker_table(ta: pd.DataFrame, tb: pd.DataFrame) -> pd.DataFrame:
 
     out = (
         per(ta)
-        .join(per(tb), how="outer", lsuffix="_a", rsuffix="_b")
+        .pipe(side_by_side, per(tb))
         .fillna(
             {"n_a": 0, "n_b": 0, "busy_a": 0.0, "busy_b": 0.0, "excess_a": 0.0, "excess_b": 0.0}
         )
@@ -239,6 +239,11 @@ def _worker_table(ta: pd.DataFrame, tb: pd.DataFrame) -> pd.DataFrame:
     out["delta_excess"] = out["excess_b"] - out["excess_a"]
     out.index.name = "worker"
     return out.sort_values("delta_excess", key=np.abs, ascending=False)
+
+
+def side_by_side(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """``a`` and ``b`` joined on their index (outer), their columns suffixed ``_a``/``_b``."""
+    return a.merge(b, how="outer", left_index=True, right_index=True, suffixes=("_a", "_b"))
 
 
 def _transfers(run: Run) -> dict[str, float]:
@@ -274,7 +279,7 @@ def _memory_table(a: Run, b: Run, names_a: dict[str, str], names_b: dict[str, st
         cols = ["memory_process", "memory_managed", "memory_spilled"]
         return ws.groupby("worker")[cols].max()
 
-    out = peaks(a, names_a).join(peaks(b, names_b), how="outer", lsuffix="_a", rsuffix="_b")
+    out = side_by_side(peaks(a, names_a), peaks(b, names_b))
     out.index.name = "worker"
     return out
 
@@ -445,9 +450,12 @@ def _table_dict(run: Run, table: str) -> dict[str, Any]:
 
 def _differ(a: dict[str, Any], b: dict[str, Any], what: str) -> pd.DataFrame:
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return pd.DataFrame(
-        {what: keys, "a": [a.get(k) for k in keys], "b": [b.get(k) for k in keys]},
-        columns=[what, "a", "b"],
+    return pd.DataFrame(  # the values as they are (True stays True, not numpy's)
+        {
+            what: pd.Series(keys, dtype=object),
+            "a": pd.Series([a.get(k) for k in keys], dtype=object),
+            "b": pd.Series([b.get(k) for k in keys], dtype=object),
+        }
     )
 
 

@@ -142,7 +142,7 @@ def schedule_diff(a: Run, b: Run, names_a: dict[str, str], names_b: dict[str, st
     )
     placement["moved"] = placement["worker_a"] != placement["worker_b"]
     wa, wb = _waits(a, ta.loc[keys]), _waits(b, tb.loc[keys])
-    waits = wa.join(wb, lsuffix="_a", rsuffix="_b")
+    waits = wa.merge(wb, left_index=True, right_index=True, suffixes=("_a", "_b"))
     waits.insert(0, "prefix", ta.loc[keys, "prefix"])
     waits["delta"] = waits["wait_b"] - waits["wait_a"]
     waits = waits.sort_values("delta", ascending=False, kind="stable")
