@@ -699,6 +699,38 @@ per_prefix.join(counts, rsuffix=" tasks").round(3)""",
         ("code", "plot.compare(list(median_run.values()), labels)"),
         (
             "md",
+            "## What changed, in one call\n"
+            "`metacollect.diff(a, b)` (the CLI's `metacollect compare A B`) leads with the wall "
+            "time and where it went, then the differences in seconds of work (a prefix's "
+            "typical cost, a worker's excess over its prefixes' median, transfers, I/O), "
+            "memory, the scheduling of the tasks both runs executed, and the config, package "
+            "and environment values that differ. Between the two configurations the graphs "
+            "differ (other chunks, other keys): no task is in both.",
+        ),
+        (
+            "code",
+            """\\
+d = metacollect.diff(median_run[labels[0]], median_run[labels[1]], labels=tuple(labels))
+print(d.text(top=4))""",
+        ),
+        (
+            "md",
+            "Two repeats of one configuration run the same graph (the same keys): the diff "
+            "matches their tasks and shows what varies from run to run by itself, which "
+            "tasks ran on another worker and which waited longer, and why.",
+        ),
+        (
+            "code",
+            """\\
+reps = measured[measured.config == labels[0]].store.tolist()
+same = metacollect.open_run(reps[0]).diff(metacollect.open_run(reps[1]), labels=("repeat 0", "repeat 1"))
+print(same.text(top=3))
+s = same.scheduling
+print(f"between two runs of the same graph: {s.moved} of {s.matched} tasks ran on another "
+      f"worker; the first finding accounts for {same.findings[0].seconds:+.3f} s")""",
+        ),
+        (
+            "md",
             "## Did the profiler weigh on what was compared?\n"
             "Each store records what collecting cost the processes it ran in: every flush's "
             "CPU against the CPU of the whole process (the workload's too), and when each "
