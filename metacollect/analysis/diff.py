@@ -161,7 +161,7 @@ def diff(a: Run, b: Run, labels: tuple[str, str] | None = None) -> RunDiff:
     transfers["delta"] = transfers["b"] - transfers["a"]
     io = _io_table(a, b)
     memory = _memory_table(a, b, names_a, names_b)
-    scheduling = schedule_diff(a, b, names_a, names_b)
+    scheduling = schedule_diff(a, b, names_a, names_b, ta, tb)
     findings = _findings(prefixes, workers, transfers, io, memory, scheduling)
     return RunDiff(
         labels=(str(labs[0]), str(labs[1])),

@@ -127,10 +127,18 @@ class ScheduleDiff:
         return out
 
 
-def schedule_diff(a: Run, b: Run, names_a: dict[str, str], names_b: dict[str, str]) -> ScheduleDiff:
+def schedule_diff(
+    a: Run,
+    b: Run,
+    names_a: dict[str, str],
+    names_b: dict[str, str],
+    tasks_a: pd.DataFrame | None = None,
+    tasks_b: pd.DataFrame | None = None,
+) -> ScheduleDiff:
     """The scheduling of ``b`` against ``a`` (see :class:`ScheduleDiff`); ``names_*``:
-    worker address -> name of each run."""
-    ta, tb = _last_execution(a, names_a), _last_execution(b, names_b)
+    worker address -> name of each run; ``tasks_*``: their :meth:`Run.tasks`, when read."""
+    ta = _last_execution(a.tasks() if tasks_a is None else tasks_a, names_a)
+    tb = _last_execution(b.tasks() if tasks_b is None else tasks_b, names_b)
     keys = ta.index.intersection(tb.index)
     placement = pd.DataFrame(
         {
@@ -141,14 +149,15 @@ def schedule_diff(a: Run, b: Run, names_a: dict[str, str], names_b: dict[str, st
         }
     )
     placement["moved"] = placement["worker_a"] != placement["worker_b"]
-    wa, wb = _waits(a, ta.loc[keys]), _waits(b, tb.loc[keys])
+    tr_a, tr_b = a.transitions(), b.transitions()  # read once: the largest tables read here
+    wa, wb = _waits(a, tr_a, ta.loc[keys]), _waits(b, tr_b, tb.loc[keys])
     waits = wa.merge(wb, left_index=True, right_index=True, suffixes=("_a", "_b"))
     waits.insert(0, "prefix", ta.loc[keys, "prefix"])
     waits["delta"] = waits["wait_b"] - waits["wait_a"]
     waits = waits.sort_values("delta", ascending=False, kind="stable")
     top = waits.index[:MAX_CHAINS]
-    waits["chain_a"] = pd.Series(_chains(a, top), dtype=object)
-    waits["chain_b"] = pd.Series(_chains(b, top), dtype=object)
+    waits["chain_a"] = pd.Series(_chains(tr_a, top), dtype=object)
+    waits["chain_b"] = pd.Series(_chains(tr_b, top), dtype=object)
     waits = waits.reset_index(names="key")
     out = ScheduleDiff(
         matched=len(keys),
@@ -163,20 +172,19 @@ def schedule_diff(a: Run, b: Run, names_a: dict[str, str], names_b: dict[str, st
     return out
 
 
-def _last_execution(run: Run, names: dict[str, str]) -> pd.DataFrame:
+def _last_execution(tasks: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
     """Each key's last execution (tasks on the scheduler's clock), indexed by key, with
     its worker's name."""
-    t = run.tasks().drop_duplicates("key", keep="last").set_index("key")
+    t = tasks.drop_duplicates("key", keep="last").set_index("key")
     t["address"] = t["worker"]
     t["worker"] = [names.get(w, w) for w in t["worker"]]
     return t
 
 
-def _waits(run: Run, tasks: pd.DataFrame) -> pd.DataFrame:
+def _waits(run: Run, transitions: pd.DataFrame, tasks: pd.DataFrame) -> pd.DataFrame:
     """Per key: ready (since the run's first ready), wait, queued, fetch, fetched, readied_by,
     worker."""
-    tr = run.transitions()
-    tr = tr[tr["key"].isin(tasks.index)]
+    tr = transitions[transitions["key"].isin(tasks.index)]
     start = tasks["start"]
     ready = _last_before(tr[tr["start"] == "waiting"], start)
     processing = _last_before(tr[tr["finish"] == "processing"], start)
@@ -191,7 +199,7 @@ def _waits(run: Run, tasks: pd.DataFrame) -> pd.DataFrame:
     fetch = _fetches(run, tasks)
     out["fetch"] = fetch["seconds"].reindex(tasks.index).fillna(0.0)
     out["fetched"] = fetch["n"].reindex(tasks.index).fillna(0).astype(int)
-    by = _readied_by(run, ready["stimulus_id"]).reindex(tasks.index).fillna("")
+    by = _readied_by(transitions, ready["stimulus_id"]).reindex(tasks.index).fillna("")
     worker_of = tasks["worker"]
     out["readied_by"] = [
         f"{k} (on worker {worker_of[k]})" if k in worker_of.index else k for k in by
@@ -218,21 +226,19 @@ def _fetches(run: Run, tasks: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"seconds": g.sum(), "n": g.size()})
 
 
-def _readied_by(run: Run, stimuli: pd.Series) -> pd.Series:
+def _readied_by(tr: pd.DataFrame, stimuli: pd.Series) -> pd.Series:
     """For each key's ready stimulus: the key whose end (``-> memory`` or ``-> erred``)
-    came with that stimulus, on the worker it ran."""
-    tr = run.transitions()
+    came with that stimulus."""
     ends = tr[tr["finish"].isin(["memory", "erred"]) & tr["stimulus_id"].isin(stimuli.dropna())]
     ends = ends.drop_duplicates("stimulus_id", keep="last").set_index("stimulus_id")["key"]
     return stimuli.map(ends).fillna("")
 
 
-def _chains(run: Run, keys: pd.Index) -> dict[str, str]:
+def _chains(transitions: pd.DataFrame, keys: pd.Index) -> dict[str, str]:
     """Each key's transitions as ``state -> state (stimulus, +t s)``, t from its first."""
     if not len(keys):
         return {}
-    tr = run.transitions()
-    tr = tr[tr["key"].isin(keys)].sort_values("time", kind="stable")
+    tr = transitions[transitions["key"].isin(keys)].sort_values("time", kind="stable")
     out = {}
     for key, g in tr.groupby("key", sort=False):
         t0 = float(g["time"].iloc[0])

@@ -110,7 +110,7 @@ def write(run: Run, out: str | os.PathLike[str], tasks: str = "prefix") -> dict[
     else:
         by_key = _prefix_activities(doc, run, run_id, executed, graphs, run_act, agents)
     _files(doc, run, run_id, run_act, by_key)
-    counts = _counts(doc)
+    counts = count_records(doc)
     with atomic_file(path, what="the PROV document") as f:
         f.write(doc.serialize(format="json"))
     return {"path": path, **counts}
@@ -361,11 +361,6 @@ def _task_files(
             doc.used(act, files[str(path)])
         else:
             doc.wasGeneratedBy(files[str(path)], act)
-
-
-def _counts(doc: ProvDocument) -> dict[str, int]:
-    """The records of the document by PROV type (as :func:`count_records` reads them)."""
-    return count_records(doc)
 
 
 def count_records(doc: ProvDocument) -> dict[str, int]:

@@ -116,14 +116,14 @@ def _streams(ra: Run, rb: Run, d: RunDiff) -> Any:
         set(worker_names(ra).values()) | set(worker_names(rb).values()), key=str, reverse=True
     )
     for run, label, colour in ((ra, d.labels[0], COLOURS[0]), (rb, d.labels[1], COLOURS[1])):
-        t = run.tasks()
-        if not len(t):
+        every = run.tasks()
+        if not len(every):
             figures.append(note(f"{label}: no task executed"))
             continue
         wn = worker_names(run)
-        keep = keep_longest_and_sample(t["duration"].fillna(0).to_numpy(), MAX_GLYPHS)
-        t = t.iloc[np.sort(keep)]
-        t0 = float(run.tasks()["start"].min())
+        keep = keep_longest_and_sample(every["duration"].fillna(0).to_numpy(), MAX_GLYPHS)
+        t = every.iloc[np.sort(keep)]
+        t0 = float(every["start"].min())
         src = ColumnDataSource(
             {
                 "left": t["start"].to_numpy() - t0,
@@ -138,7 +138,7 @@ def _streams(ra: Run, rb: Run, d: RunDiff) -> Any:
             {"x_range": figures[0].x_range} if figures and hasattr(figures[0], "x_range") else {}
         )
         p = figure(
-            title=f"{label}: {sampled_caption(len(t), len(run.tasks()), 'tasks')}",
+            title=f"{label}: {sampled_caption(len(t), len(every), 'tasks')}",
             y_range=FactorRange(factors=[str(n) for n in names]),
             width=WIDTH,
             **shared,
