@@ -136,3 +136,12 @@ def test_cli_compare_needs_two_stores(runs, capsys):
     with pytest.raises(UsageError, match="one label per run"):
         metacollect.diff(runs[0], runs[1], labels=("a",))  # type: ignore[arg-type]
     assert isinstance(metacollect.diff(runs[0], runs[1], labels=("x", "y")).wall, pd.DataFrame)
+
+
+def test_cli_compares_each_store_with_the_first(runs, capsys):
+    a, b, _, _ = runs
+    assert main(["compare", a.path, b.path, a.path, "--top", "2"]) == 0
+    text = capsys.readouterr().out
+    assert text.count(f"({a.path})\nB = ") == 2  # two comparisons, each against A
+    assert text.count("distributed.scheduler.work-stealing") == 1  # B against A only
+    assert re.search(r"^scheduling \(tasks matched by key\):\n  33 tasks in both runs", text, re.M)

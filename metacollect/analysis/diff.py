@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from metacollect.analysis.schedule_diff import ScheduleDiff, schedule_diff
+from metacollect.analysis.schedule_diff import ScheduleDiff, renamed, schedule_diff
 from metacollect.errors import UsageError
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def worker_names(run: Run) -> dict[str, str]:
 
 def _tasks(run: Run, names: dict[str, str]) -> pd.DataFrame:
     t = run.tasks()
-    t = t.assign(worker=[names.get(w, w) for w in t["worker"]])
+    t = t.assign(worker=renamed(t["worker"], names))
     median = t.groupby("prefix")["duration"].transform("median")
     return t.assign(excess=t["duration"] - median)
 
@@ -275,7 +275,7 @@ def _io_table(a: Run, b: Run) -> pd.DataFrame:
 def _memory_table(a: Run, b: Run, names_a: dict[str, str], names_b: dict[str, str]) -> pd.DataFrame:
     def peaks(run: Run, names: dict[str, str]) -> pd.DataFrame:
         ws = run.worker_states()
-        ws = ws.assign(worker=[names.get(w, w) for w in ws["worker"]])
+        ws = ws.assign(worker=renamed(ws["worker"], names))
         cols = ["memory_process", "memory_managed", "memory_spilled"]
         return ws.groupby("worker")[cols].max()
 

@@ -177,8 +177,16 @@ def _last_execution(tasks: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
     its worker's name."""
     t = tasks.drop_duplicates("key", keep="last").set_index("key")
     t["address"] = t["worker"]
-    t["worker"] = [names.get(w, w) for w in t["worker"]]
+    t["worker"] = renamed(t["worker"], names)
     return t
+
+
+def renamed(values: pd.Series, names: dict[str, str]) -> np.ndarray:
+    """``values`` (worker addresses) by their names, the value itself where it has none;
+    looked up once per distinct value (a million rows hold a handful of workers)."""
+    codes, uniques = pd.factorize(values)
+    mapped = np.array([str(names.get(u, u)) for u in uniques] + [""], dtype=object)
+    return mapped[codes]  # a missing value (code -1) is ""
 
 
 def _waits(run: Run, transitions: pd.DataFrame, tasks: pd.DataFrame) -> pd.DataFrame:
@@ -200,10 +208,8 @@ def _waits(run: Run, transitions: pd.DataFrame, tasks: pd.DataFrame) -> pd.DataF
     out["fetch"] = fetch["seconds"].reindex(tasks.index).fillna(0.0)
     out["fetched"] = fetch["n"].reindex(tasks.index).fillna(0).astype(int)
     by = _readied_by(transitions, ready["stimulus_id"]).reindex(tasks.index).fillna("")
-    worker_of = tasks["worker"]
-    out["readied_by"] = [
-        f"{k} (on worker {worker_of[k]})" if k in worker_of.index else k for k in by
-    ]
+    where = by.map(tasks["worker"])
+    out["readied_by"] = by.where(where.isna(), by + " (on worker " + where.astype(str) + ")")
     return out
 
 
@@ -258,9 +264,7 @@ def _critical(run: Run) -> pd.DataFrame:
 
 
 def _common(a: pd.DataFrame, b: pd.DataFrame) -> int:
-    n = 0
-    for ka, kb in zip(a["key"], b["key"], strict=False):
-        if ka != kb:
-            break
-        n += 1
-    return n
+    """How many tasks two paths share from their first on."""
+    n = min(len(a), len(b))
+    same = a["key"].to_numpy(dtype=object)[:n] != b["key"].to_numpy(dtype=object)[:n]
+    return int(np.argmax(same)) if same.any() else n

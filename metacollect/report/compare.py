@@ -26,6 +26,7 @@ from bokeh.transform import dodge
 
 from metacollect.analysis.diff import RunDiff, diff, worker_names
 from metacollect.analysis.run import Run, open_run
+from metacollect.analysis.schedule_diff import renamed
 from metacollect.files import atomic_file
 from metacollect.report.views.base import (
     MAX_GLYPHS,
@@ -128,7 +129,7 @@ def _streams(ra: Run, rb: Run, d: RunDiff) -> Any:
             {
                 "left": t["start"].to_numpy() - t0,
                 "right": t["stop"].to_numpy() - t0,
-                "worker": [str(wn.get(w, w)) for w in t["worker"]],
+                "worker": renamed(t["worker"], wn),
                 "key": t["key"].astype(str).to_numpy(),
                 "prefix": t["prefix"].astype(str).to_numpy(),
                 "duration": t["duration"].to_numpy(),
