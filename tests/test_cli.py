@@ -168,6 +168,18 @@ CASES = [
         "export-reference-without-crate",
         ["export", S, "--perfetto", f"{T}/x.json", "--reference-store"],
     ),
+    # compare
+    ("compare-no-store", ["compare"]),
+    ("compare-one-store", ["compare", S]),
+    ("compare-missing", ["compare", S, f"{T}/missing.zarr"]),
+    ("compare-html-is-dir", ["compare", S, S, "--html", D]),
+    ("compare-html-below-file", ["compare", S, S, "--html", f"{F}/c.html"]),
+    ("compare-top-0", ["compare", S, S, "--top", "0"]),
+    # export --prov
+    ("export-prov-is-dir", ["export", S, "--prov", D]),
+    ("export-prov-below-file", ["export", S, "--prov", f"{F}/p.json"]),
+    ("export-prov-tasks-without-prov", ["export", S, "--prov-tasks", "all"]),
+    ("export-prov-tasks-unknown", ["export", S, "--prov", f"{T}/p.json", "--prov-tasks", "x"]),
     # ingest
     ("ingest-no-source", ["ingest"]),
     ("ingest-no-store", ["ingest", "darshan"]),
