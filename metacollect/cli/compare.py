@@ -46,16 +46,11 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None:  # a bad output path fails before any work
         check_file_target(args.html, "the comparison")
     runs = [open_run(s) for s in args.stores]  # NotAStoreError says how to fix the path
-    first = None
-    for i, other in enumerate(runs[1:], 1):
-        result = diff(runs[0], other)
-        first = first or result
-        if i > 1:
-            print()
-        print(result.text(top=args.top))
-    if args.html is not None and first is not None:
+    results = [diff(runs[0], other) for other in runs[1:]]
+    if args.html is not None:  # before the text: a reader that leaves early keeps the page
         from metacollect.report.compare import write_compare
 
-        write_compare(runs[0], runs[1], args.html, result=first)
+        write_compare(runs[0], runs[1], args.html, result=results[0])
         print(f"metacollect compare: page written to {args.html}", file=sys.stderr)
+    print("\n\n".join(r.text(top=args.top) for r in results))
     return 0

@@ -205,7 +205,8 @@ def _paired_bars(names: pd.Index, a: pd.Series, b: pd.Series, d: RunDiff, unit: 
 
 def _scheduling(d: RunDiff) -> Any:
     s = d.scheduling
-    parts: list[Any] = [div("<pre>" + html.escape("\n".join(s.lines(top=10))) + "</pre>")]
+    text = html.escape("\n".join(s.lines(top=5)))
+    parts: list[Any] = [div(f"<pre style='white-space:pre-wrap'>{text}</pre>")]
     if not s.matched:
         return column(*parts)
     w = s.waits
