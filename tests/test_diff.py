@@ -5,6 +5,7 @@ worker ran each key (every task returns its worker's name), the graph's dependen
 
 from __future__ import annotations
 
+import os
 import re
 
 import pandas as pd
@@ -14,6 +15,8 @@ from diff_runs import N_COMBINE, N_WORK, SLOW, pair
 import metacollect
 from metacollect.cli import main
 from metacollect.errors import UsageError
+from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
+from tests.test_ro_crate import _run
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +148,16 @@ def test_cli_compares_each_store_with_the_first(runs, capsys):
     assert text.count(f"({a.path})\nB = ") == 2  # two comparisons, each against A
     assert text.count("distributed.scheduler.work-stealing") == 1  # B against A only
     assert re.search(r"^scheduling \(tasks matched by key\):\n  33 tasks in both runs", text, re.M)
+
+
+@pytest.mark.darshan
+def test_io_compared_when_darshan_ran(tmp_path, darshan_library):  # noqa: F811
+    ran = _run(tmp_path, False, darshan_library)
+    assert ran["code"] == 0
+    run = metacollect.open_run(ran["store"])
+    d = metacollect.diff(run, run)
+    written = sum(os.path.getsize(p) for p in ran["outputs"])
+    assert d.io.at["bytes_written", "a"] >= written  # the test's files, and the processes' own
+    assert (d.io["delta"] == 0).all()
+    io = [f for f in d.findings if f.kind == "io"]
+    assert len(io) == 1 and io[0].seconds == 0 and "I/O (Darshan)" in io[0].text

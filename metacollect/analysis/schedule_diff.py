@@ -7,6 +7,9 @@ why: the time it spent queued on the scheduler, the time on its worker before it
 transfers it needed there, the event that made it ready (the dependency whose
 ``task-finished`` stimulus moved it to ``processing`` or ``queued``) and its transitions
 with their stimuli. Then both runs' critical paths and where they part.
+
+A key is matched by its text alone, its last execution: a store of several clusters that ran
+the same keys has each key once, from the cluster that ran it last.
 """
 
 from __future__ import annotations
@@ -237,7 +240,7 @@ def _readied_by(tr: pd.DataFrame, stimuli: pd.Series) -> pd.Series:
     came with that stimulus."""
     ends = tr[tr["finish"].isin(["memory", "erred"]) & tr["stimulus_id"].isin(stimuli.dropna())]
     ends = ends.drop_duplicates("stimulus_id", keep="last").set_index("stimulus_id")["key"]
-    return stimuli.map(ends).fillna("")
+    return stimuli.map(ends).astype(object).fillna("")
 
 
 def _chains(transitions: pd.DataFrame, keys: pd.Index) -> dict[str, str]:
