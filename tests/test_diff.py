@@ -16,6 +16,7 @@ import metacollect
 from metacollect.cli import main
 from metacollect.errors import UsageError
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
+from tests.test_report_html import _objects, _sources
 from tests.test_ro_crate import _run
 
 
@@ -121,7 +122,8 @@ def test_cli_compare_text_and_page(runs, tmp_path, capsys):
     assert re.search(rf"^  1\. worker {SLOW}:", text, flags=re.M)
     assert "distributed.scheduler.work-stealing: True -> False" in text
     page = out.read_text()
-    tabs = re.findall(r'"name":"TabPanel".*?"title":"([^"]+)"', page)
+    objs = _objects(page)
+    tabs = [o["attributes"]["title"] for o in objs if o["name"] == "TabPanel"]
     assert tabs == [
         "Summary",
         "Task streams",
@@ -129,6 +131,14 @@ def test_cli_compare_text_and_page(runs, tmp_path, capsys):
         "Scheduling",
         "Configuration",
     ]
+    # both task streams hold every task, on the worker it said it ran on
+    streams = _sources(objs, "key", "worker", "left", "right")
+    assert len(streams) == 2
+    for stream, placed in zip(streams, runs[2:], strict=True):
+        assert dict(zip(stream["key"], stream["worker"], strict=True)) == placed
+    # the waits plotted A against B: one point per task of both runs
+    (waits,) = _sources(objs, "a", "b", "key", "moved")
+    assert sorted(waits["key"]) == sorted(runs[2])
     assert "distributed.scheduler.work-stealing" in page
 
 

@@ -11,7 +11,7 @@ What the document says (namespace ``metacollect:``, ids ``metacollect:<kind>/<ru
   ``wasAssociatedWith`` the workers that ran it, and ``wasInformedBy`` the activities it
   depended on (a dependency edge of the submitted graphs; for prefixes, each distinct pair
   of different prefixes);
-- **agents**: each worker process (``prov:SoftwareAgent``: address, name, host, pid,
+- **agents**: each worker address (``prov:SoftwareAgent``, its last process: name, host, pid,
   threads), and the user who ran it (``prov:Person``, ``wasAssociatedWith`` the run);
 - **entities**: the store (``wasGeneratedBy`` the run), the script when it was recorded
   (``used`` by the run), and the files the workload read and wrote as Darshan saw them (the
