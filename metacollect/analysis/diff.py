@@ -122,8 +122,9 @@ class RunDiff:
             ("environment", self.environment),
         ):
             lines += ["", f"{title}: {len(table)} difference{'s' * (len(table) != 1)}"]
-            for _, r in table.head(top).iterrows():
-                lines.append(f"  {r.iloc[0]}: {r.a} -> {r.b}")
+            head = table.head(top)
+            for name, va, vb in zip(head.iloc[:, 0], head["a"], head["b"], strict=True):
+                lines.append(f"  {name}: {_value(va)} -> {_value(vb)}")
             if len(table) > top:
                 lines.append(f"  ... and {len(table) - top} more")
         return "\n".join(lines)
@@ -421,6 +422,9 @@ def _config(run: Run) -> dict[str, Any]:
 
 
 def _json(text: Any) -> Any:
+    """A config value as recorded (JSON text); ``None`` where the store holds none."""
+    if text is None or (isinstance(text, float) and text != text):
+        return None
     try:
         return json.loads(text)
     except (TypeError, ValueError):
@@ -449,7 +453,7 @@ def _table_dict(run: Run, table: str) -> dict[str, Any]:
 
 
 def _differ(a: dict[str, Any], b: dict[str, Any], what: str) -> pd.DataFrame:
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    keys = sorted(k for k in set(a) | set(b) if not _same(a.get(k), b.get(k)))
     return pd.DataFrame(  # the values as they are (True stays True, not numpy's)
         {
             what: pd.Series(keys, dtype=object),
@@ -457,6 +461,17 @@ def _differ(a: dict[str, Any], b: dict[str, Any], what: str) -> pd.DataFrame:
             "b": pd.Series([b.get(k) for k in keys], dtype=object),
         }
     )
+
+
+def _value(x: Any) -> str:
+    return "(not set)" if x is None else str(x)
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Equal values, NaN equal to NaN (JSON's ``NaN`` in a config value reads as one)."""
+    nan_x = isinstance(x, float) and x != x
+    nan_y = isinstance(y, float) and y != y
+    return (nan_x and nan_y) or (not nan_x and not nan_y and x == y)
 
 
 def _signed(x: float) -> str:
