@@ -10,10 +10,10 @@ from metacollect import config as _config  # noqa: F401  (registers defaults)
 
 __version__ = version("metacollect")  # one source: pyproject.toml
 
-__all__ = ["Run", "catalog", "collect", "open_run"]
+__all__ = ["Run", "catalog", "collect", "open_run", "scaling"]
 
 if TYPE_CHECKING:
-    from metacollect.analysis import catalog
+    from metacollect.analysis import catalog, scaling
     from metacollect.analysis.run import Run, open_run
     from metacollect.session.collection import collect
 
@@ -24,6 +24,7 @@ _LAZY = {
     "Run": "metacollect.analysis.run",
     "open_run": "metacollect.analysis.run",
     "catalog": "metacollect.analysis",
+    "scaling": "metacollect.analysis",
     "collect": "metacollect.session.collection",
 }
 

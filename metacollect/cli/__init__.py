@@ -31,6 +31,8 @@ COMMANDS = [
     "metacollect.cli.report",
     "metacollect.cli.export",
     "metacollect.cli.ingest",
+    "metacollect.cli.catalog",
+    "metacollect.cli.scaling",
 ]
 
 
