@@ -106,6 +106,7 @@ def write_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     # the seal it summarises: a store sealed again (salvaged by doctor, its attributes
     # copied) or a summary of another version is not read as this store's
     row["version"], row["sealed"] = SUMMARY_VERSION, run.attrs.get("ended")
+    row["started"] = run.attrs.get("started")  # the epoch as stored, read back the same
     # zarr's public API on the sealed root: opened through its consolidated metadata, which
     # zarr writes back unchanged with the new attribute
     root = zarr.open_group(path, mode="r+", zarr_format=3)
