@@ -51,7 +51,8 @@ class Scaling:
     runs
         One row per size ``n`` (runs of the same size: their median), by ``n``: label,
         path, repeats, workers, threads, nodes, makespan, wall_time, speedup, efficiency,
-        and the totals of :data:`RESOURCES`.
+        the totals of :data:`RESOURCES`, and the seconds spent on transfers
+        (``transfer_time``, summed over them) and on I/O (``io_time``, Darshan).
     prefixes
         One row per (prefix, n): tasks, total (compute seconds), span, share (of the
         makespan), efficiency (of its span), growth (of its compute seconds against the
@@ -141,17 +142,20 @@ def _as_runs(series: Any, labels: Sequence[str] | None) -> tuple[list[Run], list
     return runs, list(labels)
 
 
-def _io_bytes(run: Run) -> float:
-    """Bytes the workload read and wrote (Darshan); NaN for a run without Darshan data."""
+def _io(run: Run) -> tuple[float, float]:
+    """Bytes the workload read and wrote, and the seconds it spent at it (Darshan: reads,
+    writes and metadata); NaN for a run without Darshan data."""
     try:
         io = run.io(by="worker")
     except Exception:  # no Darshan record in this run
-        return float("nan")
+        return float("nan"), float("nan")
     if not len(io):
-        return float("nan")
-    return float(io.get("bytes_read", pd.Series(dtype=float)).sum()) + float(
-        io.get("bytes_written", pd.Series(dtype=float)).sum()
-    )
+        return float("nan"), float("nan")
+
+    def total(*cols: str) -> float:
+        return float(sum(io[c].sum() for c in cols if c in io))
+
+    return total("bytes_read", "bytes_written"), total("read_time", "write_time", "meta_time")
 
 
 def _figures(run: Run) -> tuple[dict[str, Any], pd.DataFrame]:
@@ -162,6 +166,7 @@ def _figures(run: Run) -> tuple[dict[str, Any], pd.DataFrame]:
     if len(transfers) and "direction" in transfers:
         transfers = transfers[transfers["direction"] == "in"]  # each is recorded twice
     metrics = run.worker_metrics()
+    io_bytes, io_time = _io(run)
     row = {
         "path": run.path,
         "workers": len(workers),
@@ -172,7 +177,11 @@ def _figures(run: Run) -> tuple[dict[str, Any], pd.DataFrame]:
         "tasks": len(tasks),
         "compute_time": float(tasks["duration"].sum()) if len(tasks) else 0.0,
         "transfer_bytes": float(transfers["total"].sum()) if len(transfers) else 0.0,
-        "io_bytes": _io_bytes(run),
+        "transfer_time": (
+            float((transfers["stop"] - transfers["start"]).sum()) if len(transfers) else 0.0
+        ),
+        "io_bytes": io_bytes,
+        "io_time": io_time,
         "memory_peak": (
             float(metrics.groupby(["cluster", "worker_group"])["memory"].max().max())
             if len(metrics) and "memory" in metrics
@@ -257,7 +266,7 @@ def scaling(
     if len(table) < 2:
         raise UsageError(
             f"every run has {table.index[0]} {by}; a scaling study needs two sizes or more "
-            "(or scale by another axis: by='threads' or 'nodes')"
+            f"(or scale by another axis: {' or '.join(repr(a) for a in AXES if a != by)})"
         )
     n_ref = float(table.index.min())
     ref = table.loc[table.index.min()]
@@ -356,6 +365,8 @@ def _limits(study: Scaling, min_share: float) -> pd.DataFrame:
                 float(pre["share"].max()) * 0.5,
             ))  # fmt: skip
     labels = {col: (what, unit) for col, what, unit in RESOURCES}
+    # how much of the makespan a total's growth costs: the seconds spent moving the bytes
+    spent = {"transfer_bytes": "transfer_time", "io_bytes": "io_time"}
     for resource, res in study.resources.groupby(level="resource"):
         res = res.droplevel("resource")
         grew = res[res["growth"] > study.growth]
@@ -365,14 +376,17 @@ def _limits(study: Scaling, min_share: float) -> pd.DataFrame:
         what, unit = labels[str(resource)]
         ref = res["value"].iloc[0]
         ratio = "from none" if not np.isfinite(g) else f"to {g:.2f}x the ideal"
+        seconds = table.at[n, spent[resource]] if resource in spent else float("nan")
+        took = f", {seconds:.2f} s spent at it" if seconds == seconds else ""
         rows.append((
             str(resource), n, g,
             f"{what}: grows {ratio} at {n} {by} ({_amount(ref, unit)} at "
-            f"{res.index[0]}, {_amount(float(grew['value'].iloc[0]), unit)} at {n})",
-            0.25 if resource == "transfer_bytes" else 0.1,
+            f"{res.index[0]}, {_amount(float(grew['value'].iloc[0]), unit)} at {n}{took})",
+            seconds / table.at[n, "makespan"] if seconds == seconds else 0.05,
         ))  # fmt: skip
     out = pd.DataFrame(rows, columns=["what", "stops_at", "value", "detail", "weight"])
-    # the makespan first, then the causes: earliest size, then largest share of the time
+    # the makespan first, then the causes: earliest size, then largest share of the
+    # makespan (a prefix's span; the seconds spent moving a total's bytes)
     out["first"] = out["what"] != "makespan"
     out = out.sort_values(["first", "stops_at", "weight"], ascending=[True, True, False])
     out = out.drop(columns="first")
