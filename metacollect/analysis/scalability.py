@@ -126,7 +126,9 @@ def _as_runs(series: Any, labels: Sequence[str] | None) -> tuple[list[Run], list
     elif isinstance(series, str | os.PathLike):
         path = os.fspath(series)
         if os.path.isfile(os.path.join(path, "zarr.json")):
-            raise UsageError(f"{path} is one store; a scaling study needs a series of runs")
+            raise UsageError(
+                f"{path} is one store; give two stores or more, or the directory of a series"
+            )
         items = list(find_stores(path))
     elif isinstance(series, Iterable):
         items = list(series)
@@ -134,7 +136,10 @@ def _as_runs(series: Any, labels: Sequence[str] | None) -> tuple[list[Run], list
         raise UsageError("pass runs, store paths, a directory of stores or a catalog()")
     runs = [r if isinstance(r, Run) else open_run(r) for r in items]
     if len(runs) < 2:
-        raise UsageError(f"a scaling study needs two runs or more; got {len(runs)}")
+        raise UsageError(
+            f"a scaling study needs two runs or more (got {len(runs)}): give the stores of "
+            "a series, or the directory that holds them"
+        )
     if labels is None:
         labels = [os.path.basename(os.path.normpath(r.path)) for r in runs]
     elif len(labels) != len(runs):
@@ -265,8 +270,8 @@ def scaling(
     table = _by_size(pd.DataFrame(rows), by)
     if len(table) < 2:
         raise UsageError(
-            f"every run has {table.index[0]} {by}; a scaling study needs two sizes or more "
-            f"(or scale by another axis: {' or '.join(repr(a) for a in AXES if a != by)})"
+            f"every run has {table.index[0]} {by}: give runs of two sizes or more, or use "
+            f"another size: {' or '.join(f'by={a!r}' for a in AXES if a != by)}"
         )
     n_ref = float(table.index.min())
     ref = table.loc[table.index.min()]
