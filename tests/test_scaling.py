@@ -184,3 +184,24 @@ def test_scaling_bad_input_says_how_to_fix_it(tmp_path):
     assert main(["scaling", str(tmp_path / "nowhere")]) == 2
     with pytest.raises(UsageError, match="not a directory"):
         metacollect.catalog(tmp_path / "nowhere")
+
+
+def test_metacollect_run_keeps_the_summary_a_catalog_reads(tmp_path, capsys):
+    script = tmp_path / "flow.py"
+    script.write_text(
+        "from distributed import Client\n"
+        "if __name__ == '__main__':\n"
+        "    with Client(n_workers=1, threads_per_worker=1, dashboard_address=':0') as c:\n"
+        "        print(sum(c.gather(c.map(abs, range(-5, 5)))))\n"
+    )
+    store = str(tmp_path / "runs" / "flow.zarr")
+    assert main(["run", "--store", store, str(script)]) == 0
+    assert "no summary kept" not in capsys.readouterr().err
+    kept = stored_summary(store)
+    assert kept is not None and kept["tasks"] == 10 and kept["script"] == "flow.py"
+    computed = analysis.summary(metacollect.open_run(store))
+    for name in ("run_id", "status", "wall_time", "workers", "threads", "tasks", "erred"):
+        assert kept[name] == computed[name], name
+    assert kept["compute_time"] == pytest.approx(computed["compute_time"])
+    assert metacollect.catalog(tmp_path / "runs")["summary"].tolist() == ["stored"]
+    assert main(["validate", store]) == 0  # the schema knows the root's summary
