@@ -35,11 +35,8 @@ def ideal_makespan(n: int) -> float:
     return math.ceil(WORK / n) * WORK_S + STEPS * STEP_S
 
 
-@pytest.fixture(scope="module")
-def series(tmp_path_factory):
-    """The stores of the series and what the test recorded of each run: its own wall clock
-    around the compute and the bytes the step's worker had to fetch."""
-    directory = tmp_path_factory.mktemp("series")
+def _run_series(directory, per_size) -> dict[int, dict[str, float]]:
+    """The workflow at each size, ``per_size(n)`` work tasks; what the test saw of each."""
     truth = {}
     for n in SIZES:
         store = str(directory / f"w{n}.zarr")
@@ -51,7 +48,7 @@ def series(tmp_path_factory):
             metacollect.collect(client, store),
         ):
             t0 = time.perf_counter()
-            parts = [client.submit(work, i, key=f"work-{i}") for i in range(WORK)]
+            parts = [client.submit(work, i, key=f"work-{i}") for i in range(per_size(n))]
             wait(parts)  # where each result was made, before the step fetches copies
             made = client.who_has(parts)
             s = first = client.submit(step, *parts, key="step-0")
@@ -62,6 +59,15 @@ def series(tmp_path_factory):
             (runner,) = client.who_has([first])[first.key]
             fetched = sum(runner not in made[p.key] for p in parts)
         truth[n] = {"elapsed": elapsed, "fetched_bytes": fetched * MB * 8}
+    return truth
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    """The stores of the series and what the test recorded of each run: its own wall clock
+    around the compute and the bytes the step's worker had to fetch."""
+    directory = tmp_path_factory.mktemp("series")
+    truth = _run_series(directory, lambda n: WORK)
     return str(directory), truth
 
 
@@ -99,6 +105,29 @@ def test_strong_scaling_of_a_series_with_a_known_answer(series):
     assert study.limits["what"].iloc[0] == "makespan"
     fig = plot.scaling(study)
     assert len(fig.axes) == 5  # four panels and the bytes' twin axis
+
+
+@pytest.mark.slow
+def test_weak_scaling_of_a_series_whose_work_grows_with_the_workers(tmp_path):
+    """Two work tasks a worker: the work's span stays, so does the serial chain's; weak
+    scaling holds, the compute seconds growing less than as n (the chain's are fixed)."""
+    truth = _run_series(tmp_path, lambda n: 2 * n)
+    # each worker's first task waits for its dispatch: a few tenths on a loaded machine,
+    # against 1.7 s of the tasks' own time
+    study = metacollect.scaling(str(tmp_path), kind="weak", threshold=0.6)
+    runs = study.runs
+    for n in SIZES:
+        ideal = 2 * WORK_S + STEPS * STEP_S
+        assert ideal <= runs.at[n, "makespan"] <= truth[n]["elapsed"]
+        assert runs.at[n, "efficiency"] > 0.6
+        assert study.prefixes.at[("work", n), "efficiency"] > 0.6
+        assert study.prefixes.at[("step", n), "efficiency"] == pytest.approx(1, abs=0.05)
+        assert truth[n]["fetched_bytes"] <= runs.at[n, "transfer_bytes"]
+    assert study.verdict().startswith("weak scaling holds from 1 to 4 workers")
+    expected = (2 * 4 * WORK_S + STEPS * STEP_S) / (4 * (2 * WORK_S + STEPS * STEP_S))
+    grown = study.resources.xs("compute_time", level="resource")["growth"]
+    assert grown.loc[4] == pytest.approx(expected, abs=0.05)
+    assert set(study.limits["what"]) == {"transfer_bytes"}  # none on one worker
 
 
 @pytest.mark.slow

@@ -61,7 +61,8 @@ class Scaling:
         One row per (resource, n): value, ideal, growth (value over the ideal).
     limits
         What stops scaling, most telling first: what (``makespan``, ``prefix X`` or a
-        resource), stops_at (the first ``n`` past it), value (the efficiency, or the growth),
+        resource), stops_at (the first size where it fails), value (the efficiency, or the
+        growth),
         detail (one sentence). A total is named when it exceeds its ideal by ``growth``:
         the same at every size (strong) or growing as ``n`` (weak); a worker's peak memory
         (its process's resident size) stays the same in both.
