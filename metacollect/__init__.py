@@ -10,10 +10,10 @@ from metacollect import config as _config  # noqa: F401  (registers defaults)
 
 __version__ = version("metacollect")  # one source: pyproject.toml
 
-__all__ = ["Run", "catalog", "collect", "diff", "open_run"]
+__all__ = ["Run", "catalog", "collect", "diff", "open_run", "scaling"]
 
 if TYPE_CHECKING:
-    from metacollect.analysis import catalog
+    from metacollect.analysis import catalog, scaling
     from metacollect.analysis.diff import diff
     from metacollect.analysis.run import Run, open_run
     from metacollect.session.collection import collect
@@ -26,6 +26,7 @@ _LAZY = {
     "open_run": "metacollect.analysis.run",
     "catalog": "metacollect.analysis",
     "diff": "metacollect.analysis.diff",
+    "scaling": "metacollect.analysis",
     "collect": "metacollect.session.collection",
 }
 

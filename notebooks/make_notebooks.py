@@ -6,6 +6,7 @@ import os
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from scaling_study import scaling_cells
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -872,3 +873,6 @@ doc = perfetto.trace(run)
         ),
     ],
 )
+
+
+nb("07-scaling-study.ipynb", scaling_cells(SETUP))

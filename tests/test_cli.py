@@ -222,6 +222,17 @@ CASES = [
     ("batch-finalize-missing", ["batch", "finalize", f"{T}/missing.zarr"]),
     ("batch-finalize-file", ["batch", "finalize", F]),
     ("batch-finalize-exit-word", ["batch", "finalize", S, "--exit-code", "bad"]),
+    # scaling, catalog
+    ("scaling-no-store", ["scaling"]),
+    ("scaling-one-store", ["scaling", S]),
+    ("scaling-missing", ["scaling", f"{T}/missing"]),
+    ("scaling-empty-dir", ["scaling", D]),
+    ("scaling-one-size", ["scaling", S, S]),
+    ("scaling-kind-unknown", ["scaling", S, S, "--kind", "linear"]),
+    ("scaling-threshold-word", ["scaling", S, S, "--threshold", "high"]),
+    ("catalog-no-dir", ["catalog"]),
+    ("catalog-missing", ["catalog", f"{T}/missing"]),
+    ("catalog-file", ["catalog", F]),
 ]
 
 

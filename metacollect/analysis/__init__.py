@@ -14,9 +14,9 @@ Examples
 
 from __future__ import annotations
 
+from metacollect.analysis.campaign import campaign_prefixes, catalog, write_summary
 from metacollect.analysis.collector import collector_totals, flush_series
 from metacollect.analysis.compare import (
-    catalog,
     compare,
     compare_io,
     compare_prefixes,
@@ -24,6 +24,7 @@ from metacollect.analysis.compare import (
     summary,
 )
 from metacollect.analysis.graphs import critical_path, dependency_depths, graph_nodes
+from metacollect.analysis.scalability import Scaling, scaling
 from metacollect.analysis.tasks import (
     PROGRESS_STATES,
     activity,
@@ -39,7 +40,9 @@ from metacollect.analysis.tasks import (
 
 __all__ = [
     "PROGRESS_STATES",
+    "Scaling",
     "activity",
+    "campaign_prefixes",
     "catalog",
     "collector_totals",
     "compare",
@@ -55,8 +58,10 @@ __all__ = [
     "origin",
     "prefix_summary",
     "progress",
+    "scaling",
     "summary",
     "task_stream",
     "utilisation",
     "worker_load",
+    "write_summary",
 ]

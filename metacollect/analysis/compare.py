@@ -1,16 +1,14 @@
-"""Runs side by side: one-line summaries, per-prefix, I/O and profile comparisons, and a
-catalog of the stores under a directory."""
+"""Runs side by side: one-line summaries, per-prefix, I/O and profile comparisons (the
+catalog of the stores under a directory is :mod:`metacollect.analysis.campaign`)."""
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from metacollect.analysis.run import open_run
 from metacollect.analysis.tasks import (
     prefix_summary,
     wall_time,
@@ -135,29 +133,3 @@ def compare_profiles(
         return out
     order = out[labs].max(axis=1).sort_values(ascending=False).index
     return out.loc[order if top is None else order[:top]]
-
-
-def catalog(directory: str | os.PathLike[str], pattern: str = "**/*.zarr") -> pd.DataFrame:
-    """One row per run stored under ``directory`` with its main figures.
-
-    Stores that cannot be opened are listed too, with the reason in the ``problem`` column.
-
-    Examples
-    --------
-    >>> import metacollect
-    >>> metacollect.catalog("runs/").sort_values("wall_time")   # doctest: +SKIP
-    """
-    rows = []
-    for path in sorted(glob.glob(os.path.join(os.fspath(directory), pattern), recursive=True)):
-        if not os.path.isdir(path):
-            continue
-        try:
-            row = summary(open_run(path))
-            row["problem"] = ""
-        except Exception as e:  # listed, never dropped
-            row = {"path": path, "problem": f"{type(e).__name__}: {e}"}
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    if "path" in df:
-        df = df[["path", *[c for c in df.columns if c != "path"]]]
-    return df

@@ -32,6 +32,8 @@ COMMANDS = [
     "metacollect.cli.compare",
     "metacollect.cli.export",
     "metacollect.cli.ingest",
+    "metacollect.cli.catalog",
+    "metacollect.cli.scaling",
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from metacollect.errors import NotAStoreError
@@ -23,6 +24,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # imported here, off the CLI's start-up: the store's Zarr layer
     import metacollect.store.zarrio as zarrio
+    from metacollect.analysis.campaign import keep_summary
     from metacollect.store.doctor import salvage
 
     if not os.path.isdir(args.store):
@@ -45,4 +47,8 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in report.missing():
         print(f"  {line}")
+    # the salvaged store's own summary (the damaged one's, copied with its attributes, is not)
+    not_kept = keep_summary(args.output)
+    if not_kept is not None:
+        print(f"metacollect: {not_kept}", file=sys.stderr)
     return 0 if report.rows_kept else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import sys
 from typing import Any
 
 from metacollect.errors import NotAStoreError
@@ -26,6 +27,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # imported here, off the CLI's start-up: the store reader (xarray, pandas)
+    from metacollect.analysis.campaign import keep_summary
     from metacollect.analysis.run import open_run
     from metacollect.store.lifecycle import gather_leftovers
 
@@ -45,5 +47,9 @@ def run(args: argparse.Namespace) -> int:
     done, status = gather_leftovers(args.store, local_stores)
     for group in done:
         print(f"gathered {group}")
+    if done:  # the summary of the groups gathered too
+        not_kept = keep_summary(args.store)
+        if not_kept is not None:
+            print(f"metacollect: {not_kept}", file=sys.stderr)
     print(f"{args.store}: {len(done)} group(s) gathered, status {status}")
     return 0 if done else 1

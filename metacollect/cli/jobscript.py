@@ -247,6 +247,13 @@ def _seal(finalize: ModuleType, store: str, exit_code: int, signal_name: str | N
     with terminate.held():
         status = finalize.batch_finalize(store, exit_code, signal_name)
     print(f"metacollect: store {store} sealed (status {status})", file=sys.stderr)
+    if signal_name is None:  # not in a job's grace period: the catalog's figures, kept
+        # imported here: the store reader (pandas, xarray) kept off the grace period's path
+        from metacollect.analysis.campaign import keep_summary
+
+        not_kept = keep_summary(store)
+        if not_kept is not None:
+            print(f"metacollect: {not_kept}", file=sys.stderr)
 
 
 def _still_running(action: str, left: list[int]) -> None:

@@ -29,6 +29,7 @@ import dask.config
 from distributed import Client, LocalCluster
 
 import metacollect.config as config
+from metacollect.analysis.campaign import keep_summary
 from metacollect.dask_private import submit_scaled_jobs
 from metacollect.errors import ConfigError, MetacollectError, UsageError
 from metacollect.launch.batch import jobqueue_cluster
@@ -329,6 +330,10 @@ def run_target(
         status, missing = launch.finish(
             outcome, code, outcome_attrs(outcome, code, time.time() - started)
         )
+    # the figures a catalog of many stores reads, kept in the sealed store
+    not_kept = keep_summary(store)
+    if not_kept is not None:
+        echo(f"metacollect: {not_kept}")
     echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
     for reason in missing:
         echo(f"metacollect: missing from the record: {reason}")

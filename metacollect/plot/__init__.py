@@ -25,6 +25,7 @@ from metacollect.plot.graph import critical_path, task_graph
 from metacollect.plot.io import io, io_frame
 from metacollect.plot.jobs import JOB_END_COLOURS, batch_jobs
 from metacollect.plot.profile import profile, profile_frame
+from metacollect.plot.scaling import scaling
 from metacollect.plot.schema import metadata_map
 from metacollect.plot.spans import FINE_METRIC_COLOURS, activity_colour, fine_metrics, span_timeline
 from metacollect.plot.tasks import memory, processing, progress, task_stream
@@ -53,6 +54,7 @@ __all__ = [
     "processing",
     "profile",
     "progress",
+    "scaling",
     "span_timeline",
     "task_graph",
     "task_stream",
