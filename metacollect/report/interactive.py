@@ -2,7 +2,10 @@
 server and no network needed - it opens offline on a login node.
 
 One tab per view of :data:`metacollect.report.views.VIEWS`. A view that fails to build is
-named, with the reason, at the top of the report and in its tab; the others still render.
+named, with the reason, at the top of the report and in its tab; the others still render,
+the file is written, and then :func:`write_html` raises :class:`ViewsFailedError` naming
+every tab that failed and why (``metacollect report`` and ``metacollect demo`` print it on
+stderr and exit non-zero): a broken tab is never silent.
 """
 
 from __future__ import annotations
@@ -20,10 +23,30 @@ from bokeh.models.widgets.markups import Div
 from bokeh.resources import INLINE
 
 from metacollect.analysis.run import Run, open_run
+from metacollect.errors import MetacollectError
 from metacollect.files import atomic_file
 from metacollect.report import views
 from metacollect.report.png import Memo
 from metacollect.report.views.base import div, utc
+
+
+class ViewsFailedError(MetacollectError):
+    """Tabs of the report could not be built. The report was written all the same (each of
+    these tabs says why in place of its view).
+
+    Attributes
+    ----------
+    path
+        The report written.
+    failures
+        ``(tab title, "ExceptionType: message")`` of each tab that failed, in tab order.
+    """
+
+    def __init__(self, path: str, failures: list[tuple[str, str]]) -> None:
+        self.path = path
+        self.failures = list(failures)
+        tabs = "; ".join(f"tab {title!r} failed to build: {why}" for title, why in failures)
+        super().__init__(f"{tabs} (the report {path} is written, each such tab saying why)")
 
 
 def write_html(
@@ -44,6 +67,12 @@ def write_html(
         Called with a progress line per view (e.g. ``print``).
     builders
         The tabs, title -> view (default :data:`metacollect.report.views.VIEWS`).
+
+    Raises
+    ------
+    ViewsFailedError
+        After writing the file, when any tab failed to build: its ``failures`` name each
+        such tab and why (the tab in the file says the same).
 
     Examples
     --------
@@ -70,6 +99,8 @@ def write_html(
     text = file_html(doc, INLINE, title=title)
     with atomic_file(out, what="the report") as f:
         f.write(text)
+    if problems:
+        raise ViewsFailedError(os.fspath(out), problems)
     return os.fspath(out)
 
 

@@ -236,8 +236,9 @@ def selectable(options: list[tuple[str, Layout]], title: str) -> Layout:
 
 
 def lanes(title: str, values: pd.Series, y_label: str) -> tuple[Any, dict[str, int]]:
-    """A time figure with one labelled lane per distinct value (sorted), and value -> lane."""
-    names = sorted(values.astype(str).unique())
+    """A time figure with one labelled lane per distinct value (sorted as text; a missing
+    value is the lane ``"None"``), and value -> lane."""
+    names = sorted({str(v) for v in values})
     y = {w: i for i, w in enumerate(names)}
     p = time_figure(title, y_label, height=max(200, 60 + 30 * len(names)))
     p.yaxis.ticker = FixedTicker(ticks=list(range(len(names))))

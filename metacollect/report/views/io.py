@@ -28,9 +28,25 @@ from metacollect.report.views.base import (
 _PROCESS_DETAIL = ["cluster", "worker_group", "process", "scope", "start", "stop"]
 
 
+def process_names(df: pd.DataFrame) -> list[str]:
+    """Each row's process as a reader knows it: a worker's address, else its role and pid
+    (the script, the scheduler, a nanny: Darshan records every process it ran in, not only
+    the workers)."""
+    out = []
+    for worker, role, pid in zip(
+        df["worker"], df.get("role", [""] * len(df)), df.get("pid", [""] * len(df)), strict=True
+    ):
+        if isinstance(worker, str) and worker:
+            out.append(worker)
+        else:
+            out.append(f"{role or 'process'} pid {pid}" if pd.notna(pid) else str(role or "?"))
+    return out
+
+
 def io(ctx: Context) -> Layout:
     """Bytes per worker process and per file; with DXT, per task and on the wall clock."""
     by_worker = ctx.run.io(by="worker")
+    by_worker["worker"] = process_names(by_worker)
     if not len(by_worker):
         return note(
             "No Darshan I/O: collect with metacollect run --darshan (or "
@@ -41,6 +57,7 @@ def io(ctx: Context) -> Layout:
     ]
     parts.append(data_table(by_worker.drop(columns=_PROCESS_DETAIL, errors="ignore"), height=200))
     by_file = ctx.run.io(by="file").sort_values("bytes", ascending=False)
+    by_file["worker"] = process_names(by_file)
     parts += [
         heading("I/O per file", f"{len(by_file):,} (process, file) rows, most bytes first"),
         data_table(by_file.drop(columns=_PROCESS_DETAIL, errors="ignore"), height=300),
@@ -83,6 +100,7 @@ def _attribution(seg: pd.DataFrame) -> Layout:
 def _dxt_timeline(seg: pd.DataFrame) -> Layout:
     """The DXT segments on each worker process's lane (reads blue, writes red)."""
     seg = seg.sort_values("start", ignore_index=True)
+    seg["worker"] = process_names(seg)
     keep = keep_longest_and_sample(seg["duration"].to_numpy())
     s = seg.iloc[keep]
     p, y = lanes(
