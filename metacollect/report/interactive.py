@@ -18,7 +18,7 @@ from typing import Any
 
 from bokeh.embed import file_html
 from bokeh.layouts import column
-from bokeh.models import TabPanel, Tabs
+from bokeh.models import CustomJS, TabPanel, Tabs
 from bokeh.models.widgets.markups import Div
 from bokeh.resources import INLINE
 
@@ -94,7 +94,7 @@ def write_html(
         if echo:
             echo(f"{title}: {time.perf_counter() - started:.1f} s")
         panels.append(TabPanel(child=child, title=title))
-    doc = column(_header(run, problems), Tabs(tabs=panels), sizing_mode="stretch_width")
+    doc = column(_header(run, problems), _own_heights(panels), sizing_mode="stretch_width")
     title = f"metacollect {run.attrs.get('run_id', '')}"
     text = file_html(doc, INLINE, title=title)
     with atomic_file(out, what="the report") as f:
@@ -102,6 +102,23 @@ def write_html(
     if problems:
         raise ViewsFailedError(os.fspath(out), problems)
     return os.fspath(out)
+
+
+def _own_heights(panels: list[TabPanel]) -> Tabs:
+    """Each tab as tall as its own view: Bokeh lays out every panel, the hidden ones too,
+    so the page would be as tall as the tallest tab; a panel not shown is left out of the
+    layout instead (``visible``), and put back when its tab is picked."""
+    tabs = Tabs(tabs=panels)
+    for i, panel in enumerate(panels):
+        panel.child.visible = i == tabs.active
+    tabs.js_on_change(
+        "active",
+        CustomJS(
+            args={"tabs": tabs},
+            code="tabs.tabs.forEach((p, i) => { p.child.visible = (i == cb_obj.active) })",
+        ),
+    )
+    return tabs
 
 
 def _header(run: Any, problems: list[tuple[str, str]]) -> Div:
