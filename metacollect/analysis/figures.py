@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pandas as pd
 
-from metacollect.analysis.spans import fine_metrics
+from metacollect.analysis.spans import fine_metrics, spans
 
 if TYPE_CHECKING:
     from metacollect.analysis.run import Run
@@ -190,3 +190,31 @@ def heaviest_prefixes(run: Run, k: int = 3) -> list[tuple[str, float]]:
     """The ``k`` prefixes with the most compute (thread-seconds), with it."""
     p = prefix_times(run)["compute_s"].head(k)
     return [(str(i), float(v)) for i, v in p.items()]
+
+
+def span_compute(run: Run) -> pd.DataFrame:
+    """Per Dask span (rows of :func:`~metacollect.analysis.spans.spans`, same order): the
+    compute of its own tasks and of its whole subtree, thread-seconds of the task stream,
+    so that the root spans add up to :func:`compute_seconds` (less the tasks submitted
+    before the collection began, which belong to no span).
+
+    Returns
+    -------
+    DataFrame
+        The spans' columns plus ``own_compute_s`` and ``compute_s`` (its subtree's).
+    """
+    sp = spans(run)
+    t = run.tasks()
+    own = t.groupby("span")["duration"].sum().reindex(sp["id"], fill_value=0.0)
+    parent = dict(zip(sp["id"], sp["parent"], strict=True))
+    subtree = own.astype(float).copy()
+    for sid, value in own.items():  # add each span's own to every ancestor's
+        p = parent.get(sid)
+        while p:
+            if p in subtree.index:
+                subtree[p] += value
+            p = parent.get(p)
+    return sp.assign(
+        own_compute_s=own.to_numpy(dtype=float),
+        compute_s=subtree.reindex(sp["id"]).fillna(0.0).to_numpy(dtype=float),
+    )

@@ -119,6 +119,7 @@ def time_figure(title: str, y_label: str, height: int = 320, **kw: Any) -> Any:
     p.xaxis.axis_label = "wall-clock time (UTC)"
     p.yaxis.axis_label = y_label
     p.xaxis.formatter = DatetimeTickFormatter(
+        microseconds="%H:%M:%S.%6N",
         milliseconds="%H:%M:%S.%3N",
         seconds="%H:%M:%S",
         minsec="%H:%M:%S",

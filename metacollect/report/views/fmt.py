@@ -109,6 +109,11 @@ def count(n: Any) -> str:
     return f"{int(n):,}"
 
 
+def plural(n: Any, word: str, words: str | None = None) -> str:
+    """``"1 transfer"``, ``"25,000 transfers"``."""
+    return f"{count(n)} {word if int(n) == 1 else words or word + 's'}"
+
+
 def when(epoch: Any) -> list[str]:
     """Epoch seconds as dates, UTC, to the millisecond: ``"2026-12-07 04:40:05.123"``
     (``""`` for a missing one)."""
