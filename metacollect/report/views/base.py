@@ -27,7 +27,7 @@ from bokeh.palettes import Category20b
 from bokeh.plotting import figure
 
 from metacollect.analysis.tasks import worker_addresses
-from metacollect.report.views.fmt import CATEGORICAL, table_formatter, when
+from metacollect.report.views.fmt import CATEGORICAL, categorical, table_formatter, when
 
 #: most rectangles (or points) one plot holds; beyond, the longest and a uniform sample
 MAX_GLYPHS = 50_000
@@ -67,6 +67,17 @@ class Context:
         order = t.groupby("prefix")["duration"].sum().sort_values(ascending=False).index
         named = dict(zip(order[: len(PALETTE)], PALETTE, strict=False))
         return {p: named.get(p, OTHER_COLOUR) for p in order}
+
+    @cached_property
+    def worker_colours(self) -> dict[str, str]:
+        """Worker address -> a colour of its own (:func:`fmt.categorical`), the same in
+        every tab."""
+        w = self.run.workers()
+        return categorical(sorted(str(a) for a in w["address"])) if len(w) else {}
+
+    def worker_colour(self, worker: Any, i: int = 0) -> str:
+        """The colour of a worker (one the run does not list: a colour by position)."""
+        return self.worker_colours.get(str(worker), CATEGORICAL[i % len(CATEGORICAL)])
 
     def label(self, prefixes: pd.Series) -> np.ndarray:
         """Each prefix, or :data:`OTHER` for the ones without a colour of their own."""

@@ -6,6 +6,7 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, HoverTool
 
 import metacollect.analysis as analysis
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     TIME_FORMAT,
     Context,
@@ -33,10 +34,13 @@ def critical_path(ctx: Context) -> Layout:
     s = ran.iloc[keep]
     title = (
         f"Critical path of graph {a['graph']} (the largest): {len(cp):,} tasks, "
-        f"{a['length']:.3f} s of compute = {a['fraction']:.1%} of the graph's "
-        f"{a['wall']:.3f} s wall time; " + sampled_caption(len(s), len(ran), "tasks")
+        f"{fmt.duration(a['length'])} of compute = {fmt.pct(a['fraction'])} of the graph's "
+        f"{fmt.duration(a['wall'])} wall time"
     )
-    p, y = lanes(title, ran["worker"], "worker")
+    caption = sampled_caption(len(s), len(ran), "tasks")
+    p, y = lanes(
+        f"Critical path of graph {a['graph']} on the workers: " + caption, ran["worker"], "worker"
+    )
     labels = ctx.label(s["prefix"])
     src = ColumnDataSource(
         {
@@ -58,6 +62,7 @@ def critical_path(ctx: Context) -> Layout:
         line_width=0.3,
         source=src,
     )
+    dur_tip, dur_fmt = fmt.seconds_tip("duration")
     p.add_tools(
         HoverTool(
             tooltips=[
@@ -65,9 +70,9 @@ def critical_path(ctx: Context) -> Layout:
                 ("prefix", "@prefix"),
                 ("worker", "@worker"),
                 ("start", f"@left{{{TIME_FORMAT}}} UTC"),
-                ("duration", "@duration{0.000000} s"),
+                ("duration", dur_tip),
             ],
-            formatters={"@left": "datetime"},
+            formatters={"@left": "datetime", **dur_fmt},
         )
     )
     by_prefix = (
@@ -76,4 +81,9 @@ def critical_path(ctx: Context) -> Layout:
     table = by_prefix.reset_index().rename(
         columns={"size": "tasks on the path", "sum": "compute (s)"}
     )
-    return column(p, heading("Critical path per prefix"), data_table(table, height=200))
+    return column(
+        heading(title),
+        p,
+        heading("Critical path per prefix"),
+        data_table(table, height=200),
+    )

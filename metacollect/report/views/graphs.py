@@ -9,6 +9,7 @@ from bokeh.models import ColumnDataSource, HoverTool
 
 import metacollect.analysis as analysis
 from metacollect.analysis import figures
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     MAX_GLYPHS,
     TIME_FORMAT,
@@ -130,6 +131,7 @@ def _graph_figure(ctx: Context, graph: int, cluster: str, label: str) -> Layout:
         }
     )
     p.scatter(x="x", y="depth", color="colour", size=6, source=src)
+    dur_tip, dur_fmt = fmt.seconds_tip("duration")
     p.add_tools(
         HoverTool(
             tooltips=[
@@ -138,9 +140,9 @@ def _graph_figure(ctx: Context, graph: int, cluster: str, label: str) -> Layout:
                 ("worker", "@worker"),
                 ("depth", "@depth"),
                 ("start", f"@x{{{TIME_FORMAT}}} UTC"),
-                ("duration", "@duration{0.000000} s"),
+                ("duration", dur_tip),
             ],
-            formatters={"@x": "datetime"},
+            formatters={"@x": "datetime", **dur_fmt},
         )
     )
     if len(edges) > 3000:

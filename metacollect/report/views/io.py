@@ -10,6 +10,7 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, HoverTool
 
 from metacollect.errors import StoreError
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     TIME_FORMAT,
     Context,
@@ -91,8 +92,8 @@ def _attribution(seg: pd.DataFrame) -> Layout:
             f"of its worker (methods in this run: {html.escape(methods)}). When several "
             "tasks of the worker ran at that time it is <b>ambiguous</b>: its bytes are "
             "counted in <code>ambiguous_bytes</code> of each candidate and never given to "
-            f"one. Here {sure:,.0f} B went to one task, {amb:,.0f} B are ambiguous and "
-            f"{outside:,.0f} B happened outside any task.</p>"
+            f"one. Here {fmt.size(sure)} went to one task, {fmt.size(amb)} are ambiguous "
+            f"and {fmt.size(outside)} happened outside any task.</p>"
         ),
     )
 
@@ -126,7 +127,7 @@ def _dxt_timeline(seg: pd.DataFrame) -> Layout:
             tooltips=[
                 ("file", "@file"),
                 ("op", "@op"),
-                ("bytes", "@length{0.0 b}"),
+                ("bytes", f"@length{fmt.BYTES}"),
                 ("task", "@key"),
                 ("ambiguous", "@ambiguous"),
                 ("start", f"@left{{{TIME_FORMAT}}} UTC"),
