@@ -208,6 +208,20 @@ def test_cli_exits_non_zero_naming_a_tab_that_failed(tmp_path, monkeypatch, caps
     assert "This view failed to build: KeyError" in out.read_text()
 
 
+def test_demo_exits_non_zero_naming_a_tab_that_failed(tmp_path, monkeypatch, capsys):
+    def broken(ctx):
+        raise ValueError("cannot draw this")
+
+    monkeypatch.setitem(views.VIEWS, "Progress", broken)
+    out = tmp_path / "demo.html"
+    argv = ["demo", "--images", "2", "--size", "32", "--workers", "1", "--threads", "1"]
+    assert main([*argv, "-s", str(tmp_path / "demo.zarr"), "--report", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "metacollect demo: error: tab 'Progress' failed to build: ValueError" in err
+    assert "Traceback" not in err
+    assert "This view failed to build: ValueError: cannot draw this" in out.read_text()
+
+
 def test_cli_writes_the_file_and_says_where(tmp_path, capsys):
     out = tmp_path / "x.html"
     assert main(["report", script_store(), "-o", str(out), "-q"]) == 0
