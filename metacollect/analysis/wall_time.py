@@ -63,7 +63,8 @@ class WallTime:
         The run's wall time, seconds (its end minus its start; the task stream's extent for
         a store without them).
     threads
-        The workers' threads, every worker that took part.
+        The workers' threads, every worker that took part (for a store without the
+        workers' records, the threads its tasks ran on).
     capacity_s
         ``threads x wall_s``: the thread-seconds the parts in the task threads add up to.
     parts
@@ -118,7 +119,11 @@ def wall_time_breakdown(run: Run) -> WallTime:
     """
     wall = wall_time(run)
     workers = run.workers()
-    threads = int(workers["nthreads"].sum()) if len(workers) else 0
+    if len(workers):
+        threads = int(workers["nthreads"].sum())
+    else:  # a store without the workers' records: the threads its tasks ran on
+        t = run.tasks()
+        threads = len(t[["worker", "thread"]].drop_duplicates()) if len(t) else 0
     capacity = threads * wall
     compute = compute_seconds(run)
     fm = _context_seconds(run)
