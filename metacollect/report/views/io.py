@@ -25,8 +25,37 @@ from metacollect.report.views.base import (
     sampled_caption,
 )
 
-#: columns of ``Run.io`` the I/O tables leave out (the worker address says which process)
-_PROCESS_DETAIL = ["cluster", "worker_group", "process", "scope", "start", "stop"]
+#: the columns of ``Run.io`` the I/O tables show, and their names there (bytes, counts,
+#: seconds; the first and last operation as dates)
+_SHOWN = {
+    "worker": "process",
+    "role": "role",
+    "pid": "pid",
+    "key": "task",
+    "file": "file",
+    "interfaces": "interfaces",
+    "files": "files",
+    "segments": "segments",
+    "bytes_read": "bytes read",
+    "bytes_written": "bytes written",
+    "ambiguous_bytes": "ambiguous bytes",
+    "reads": "reads",
+    "writes": "writes",
+    "opens": "opens",
+    "read_time": "read time (s)",
+    "write_time": "write time (s)",
+    "meta_time": "metadata time (s)",
+    "start": "first operation (UTC)",
+    "partial": "partial",
+}
+
+
+def _shown(df: pd.DataFrame) -> pd.DataFrame:
+    """The columns a reader needs, named with their units, times as dates."""
+    out = df[[c for c in _SHOWN if c in df.columns]].rename(columns=_SHOWN)
+    if "first operation (UTC)" in out:
+        out["first operation (UTC)"] = fmt.when(out["first operation (UTC)"])
+    return out
 
 
 def process_names(df: pd.DataFrame) -> list[str]:
@@ -40,7 +69,9 @@ def process_names(df: pd.DataFrame) -> list[str]:
         if isinstance(worker, str) and worker:
             out.append(worker)
         else:
-            out.append(f"{role or 'process'} pid {pid}" if pd.notna(pid) else str(role or "?"))
+            out.append(
+                f"{role or 'process'} pid {pid}" if pd.notna(pid) else str(role or "not a worker")
+            )
     return out
 
 
@@ -56,12 +87,12 @@ def io(ctx: Context) -> Layout:
     parts: list[Layout] = [
         heading("I/O per worker process (Darshan, POSIX and STDIO, the workload's files)")
     ]
-    parts.append(data_table(by_worker.drop(columns=_PROCESS_DETAIL, errors="ignore"), height=200))
+    parts.append(data_table(_shown(by_worker), height=200))
     by_file = ctx.run.io(by="file").sort_values("bytes", ascending=False)
     by_file["worker"] = process_names(by_file)
     parts += [
         heading("I/O per file", f"{len(by_file):,} (process, file) rows, most bytes first"),
-        data_table(by_file.drop(columns=_PROCESS_DETAIL, errors="ignore"), height=300),
+        data_table(_shown(by_file), height=300),
     ]
     try:
         by_task = ctx.run.io(by="task")
@@ -71,7 +102,8 @@ def io(ctx: Context) -> Layout:
         return column(*parts)
     parts.append(_attribution(seg))
     by_task = by_task.sort_values("bytes", ascending=False)
-    parts.append(data_table(by_task, height=300))
+    by_task["worker"] = process_names(by_task.assign(role="", pid=np.nan))
+    parts.append(data_table(_shown(by_task), height=300))
     if len(seg):
         parts.append(_dxt_timeline(seg))
     return column(*parts)
