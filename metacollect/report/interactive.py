@@ -27,6 +27,7 @@ from metacollect.errors import MetacollectError
 from metacollect.files import atomic_file
 from metacollect.report import views
 from metacollect.report.png import Memo
+from metacollect.report.views import fmt
 from metacollect.report.views.base import div, utc
 
 
@@ -128,7 +129,7 @@ def _header(run: Any, problems: list[tuple[str, str]]) -> Div:
     if isinstance(started, (int, float)):
         when = f", started {utc([started])[0]} UTC"
         if isinstance(a.get("ended"), (int, float)):
-            when += f", {float(a['ended']) - float(started):.1f} s"
+            when += f", {fmt.duration(float(a['ended']) - float(started))}"
     text = (
         f"<h2 style='margin:4px 0'>metacollect run {html.escape(str(a.get('run_id')))}</h2>"
         f"<p>store <code>{html.escape(str(run.path))}</code>, status "

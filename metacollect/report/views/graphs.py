@@ -106,6 +106,7 @@ def _graph_figure(ctx: Context, graph: int, cluster: str, label: str) -> Layout:
         len(s), len(ran), "tasks"
     )
     p = time_figure(title, "dependency depth (tasks below)", height=420)
+    fmt.count_axis(p.yaxis)
     if len(edges) <= 3000:
         pos = ran.drop_duplicates("key").set_index("key")
         e = edges[edges["key"].isin(pos.index) & edges["dependency"].isin(pos.index)]
