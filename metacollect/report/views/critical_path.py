@@ -6,6 +6,7 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, HoverTool
 
 import metacollect.analysis as analysis
+from metacollect.analysis import figures
 from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     TIME_FORMAT,
@@ -22,10 +23,15 @@ from metacollect.report.views.base import (
 
 
 def critical_path(ctx: Context) -> Layout:
-    """The largest graph's critical path on the workers, and its time per prefix."""
+    """The critical path of the graph that ran the most tasks, on the workers, and its time
+    per prefix."""
     if not len(ctx.run.graph_tasks()):
         return note("No submitted graph: the critical path needs the graphs (step 2).")
-    cp = analysis.critical_path(ctx.run)
+    counts = figures.graph_counts(ctx.run).sort_values(
+        ["executed", "submitted", "time"], ascending=[False, False, True]
+    )
+    top = counts.iloc[0]  # the graph that ran the most tasks (not one re-sending their keys)
+    cp = analysis.critical_path(ctx.run, int(top["graph"]), str(top["cluster"]))
     a = cp.attrs
     ran = cp[cp["start"].notna()].reset_index(drop=True)
     if not len(ran):
@@ -33,7 +39,8 @@ def critical_path(ctx: Context) -> Layout:
     keep = keep_longest_and_sample(ran["duration"].to_numpy())
     s = ran.iloc[keep]
     title = (
-        f"Critical path of graph {a['graph']} (the largest): {len(cp):,} tasks, "
+        f"Critical path of graph {a['graph']} (the one that ran the most tasks): "
+        f"{fmt.plural(len(cp), 'task')}, "
         f"{fmt.duration(a['length'])} of compute = {fmt.pct(a['fraction'])} of the graph's "
         f"{fmt.duration(a['wall'])} wall time"
     )
