@@ -75,13 +75,13 @@ def page(tmp_path_factory):
 
 def test_report_shows_dates_and_ids_as_typed(page):
     run = metacollect.open_run(basic_store())
-    divs = html.unescape(" ".join(str(o["attributes"].get("text", "")) for o in page))
+    divs = html.unescape(" ".join(str(o.get("attributes", {}).get("text", "")) for o in page))
     started = float(run.attrs["started"])
     assert str(started) not in divs and str(int(started)) not in divs  # no epoch shown
     pids = {str(p) for p in run.workers()["pid"]}
     cells = set()
     for o in page:
-        if o["name"] == "ColumnDataSource":
+        if o["name"] == "ColumnDataSource" and "attributes" in o:
             for _, col in o["attributes"].get("data", {}).get("entries", []):
                 if isinstance(col, list):
                     cells.update(str(v) for v in col)
