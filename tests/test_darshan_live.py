@@ -394,8 +394,8 @@ def test_the_report_shows_io_per_task_and_the_dxt_timeline(live, tmp_path):
             continue
         cols = [objects[c["id"]]["attributes"] for c in o["attributes"]["columns"]]
         titles = {c["title"]: c["field"] for c in cols}
-        if {"key", "bytes_written", "ambiguous_bytes"} <= set(titles):
+        if {"task", "bytes written", "ambiguous bytes"} <= set(titles):
             tables.append({t: columns(o["attributes"]["source"])[f] for t, f in titles.items()})
     assert len(tables) == 1
     shown = tables[0]
-    assert sorted(shown["key"]) == sorted(by_task["key"].fillna("").astype(str).map(str))
+    assert sorted(shown["task"]) == sorted(by_task["key"].fillna("").astype(str).map(str))

@@ -16,7 +16,7 @@ from views_runs import basic_store, chain_store, script_store
 
 import metacollect
 from metacollect.cli import main
-from metacollect.report import views, write_html
+from metacollect.report import ViewsFailedError, views, write_html
 
 #: the tabs the report always has (a view without data says so inside its tab)
 TABS = [
@@ -178,13 +178,48 @@ def test_a_failing_view_is_reported_and_the_rest_render(tmp_path, monkeypatch):
 
     monkeypatch.setitem(views.VIEWS, "Memory", broken)
     out = tmp_path / "r.html"
-    write_html(script_store(), out)
+    with pytest.raises(ViewsFailedError, match="'Memory' failed to build: RuntimeError") as e:
+        write_html(script_store(), out)
+    assert e.value.path == str(out)
+    assert e.value.failures == [("Memory", "RuntimeError: the memory view broke")]
     text = out.read_text()
     reported = ["Views that failed to build" in text, "RuntimeError: the memory view broke" in text]
     assert reported == [True, True]
     objs = _objects(text)
     assert [o["attributes"]["title"] for o in objs if o["name"] == "TabPanel"] == TABS
     assert _sources(objs, "key", "worker", "thread", "nbytes")  # the task stream still there
+
+
+def test_cli_exits_non_zero_naming_a_tab_that_failed(tmp_path, monkeypatch, capsys):
+    """A tab that cannot be built is an error: the tab and why on stderr (one line), a
+    non-zero exit, and the report written all the same, the tab saying why."""
+
+    def broken(ctx):
+        raise KeyError("no such column")
+
+    monkeypatch.setitem(views.VIEWS, "Transfers", broken)
+    out = tmp_path / "x.html"
+    assert main(["report", script_store(), "-o", str(out), "-q"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(out)
+    err = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert "tab 'Transfers' failed to build: KeyError: 'no such column'" in err[0]
+    assert "This view failed to build: KeyError" in out.read_text()
+
+
+def test_demo_exits_non_zero_naming_a_tab_that_failed(tmp_path, monkeypatch, capsys):
+    def broken(ctx):
+        raise ValueError("cannot draw this")
+
+    monkeypatch.setitem(views.VIEWS, "Progress", broken)
+    out = tmp_path / "demo.html"
+    argv = ["demo", "--images", "2", "--size", "32", "--workers", "1", "--threads", "1"]
+    assert main([*argv, "-s", str(tmp_path / "demo.zarr"), "--report", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "metacollect demo: error: tab 'Progress' failed to build: ValueError" in err
+    assert "Traceback" not in err
+    assert "This view failed to build: ValueError: cannot draw this" in out.read_text()
 
 
 def test_cli_writes_the_file_and_says_where(tmp_path, capsys):

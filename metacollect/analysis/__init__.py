@@ -23,6 +23,14 @@ from metacollect.analysis.compare import (
     compare_profiles,
     summary,
 )
+from metacollect.analysis.figures import (
+    Transfers,
+    compute_seconds,
+    graph_counts,
+    heaviest_prefixes,
+    prefix_times,
+    transfers,
+)
 from metacollect.analysis.graphs import critical_path, dependency_depths, graph_nodes
 from metacollect.analysis.scalability import Scaling, scaling
 from metacollect.analysis.tasks import (
@@ -37,10 +45,13 @@ from metacollect.analysis.tasks import (
     utilisation,
     worker_load,
 )
+from metacollect.analysis.wall_time import WallTime, wall_time_breakdown
 
 __all__ = [
     "PROGRESS_STATES",
     "Scaling",
+    "Transfers",
+    "WallTime",
     "activity",
     "campaign_prefixes",
     "catalog",
@@ -49,19 +60,25 @@ __all__ = [
     "compare_io",
     "compare_prefixes",
     "compare_profiles",
+    "compute_seconds",
     "critical_path",
     "dependency_depths",
     "events",
     "flush_series",
+    "graph_counts",
     "graph_nodes",
+    "heaviest_prefixes",
     "memory",
     "origin",
     "prefix_summary",
+    "prefix_times",
     "progress",
     "scaling",
     "summary",
     "task_stream",
+    "transfers",
     "utilisation",
+    "wall_time_breakdown",
     "worker_load",
     "write_summary",
 ]

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from metacollect.analysis.tasks import (
-    prefix_summary,
-    wall_time,
-)
+from metacollect.analysis import figures
+from metacollect.analysis.tasks import prefix_summary
+from metacollect.analysis.wall_time import wall_time_breakdown
 from metacollect.errors import UsageError
 
 if TYPE_CHECKING:
@@ -20,32 +19,39 @@ if TYPE_CHECKING:
 
 
 def summary(run: Run) -> dict[str, Any]:
-    """The main figures of a run as one flat dict (a row of :func:`catalog`)."""
+    """The main figures of a run as one flat dict (a row of :func:`catalog`).
+
+    Each figure comes from the function the report's tabs show it with
+    (:mod:`metacollect.analysis.figures`, :mod:`metacollect.analysis.wall_time`):
+    ``compute_time`` is thread-seconds (the task stream), ``utilisation`` the fraction of
+    the threads' capacity (threads x wall time) it used, ``transfers`` the transfers
+    between workers counted once (at the receiver), ``transfers_to_client`` the results
+    sent to a client.
+    """
     a = run.attrs
     tasks = run.tasks()
     workers = run.workers()
+    wt = wall_time_breakdown(run)
+    moved = figures.transfers(run)
     row: dict[str, Any] = {
         "run_id": a.get("run_id"),
         "status": a.get("status"),
         "started": pd.to_datetime(a.get("started"), unit="s") if a.get("started") else pd.NaT,
-        "wall_time": wall_time(run),
+        "wall_time": wt.wall_s,
         "clusters": len(run.clusters()),
         "workers": len(workers),
-        "threads": int(workers["nthreads"].sum()) if len(workers) else 0,
+        "threads": wt.threads,
         "graphs": len(run.graphs()),
         "tasks": len(tasks),
         "erred": int((tasks["state"] == "erred").sum()) if len(tasks) else 0,
-        "compute_time": float(tasks["duration"].sum()) if len(tasks) else 0.0,
+        "compute_time": figures.compute_seconds(run),
         "prefixes": int(tasks["prefix"].nunique()) if len(tasks) else 0,
-        "transfers": len(run.worker_table("transfers")),
+        "transfers": moved.between_workers,
+        "transfer_bytes": moved.between_workers_bytes,
+        "transfers_to_client": moved.to_client,
         "errors": len(run.errors()),
+        "utilisation": wt.utilisation,
     }
-    threads = row["threads"]
-    row["utilisation"] = (
-        row["compute_time"] / (threads * row["wall_time"])
-        if threads and row["wall_time"] > 0
-        else float("nan")
-    )
     script = run.groups.get("script")
     row["script"] = os.path.basename(script.get("path", "")) if script else ""
     row["path"] = run.path

@@ -167,7 +167,10 @@ def _span_of(df: pd.DataFrame, submitted: pd.DataFrame) -> np.ndarray:
 
 
 def _graph_of(run: StoreReader, df: pd.DataFrame, submitted: pd.DataFrame) -> np.ndarray:
-    """Graph number of each execution: the latest submission of its key before it ran.
+    """Graph number of each execution: the first graph that submitted its key after the
+    key's previous execution (since the run's start for its first), so that a graph that
+    sends again keys an earlier graph submitted (in memory, or still running) is not
+    credited with them; the latest submission before it ran when there is none.
     ``submitted``: the client's distinct (cluster, graph, group, span) rows.
 
     Fast path: when every task group was submitted in one graph, map by group (a small
@@ -182,10 +185,27 @@ def _graph_of(run: StoreReader, df: pd.DataFrame, submitted: pd.DataFrame) -> np
     gt = run.concat("client", "tasks", columns=["graph", "key"])
     g = run.graphs()[["cluster", "graph", "time"]]
     gt = gt.merge(g, on=["cluster", "graph"], how="left")
-    left = df[["cluster", "key", "time"]].reset_index().sort_values("time")
+    left = df[["cluster", "key", "time"]].reset_index().sort_values("time", kind="stable")
+    before = left.groupby(["cluster", "key"], sort=False)["time"].shift(1)
+    left["after"] = before.fillna(-np.inf).to_numpy(dtype=float)
     right = gt.rename(columns={"time": "gtime"}).sort_values("gtime")
-    m = pd.merge_asof(left, right, left_on="time", right_on="gtime", by=["cluster", "key"])
-    return m.sort_values("index")["graph"].fillna(-1).to_numpy(dtype=np.int64)
+    by = ["cluster", "key"]
+    latest = pd.merge_asof(left, right, left_on="time", right_on="gtime", by=by)
+    first = pd.merge_asof(
+        left.sort_values("after", kind="stable"),
+        right,
+        left_on="after",
+        right_on="gtime",
+        by=by,
+        direction="forward",
+    ).set_index("index")
+    graph = latest.set_index("index")["graph"]
+    # a recomputation after a worker's loss may run with no new submission: the first
+    # submission after the previous execution then comes later, and does not count
+    first = first.reindex(graph.index)
+    took = first["graph"].notna() & (first["gtime"] <= first["time"])
+    graph = first["graph"].where(took, graph)
+    return graph.sort_index().fillna(-1).to_numpy(dtype=np.int64)
 
 
 def _text_of(keys: pd.Series, values: pd.Series) -> pd.Series:

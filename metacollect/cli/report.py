@@ -51,7 +51,7 @@ def default_output(store: str) -> str:
 def run(args: argparse.Namespace) -> int:
     # imported here, off the CLI's start-up: the store reader and the report (bokeh, matplotlib)
     from metacollect.analysis.run import open_run
-    from metacollect.report import write_html, write_report
+    from metacollect.report import ViewsFailedError, write_html, write_report
 
     if args.dpi is not None and args.png is None:
         raise UsageError(
@@ -64,13 +64,18 @@ def run(args: argparse.Namespace) -> int:
         check_file_target(html_out, "the report")
     if args.png is not None:
         check_dir_target(args.png, "the PNG report")
+    failed: ViewsFailedError | None = None
     with Progress(quiet=args.quiet) as progress:
         written = []
         if html_out is not None:
             progress(f"drawing the views of {args.store}")
-            written.append(
-                write_html(run_, html_out, echo=lambda m: progress(f"drawing the views: {m}"))
-            )
+            try:
+                written.append(
+                    write_html(run_, html_out, echo=lambda m: progress(f"drawing the views: {m}"))
+                )
+            except ViewsFailedError as e:  # written all the same; said below, exit non-zero
+                written.append(e.path)
+                failed = e
         if args.png is not None:
             progress(f"drawing the PNG views of {args.store}")
             written.append(
@@ -83,4 +88,6 @@ def run(args: argparse.Namespace) -> int:
             )
     for path in written:
         print(path)
+    if failed is not None:
+        raise failed
     return 0

@@ -4,7 +4,7 @@ default of ``metacollect report``), or a directory of PNG views and an index pag
 
 from __future__ import annotations
 
-from metacollect.report.interactive import write_html
+from metacollect.report.interactive import ViewsFailedError, write_html
 from metacollect.report.png import write_report
 
-__all__ = ["write_html", "write_report"]
+__all__ = ["ViewsFailedError", "write_html", "write_report"]

@@ -2,7 +2,10 @@
 server and no network needed - it opens offline on a login node.
 
 One tab per view of :data:`metacollect.report.views.VIEWS`. A view that fails to build is
-named, with the reason, at the top of the report and in its tab; the others still render.
+named, with the reason, at the top of the report and in its tab; the others still render,
+the file is written, and then :func:`write_html` raises :class:`ViewsFailedError` naming
+every tab that failed and why (``metacollect report`` and ``metacollect demo`` print it on
+stderr and exit non-zero): a broken tab is never silent.
 """
 
 from __future__ import annotations
@@ -15,15 +18,36 @@ from typing import Any
 
 from bokeh.embed import file_html
 from bokeh.layouts import column
-from bokeh.models import TabPanel, Tabs
+from bokeh.models import CustomJS, TabPanel, Tabs
 from bokeh.models.widgets.markups import Div
 from bokeh.resources import INLINE
 
 from metacollect.analysis.run import Run, open_run
+from metacollect.errors import MetacollectError
 from metacollect.files import atomic_file
 from metacollect.report import views
 from metacollect.report.png import Memo
+from metacollect.report.views import fmt
 from metacollect.report.views.base import div, utc
+
+
+class ViewsFailedError(MetacollectError):
+    """Tabs of the report could not be built. The report was written all the same (each of
+    these tabs says why in place of its view).
+
+    Attributes
+    ----------
+    path
+        The report written.
+    failures
+        ``(tab title, "ExceptionType: message")`` of each tab that failed, in tab order.
+    """
+
+    def __init__(self, path: str, failures: list[tuple[str, str]]) -> None:
+        self.path = path
+        self.failures = list(failures)
+        tabs = "; ".join(f"tab {title!r} failed to build: {why}" for title, why in failures)
+        super().__init__(f"{tabs} (the report {path} is written, each such tab saying why)")
 
 
 def write_html(
@@ -45,6 +69,12 @@ def write_html(
     builders
         The tabs, title -> view (default :data:`metacollect.report.views.VIEWS`).
 
+    Raises
+    ------
+    ViewsFailedError
+        After writing the file, when any tab failed to build: its ``failures`` name each
+        such tab and why (the tab in the file says the same).
+
     Examples
     --------
     >>> write_html("runs/a.zarr", "runs/a.html")   # doctest: +SKIP
@@ -65,12 +95,31 @@ def write_html(
         if echo:
             echo(f"{title}: {time.perf_counter() - started:.1f} s")
         panels.append(TabPanel(child=child, title=title))
-    doc = column(_header(run, problems), Tabs(tabs=panels), sizing_mode="stretch_width")
+    doc = column(_header(run, problems), _own_heights(panels), sizing_mode="stretch_width")
     title = f"metacollect {run.attrs.get('run_id', '')}"
     text = file_html(doc, INLINE, title=title)
     with atomic_file(out, what="the report") as f:
         f.write(text)
+    if problems:
+        raise ViewsFailedError(os.fspath(out), problems)
     return os.fspath(out)
+
+
+def _own_heights(panels: list[TabPanel]) -> Tabs:
+    """Each tab as tall as its own view: Bokeh lays out every panel, the hidden ones too,
+    so the page would be as tall as the tallest tab; a panel not shown is left out of the
+    layout instead (``visible``), and put back when its tab is picked."""
+    tabs = Tabs(tabs=panels)
+    for i, panel in enumerate(panels):
+        panel.child.visible = i == tabs.active
+    tabs.js_on_change(
+        "active",
+        CustomJS(
+            args={"tabs": tabs},
+            code="tabs.tabs.forEach((p, i) => { p.child.visible = (i == cb_obj.active) })",
+        ),
+    )
+    return tabs
 
 
 def _header(run: Any, problems: list[tuple[str, str]]) -> Div:
@@ -80,7 +129,7 @@ def _header(run: Any, problems: list[tuple[str, str]]) -> Div:
     if isinstance(started, (int, float)):
         when = f", started {utc([started])[0]} UTC"
         if isinstance(a.get("ended"), (int, float)):
-            when += f", {float(a['ended']) - float(started):.1f} s"
+            when += f", {fmt.duration(float(a['ended']) - float(started))}"
     text = (
         f"<h2 style='margin:4px 0'>metacollect run {html.escape(str(a.get('run_id')))}</h2>"
         f"<p>store <code>{html.escape(str(run.path))}</code>, status "

@@ -22,11 +22,12 @@ from bokeh.models import ColumnDataSource, CustomJS, DatetimeTickFormatter, Fixe
 from bokeh.models.annotations import Legend, LegendItem
 from bokeh.models.widgets.inputs import Select
 from bokeh.models.widgets.markups import Div
-from bokeh.models.widgets.tables import DataTable, NumberFormatter, TableColumn
-from bokeh.palettes import Category20, Category20b
+from bokeh.models.widgets.tables import DataTable, StringFormatter, TableColumn
+from bokeh.palettes import Category20b
 from bokeh.plotting import figure
 
 from metacollect.analysis.tasks import worker_addresses
+from metacollect.report.views.fmt import CATEGORICAL, categorical, table_formatter, when
 
 #: most rectangles (or points) one plot holds; beyond, the longest and a uniform sample
 MAX_GLYPHS = 50_000
@@ -36,12 +37,9 @@ MAX_ROWS = 2_000
 MAX_LINES = 20
 #: points kept per line of a time series
 MAX_POINTS = 2_000
-#: twenty colours that do not repeat, then grey for the prefixes grouped as "other"
-PALETTE: tuple[str, ...] = (
-    *(c for c in Category20[20] if c not in ("#7f7f7f", "#c7c7c7")),
-    Category20b[20][0],
-    Category20b[20][4],
-)
+#: twenty colours that do not repeat (the strong ones first, so neighbours differ), then
+#: grey for the prefixes grouped as "other"
+PALETTE: tuple[str, ...] = (*CATEGORICAL, Category20b[20][0], Category20b[20][4])
 OTHER = "other"
 OTHER_COLOUR = "#b0b0b0"
 TIME_FORMAT = "%F %H:%M:%S.%3N"
@@ -69,6 +67,17 @@ class Context:
         order = t.groupby("prefix")["duration"].sum().sort_values(ascending=False).index
         named = dict(zip(order[: len(PALETTE)], PALETTE, strict=False))
         return {p: named.get(p, OTHER_COLOUR) for p in order}
+
+    @cached_property
+    def worker_colours(self) -> dict[str, str]:
+        """Worker address -> a colour of its own (:func:`fmt.categorical`), the same in
+        every tab."""
+        w = self.run.workers()
+        return categorical(sorted(str(a) for a in w["address"])) if len(w) else {}
+
+    def worker_colour(self, worker: Any, i: int = 0) -> str:
+        """The colour of a worker (one the run does not list: a colour by position)."""
+        return self.worker_colours.get(str(worker), CATEGORICAL[i % len(CATEGORICAL)])
 
     def label(self, prefixes: pd.Series) -> np.ndarray:
         """Each prefix, or :data:`OTHER` for the ones without a colour of their own."""
@@ -102,9 +111,8 @@ def ms(seconds: Any) -> np.ndarray:
 
 
 def utc(seconds: Any) -> list[str]:
-    """Epoch seconds as readable UTC text (for tables)."""
-    t = pd.to_datetime(np.asarray(seconds, dtype=float), unit="s", utc=True, errors="coerce")
-    return [s.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if s is not pd.NaT else "" for s in t]
+    """Epoch seconds as readable UTC text (for tables): :func:`fmt.when`."""
+    return when(seconds)
 
 
 def time_figure(title: str, y_label: str, height: int = 320, **kw: Any) -> Any:
@@ -122,6 +130,7 @@ def time_figure(title: str, y_label: str, height: int = 320, **kw: Any) -> Any:
     p.xaxis.axis_label = "wall-clock time (UTC)"
     p.yaxis.axis_label = y_label
     p.xaxis.formatter = DatetimeTickFormatter(
+        microseconds="%H:%M:%S.%6N",
         milliseconds="%H:%M:%S.%3N",
         seconds="%H:%M:%S",
         minsec="%H:%M:%S",
@@ -188,15 +197,17 @@ def data_table(df: pd.DataFrame, height: int = 360, max_rows: int = MAX_ROWS) ->
     for name in shown.columns:
         s = shown[name]
         key = f"c{len(cols)}"
+        fmt = table_formatter(str(name), s)
         if pd.api.types.is_bool_dtype(s):
             data[key] = s.astype(str).to_numpy()
             cols.append(TableColumn(field=key, title=str(name)))
+        elif isinstance(fmt, StringFormatter) and pd.api.types.is_numeric_dtype(s):
+            # an id (pid, port, graph): as typed, without separators or decimals
+            data[key] = ["" if pd.isna(v) else str(int(v)) for v in s]
+            cols.append(TableColumn(field=key, title=str(name), formatter=fmt))
         elif pd.api.types.is_numeric_dtype(s):
             data[key] = s.astype(float).to_numpy()
-            fmt = "0,0" if pd.api.types.is_integer_dtype(s) else "0,0.000"
-            cols.append(
-                TableColumn(field=key, title=str(name), formatter=NumberFormatter(format=fmt))
-            )
+            cols.append(TableColumn(field=key, title=str(name), formatter=fmt))
         else:
             # a missing value (None, or NaN in an object column) is an empty cell, not "nan"
             data[key] = [
@@ -213,6 +224,26 @@ def data_table(df: pd.DataFrame, height: int = 360, max_rows: int = MAX_ROWS) ->
     if len(df) > max_rows:
         return column(table, note(f"{len(df) - max_rows:,} more rows not shown"))
     return table
+
+
+def html_table(df: pd.DataFrame) -> Div:
+    """A small table as HTML (its cells wrap: no text is cut off), cells as given (text)."""
+    head = "".join(
+        f"<th style='text-align:left;padding:2px 8px'>{html.escape(str(c))}</th>"
+        for c in df.columns
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td style='padding:2px 8px;border-top:1px solid #eee'>{html.escape(str(v))}</td>"
+            for v in row
+        )
+        + "</tr>"
+        for row in df.itertuples(index=False)
+    )
+    return div(
+        f"<table style='border-collapse:collapse;font-size:13px'><tr>{head}</tr>{body}</table>"
+    )
 
 
 def selectable(options: list[tuple[str, Layout]], title: str) -> Layout:
@@ -236,8 +267,9 @@ def selectable(options: list[tuple[str, Layout]], title: str) -> Layout:
 
 
 def lanes(title: str, values: pd.Series, y_label: str) -> tuple[Any, dict[str, int]]:
-    """A time figure with one labelled lane per distinct value (sorted), and value -> lane."""
-    names = sorted(values.astype(str).unique())
+    """A time figure with one labelled lane per distinct value (sorted as text; a missing
+    value is the lane ``"None"``), and value -> lane."""
+    names = sorted({str(v) for v in values})
     y = {w: i for i, w in enumerate(names)}
     p = time_figure(title, y_label, height=max(200, 60 + 30 * len(names)))
     p.yaxis.ticker = FixedTicker(ticks=list(range(len(names))))

@@ -11,7 +11,6 @@ from metacollect.plot.collector import title as collector_title
 from metacollect.report.views.base import (
     MAX_LINES,
     MAX_POINTS,
-    PALETTE,
     TIME_FORMAT,
     Context,
     Layout,
@@ -25,6 +24,7 @@ from metacollect.report.views.base import (
     time_figure,
     utc,
 )
+from metacollect.report.views.fmt import categorical
 
 
 def collector(ctx: Context) -> Layout:
@@ -65,10 +65,11 @@ def collector(ctx: Context) -> Layout:
     )
     items1, items2 = [], []
     of = dict(tuple(df.groupby("process", sort=False)))
-    for i, process in enumerate(shown):
+    colours = categorical([str(p) for p in shown])
+    for process in shown:
         g = of[process]
         g = g.iloc[keep_longest_and_sample(g["cpu_s"].to_numpy(), MAX_POINTS)]
-        colour = PALETTE[i % len(PALETTE)]
+        colour = colours[str(process)]
         src = ColumnDataSource(
             {
                 "x": ms(g["time"]),

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, HoverTool, NumeralTickFormatter
+from bokeh.models import ColumnDataSource, HoverTool
 
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     MAX_LINES,
     MAX_POINTS,
-    PALETTE,
     TIME_FORMAT,
     Context,
     Layout,
@@ -33,15 +33,15 @@ def cpu_bandwidth(ctx: Context) -> Layout:
     p1 = time_figure("CPU per worker process" + caption, "CPU (% of one core)")
     p2 = time_figure(
         "Network per worker's host (read solid, write dashed)" + caption,
-        "rate (B/s)",
+        "rate (per second)",
         x_range=p1.x_range,
     )
-    p2.yaxis.formatter = NumeralTickFormatter(format="0.0 b")
+    fmt.bytes_axis(p2.yaxis)
     items1, items2 = [], []
     for i, w in enumerate(shown):
         g = m[m["worker"] == w]
         g = g.iloc[evenly(len(g), MAX_POINTS)]
-        colour = PALETTE[i % len(PALETTE)]
+        colour = ctx.worker_colour(w, i)
         src = ColumnDataSource(
             {
                 "x": ms(g["time"]),
@@ -57,7 +57,7 @@ def cpu_bandwidth(ctx: Context) -> Layout:
         items2.append((str(w), [r, r2]))
     for p, tips in (
         (p1, [("CPU", "@cpu{0.0} %")]),
-        (p2, [("read", "@read{0.0 b}/s"), ("write", "@write{0.0 b}/s")]),
+        (p2, [("read", f"@read{fmt.BYTES}/s"), ("write", f"@write{fmt.BYTES}/s")]),
     ):
         p.add_tools(
             HoverTool(

@@ -6,6 +6,8 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, HoverTool
 
 import metacollect.analysis as analysis
+from metacollect.analysis import figures
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     TIME_FORMAT,
     Context,
@@ -21,10 +23,15 @@ from metacollect.report.views.base import (
 
 
 def critical_path(ctx: Context) -> Layout:
-    """The largest graph's critical path on the workers, and its time per prefix."""
+    """The critical path of the graph that ran the most tasks, on the workers, and its time
+    per prefix."""
     if not len(ctx.run.graph_tasks()):
         return note("No submitted graph: the critical path needs the graphs (step 2).")
-    cp = analysis.critical_path(ctx.run)
+    counts = figures.graph_counts(ctx.run).sort_values(
+        ["executed", "submitted", "time"], ascending=[False, False, True]
+    )
+    top = counts.iloc[0]  # the graph that ran the most tasks (not one re-sending their keys)
+    cp = analysis.critical_path(ctx.run, int(top["graph"]), str(top["cluster"]))
     a = cp.attrs
     ran = cp[cp["start"].notna()].reset_index(drop=True)
     if not len(ran):
@@ -32,11 +39,15 @@ def critical_path(ctx: Context) -> Layout:
     keep = keep_longest_and_sample(ran["duration"].to_numpy())
     s = ran.iloc[keep]
     title = (
-        f"Critical path of graph {a['graph']} (the largest): {len(cp):,} tasks, "
-        f"{a['length']:.3f} s of compute = {a['fraction']:.1%} of the graph's "
-        f"{a['wall']:.3f} s wall time; " + sampled_caption(len(s), len(ran), "tasks")
+        f"Critical path of graph {a['graph']} (the one that ran the most tasks): "
+        f"{fmt.plural(len(cp), 'task')}, "
+        f"{fmt.duration(a['length'])} of compute = {fmt.pct(a['fraction'])} of the graph's "
+        f"{fmt.duration(a['wall'])} wall time"
     )
-    p, y = lanes(title, ran["worker"], "worker")
+    caption = sampled_caption(len(s), len(ran), "tasks")
+    p, y = lanes(
+        f"Critical path of graph {a['graph']} on the workers: " + caption, ran["worker"], "worker"
+    )
     labels = ctx.label(s["prefix"])
     src = ColumnDataSource(
         {
@@ -58,6 +69,7 @@ def critical_path(ctx: Context) -> Layout:
         line_width=0.3,
         source=src,
     )
+    dur_tip, dur_fmt = fmt.seconds_tip("duration")
     p.add_tools(
         HoverTool(
             tooltips=[
@@ -65,9 +77,9 @@ def critical_path(ctx: Context) -> Layout:
                 ("prefix", "@prefix"),
                 ("worker", "@worker"),
                 ("start", f"@left{{{TIME_FORMAT}}} UTC"),
-                ("duration", "@duration{0.000000} s"),
+                ("duration", dur_tip),
             ],
-            formatters={"@left": "datetime"},
+            formatters={"@left": "datetime", **dur_fmt},
         )
     )
     by_prefix = (
@@ -76,4 +88,9 @@ def critical_path(ctx: Context) -> Layout:
     table = by_prefix.reset_index().rename(
         columns={"size": "tasks on the path", "sum": "compute (s)"}
     )
-    return column(p, heading("Critical path per prefix"), data_table(table, height=200))
+    return column(
+        heading(title),
+        p,
+        heading("Critical path per prefix"),
+        data_table(table, height=200),
+    )

@@ -57,7 +57,7 @@ def flame_figure(
             tooltips=[
                 ("function", "@name"),
                 ("where", "@where"),
-                (unit, "@value{0.000}"),
+                (unit, "@value{0.000}"),  # seconds: "inclusive time (s)"
                 ("share", "@share{0.0} %"),
             ],
         )

@@ -8,6 +8,8 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, HoverTool
 
 import metacollect.analysis as analysis
+from metacollect.analysis import figures
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     MAX_GLYPHS,
     TIME_FORMAT,
@@ -44,13 +46,9 @@ def _graph_names(ctx: Context) -> pd.DataFrame:
         .reset_index()
     )
     g = g.merge(top, on=["cluster", "graph"], how="left")
-    t = ctx.tasks
-    ran = (
-        t.groupby(["cluster", "graph"])
-        .agg(executed=("key", "size"), first_start=("start", "min"), last_stop=("stop", "max"))
-        .reset_index()
-    )
-    g = g.merge(ran, on=["cluster", "graph"], how="left")
+    counts = figures.graph_counts(ctx.run)
+    keep = ["cluster", "graph", "submitted", "new", "executed", "first_start", "last_stop"]
+    g = g.merge(counts[keep], on=["cluster", "graph"], how="left")
     g["name"] = [
         f"graph {n}: {p}"
         for n, p in zip(g["graph"], g["prefixes"].fillna("(no task)"), strict=True)
@@ -68,22 +66,30 @@ def graphs(ctx: Context) -> Layout:
             "graph": g["graph"],
             "name": g["name"],
             "submitted (UTC)": utc(g["time"]),
-            "tasks": g["n_tasks"],
+            "tasks sent": g["submitted"],
+            "new tasks": g["new"].fillna(0).astype(np.int64),
             "executed": g["executed"].fillna(0).astype(np.int64),
             "run time (s)": g["last_stop"] - g["first_start"],
             "cluster": g["cluster"],
         }
     )
-    largest = g.sort_values(["n_tasks", "time"], ascending=[False, True]).head(12)
+    largest = g.sort_values(["new", "time"], ascending=[False, True]).head(12)
     options = []
     for _, row_ in largest.iterrows():
-        label = f"{row_['name']} ({int(row_['n_tasks']):,} tasks)"
+        label = f"{row_['name']} ({int(row_['new']):,} new tasks)"
         options.append((label, _graph_figure(ctx, int(row_["graph"]), str(row_["cluster"]), label)))
     caption = f"{len(g):,} graphs submitted" + (
-        "; the 12 largest can be drawn (pick one below)" if len(g) > 12 else "; pick one below"
+        "; the 12 with the most new tasks can be drawn (pick one below)"
+        if len(g) > 12
+        else "; pick one below"
     )
     return column(
-        heading("Submitted graphs", caption),
+        heading(
+            "Submitted graphs",
+            caption + ". Tasks sent: as the client sent them, keys of earlier graphs "
+            "included; new: keys no earlier graph sent; executed: the executions this graph "
+            "ran (a key already computed by an earlier graph is that graph's)",
+        ),
         data_table(table, height=250),
         selectable(options, "graph"),
     )
@@ -100,6 +106,7 @@ def _graph_figure(ctx: Context, graph: int, cluster: str, label: str) -> Layout:
         len(s), len(ran), "tasks"
     )
     p = time_figure(title, "dependency depth (tasks below)", height=420)
+    fmt.count_axis(p.yaxis)
     if len(edges) <= 3000:
         pos = ran.drop_duplicates("key").set_index("key")
         e = edges[edges["key"].isin(pos.index) & edges["dependency"].isin(pos.index)]
@@ -125,6 +132,7 @@ def _graph_figure(ctx: Context, graph: int, cluster: str, label: str) -> Layout:
         }
     )
     p.scatter(x="x", y="depth", color="colour", size=6, source=src)
+    dur_tip, dur_fmt = fmt.seconds_tip("duration")
     p.add_tools(
         HoverTool(
             tooltips=[
@@ -133,9 +141,9 @@ def _graph_figure(ctx: Context, graph: int, cluster: str, label: str) -> Layout:
                 ("worker", "@worker"),
                 ("depth", "@depth"),
                 ("start", f"@x{{{TIME_FORMAT}}} UTC"),
-                ("duration", "@duration{0.000000} s"),
+                ("duration", dur_tip),
             ],
-            formatters={"@x": "datetime"},
+            formatters={"@x": "datetime", **dur_fmt},
         )
     )
     if len(edges) > 3000:

@@ -10,6 +10,7 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, HoverTool
 
 from metacollect.errors import StoreError
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     TIME_FORMAT,
     Context,
@@ -24,13 +25,60 @@ from metacollect.report.views.base import (
     sampled_caption,
 )
 
-#: columns of ``Run.io`` the I/O tables leave out (the worker address says which process)
-_PROCESS_DETAIL = ["cluster", "worker_group", "process", "scope", "start", "stop"]
+#: the columns of ``Run.io`` the I/O tables show, and their names there (bytes, counts,
+#: seconds; the first and last operation as dates)
+_SHOWN = {
+    "worker": "process",
+    "role": "role",
+    "pid": "pid",
+    "key": "task",
+    "file": "file",
+    "interfaces": "interfaces",
+    "files": "files",
+    "segments": "segments",
+    "bytes_read": "bytes read",
+    "bytes_written": "bytes written",
+    "ambiguous_bytes": "ambiguous bytes",
+    "reads": "reads",
+    "writes": "writes",
+    "opens": "opens",
+    "read_time": "read time (s)",
+    "write_time": "write time (s)",
+    "meta_time": "metadata time (s)",
+    "start": "first operation (UTC)",
+    "partial": "partial",
+}
+
+
+def _shown(df: pd.DataFrame) -> pd.DataFrame:
+    """The columns a reader needs, named with their units, times as dates."""
+    out = df[[c for c in _SHOWN if c in df.columns]].rename(columns=_SHOWN)
+    if "first operation (UTC)" in out:
+        out["first operation (UTC)"] = fmt.when(out["first operation (UTC)"])
+    return out
+
+
+def process_names(df: pd.DataFrame) -> list[str]:
+    """Each row's process as a reader knows it: a worker's address, else its role and pid
+    (the script, the scheduler, a nanny: Darshan records every process it ran in, not only
+    the workers)."""
+    out = []
+    for worker, role, pid in zip(
+        df["worker"], df.get("role", [""] * len(df)), df.get("pid", [""] * len(df)), strict=True
+    ):
+        if isinstance(worker, str) and worker:
+            out.append(worker)
+        else:
+            out.append(
+                f"{role or 'process'} pid {pid}" if pd.notna(pid) else str(role or "not a worker")
+            )
+    return out
 
 
 def io(ctx: Context) -> Layout:
     """Bytes per worker process and per file; with DXT, per task and on the wall clock."""
     by_worker = ctx.run.io(by="worker")
+    by_worker["worker"] = process_names(by_worker)
     if not len(by_worker):
         return note(
             "No Darshan I/O: collect with metacollect run --darshan (or "
@@ -39,11 +87,12 @@ def io(ctx: Context) -> Layout:
     parts: list[Layout] = [
         heading("I/O per worker process (Darshan, POSIX and STDIO, the workload's files)")
     ]
-    parts.append(data_table(by_worker.drop(columns=_PROCESS_DETAIL, errors="ignore"), height=200))
+    parts.append(data_table(_shown(by_worker), height=200))
     by_file = ctx.run.io(by="file").sort_values("bytes", ascending=False)
+    by_file["worker"] = process_names(by_file)
     parts += [
         heading("I/O per file", f"{len(by_file):,} (process, file) rows, most bytes first"),
-        data_table(by_file.drop(columns=_PROCESS_DETAIL, errors="ignore"), height=300),
+        data_table(_shown(by_file), height=300),
     ]
     try:
         by_task = ctx.run.io(by="task")
@@ -53,7 +102,8 @@ def io(ctx: Context) -> Layout:
         return column(*parts)
     parts.append(_attribution(seg))
     by_task = by_task.sort_values("bytes", ascending=False)
-    parts.append(data_table(by_task, height=300))
+    by_task["worker"] = process_names(by_task.assign(role="", pid=np.nan))
+    parts.append(data_table(_shown(by_task), height=300))
     if len(seg):
         parts.append(_dxt_timeline(seg))
     return column(*parts)
@@ -74,8 +124,8 @@ def _attribution(seg: pd.DataFrame) -> Layout:
             f"of its worker (methods in this run: {html.escape(methods)}). When several "
             "tasks of the worker ran at that time it is <b>ambiguous</b>: its bytes are "
             "counted in <code>ambiguous_bytes</code> of each candidate and never given to "
-            f"one. Here {sure:,.0f} B went to one task, {amb:,.0f} B are ambiguous and "
-            f"{outside:,.0f} B happened outside any task.</p>"
+            f"one. Here {fmt.size(sure)} went to one task, {fmt.size(amb)} are ambiguous "
+            f"and {fmt.size(outside)} happened outside any task.</p>"
         ),
     )
 
@@ -83,6 +133,7 @@ def _attribution(seg: pd.DataFrame) -> Layout:
 def _dxt_timeline(seg: pd.DataFrame) -> Layout:
     """The DXT segments on each worker process's lane (reads blue, writes red)."""
     seg = seg.sort_values("start", ignore_index=True)
+    seg["worker"] = process_names(seg)
     keep = keep_longest_and_sample(seg["duration"].to_numpy())
     s = seg.iloc[keep]
     p, y = lanes(
@@ -108,7 +159,7 @@ def _dxt_timeline(seg: pd.DataFrame) -> Layout:
             tooltips=[
                 ("file", "@file"),
                 ("op", "@op"),
-                ("bytes", "@length{0.0 b}"),
+                ("bytes", f"@length{fmt.BYTES}"),
                 ("task", "@key"),
                 ("ambiguous", "@ambiguous"),
                 ("start", f"@left{{{TIME_FORMAT}}} UTC"),

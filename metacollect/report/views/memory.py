@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, HoverTool, NumeralTickFormatter
+from bokeh.models import ColumnDataSource, HoverTool
 
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     MAX_LINES,
     MAX_POINTS,
-    PALETTE,
     TIME_FORMAT,
     Context,
     Layout,
@@ -29,7 +29,7 @@ def memory(ctx: Context) -> Layout:
     kinds = [k for k in ("memory_managed", "memory_unmanaged", "memory_spilled") if k in ws]
     tot = ws.groupby("time")[kinds].sum().sort_index()
     tot = tot.iloc[evenly(len(tot), MAX_POINTS)]
-    p1 = time_figure("Memory of all workers (scheduler samples)", "memory (bytes)")
+    p1 = time_figure("Memory of all workers (scheduler samples)", "memory")
     src = ColumnDataSource(
         {"x": ms(tot.index.to_numpy()), **{k: tot[k].to_numpy(float) for k in kinds}}
     )
@@ -39,12 +39,12 @@ def memory(ctx: Context) -> Layout:
         "memory_spilled": "#7f7f7f",
     }
     rs = p1.varea_stack(kinds, x="x", source=src, color=[colours[k] for k in kinds])
-    p1.yaxis.formatter = NumeralTickFormatter(format="0.0 b")
+    fmt.bytes_axis(p1.yaxis)
     outside_legend(p1, [(k.replace("memory_", ""), [r]) for k, r in zip(kinds, rs, strict=True)])
     p1.add_tools(
         HoverTool(
             tooltips=[("time", f"@x{{{TIME_FORMAT}}} UTC")]
-            + [(k.replace("memory_", ""), f"@{k}{{0.0 b}}") for k in kinds],
+            + [(k.replace("memory_", ""), f"@{k}{fmt.BYTES}") for k in kinds],
             formatters={"@x": "datetime"},
             mode="vline",
             renderers=[rs[-1]],
@@ -57,8 +57,9 @@ def memory(ctx: Context) -> Layout:
         if len(peak) <= MAX_LINES
         else f" ({MAX_LINES} of {len(peak)} workers: the largest peaks)"
     )
-    p2 = time_figure("Process memory per worker" + caption, "memory (bytes)", x_range=p1.x_range)
-    p2.yaxis.formatter = NumeralTickFormatter(format="0.0 b")
+    p2 = time_figure("Process memory per worker" + caption, "memory", x_range=p1.x_range)
+    fmt.bytes_axis(p2.yaxis)
+    p2.y_range.start = 0  # memory from zero: a flat line is not a change
     items = []
     for i, w in enumerate(shown):
         g = ws[ws["worker"] == w].sort_values("time")
@@ -71,16 +72,16 @@ def memory(ctx: Context) -> Layout:
                 "worker": [str(w)] * len(g),
             }
         )
-        r = p2.line(x="x", y="process", source=src, color=PALETTE[i % len(PALETTE)], line_width=1.5)
+        r = p2.line(x="x", y="process", source=src, color=ctx.worker_colour(w, i), line_width=1.5)
         items.append((str(w), [r]))
     p2.add_tools(
         HoverTool(
             tooltips=[
                 ("worker", "@worker"),
                 ("time", f"@x{{{TIME_FORMAT}}} UTC"),
-                ("process", "@process{0.0 b}"),
+                ("process", f"@process{fmt.BYTES}"),
             ]
-            + [(k.replace("memory_", ""), f"@{k}{{0.0 b}}") for k in kinds],
+            + [(k.replace("memory_", ""), f"@{k}{fmt.BYTES}") for k in kinds],
             formatters={"@x": "datetime"},
         )
     )

@@ -13,6 +13,7 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, HoverTool
 
 from metacollect.plot.jobs import QUEUED, how_ended
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     TIME_FORMAT,
     Context,
@@ -27,14 +28,24 @@ from metacollect.report.views.base import (
     utc,
 )
 
+#: attrs holding an epoch time (shown as a date) and a duration in seconds (with its unit)
+_TIMES = {"started", "ended", "script_ended", "time", "submit_time", "start_time", "end_time"}
+_SECONDS = {"script_seconds", "seconds", "elapsed", "walltime_s"}
+
+
+def _value(name: str, v: Any) -> str:
+    """An attr's value as text: dates for times, units for seconds, ids as typed."""
+    number = isinstance(v, int | float) and not isinstance(v, bool)
+    if number and name in _TIMES:
+        return f"{fmt.when([v])[0]} UTC"
+    if number and name in _SECONDS:
+        return fmt.duration(v)
+    return v if isinstance(v, str) else json.dumps(v, default=str)
+
 
 def _attrs_table(attrs: dict[str, Any]) -> pd.DataFrame:
     skip = {"kind", "step", "level", "category", "schema_version", "description", "levels"}
-    rows = [
-        (k, v if isinstance(v, str) else json.dumps(v, default=str))
-        for k, v in attrs.items()
-        if k not in skip
-    ]
+    rows = [(k, _value(k, v)) for k, v in attrs.items() if k not in skip]
     return pd.DataFrame(rows, columns=["name", "value"])
 
 
@@ -112,9 +123,6 @@ def system(ctx: Context) -> Layout:
     """The run's attributes, launch, batch jobs, workers, environment and code."""
     run = ctx.run
     a = dict(run.attrs)
-    for k in ("started", "ended", "script_ended"):
-        if isinstance(a.get(k), (int, float)):
-            a[k] = f"{a[k]} ({utc([a[k]])[0]} UTC)"
     parts: list[Layout] = [
         heading("Run", f"store {run.path}"),
         data_table(_attrs_table(a), height=250),
@@ -140,7 +148,11 @@ def system(ctx: Context) -> Layout:
             )
     w = run.workers()
     if len(w):
-        w = w.assign(added=utc(w["added"]), removed=utc(w["removed"]) if "removed" in w else "")
+        w = w.assign(
+            added=utc(w["added"]),
+            removed=utc(w["removed"]) if "removed" in w else "",
+            ended=utc(w["ended"]) if "ended" in w else "",
+        )
         parts += [
             heading(
                 "Workers and nodes",

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    FactorRange,
-    HoverTool,
-    LogColorMapper,
-    NumeralTickFormatter,
-)
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool, LogColorMapper
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
+from metacollect.analysis import figures
+from metacollect.report.views import fmt
 from metacollect.report.views.base import (
     TIME_FORMAT,
     Context,
     Layout,
+    heading,
     ms,
     note,
     time_figure,
@@ -27,11 +25,26 @@ from metacollect.report.views.base import (
 
 def transfers(ctx: Context) -> Layout:
     """Bytes received by sender and receiver, and the transfer rate of all workers."""
+    moved = figures.transfers(ctx.run)
     tr = ctx.run.worker_table("transfers", clock="scheduler")
     tr = tr[tr["direction"] == "in"] if len(tr) else tr
+    said = heading(
+        f"{fmt.plural(moved.between_workers, 'transfer')} between workers, "
+        f"{fmt.size(moved.between_workers_bytes)}",
+        "each counted once, at the worker that received it (its sender records it too); "
+        f"besides, {fmt.plural(moved.to_client, 'result')} sent to the client "
+        f"({fmt.size(moved.to_client_bytes)})",
+    )
     if not len(tr):
-        return note("No transfer between workers: every task found its inputs where it ran.")
+        return column(
+            said, note("No transfer between workers: every task found its inputs where it ran.")
+        )
     tr = tr.assign(to=worker_label(ctx.run, tr), sender=tr["peer"].astype(str))
+    return column(said, _pairs(tr), _rate(tr))
+
+
+def _pairs(tr: pd.DataFrame) -> Layout:
+    """A heatmap of the bytes each worker received from each other, with its colour bar."""
     pairs = (
         tr.groupby(["sender", "to"]).agg(bytes=("total", "sum"), n=("total", "size")).reset_index()
     )
@@ -41,25 +54,22 @@ def transfers(ctx: Context) -> Layout:
         low=max(1.0, float(pairs["bytes"].min())),
         high=max(2.0, float(pairs["bytes"].max())),
     )
-    side = min(900, 150 + 30 * len(names))
-    p1 = figure(
-        title=(
-            f"Bytes received, by sender and receiver ({len(tr):,} transfers, "
-            f"{tr['total'].sum():,.0f} B)"
-        ),
+    side = min(900, max(360, 150 + 40 * len(names)))
+    p = figure(
+        title="Bytes received, by sender and receiver",
         x_range=FactorRange(factors=names),
         y_range=FactorRange(factors=names),
-        width=side + 200,
+        width=side + 260,
         height=side,
         tools="hover,save",
         tooltips=[
             ("from", "@sender"),
             ("to", "@to"),
-            ("bytes", "@bytes{0.0 b}"),
-            ("transfers", "@n"),
+            ("bytes", f"@bytes{fmt.BYTES}"),
+            ("transfers", f"@n{fmt.COUNT}"),
         ],
     )
-    p1.rect(
+    p.rect(
         x="sender",
         y="to",
         width=1,
@@ -68,23 +78,32 @@ def transfers(ctx: Context) -> Layout:
         fill_color={"field": "bytes", "transform": mapper},
         line_color=None,
     )
-    p1.xaxis.axis_label = "sender (worker address)"
-    p1.yaxis.axis_label = "receiver (worker address)"
-    p1.xaxis.major_label_orientation = 0.8
+    p.add_layout(fmt.colour_bar(mapper, "bytes received"), "right")
+    p.xaxis.axis_label = "sender (worker address)"
+    p.yaxis.axis_label = "receiver (worker address)"
+    p.xaxis.major_label_orientation = 0.8
+    return p
+
+
+def _rate(tr: pd.DataFrame) -> Layout:
+    """The bytes received per second by all workers, in bins over the wall clock."""
     bins = max(1, min(300, len(tr)))
     edges = np.linspace(
         tr["stop"].min(), max(tr["stop"].max(), tr["stop"].min() + 1e-3 * bins), bins + 1
     )
     sums, _ = np.histogram(tr["stop"], bins=edges, weights=tr["total"])
     width_s = max(float(edges[1] - edges[0]), 1e-3)
-    p2 = time_figure(f"Transfer rate of all workers ({width_s:.3g} s bins)", "rate (B/s)")
-    p2.yaxis.formatter = NumeralTickFormatter(format="0.0 b")
+    p = time_figure(
+        f"Transfer rate of all workers (bytes received per second, {fmt.duration(width_s)} bins)",
+        "rate (per second)",
+    )
+    fmt.bytes_axis(p.yaxis)
     src = ColumnDataSource({"x": ms((edges[:-1] + edges[1:]) / 2), "rate": sums / width_s})
-    p2.vbar(x="x", top="rate", width=width_s * 1000, source=src, color="#d62728")
-    p2.add_tools(
+    p.vbar(x="x", top="rate", width=width_s * 1000, source=src, color="#d62728")
+    p.add_tools(
         HoverTool(
-            tooltips=[("time", f"@x{{{TIME_FORMAT}}} UTC"), ("rate", "@rate{0.0 b}/s")],
+            tooltips=[("time", f"@x{{{TIME_FORMAT}}} UTC"), ("rate", f"@rate{fmt.BYTES}/s")],
             formatters={"@x": "datetime"},
         )
     )
-    return column(p1, p2)
+    return p
