@@ -27,7 +27,7 @@ while (stack.length) {
   for (const c of [...(v.child_views ?? [])].reverse()) stack.push(c);
 }
 const shown = v => { const r = v.el.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
-const out = {plots: [], tables: [], texts: []};
+const out = {plots: [], tables: [], texts: [], code: 0};
 for (const v of views) {
   const m = v.model;
   if (m.type == 'Figure' && shown(v)) {
@@ -43,6 +43,7 @@ for (const v of views) {
   } else if (m.type == 'Div' && shown(v)) {
     const div = document.createElement('div'); div.innerHTML = m.text;
     out.texts.push(div.textContent);
+    out.code += div.querySelectorAll('pre').length;
   }
 }
 return out;
@@ -106,7 +107,8 @@ def tabs(driver: Any) -> list[Any]:
 
 def show_tab(driver: Any, index: int, settle: float = 0.3) -> dict[str, Any]:
     """Click the ``index``-th tab header and return what the shown tab holds: ``plots``
-    (title, glyphs), ``tables`` (columns, rows as text, n) and ``texts``."""
+    (title, glyphs), ``tables`` (columns, rows as text, n), ``texts`` and ``code`` (how many
+    blocks of code)."""
     tabs(driver)[index].click()
     time.sleep(settle)
     return dict(driver.execute_script(PANEL_JS))

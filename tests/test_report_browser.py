@@ -78,15 +78,16 @@ def test_no_console_error(shown):
     assert errors == []
 
 
-def test_every_tab_shows_a_plot_or_a_table(shown):
+def test_every_tab_shows_a_plot_a_table_or_code(shown):
     tabs_shown, _ = shown
-    assert len(tabs_shown) == 15
-    empty = [
-        title
-        for title, s in tabs_shown.items()
-        if not any(p["glyphs"] > 0 for p in s["plots"]) and not any(t["n"] for t in s["tables"])
-    ]
-    assert empty == []
+    assert len(tabs_shown) == 16
+
+    def shows(s: dict) -> bool:
+        return any(p["glyphs"] for p in s["plots"]) or any(t["n"] for t in s["tables"])
+
+    empty = [title for title, s in tabs_shown.items() if not shows(s)]
+    assert empty == ["Calling code"]  # code, not a plot or a table
+    assert tabs_shown["Calling code"]["code"] > 0
     failed = [t for t, s in tabs_shown.items() if any("failed to build" in x for x in s["texts"])]
     assert failed == []
 
@@ -98,6 +99,13 @@ def test_yappi_and_darshan_tabs_have_data(shown):
     assert any("inside tasks" in p["title"] for p in yappi["plots"])
     io = tabs_shown["I/O (Darshan)"]
     assert any(t["n"] for t in io["tables"])
+
+
+def test_calling_code_by_default(shown):
+    """Under collect(), Dask's computation code (one frame by default): the demo's own."""
+    tabs_shown, _ = shown
+    text = " ".join(tabs_shown["Calling code"]["texts"])
+    assert "dask.compute(process(stack" in text
 
 
 def test_tasks_in_summary_and_task_stream_agree(shown):
