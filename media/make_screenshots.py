@@ -1,6 +1,7 @@
-"""Screenshots of every tab of the demo's report (``media/report-<tab>.png``), as headless
-Chromium shows them: ``metacollect demo`` (Yappi on; Darshan when a runtime is found) into
-a temporary directory, its report opened, each tab clicked and saved.
+"""Screenshots of every tab of the demo's report (``media/report-<n>-<tab>.png``) and the
+page that shows them (``media/report-tabs.md``), as headless Chromium shows them:
+``metacollect demo`` (Yappi on; Darshan when a runtime is found) into a temporary
+directory, its report opened, each tab clicked and saved.
 
     PYTHONPATH=. python media/make_screenshots.py [--out media] [--images 8 --size 256]
 
@@ -45,14 +46,28 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         if code:
             return code
+        shots = []
         with chromium(width=1400, height=1100) as driver:
             load(driver, html)
             titles = [t.text for t in tabs(driver)]
             for i, title in enumerate(titles):
                 show_tab(driver, i, settle=1.0)
-                path = os.path.join(args.out, f"report-{i:02d}-{slug(title)}.png")
-                driver.save_screenshot(path)
-                print(path)
+                name = f"report-{i:02d}-{slug(title)}.png"
+                driver.save_screenshot(os.path.join(args.out, name))
+                shots.append((title, name))
+                print(name)
+    lines = [
+        "# The demo's report, tab by tab",
+        "",
+        "`metacollect demo` (Yappi on, Darshan when a runtime is found) as headless Chromium "
+        "shows it; made by `media/make_screenshots.py`. What each tab answers: "
+        "[docs/report.md](../docs/report.md).",
+        "",
+    ]
+    for title, name in shots:
+        lines += [f"## {title}", "", f"![{title}]({name})", ""]
+    with open(os.path.join(args.out, "report-tabs.md"), "w") as f:
+        f.write("\n".join(lines))
     return 0
 
 

@@ -142,6 +142,20 @@ def test_task_stream_holds_every_task_with_hover(report):
     assert any({"key", "worker", "thread", "start", "duration", "bytes"} <= f for f in fields)
 
 
+def test_task_stream_draws_the_transfers_as_dask_does(report):
+    """Every transfer of a task's inputs (the workers' startstops), red on the row of the
+    thread that ran the task."""
+    run = metacollect.open_run(basic_store())
+    ss = run.worker_table("startstops", clock="scheduler")
+    truth = ss[ss["action"] == "transfer"]
+    assert len(truth) > 0  # the wide graph's total gathers from both workers
+    objs = _objects(report.read_text())
+    drawn = [a for s in _sources(objs, "action", "key", "left", "y") for a in s["action"]]
+    assert drawn == ["transfer"] * len(truth)
+    (starts,) = [s["left"] for s in _sources(objs, "action", "key", "left", "y")]
+    assert sorted(starts) == pytest.approx(sorted(truth["start"] * 1000.0))
+
+
 def test_collector_holds_every_flush_with_hover(report):
     """The collector's tab: every flush of every process (a small run: none sampled out),
     with its CPU and the time since the flush before, as the store holds them."""

@@ -42,8 +42,8 @@ VISIBLE_TASKS = 20_000
 #: what Dask's task stream draws for a task's other startstops: colour and alpha
 ACTIONS = {
     "transfer": ("transfer", "red", 0.4),
-    "disk-write": ("spill (disk write/read)", "orange", 0.6),
-    "disk-read": ("spill (disk write/read)", "orange", 0.6),
+    "disk-write": ("spill (disk write/read)", "orange", 0.4),
+    "disk-read": ("spill (disk write/read)", "orange", 0.4),
 }
 
 
