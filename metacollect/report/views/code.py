@@ -43,8 +43,8 @@ def calling_code(ctx: Context) -> Layout:
     if len(code):
         snippets = code.groupby("code", sort=False)["graph"].apply(sorted)
         blocks = "".join(
-            f"<h4>graphs {html.escape(', '.join(map(str, graphs)))}</h4>"
-            + _PRE.format(html.escape(str(text)))
+            f"<h4>graph{'s' if len(graphs) > 1 else ''} "
+            f"{html.escape(', '.join(map(str, graphs)))}</h4>" + _PRE.format(html.escape(str(text)))
             for text, graphs in snippets.iloc[:MAX_SNIPPETS].items()
         )
         more = len(snippets) - MAX_SNIPPETS
