@@ -1,4 +1,7 @@
-"""The task stream's spills, drawn as Dask draws them: a worker with a low spill target
+"""The task stream: spills drawn as Dask draws them, and the density view of a large run
+swapping single tasks in as one zooms, in a real browser.
+
+Spills: a worker with a low spill target
 spills the results it holds (``disk-write``) and reads them back for the tasks that use them
 (``disk-read``, when that takes Dask's 5 ms); every such startstop the worker recorded is an
 orange bar in the report."""
@@ -6,12 +9,18 @@ orange bar in the report."""
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import dask
 import numpy as np
 import pytest
+from browser import available, chromium, console_errors, load, show_tab, tabs
 from distributed import Client, LocalCluster
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
 from test_report_html import _objects, _sources
+from views_runs import chain_store
 
 from metacollect import collect, open_run
 from metacollect.report import write_html
@@ -77,3 +86,59 @@ def test_every_spill_is_an_orange_bar(spilled):
     assert bars == expected
     # drawn orange, as Dask's task stream draws spills
     assert any('"orange"' in json.dumps(o["attributes"]) for o in objs if o["name"] == "HBar")
+
+
+#: the task stream's figure among Bokeh's views, and its visible bars by glyph type
+_STREAM = (
+    "const v = [...Bokeh.index.all_views()].find(v => v.model.type == 'Figure' "
+    "&& v.model.title.text.startsWith('Task stream')); const f = v.model;"
+)
+
+
+@pytest.mark.slow
+def test_zooming_in_swaps_single_tasks_in(tmp_path):
+    """A 30,000-task stream (a chain, 1 ms apart: 30 s) opens as the density view in
+    Chromium; zoomed in with the wheel, it shows exactly the executions that overlap the
+    visible range as single bars, and zoomed out again, the density."""
+    why = available()
+    if why and os.environ.get("CI"):
+        pytest.fail(f"no browser in CI: {why}")
+    if why:
+        pytest.skip(why)
+    store = chain_store(30_000)
+    out = tmp_path / "chain.html"
+    write_html(store, out)
+    tasks = open_run(store).tasks()
+    counts = _STREAM + (
+        "return [f.x_range.start, f.x_range.end, ...['Quad', 'HBar'].map(g => f.renderers"
+        ".filter(r => r.glyph.type == g).reduce((s, r) => s + r.view.indices.count, 0))]"
+    )
+    with chromium() as driver:
+        load(driver, out)
+        show_tab(driver, [t.text for t in tabs(driver)].index("Task stream"), settle=1.0)
+        _, _, quads, bars = driver.execute_script(counts)
+        assert quads > 0 and bars == 0
+        canvas = driver.execute_script(_STREAM + "return v.canvas_view.events_el")
+        for _ in range(12):
+            ActionChains(driver).scroll_from_origin(
+                ScrollOrigin.from_element(canvas, 0, 0), 0, -300
+            ).perform()
+            time.sleep(0.3)
+        time.sleep(1.0)
+        x0, x1, quads, bars = driver.execute_script(counts)
+        start, stop = tasks["start"] * 1000.0, tasks["stop"] * 1000.0
+        in_view = int(((stop >= x0) & (start <= x1)).sum())
+        assert 0 < in_view <= 20_000
+        assert (quads, bars) == (0, in_view)
+        for _ in range(60):  # zoomed out again, until more than the limit are in view
+            ActionChains(driver).scroll_from_origin(
+                ScrollOrigin.from_element(canvas, 0, 0), 0, 300
+            ).perform()
+            time.sleep(0.2)
+            x0, x1, _, _ = driver.execute_script(counts)
+            if (x1 - x0) / 1000.0 > 25.0:  # seconds: most of the 30 s chain
+                break
+        time.sleep(1.0)
+        _, _, quads, bars = driver.execute_script(counts)
+        assert quads > 0 and bars == 0
+        assert console_errors(driver) == []

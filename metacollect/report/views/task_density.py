@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from bokeh.models import ColumnDataSource, CustomJS, HoverTool
+from bokeh.models import AllIndices, CDSView, ColumnDataSource, CustomJS, HoverTool, IndexFilter
 
 from metacollect.report.views.base import MAX_GLYPHS, OTHER, TIME_FORMAT, Context, ms
 
@@ -21,10 +21,12 @@ from metacollect.report.views.base import MAX_GLYPHS, OTHER, TIME_FORMAT, Contex
 MIN_BINS, MAX_BINS = 100, 1000
 #: the embedded start offsets are uint32 ticks: a tick is at least a microsecond
 MAX_TICKS = 4.0e9
+#: the columns of the single bars the browser swaps in
+SINGLE_COLUMNS = ("left", "right", "y", "prefix", "worker", "duration")
 
 #: fill the single bars of the executions in view, or give the density back (see module)
 SWAP_JS = """
-const key = 'metacollect_swap_' + singles.id;
+const key = 'metacollect_swap_' + xr.id;
 clearTimeout(globalThis[key]);
 globalThis[key] = setTimeout(() => {
   const x0 = xr.start, x1 = xr.end, d = compact.data;
@@ -36,18 +38,16 @@ globalThis[key] = setTimeout(() => {
   for (let i = lo; i < hi && idx.length <= limit; i++)
     if (t0 + off[i] * tick + dur[i] >= x0 && t0 + off[i] * tick <= x1) idx.push(i);
   const single = idx.length > 0 && idx.length <= limit;
-  if (single) {
-    const left = idx.map(i => t0 + off[i] * tick);
-    singles.data = {
-      left: left, right: idx.map((i, j) => left[j] + dur[i]), y: idx.map(i => row[i]),
-      color: idx.map(i => colours[lab[i]]), prefix: idx.map(i => labels[lab[i]]),
-      worker: idx.map(i => workers[row[i]]), duration: idx.map(i => dur[i] / 1000),
-    };
-  } else if (singles.data.left.length) {
-    singles.data = {left: [], right: [], y: [], color: [], prefix: [], worker: [], duration: []};
+  const empty = () => ({left: [], right: [], y: [], prefix: [], worker: [], duration: []});
+  const by = singles.map(empty);
+  if (single) for (const i of idx) {
+    const b = by[lab[i]], left = t0 + off[i] * tick;
+    b.left.push(left); b.right.push(left + dur[i]); b.y.push(row[i]);
+    b.prefix.push(labels[lab[i]]); b.worker.push(workers[row[i]]); b.duration.push(dur[i] / 1000);
   }
-  bars.visible = single;
-  for (const r of density) r.visible = !single;
+  singles.forEach((s, k) => { if (single || s.data.left.length) s.data = by[k]; });
+  const filter = single ? nothing : everything;
+  for (const r of density) if (r.view.filter !== filter) r.view.filter = filter;
 }, 60);
 """
 
@@ -138,11 +138,13 @@ def _empty() -> dict[str, list[Any]]:
 
 
 def swap_in_singles(
-    ctx: Context, p: Any, t: pd.DataFrame, pairs: pd.DataFrame, density: list[Any], limit: int
+    ctx: Context, p: Any, t: pd.DataFrame, pairs: pd.DataFrame, items: list[Any], limit: int
 ) -> None:
     """Embed every execution once (start in uint32 ticks from the first, duration in ms as
-    float32, row, label) and a bar renderer that the browser fills with the executions in
-    view when they are at most ``limit``, hiding ``density`` meanwhile."""
+    float32, row, label) and a bar renderer per prefix label that the browser fills with the
+    executions in view when they are at most ``limit``, the density's quads filtered out
+    meanwhile. Each label's bars join its legend item in ``items`` (label, renderers), so a
+    click on the legend hides a prefix in both views."""
     t = t.sort_values("start", kind="stable")
     labels = ctx.label(t["prefix"])
     order = label_order(ctx, labels)
@@ -158,17 +160,27 @@ def swap_in_singles(
             "label": pd.Categorical(labels, categories=order).codes.astype(np.uint8),
         }
     )
-    empty: dict[str, list[Any]] = {
-        k: [] for k in ("left", "right", "y", "color", "prefix", "worker", "duration")
-    }
-    singles = ColumnDataSource(empty)
-    bars = p.hbar(
-        y="y", left="left", right="right", height=0.8, source=singles, color="color",
-        line_color=None, visible=False,
-    )  # fmt: skip
+    density = [r for _, rs in items for r in rs]
+    everything, nothing = AllIndices(), IndexFilter(indices=[])
+    for r in density:
+        r.view = CDSView(filter=everything)
+    legend = dict(items)
+    singles, bars = [], []
+    for label in order:
+        src = ColumnDataSource({k: [] for k in SINGLE_COLUMNS})
+        r = p.hbar(
+            y="y", left="left", right="right", height=0.8, source=src,
+            color=ctx.colour(label), line_color=None,
+        )  # fmt: skip
+        singles.append(src)
+        bars.append(r)
+        if label not in legend:
+            legend[label] = []
+            items.append((label, legend[label]))
+        legend[label].append(r)
     p.add_tools(
         HoverTool(
-            renderers=[bars],
+            renderers=bars,
             tooltips=[
                 ("prefix", "@prefix"),
                 ("worker", "@worker"),
@@ -181,10 +193,10 @@ def swap_in_singles(
     names = pairs.sort_values("row")["worker"].astype(str).tolist()
     swap = CustomJS(
         args={
-            "xr": p.x_range, "compact": compact, "singles": singles, "bars": bars,
-            "density": density, "t0": t0 * 1000.0, "tick": tick * 1000.0,
-            "longest": float(duration.max()), "limit": limit, "labels": order,
-            "colours": [ctx.colour(label) for label in order], "workers": names,
+            "xr": p.x_range, "compact": compact, "singles": singles, "density": density,
+            "everything": everything, "nothing": nothing, "t0": t0 * 1000.0,
+            "tick": tick * 1000.0, "longest": float(duration.max()), "limit": limit,
+            "labels": order, "workers": names,
         },
         code=SWAP_JS,
     )  # fmt: skip

@@ -66,7 +66,7 @@ def task_stream(ctx: Context) -> Layout:
     p = time_figure(title, "worker thread", height=min(900, max(300, 40 + 14 * len(pairs))))
     items = density_bars(ctx, p, t, pairs) if dense else _bars_by_prefix(ctx, p, t)
     if dense:
-        swap_in_singles(ctx, p, t, pairs, [r for _, rs in items for r in rs], VISIBLE_TASKS)
+        swap_in_singles(ctx, p, t, pairs, items, VISIBLE_TASKS)
     else:
         _hover(p, [rs[0] for _, rs in items])
     items += _transfers_and_spills(ctx, p, pairs)
