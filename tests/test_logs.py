@@ -110,3 +110,20 @@ def test_a_bad_level_says_how_to_fix_it():
     assert level_number("warning") == logging.WARNING
     with pytest.raises(ValueError, match="use DEBUG, INFO, WARNING"):
         level_number("LOUD")
+
+
+def test_a_warning_python_would_print_is_still_printed(capsys):
+    """A logger with no handler of its own: Python prints its warnings with its last-resort
+    handler; with the capture the only handler on the way, they are kept and still printed."""
+    handler = LogCapture(logging.INFO, limit=10)
+    log = logging.getLogger("metacollect-test-last-resort")
+    log.propagate = False  # its records reach no handler but the capture's
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    try:
+        log.warning("printed %s", "still")
+        log.info("kept, not printed")
+    finally:
+        log.removeHandler(handler)
+    assert capsys.readouterr().err == "printed still\n"
+    assert handler.rows()["message"] == ["printed still", "kept, not printed"]

@@ -86,7 +86,7 @@ class LogCapture(logging.Handler):
             if any(h is not self for h in logger.handlers):
                 return False
             if not logger.propagate:
-                return False
+                break
             logger = logger.parent
         return True
 
