@@ -127,3 +127,20 @@ def test_a_warning_python_would_print_is_still_printed(capsys):
         log.removeHandler(handler)
     assert capsys.readouterr().err == "printed still\n"
     assert handler.rows()["message"] == ["printed still", "kept, not printed"]
+
+
+def test_an_in_process_cluster_keeps_each_record_once(tmp_path):
+    """Scheduler and workers in one process (processes=False) each attach a capture; the
+    records they share are one row each."""
+    store = str(tmp_path / "inproc.zarr")
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        collect(client, store, overwrite=True),
+    ):
+        logged = [r for rows in client.gather(client.map(noisy, range(4))) for r in rows]
+    logs = open_run(store).logs()
+    workload = logs[logs["logger"] == "workload"]
+    assert sorted(zip(workload["level"], workload["message"], strict=True)) == sorted(logged)

@@ -30,20 +30,27 @@ MAX_VALUE = 200
 
 def logs(run: StoreReader) -> pd.DataFrame:
     """One row per log record kept, in time order: ``time``, ``cluster``, ``process`` (the
-    worker's address, or ``"scheduler"``), ``level``, ``logger``, ``message``."""
+    worker's address, or ``"scheduler"``), ``level``, ``logger``, ``message``.
+
+    The collectors of an in-process cluster (``processes=False``) share one process, and
+    each keeps its records: a record kept by several groups of one host and pid is one
+    row, named after the first of them (the scheduler)."""
     frames = []
-    for path, cluster, a, _own, address in collector_groups(run):
+    for path, cluster, a, own, address in collector_groups(run):
         spec = run.schema.match(path)
         if spec is None or "logs" not in spec.tables:
             continue  # a store written before log records were kept
         df = run.table(path, "logs")
         if len(df):
             process = "scheduler" if a["kind"] == "scheduler" else address or path
-            frames.append(df.assign(cluster=cluster, process=process))
+            where = f"{own.get('host')}:{own.get('pid')}" if own.get("pid") else path
+            frames.append(df.assign(cluster=cluster, process=process, where=where))
     columns = ["time", "cluster", "process", "level", "logger", "message"]
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=float if c == "time" else object) for c in columns})
-    return pd.concat(frames, ignore_index=True)[columns].sort_values("time", ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)
+    out = out.drop_duplicates(["where", "time", "level", "logger", "message"])
+    return out[columns].sort_values("time", ignore_index=True)
 
 
 def events(run: StoreReader) -> pd.DataFrame:
