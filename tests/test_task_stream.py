@@ -67,6 +67,7 @@ def spilled(tmp_path_factory):
     return open_run(store), out
 
 
+@pytest.mark.slow  # 240 MB spilled to disk and read back
 def test_every_spill_is_an_orange_bar(spilled):
     run, out = spilled
     ss = run.worker_table("startstops", clock="scheduler")
