@@ -5,9 +5,12 @@ scheduler and client collectors write them): ``n`` executed tasks of one graph (
 on the task ``i // 2``: a binary tree, depth log2 n), 30 task prefixes (so the report groups
 all but twenty as "other"), 8 workers x 4 threads running tasks back to back with lognormal
 durations, two scheduler transitions per task and a worker-state sample per worker and second.
-``write_html`` is timed once per size (the store is built first, not timed).
+``write_html`` is timed once per size (the store is built first, not timed); with
+``--browser``, the report is then opened in headless Chromium (``tests/browser.py``: selenium,
+Debian's ``chromium`` and ``chromium-driver``) and timed until Bokeh has drawn its first tab
+(the document idle), and the task stream's swap to single tasks is checked by zooming in.
 
-    PYTHONPATH=. python benchmarks/report_scale.py [--tasks 20000 200000 1000000]
+    PYTHONPATH=. python benchmarks/report_scale.py [--tasks 20000 200000 1000000] [--browser]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any
@@ -99,9 +103,47 @@ def synthetic_store(path: str, n: int, seed: int = 0) -> None:
     finalize(path)
 
 
+#: the task stream's figure, found among Bokeh's views by its title
+STREAM_JS = (
+    "const v = [...Bokeh.index.all_views()].find(v => v.model.type == 'Figure' "
+    "&& v.model.title.text.startsWith('Task stream'));"
+)
+
+
+def in_browser(path: str) -> tuple[float, int]:
+    """Seconds until Chromium has drawn the report (its first tab), and how many single
+    task bars the task stream shows once zoomed in with the wheel to less than 50 ms (0 when
+    it stays a density view)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from browser import chromium, load, show_tab, tabs
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
+
+    with chromium() as driver:
+        seconds = load(driver, path, timeout=600)
+        titles = [t.text for t in tabs(driver)]
+        show_tab(driver, titles.index("Task stream"), settle=1.0)
+        canvas = driver.execute_script(STREAM_JS + "return v.canvas_view.events_el")
+        for _ in range(30):  # the wheel zooms in on the middle, as a user does
+            ActionChains(driver).scroll_from_origin(
+                ScrollOrigin.from_element(canvas, 0, 0), 0, -300
+            ).perform()
+            time.sleep(0.2)
+            if driver.execute_script(STREAM_JS + "const r = v.model.x_range; "
+                                     "return r.end - r.start < 50"):  # fmt: skip
+                break
+        time.sleep(1.0)
+        singles = driver.execute_script(
+            STREAM_JS + "return v.model.renderers.filter(r => r.visible && r.glyph.type == "
+            "'HBar').reduce((s, r) => s + r.data_source.get_length(), 0);"
+        )
+    return seconds, int(singles)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", type=int, nargs="+", default=[20_000, 200_000, 1_000_000])
+    p.add_argument("--browser", action="store_true", help="also time it in headless Chromium")
     args = p.parse_args(argv)
     from metacollect.report import write_html
 
@@ -116,14 +158,15 @@ def main(argv: list[str] | None = None) -> None:
             write_html(store, out)
             seconds = time.perf_counter() - t
             size = os.path.getsize(out)
+            drawn, singles = in_browser(out) if args.browser else (float("nan"), -1)
         finally:
             shutil.rmtree(tmp)
-        rows.append((n, seconds, size))
-        print(f"{n} tasks: {seconds:.1f} s, {size:,} B", flush=True)
-    print("| tasks | render (s) | HTML (bytes) | bytes/task |")
-    print("|---|---|---|---|")
-    for n, seconds, size in rows:
-        print(f"| {n:,} | {seconds:.1f} | {size:,} | {size / n:.0f} |")
+        rows.append((n, seconds, size, drawn, singles))
+        print(f"{n} tasks: {seconds:.1f} s, {size:,} B, drawn in {drawn:.1f} s", flush=True)
+    print("| tasks | render (s) | HTML (bytes) | bytes/task | first tab drawn (s) | zoomed: bars |")
+    print("|---|---|---|---|---|---|")
+    for n, seconds, size, drawn, singles in rows:
+        print(f"| {n:,} | {seconds:.1f} | {size:,} | {size / n:.0f} | {drawn:.1f} | {singles:,} |")
 
 
 if __name__ == "__main__":

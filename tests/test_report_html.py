@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import gzip
+import html
+import itertools
 import json
 import os
 import re
@@ -17,10 +19,12 @@ from views_runs import basic_store, chain_store, script_store
 import metacollect
 from metacollect.cli import main
 from metacollect.report import ViewsFailedError, views, write_html
+from metacollect.report.views.task_density import busy_seconds
 
 #: the tabs the report always has (a view without data says so inside its tab)
 TABS = [
     "Summary",
+    "Calling code",
     "Task stream",
     "Progress",
     "Memory",
@@ -138,6 +142,20 @@ def test_task_stream_holds_every_task_with_hover(report):
     assert any({"key", "worker", "thread", "start", "duration", "bytes"} <= f for f in fields)
 
 
+def test_task_stream_draws_the_transfers_as_dask_does(report):
+    """Every transfer of a task's inputs (the workers' startstops), red on the row of the
+    thread that ran the task."""
+    run = metacollect.open_run(basic_store())
+    ss = run.worker_table("startstops", clock="scheduler")
+    truth = ss[ss["action"] == "transfer"]
+    assert len(truth) > 0  # the wide graph's total gathers from both workers
+    objs = _objects(report.read_text())
+    drawn = [a for s in _sources(objs, "action", "key", "left", "y") for a in s["action"]]
+    assert drawn == ["transfer"] * len(truth)
+    (starts,) = [s["left"] for s in _sources(objs, "action", "key", "left", "y")]
+    assert sorted(starts) == pytest.approx(sorted(truth["start"] * 1000.0))
+
+
 def test_collector_holds_every_flush_with_hover(report):
     """The collector's tab: every flush of every process (a small run: none sampled out),
     with its CPU and the time since the flush before, as the store holds them."""
@@ -160,16 +178,51 @@ def test_collector_holds_every_flush_with_hover(report):
 
 @pytest.mark.slow
 def test_200k_tasks_bounded_and_said(tmp_path):
+    """At 200k executions the task stream starts as a density view whose busy thread-seconds
+    are the tasks' compute seconds, and embeds every execution once, compactly, for the
+    single bars that swap in as one zooms."""
     out = tmp_path / "big.html"
     write_html(chain_store(), out)
     n = 200_000
     assert os.path.getsize(out) < 1000 * n
     objs = _objects(out.read_text())
-    stream = _sources(objs, "key", "worker", "thread", "nbytes", "duration")
-    drawn = sum(len(s["key"]) for s in stream)
-    assert drawn == views.MAX_GLYPHS
+    tasks = metacollect.open_run(chain_store()).tasks()
+    assert len(tasks) == n
     titles = [str(o["attributes"].get("text", "")) for o in objs if o["name"] == "Title"]
-    assert f"Task stream: {drawn:,} of {n:,} task executions drawn" in " ".join(titles)
+    assert f"Task stream: busy threads per worker of {n:,} task executions" in " ".join(titles)
+    # the density: each bin's busy threads x its width, summed, is every task's duration
+    density = _sources(objs, "left", "right", "busy", "worker", "prefix")
+    busy_s = sum(
+        b * (r - left) / 1000.0
+        for d in density
+        for b, left, r in zip(d["busy"], d["left"], d["right"], strict=True)
+    )
+    assert busy_s == pytest.approx(tasks["duration"].sum(), rel=1e-6)
+    # every execution embedded once: its start (to the tick) and duration (float32)
+    (compact,) = _sources(objs, "off", "dur", "row", "label")
+    swap = next(
+        dict(o["attributes"]["args"]["entries"])
+        for o in objs
+        if o["name"] == "CustomJS" and "compact" in json.dumps(o["attributes"].get("args"))
+    )
+    starts = swap["t0"] + np.array(compact["off"], dtype=float) * swap["tick"]
+    assert np.sort(starts) == pytest.approx(np.sort(tasks["start"] * 1000.0), abs=swap["tick"])
+    durations = np.sort(np.array(compact["dur"], dtype=float))
+    assert durations == pytest.approx(np.sort(tasks["duration"] * 1000.0), rel=1e-6, abs=1e-6)
+
+
+def test_busy_seconds_per_bin_are_exact():
+    """The density view's busy thread-seconds per bin, against each interval clipped to
+    each bin one by one."""
+    rng = np.random.default_rng(1)
+    start = rng.uniform(0, 10, 500)
+    stop = start + rng.exponential(0.5, 500)
+    edges = np.linspace(-1, 12, 40)
+    truth = [
+        np.clip(np.minimum(stop, b) - np.maximum(start, a), 0, None).sum()
+        for a, b in itertools.pairwise(edges)
+    ]
+    assert busy_seconds(start, stop, edges) == pytest.approx(truth, abs=1e-9)
 
 
 def test_a_failing_view_is_reported_and_the_rest_render(tmp_path, monkeypatch):
@@ -220,6 +273,17 @@ def test_demo_exits_non_zero_naming_a_tab_that_failed(tmp_path, monkeypatch, cap
     assert "metacollect demo: error: tab 'Progress' failed to build: ValueError" in err
     assert "Traceback" not in err
     assert "This view failed to build: ValueError: cannot draw this" in out.read_text()
+
+
+def test_calling_code_shows_the_script_under_metacollect_run(tmp_path):
+    out = tmp_path / "script.html"
+    write_html(script_store(), out)
+    objs = _objects(out.read_text())
+    divs = " ".join(str(o["attributes"].get("text", "")) for o in objs if o["name"] == "Div")
+    source = metacollect.open_run(script_store()).groups["script"]["source"]
+    assert "def work(i):" in source
+    # the whole script, as metacollect run kept it (the page escapes the HTML once more)
+    assert html.escape(source) in html.unescape(divs)
 
 
 def test_cli_writes_the_file_and_says_where(tmp_path, capsys):

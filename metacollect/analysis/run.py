@@ -3,8 +3,8 @@
 :class:`Run` is the store's generic reader (:class:`~metacollect.store.reader.StoreReader`:
 tables, groups, levels, which knows no step) plus the readers that interpret what the steps
 wrote: the run's records (tasks, workers, losses, jobs: :mod:`metacollect.analysis.records`),
-what collecting cost (:mod:`metacollect.analysis.collector`), spans, Dask's and Yappi's
-profiles and Darshan's I/O.
+log records and events (:mod:`metacollect.analysis.logs`), what collecting cost
+(:mod:`metacollect.analysis.collector`), spans, Dask's and Yappi's profiles and Darshan's I/O.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from metacollect.analysis import collector, dask_clock, records
+from metacollect.analysis import collector, dask_clock, logs, records
 from metacollect.analysis.clock import clock_offsets, models, to_scheduler
 from metacollect.analysis.dask_profile import compare_profiles, dask_profile, profile_nodes
 from metacollect.analysis.diff import RunDiff, diff
@@ -187,6 +187,18 @@ class Run(StoreReader):
         with the hours shows here. Empty for a store written before flushes were
         recorded."""
         return collector.flushes(self)
+
+    def logs(self) -> pd.DataFrame:
+        """The Python log records of the scheduler and every worker, in time order: time,
+        cluster, ``process`` (the worker's address or ``"scheduler"``), level, logger,
+        message (at or above ``metacollect.logs.level``; see :mod:`metacollect.steps.logs`)."""
+        return logs.logs(self)
+
+    def decoded_events(self) -> pd.DataFrame:
+        """The scheduler's events, each once (not again under topic ``"all"``), in time
+        order: time, topic, worker, action and the message's other values as ``fields``
+        (decoded; bytes as their length). :meth:`events` gives the rows as stored."""
+        return logs.events(self)
 
     def io(self, by: str = "file", scope: str = "user") -> pd.DataFrame:
         """Darshan I/O (step 5): bytes, ops and time, POSIX and STDIO together.

@@ -15,6 +15,8 @@ from metacollect.files import check_file_target
 
 #: smallest image side the pipeline's 1-pixel overlap and thresholds make sense for
 MIN_SIZE = 16
+#: where a Darshan runtime built from source is installed by default
+OPT_DARSHAN = "/opt/darshan"
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -47,8 +49,32 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=512,
         help=f"image side in pixels (default 512, at least {MIN_SIZE})",
     )
-    p.add_argument("--yappi", action="store_true", help="also profile the workers with Yappi")
+    p.add_argument(
+        "--no-yappi",
+        dest="yappi",
+        action="store_false",
+        help="do not profile the workers with Yappi (on by default)",
+    )
+    p.add_argument(
+        "--no-darshan",
+        dest="darshan",
+        action="store_false",
+        help="do not trace the workers' I/O with Darshan (on when a runtime is found: "
+        f"metacollect.darshan.library, the site's environment or {OPT_DARSHAN})",
+    )
     return p
+
+
+def darshan_library() -> str | None:
+    """The Darshan runtime the demo traces I/O with: the configured or the site's, else
+    the one under :data:`OPT_DARSHAN`; None when there is none."""
+    from metacollect.steps.darshan.runtime import DarshanNotFoundError, find_library
+
+    try:
+        return find_library().path
+    except DarshanNotFoundError:
+        path = os.path.join(OPT_DARSHAN, "lib", "libdarshan.so")
+        return path if os.path.isfile(path) else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,9 +91,14 @@ def run(args: argparse.Namespace) -> int:
     out = args.report or os.path.splitext(store)[0] + ".html"
     if not args.no_report:
         check_file_target(out, "the report")
-    options = {"yappi.enabled": True} if args.yappi else {}
+    options: dict[str, Any] = {"yappi.enabled": True} if args.yappi else {}
+    library = darshan_library() if args.darshan else None
+    if library is not None:
+        options |= {"darshan.enabled": True, "darshan.library": library}
+    traced = [name for name, on in (("Yappi", args.yappi), ("Darshan", library)) if on]
     print(
-        f"metacollect demo: {args.images} images of {args.size}px on {args.workers} workers",
+        f"metacollect demo: {args.images} images of {args.size}px on {args.workers} workers"
+        + (f", with {' and '.join(traced)}" if traced else ""),
         file=sys.stderr,
     )
     with (

@@ -22,6 +22,7 @@ from typing import Any
 from tornado.ioloop import PeriodicCallback
 
 import metacollect.config as config
+from metacollect.steps import logs
 from metacollect.store.flush import PeriodicFlusher
 from metacollect.store.seal import seal_own
 from metacollect.store.writer import GroupWriter, StoreWriter
@@ -33,8 +34,10 @@ class Recording:
     """The running part of a collector: rows swapped out of its buffers and written by a
     flush thread every ``metacollect.flush-interval``, ``sample`` called on the event loop
     every ``metacollect.snapshot-interval`` (when ``sampling``), and the process's Yappi
-    sink (``profile``) written with the flushes. :meth:`finish` is the one way they end:
-    a last sample, the final flush (the profile's full snapshot with it), the sink detached,
+    sink (``profile``) written with the flushes, and the process's log records (its
+    ``logs`` table, :mod:`metacollect.steps.logs`) with them. :meth:`finish` is the one way
+    they end: a last sample, the final flush (the profile's full snapshot with it), the
+    sink and the log handler detached,
     then the groups of ``writer`` (the collector's) sealed by this process
     (:func:`~metacollect.store.seal.seal_own`), at the same time as the other processes'.
     """
@@ -55,9 +58,15 @@ class Recording:
         self.writer = writer
         self.on_error = on_error
         self.group = group
+        self._final = False  # the next flush is the final one
+        try:
+            self.logs = logs.capture()
+        except Exception as e:  # a bad metacollect.logs.level: no logs, the rest collected
+            self.logs = None
+            on_error("logs", e)
         self.flusher = PeriodicFlusher(
-            swap,
-            write,
+            lambda: (swap(), self.logs.rows(self._final) if self.logs else {}),
+            lambda batch: self._write_logs(batch[1], write, batch[0]),
             config.interval("flush-interval"),
             on_error,
             "metacollect-flush",
@@ -87,6 +96,22 @@ class Recording:
             "process_cpu_s": round(time.process_time() - self._cpu_at_start, 6),
         }
 
+    def _write_logs(
+        self, rows: dict[str, list[Any]], write: Callable[[Any], int | None], batch: Any
+    ) -> int | None:
+        """The log records of a flush into the collector's group (its ``logs`` table),
+        then the collector's own ``write`` of its ``batch`` (which flushes them all)."""
+        if rows:
+            try:
+                self.group.append("logs", rows)
+            except Exception as e:  # costs the log rows only
+                self.on_error("write logs", e)
+        return write(batch)
+
+    def _detach_logs(self) -> None:
+        if self.logs is not None:
+            self.logs.detach()
+
     def _log_flushes(self, rows: dict[str, list[Any]], final: bool) -> None:
         """Each flush's own row into the collector's group (its ``flushes`` table), with the
         next flush; the final flush's row written at once: one more small segment."""
@@ -105,6 +130,7 @@ class Recording:
         self.sample()
         if self.profile is not None:
             self.profile.last_flush = True  # the final flush takes the full profile snapshot
+        self._final = True
         try:
             await self.flusher.close()
         except asyncio.CancelledError:
@@ -114,6 +140,7 @@ class Recording:
         finally:
             if self.profile is not None:
                 self.profile.detach()
+            self._detach_logs()
         flushed()
         if self.writer is not None:
             await asyncio.to_thread(self._seal)
@@ -137,9 +164,11 @@ class Recording:
         self.sampler.stop()
         if self.profile is not None:
             self.profile.last_flush = True
+        self._final = True
         self.flusher.flush_now()
         if self.profile is not None:
             self.profile.detach()
+        self._detach_logs()
 
 
 def write_parts(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from metacollect.report.views.base import MAX_GLYPHS, Context, Layout, div, utc
+from metacollect.report.views.code import calling_code
 from metacollect.report.views.collector import collector
 from metacollect.report.views.cpu_network import cpu_bandwidth
 from metacollect.report.views.critical_path import critical_path
@@ -28,6 +29,7 @@ from metacollect.report.views.yappi import yappi
 #: the tabs in order: title -> builder
 VIEWS: dict[str, Callable[[Context], Layout]] = {
     "Summary": summary,
+    "Calling code": calling_code,
     "Task stream": task_stream,
     "Progress": progress,
     "Memory": memory,
@@ -49,6 +51,7 @@ __all__ = [
     "VIEWS",
     "Context",
     "Layout",
+    "calling_code",
     "collector",
     "cpu_bandwidth",
     "critical_path",
