@@ -44,6 +44,13 @@ for (const v of views) {
     const div = document.createElement('div'); div.innerHTML = m.text;
     out.texts.push(div.textContent);
     out.code += div.querySelectorAll('pre').length;
+    for (const t of div.querySelectorAll('table')) {  // a small table written as HTML
+      const trs = [...t.querySelectorAll('tr')];
+      const cells = tr => [...tr.querySelectorAll('th, td')].map(c => c.textContent);
+      const rows = trs.filter(tr => tr.querySelector('td')).map(cells);
+      const head = trs.find(tr => tr.querySelector('th'));
+      out.tables.push({columns: head ? cells(head) : [], rows: rows, n: rows.length});
+    }
   }
 }
 return out;
