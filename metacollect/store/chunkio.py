@@ -299,7 +299,7 @@ def read_picks(arr: zarrio.Array, idx: np.ndarray) -> np.ndarray:
     async def picks() -> np.ndarray:
         gone = await missing_chunks(arr, int(idx[0]), int(idx[-1]) + 1)
         need = {int(i) // chunk_rows(arr) for i in idx}
-        gone = [k for k in gone if int(k.rsplit("/", 1)[-1]) in need]
+        gone = [k for k in gone if _chunk_index(k) in need]
         if gone:
             raise StoreError(
                 f"array {arr.path} is damaged: its chunk {gone[0]} is missing; "
@@ -319,6 +319,12 @@ def read_picks(arr: zarrio.Array, idx: np.ndarray) -> np.ndarray:
 def chunk_rows(arr: zarrio.Array) -> int:
     """Rows in each chunk of an array."""
     return int(arr.chunks[0])
+
+
+def _chunk_index(key: str) -> int:
+    """The index of a 1-D array's chunk from its key (``c/3`` or, with the ``.`` separator
+    the store's arrays use, ``c.3``)."""
+    return int(key.replace("/", ".").rsplit(".", 1)[-1])
 
 
 async def missing_chunks(arr: zarrio.Array, lo: int, hi: int) -> list[str]:
