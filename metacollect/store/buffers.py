@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from metacollect.store import _codes
 from metacollect.store.schema import TableSpec
 
 
@@ -28,10 +27,10 @@ class StringTable:
     """
 
     def __init__(self, cache_size: int) -> None:
-        self._codes = _codes.Codes(cache_size)
+        self._codes: dict[str, int] = {}
+        self._size = cache_size
         self._next = 0
         self._new: list[str] = []
-        self._hint = 1024  # distinct objects in the last encode: its identity table's size
         self._lock = threading.Lock()
 
     def encode(self, *columns: Sequence[Any]) -> np.ndarray:
@@ -39,34 +38,36 @@ class StringTable:
         and float NaN -> -1); non-strings are encoded as ``str(v)``. A flush hands over all
         its columns at once: the same objects recur across them.
 
-        The values are told apart by identity first (the hooks hand over the very objects
-        Dask passes around, so a flush of a million transitions holds a few distinct state
-        strings and one key object per task), then each distinct object is turned into its
-        string once and looked up; new strings get the next codes in first-seen order. All
-        of it is one pass in C (:mod:`metacollect.store._codes`): in Python and numpy the
-        same steps cost several times the CPU, most of a busy scheduler's flush. The cache holds the
+        A value that is not a string is turned into its string (``str()``, a task key's
+        tuple); new strings get the next codes in first-seen order. The cache holds the
         strings, never the caller's objects: a task key cached as the scheduler's own tuple
         would outlive the task by the whole cache.
         """
-        n = sum(map(len, columns))
-        out = np.empty(n, np.int32)
-        if n == 0:
+        # the values held here: a value's ``str()`` runs code that may empty the caller's list
+        values = [v for column in columns for v in column]
+        out = np.empty(len(values), np.int32)
+        if not values:
             return out
+        keys = _texts(values)
         with self._lock:
-            before = len(self._new)
-            try:
-                self._hint = self._codes.encode_into(
-                    columns, out, self._new, self._next, self._hint
-                )
-            finally:  # each string appended to _new took the next code, even on a failure
-                self._next += len(self._new) - before
+            codes = self._codes
+            fresh = dict.fromkeys(k for k in keys if k is not None and k not in codes)
+            if codes and len(codes) + len(fresh) > self._size:
+                codes.clear()  # restarts: rows never index a string from before
+                fresh = dict.fromkeys(k for k in keys if k is not None)
+            for text in fresh:
+                codes[text] = self._next
+                self._next += 1
+                self._new.append(text)
+            lookup = codes.get
+            out[:] = [-1 if k is None else lookup(k, -1) for k in keys]
         return out
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:
         """The strings of codes this table gave out while its cache holds them (-1:
         ``None``), for an array the seal turned into strings that a later writer appends to."""
         with self._lock:
-            back = {c: s for s, c in self._codes.items()}
+            back = {c: text for text, c in self._codes.items()}
         return np.array([back.get(int(c)) for c in codes], dtype=object)
 
     def take_new(self) -> list[str]:
@@ -78,6 +79,22 @@ class StringTable:
         """Put back strings whose append failed, ahead of newer ones."""
         with self._lock:
             self._new = new + self._new
+
+
+def _texts(values: list[Any]) -> list[str | None]:
+    """Each value as the exact ``str`` it is encoded as (``None``: no value). A ``str``
+    subclass becomes plain text, so that equal texts are one string whatever their hash."""
+    out: list[str | None] = []
+    add = out.append
+    for v in values:
+        if type(v) is str:
+            add(v)
+        elif v is None or (isinstance(v, float) and v != v):
+            add(None)
+        else:
+            text = str(v)
+            add(text if type(text) is str else str.__str__(text))
+    return out
 
 
 class Table:

@@ -27,8 +27,8 @@ from zarr.storage import MemoryStore
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store._codes import vlen_utf8
 from metacollect.store.documents import local_path
+from metacollect.store.text import vlen_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
     """An array's codec chain as one function of a whole chunk's values (numcodecs, as Zarr
-    does; strings with :func:`~metacollect.store._codes.vlen_utf8`, the same bytes), for a
+    does; strings with :func:`~metacollect.store.text.vlen_utf8`, the same bytes), for a
     writer that stores the chunks it encodes itself."""
     steps: list[Callable[[Any], Any]] = []
     for c in arr.metadata.codecs:
@@ -73,7 +73,7 @@ def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
             )
             steps.append(functools.partial(_raw_bytes, order=order))
         elif isinstance(c, VLenUTF8Codec):
-            steps.append(vlen_utf8)  # numcodecs' VLenUTF8 bytes, in C
+            steps.append(vlen_utf8)
         elif isinstance(c, BloscCodec):
             steps.append(_blosc(c).encode)
         elif isinstance(c, ZstdCodec):
