@@ -48,7 +48,7 @@ async def exists(where: Any) -> bool:
 async def write_doc(where: Any, doc: Mapping[str, Any]) -> None:
     """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
     store path ``where`` in one write: every ``zarr.json`` metacollect makes itself (tables,
-    arrays, the seal) goes through here; Zarr's own writes under :data:`compact_json`."""
+    arrays, the seal) goes through here."""
     await (where / "zarr.json").set(buffer(doc_bytes(doc)))
 
 

@@ -34,6 +34,7 @@ import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import documents
 from metacollect.store import segments as seg
+from metacollect.store.compact import NEW
 from metacollect.store.schema import GroupSpec, Schema, load_schema
 from metacollect.store.tablewrite import SealedTable, write_sealed_stream
 from metacollect.store.writer import GroupWriter, StoreWriter, jsonable, raise_first
@@ -194,6 +195,8 @@ def _fold_group(writer: StoreWriter, spec: GroupSpec, path: str, found: seg.Grou
     if not os.path.exists(os.path.join(directory, "zarr.json")):
         writer.ensure_group(path, spec, {})  # its metadata lost (a damaged store): made again
     in_zarr = False
+    for t in set(spec.tables):  # a table a fold killed while writing it left
+        shutil.rmtree(os.path.join(directory, t + NEW), ignore_errors=True)
     for t in sorted(set(os.listdir(directory)) & set(spec.tables)):
         if os.path.exists(os.path.join(directory, t, "zarr.json")):
             in_zarr = True
@@ -248,10 +251,15 @@ def _write_sealed(
             yield decoded
             s.release()
 
-    with zarrio.compact_json():
-        zarrio.run(
-            write_sealed_stream(writer.root, path, plan, parts, window, writer.sealed_templates)
-        )
+    def done(table: str) -> None:  # whole: its ``rows`` set; in its place
+        base = os.path.join(writer.path, *table.split("/"))
+        os.rename(base + NEW, base)
+
+    zarrio.run(write_sealed_stream(writer.root, path, plan, parts, window, _beside, done))
+
+
+def _beside(table: str) -> str:
+    return table + NEW
 
 
 def _fold_table(gw: GroupWriter, found: seg.GroupSegments, table: str) -> None:

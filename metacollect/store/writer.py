@@ -32,7 +32,7 @@ from metacollect.store import segments as seg
 from metacollect.store.buffers import StringTable, Table
 from metacollect.store.chunks import ChunkAppender
 from metacollect.store.integrity import committed_rows
-from metacollect.store.layout import Templates, variable_layout
+from metacollect.store.layout import variable_layout
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 from metacollect.store.text import NONE_ATTR
 
@@ -47,7 +47,6 @@ FLUSH_ROWS = 131_072
 MERGE_MAX_ROWS = 262_144
 #: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
 UNRECOGNIZED = zarrio.UNRECOGNIZED
-compact_json = zarrio.compact_json
 open_root = zarrio.open_root
 
 
@@ -167,8 +166,7 @@ class GroupWriter:
             self._attrs.update(attrs)
             return
         self.store.check_exists()
-        with compact_json():  # one write of zarr.json, not one per key
-            self.group.update_attributes(jsonable(attrs))
+        self.group.update_attributes(jsonable(attrs))
 
     # -- writing ----------------------------------------------------------------------
     @property
@@ -432,8 +430,7 @@ class GroupWriter:
                 tgroup = self.store.ensure_table(self, table)
                 self._tgroups[table] = zarrio.async_group(tgroup)
                 self._arrays[table] = zarrio.async_arrays(tgroup)
-        with compact_json():
-            zarrio.run(self._append_all(tables))
+        zarrio.run(self._append_all(tables))
         for table, columns in tables.items():
             self._committed[table] += len(next(iter(columns.values())))
 
@@ -537,8 +534,6 @@ class StoreWriter:
         #: Zarr's array for each kind of array this writer makes, as it is being made in
         #: memory (see create_array)
         self._templates: dict[tuple[Any, ...], Any] = {}
-        #: the same for the arrays the seal writes in their final form (every group's)
-        self.sealed_templates: Templates = {}
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
@@ -591,15 +586,14 @@ class StoreWriter:
         parts = [p for p in path.split("/") if p]
         if parts and zarrio.local_root(self.root) is not None:
             return self._ensure_local_group(parts, spec, attrs)
-        with compact_json():
-            for i in range(1, len(parts)):
-                parent = "/".join(parts[:i])
-                pspec = self.schema.match(parent)
-                g = zarrio.require_group(self.root, parent)
-                if pspec is not None and "step" not in g.attrs:
-                    g.update_attributes(self._annotation(pspec))
-            g = zarrio.require_group(self.root, path) if path else self.root
-            g.update_attributes({**self._annotation(spec), **jsonable(dict(attrs))})
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            pspec = self.schema.match(parent)
+            g = zarrio.require_group(self.root, parent)
+            if pspec is not None and "step" not in g.attrs:
+                g.update_attributes(self._annotation(pspec))
+        g = zarrio.require_group(self.root, path) if path else self.root
+        g.update_attributes({**self._annotation(spec), **jsonable(dict(attrs))})
         return g
 
     def _ensure_local_group(
@@ -620,8 +614,7 @@ class StoreWriter:
             if made:
                 continue
             if last or (pspec is not None and "step" not in g.attrs):
-                with compact_json():
-                    g.update_attributes(wanted)
+                g.update_attributes(wanted)
         return g
 
     def ensure_table(self, gw: GroupWriter, table: str) -> zarrio.Group:

@@ -15,7 +15,6 @@ executors may be gone).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
 import warnings
@@ -23,7 +22,8 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeGuard, TypeVar
 
 import zarr
-from zarr.api.asynchronous import create_array
+from zarr.api.asynchronous import create_array, create_group
+from zarr.api.asynchronous import open_group as open_async_group
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.errors import ContainsGroupError
 from zarr.storage import LocalStore, MemoryStore
@@ -266,40 +266,47 @@ async def array_template(
     return array_doc(arr)
 
 
+async def new_array(
+    where: Any,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dtype: Any,
+    compressors: list[Any],
+    fill: Any,
+    attrs: Mapping[str, Any],
+    dims: list[str],
+) -> Any:
+    """A new array at store path ``where`` (Zarr's ``create_array``), its chunks named as
+    :data:`CHUNK_KEYS` says. Every chunk is written, one of fill values too: ``validate``
+    takes a chunk missing for damage."""
+    return await create_array(
+        where,
+        shape=shape,
+        chunks=chunks,
+        dtype=dtype,
+        compressors=compressors,
+        fill_value=fill,
+        chunk_key_encoding=CHUNK_KEYS,
+        attributes=dict(attrs),
+        dimension_names=dims,
+        config={"write_empty_chunks": True},
+    )
+
+
+async def new_group(where: Any, attrs: Mapping[str, Any]) -> Any:
+    """A new group at store path ``where`` (Zarr's ``create_group``)."""
+    return await create_group(store=where, attributes=dict(attrs))
+
+
+async def set_group_attrs(where: Any, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Add ``attrs`` to the attributes of the group at ``where``; its document after."""
+    group = await open_async_group(store=where, mode="r+")
+    group = await group.update_attributes(dict(attrs))
+    doc: dict[str, Any] = group.metadata.to_dict()
+    return doc
+
+
 def array_doc(arr: Any) -> dict[str, Any]:
     """An (asynchronous) array's metadata document."""
     doc: dict[str, Any] = arr.metadata.to_dict()
     return doc
-
-
-# -- JSON formatting ------------------------------------------------------------------------------
-class _CompactJson:
-    """Zarr metadata written meanwhile without indentation: zarr indents ``zarr.json`` by
-    default, and the whitespace is a large share of a store's metadata.
-
-    Scoped, since zarr's config belongs to the whole process: the first of our writers in
-    sets it, the last out puts back what it was. Writers never wait for each other (a flush
-    on a slow filesystem must not hold up a group created on the event loop)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: Any = None
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                self._saved = zarr.config.get("json_indent")
-                zarr.config.set({"json_indent": None})
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    zarr.config.set({"json_indent": self._saved})
-
-
-compact_json = _CompactJson()
