@@ -215,7 +215,7 @@ async def _rewrite(
     }
     group = {**doc, "attributes": {**doc["attributes"], "rows": n, COMPACTED: True}}
     return await write_table(
-        root.store_path / (path + NEW),
+        zarrio.table_store(root, path + NEW),
         path,
         group,
         tspec,

@@ -271,7 +271,7 @@ class _TableSink:
         level: int,
     ) -> _TableSink:
         tspec = table.tspec
-        at = root.store_path / where(path)
+        at = zarrio.table_store(root, where(path))
         columns = {
             n: _ColumnSink(
                 at / n,

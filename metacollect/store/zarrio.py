@@ -26,7 +26,7 @@ from zarr.api.asynchronous import create_array, create_group
 from zarr.api.asynchronous import open_group as open_async_group
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.errors import ContainsGroupError
-from zarr.storage import LocalStore, MemoryStore
+from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from metacollect.errors import StoreError
 
@@ -220,6 +220,18 @@ def local_root(group: Group) -> str | None:
     """The directory of a group's store when it is a local one (``None``: any other)."""
     store = group.store_path.store
     return str(store.root) if isinstance(store, LocalStore) else None
+
+
+def table_store(root: Group, path: str) -> Any:
+    """Where to write a new table at ``path`` below ``root``: in a local store, a store of
+    its own at its directory, so that Zarr's checks of each new array's parents stop at the
+    table (a sealed store's arrays are several groups deep: each level is a file operation
+    an array); elsewhere the path in ``root``'s store."""
+    found = local_root(root)
+    if found is None:
+        return root.store_path / path
+    parts = [p for p in (root.store_path.path, path) if p]
+    return StorePath(LocalStore(os.path.join(found, *"/".join(parts).split("/"))))
 
 
 def async_array(where: Any, doc: Mapping[str, Any]) -> Any:
