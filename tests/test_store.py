@@ -851,12 +851,12 @@ def test_an_array_cut_short_while_made_is_left_out_of_the_sealed_store(store):
     ]
 
 
-def test_a_failed_array_template_is_made_again_by_the_next_flush(store, monkeypatch):
-    """Zarr's metadata for a kind of array is made once per writer; a making that failed
-    is not kept, so the next flush makes it again and writes the rows it kept."""
+def test_a_failed_array_creation_is_made_again_by_the_next_flush(store, monkeypatch):
+    """An array whose making failed is not kept, so the next flush makes it again and
+    writes the rows it kept."""
     from metacollect.store import zarrio
 
-    real_make = zarrio.array_template
+    real_make = zarrio.new_array
     outage = {"left": 1}
 
     async def fail_once(*args, **kwargs):
@@ -865,7 +865,7 @@ def test_a_failed_array_template_is_made_again_by_the_next_flush(store, monkeypa
             raise OSError("out of memory making the template")
         return await real_make(*args, **kwargs)
 
-    monkeypatch.setattr(zarrio, "array_template", fail_once)
+    monkeypatch.setattr(zarrio, "new_array", fail_once)
     w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
@@ -900,18 +900,21 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(s
     of it out of the store: the errors table is written by itself."""
     from zarr.storage import LocalStore
 
+    from metacollect.store import zarrio
+
     w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
     g = w.group("scheduler", cluster="c1")
-    real_write = documents.write_doc
+    real_make = zarrio.new_array
     outage = {"creates": 1}
 
-    async def write_then_fail(where, doc):
-        await real_write(where, doc)
-        if outage["creates"] and doc.get("node_type") == "array":
+    async def make_then_fail(*args, **kwargs):
+        made = await real_make(*args, **kwargs)
+        if outage["creates"]:
             outage["creates"] -= 1
             raise OSError("storage went away after writing the array's metadata")
+        return made
 
-    monkeypatch.setattr(documents, "write_doc", write_then_fail)
+    monkeypatch.setattr(zarrio, "new_array", make_then_fail)
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     assert g.flush() == 0
     assert g.flush() > 0
@@ -1060,89 +1063,6 @@ def test_a_flush_writes_the_rows_pending_when_it_started(store, monkeypatch):
     assert g.flush() == 6
     events = open_run_unfinalized(store).table("clusters/c1/scheduler", "events")
     assert len(events) == 31
-
-
-def test_appended_chunks_read_back_as_zarr_writes_them(tmp_path):
-    """The writer encodes and stores chunks itself (it keeps the last one's rows): numbers,
-    strings and rows of counters, appended across chunk edges, by a writer that holds the
-    tail and by a new one that must read it back, read the same as Zarr's own setitem."""
-    from zarr.codecs import BloscCodec, ZstdCodec
-
-    from metacollect.store.chunks import ChunkAppender
-    from metacollect.store.zarrio import run as sync
-
-    rng = np.random.default_rng(0)
-    kinds = {
-        "f8": (lambda n: rng.random(n), dict(dtype="f8", fill_value=np.nan)),
-        "i4": (lambda n: rng.integers(-1, 9, n), dict(dtype="i4", fill_value=-1)),
-        "str": (
-            lambda n: np.array([f"k-{v}" * (v % 4) for v in rng.integers(0, 99, n)], object),
-            dict(dtype=str, fill_value="", compressors=[ZstdCodec(level=5)]),
-        ),
-        "2d": (
-            lambda n: rng.integers(0, 2**40, (n, 3)),
-            dict(dtype="i8", fill_value=0),
-        ),
-    }
-    sizes = [
-        1,
-        6,
-        9,
-        16,
-        3,
-        40,
-        2,
-    ]  # chunks of 8: ends, edges and several chunks at once
-    for name, (make, opts) in kinds.items():
-        opts = {"compressors": [BloscCodec(cname="zstd", clevel=5)], **opts}
-        width = (3,) if name == "2d" else ()
-        root = zarr.open_group(tmp_path / f"{name}.zarr", mode="w")
-        ours = root.create_array("ours", shape=(0, *width), chunks=(8, *width), **opts)
-        theirs = root.create_array("theirs", shape=(0, *width), chunks=(8, *width), **opts)
-        appender = ChunkAppender(ours.async_array)
-        start = 0
-        for i, n in enumerate(sizes):
-            data = make(n)
-            for arr in (ours, theirs):
-                arr.resize((start + n, *width))
-            theirs[start : start + n] = data
-            if i == 4:  # a new writer: it reads the partial last chunk back
-                appender = ChunkAppender(zarr.open_array(ours.store_path).async_array)
-            sync(appender.write(start, data))
-            sync(appender.write(start + n, data[:0]))  # nothing to append: no change
-            start += n
-        back = zarr.open_array(tmp_path / f"{name}.zarr" / "ours")
-        np.testing.assert_array_equal(back[:], theirs[:])
-        assert back.shape[0] == sum(sizes)
-
-
-def test_append_after_a_failed_chunk_reads_its_rows_back(tmp_path, monkeypatch):
-    """An append whose second chunk failed to store (its first did) leaves the appender
-    without a tail: the retry, from the committed row as a flush retries, reads the rows
-    before it back from the store."""
-    from zarr.storage import LocalStore
-
-    from metacollect.store.chunks import ChunkAppender
-    from metacollect.store.zarrio import run as sync
-
-    arr = zarr.open_group(tmp_path / "a.zarr", mode="w").create_array(
-        "x", shape=(20,), chunks=(8,), dtype="f8", fill_value=np.nan
-    )
-    appender = ChunkAppender(arr.async_array)
-    sync(appender.write(0, np.arange(5.0)))
-    real = LocalStore.set
-
-    async def second_chunk_fails(self, key, value):
-        if key.endswith("x/c/1"):
-            raise OSError("disk full")
-        return await real(self, key, value)
-
-    monkeypatch.setattr(LocalStore, "set", second_chunk_fails)
-    with pytest.raises(OSError):
-        sync(appender.write(5, np.arange(50.0, 58.0)))
-    monkeypatch.setattr(LocalStore, "set", real)
-    sync(appender.write(5, np.arange(5.0, 10.0)))
-    np.testing.assert_array_equal(arr[:10], np.arange(10.0))
 
 
 def test_slow_flushes_come_less_often_within_the_budget():
@@ -1417,31 +1337,6 @@ def test_take_rows_keeps_columns_aligned_while_a_thread_appends():
     assert b == [-i for i in range(n)]
     assert times == [float(i) for i in range(n)]
     assert all(len(c) == 0 for c in columns)
-
-
-def test_appends_through_a_store_that_is_not_a_directory():
-    """Chunks go through the array's store (``set``), not the filesystem: appends to an
-    in-memory store read back as Zarr's own setitem writes them."""
-    from zarr.storage import MemoryStore
-
-    from metacollect.store.chunks import ChunkAppender
-    from metacollect.store.zarrio import run as sync
-
-    root = zarr.open_group(MemoryStore(), mode="w")
-    ours, theirs = (
-        root.create_array(n, shape=(0,), chunks=(4,), dtype=str, fill_value="")
-        for n in ("ours", "theirs")
-    )
-    appender = ChunkAppender(ours.async_array)
-    start = 0
-    for n in (3, 6, 1):
-        data = np.array([f"v{start + i}" for i in range(n)], object)
-        ours.resize((start + n,))
-        theirs.resize((start + n,))
-        theirs[start : start + n] = data
-        sync(appender.write(start, data))
-        start += n
-    assert ours[:].tolist() == theirs[:].tolist() == [f"v{i}" for i in range(10)]
 
 
 def test_a_collector_failing_on_every_call_writes_its_first_failures_and_counts_the_rest(store):

@@ -26,7 +26,7 @@ from zarr.api.asynchronous import create_array, create_group
 from zarr.api.asynchronous import open_group as open_async_group
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.errors import ContainsGroupError
-from zarr.storage import LocalStore, MemoryStore, StorePath
+from zarr.storage import LocalStore, StorePath
 
 from metacollect.errors import StoreError
 
@@ -44,7 +44,8 @@ UNRECOGNIZED = r"Object at .* is not recognized"
 
 T = TypeVar("T")
 
-#: how the chunks of our arrays are named (see :func:`array_template`)
+#: how the chunks of our arrays are named: ``c.<i>`` beside the array's ``zarr.json`` (Zarr
+#: v3's default key encoding with its ``.`` separator), one ``mkdir`` less an array
 CHUNK_KEYS: dict[str, Any] = {"name": "default", "separator": "."}
 
 
@@ -206,9 +207,16 @@ def async_group(group: Group) -> Any:
     return zarr.AsyncGroup.from_dict(group.store_path, group.metadata.to_dict())
 
 
+def array_config() -> Any:
+    """The runtime config of the arrays metacollect writes: every chunk stored, one of fill
+    values too (Zarr skips those by default; ``validate`` takes a missing chunk for damage)."""
+    return {"write_empty_chunks": True}
+
+
 def async_arrays(group: Group) -> dict[str, Any]:
-    """The asynchronous handles of a group's arrays, by name."""
-    return {n: a.async_array for n, a in group.arrays()}
+    """The asynchronous handles of a group's arrays, by name, to append to: each chunk
+    written, one of fill values too (:func:`array_config`)."""
+    return {n: a.async_array.with_config(array_config()) for n, a in group.arrays()}
 
 
 def sync_array(handle: Any) -> Array:
@@ -255,29 +263,6 @@ def codecs(kind: str, level: int) -> list[Any]:
     return [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle"), Crc32cCodec()]
 
 
-async def array_template(
-    shape: tuple[int, ...], chunks: tuple[int, ...], dtype: Any, compressors: list[Any], fill: Any
-) -> dict[str, Any]:
-    """Zarr's own metadata document for an array of this kind, made in memory: each array of
-    the kind is then one write of its ``zarr.json`` (Zarr's ``create_array`` first checks the
-    path and each parent in the store, a dozen operations, ~6 ms, an array).
-
-    Chunks are named ``c.<i>`` beside the array's ``zarr.json`` (Zarr v3's default key
-    encoding with its ``.`` separator), not ``c/<i>``: no directory of their own, which is
-    one ``mkdir`` less an array at the seal (a metadata-server call on Lustre or GPFS) and
-    one directory less an array in the sealed store."""
-    arr = await create_array(
-        MemoryStore(),
-        shape=shape,
-        chunks=chunks,
-        dtype=dtype,
-        compressors=compressors,
-        fill_value=fill,
-        chunk_key_encoding=CHUNK_KEYS,
-    )
-    return array_doc(arr)
-
-
 async def new_array(
     where: Any,
     shape: tuple[int, ...],
@@ -287,10 +272,11 @@ async def new_array(
     fill: Any,
     attrs: Mapping[str, Any],
     dims: list[str],
+    overwrite: bool = False,
 ) -> Any:
-    """A new array at store path ``where`` (Zarr's ``create_array``), its chunks named as
-    :data:`CHUNK_KEYS` says. Every chunk is written, one of fill values too: ``validate``
-    takes a chunk missing for damage."""
+    """A new array at store path ``where`` (Zarr's ``create_array``; ``overwrite``: in
+    place of one there), its chunks named as :data:`CHUNK_KEYS` says, every chunk written
+    (:func:`array_config`)."""
     return await create_array(
         where,
         shape=shape,
@@ -301,7 +287,8 @@ async def new_array(
         chunk_key_encoding=CHUNK_KEYS,
         attributes=dict(attrs),
         dimension_names=dims,
-        config={"write_empty_chunks": True},
+        config=array_config(),
+        overwrite=overwrite,
     )
 
 
