@@ -212,7 +212,7 @@ def consolidate(
         nodes = read_nodes(root)
     compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
     trim(root, nodes)  # what compaction left (fsspec stores): cut to the rows written
-    seal(root, nodes, attrs or {})
+    seal(root, attrs or {})
 
 
 def finalize(

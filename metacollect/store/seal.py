@@ -8,8 +8,8 @@ At a run's end (:func:`~metacollect.store.lifecycle.finalize`; ``metacollect gat
    own groups first, :func:`seal_own`);
 2. compacts the tables appended to Zarr directly (:mod:`metacollect.store.compact`);
 3. cuts every table's arrays back to its committed rows (:func:`trim`);
-4. writes the root's ``zarr.json`` once with the consolidated metadata of every node
-   (:func:`seal`), from the documents :func:`read_nodes` read.
+4. adds the run's attributes to the root and consolidates the metadata of every node
+   (:func:`seal`, ``zarr.consolidate_metadata``).
 
 A fold claims a group's segment directory (:func:`~metacollect.store.segments.claim`), so
 that a process folding its own groups, a writer merging its segments and the run's seal
@@ -331,26 +331,7 @@ def trim(root: zarrio.Group, nodes: dict[str, dict[str, Any]]) -> int:
     return len(cuts)
 
 
-def seal(root: zarrio.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str, Any]) -> None:
-    """Write the root's ``zarr.json`` once: ``attrs`` added to its attributes, and the
-    consolidated metadata of ``nodes`` (the :func:`read_nodes` of a store no process writes
-    any more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
-    reading the whole store a second time - where the store supports it."""
-    sp = root.store_path
-    found = zarrio.run(documents.read_doc(sp))
-    doc = found if found is not None else root.metadata.to_dict()
-    doc["attributes"] = {**doc.get("attributes", {}), **jsonable(dict(attrs))}
-    doc.pop("consolidated_metadata", None)
-    if sp.store.supports_consolidated_metadata:  # most stores; not all
-        flat = {}
-        for path, node in nodes.items():
-            if node.get("node_type") == "group":
-                # a group's own entry says it has no children beyond those listed
-                node = {**node, "consolidated_metadata": _INLINE_EMPTY}
-            flat[path] = node
-        doc["consolidated_metadata"] = {**_INLINE_EMPTY, "metadata": flat}
-    zarrio.run(documents.write_doc(sp, doc))
-
-
-#: consolidated metadata of a group listed in its parent's: no children beyond those listed
-_INLINE_EMPTY = {"kind": "inline", "must_understand": False, "metadata": {}}
+def seal(root: zarrio.Group, attrs: Mapping[str, Any]) -> None:
+    """Add ``attrs`` to the root's attributes, then consolidate the metadata of every node
+    into it (``zarr.consolidate_metadata``), where the store supports it."""
+    zarrio.run(zarrio.consolidate(root.store_path, jsonable(dict(attrs))))

@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeGuard, TypeVar
 
 import zarr
-from zarr.api.asynchronous import create_array, create_group
+from zarr.api.asynchronous import consolidate_metadata, create_array, create_group
 from zarr.api.asynchronous import open_group as open_async_group
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.errors import ContainsGroupError
@@ -303,6 +303,21 @@ async def set_group_attrs(where: Any, attrs: Mapping[str, Any]) -> dict[str, Any
     group = await group.update_attributes(dict(attrs))
     doc: dict[str, Any] = group.metadata.to_dict()
     return doc
+
+
+async def consolidate(where: Any, attrs: Mapping[str, Any]) -> None:
+    """Add ``attrs`` to the attributes of the group at store path ``where``, then write the
+    consolidated metadata of every node below it (``zarr.consolidate_metadata``), where its
+    store supports it (some stores do not: then the attributes only)."""
+    group = await open_async_group(store=where, mode="r+", use_consolidated=False)
+    await group.update_attributes(dict(attrs))
+    if where.store.supports_consolidated_metadata:
+        with warnings.catch_warnings():
+            # that consolidated metadata is not part of the Zarr v3 specification yet, and
+            # the entries that are no node (the lock file, a segment directory)
+            warnings.filterwarnings("ignore", message="Consolidated metadata")
+            warnings.filterwarnings("ignore", message=UNRECOGNIZED)
+            await consolidate_metadata(where.store, path=where.path or None)
 
 
 def array_doc(arr: Any) -> dict[str, Any]:
