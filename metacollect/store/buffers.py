@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -45,22 +46,27 @@ class StringTable:
         """
         # the values held here: a value's ``str()`` runs code that may empty the caller's list
         values = [v for column in columns for v in column]
-        out = np.empty(len(values), np.int32)
         if not values:
-            return out
-        keys = _texts(values)
+            return np.empty(0, np.int32)
         with self._lock:
             codes = self._codes
-            fresh = dict.fromkeys(k for k in keys if k is not None and k not in codes)
+            # a string the cache holds is one lookup; the others (new strings, task keys'
+            # tuples, None) are turned into text and looked at one by one
+            out = np.fromiter(map(codes.get, values, repeat(-2)), np.int32, len(values))
+            missed = np.flatnonzero(out == -2)
+            texts = _texts([values[i] for i in missed.tolist()])
+            fresh = dict.fromkeys(t for t in texts if t is not None and t not in codes)
             if codes and len(codes) + len(fresh) > self._size:
                 codes.clear()  # restarts: rows never index a string from before
-                fresh = dict.fromkeys(k for k in keys if k is not None)
+                missed = np.arange(len(values))
+                texts = _texts(values)
+                fresh = dict.fromkeys(t for t in texts if t is not None)
             for text in fresh:
                 codes[text] = self._next
                 self._next += 1
                 self._new.append(text)
             lookup = codes.get
-            out[:] = [-1 if k is None else lookup(k, -1) for k in keys]
+            out[missed] = [-1 if t is None else lookup(t, -1) for t in texts]
         return out
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:

@@ -38,7 +38,17 @@ def _as_text(v: Any) -> Any:
 def holds_blank(values: np.ndarray) -> bool:
     """Whether a column of strings holds an empty or NUL-only string (or ``None``, which
     VLenUTF8 writes as ``""``): the seal must tell those from no value."""
-    return any(v is None or (isinstance(v, str) and not v.strip("\0")) for v in values.flat)
+    texts = values.ravel().tolist()
+    if not texts:
+        return False
+    if not all(texts):  # an empty string or None
+        return True
+    try:
+        if not min(texts).startswith("\0"):  # no string starts with a NUL: none is NULs only
+            return False
+    except TypeError:  # not all strings
+        pass
+    return any(isinstance(v, str) and not v.strip("\0") for v in texts)
 
 
 #: attribute of a string column made from codes: the string that stands for no value
