@@ -55,18 +55,31 @@ class StringTable:
             out = np.fromiter(map(codes.get, values, repeat(-2)), np.int32, len(values))
             missed = np.flatnonzero(out == -2)
             texts = _texts([values[i] for i in missed.tolist()])
-            fresh = dict.fromkeys(t for t in texts if t is not None and t not in codes)
-            if codes and len(codes) + len(fresh) > self._size:
-                codes.clear()  # restarts: rows never index a string from before
-                missed = np.arange(len(values))
-                texts = _texts(values)
-                fresh = dict.fromkeys(t for t in texts if t is not None)
-            for text in fresh:
-                codes[text] = self._next
+            if codes and len(codes) + len(texts) > self._size:  # it may have to restart
+                fresh = {t for t in texts if t is not None and t not in codes}
+                if len(codes) + len(fresh) > self._size:
+                    codes.clear()  # restarts: rows never index a string from before
+                    missed = np.arange(len(values))
+                    texts = _texts(values)
+            out[missed] = self._codes_of(texts)
+        return out
+
+    def _codes_of(self, texts: list[str | None]) -> list[int]:
+        """The codes of ``texts`` (``None``: -1), a new string given the next code as it is
+        first seen (the lock held)."""
+        codes, new = self._codes, self._new
+        get = codes.get
+        out = []
+        for text in texts:
+            if text is None:
+                out.append(-1)
+                continue
+            code = get(text)
+            if code is None:
+                code = codes[text] = self._next
                 self._next += 1
-                self._new.append(text)
-            lookup = codes.get
-            out[missed] = [-1 if t is None else lookup(t, -1) for t in texts]
+                new.append(text)
+            out.append(code)
         return out
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:
