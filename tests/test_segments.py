@@ -25,7 +25,7 @@ import zarr
 
 from metacollect import open_run
 from metacollect.session import init_root
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, segments
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.validate import validate_store
@@ -792,21 +792,6 @@ def test_the_seals_own_chunk_files_are_the_bytes_zarr_writes(store, tmp_path):
     run = open_run(store).transitions()
     assert run.worker.tolist()[:2] == [None, "tcp://w:1"]
     assert validate_store(store) == []
-
-
-def test_new_files_go_through_zarrs_store_where_it_is_not_a_directory():
-    """:func:`~metacollect.store.documents.put_new` writes a local directory itself and any
-    other store (fsspec, memory) through Zarr's own ``set``: the same keys and bytes."""
-    from zarr.storage import MemoryStore, StorePath
-
-    memory = MemoryStore()
-    files = {"c/0": b"chunk", "zarr.json": b"{}"}
-    asyncio.run(documents.put_new(StorePath(memory, "t/a"), files))
-    assert documents.local_path(StorePath(memory, "t/a")) is None
-    assert {k: bytes(v.to_bytes()) for k, v in memory._store_dict.items()} == {
-        "t/a/c/0": b"chunk",
-        "t/a/zarr.json": b"{}",
-    }
 
 
 def _levels(store: str) -> list[tuple[int, int, int]]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 
-from metacollect.store import _codes
 from metacollect.store.schema import TableSpec
 
 
@@ -28,10 +28,10 @@ class StringTable:
     """
 
     def __init__(self, cache_size: int) -> None:
-        self._codes = _codes.Codes(cache_size)
+        self._codes: dict[str, int] = {}
+        self._size = cache_size
         self._next = 0
         self._new: list[str] = []
-        self._hint = 1024  # distinct objects in the last encode: its identity table's size
         self._lock = threading.Lock()
 
     def encode(self, *columns: Sequence[Any]) -> np.ndarray:
@@ -39,34 +39,54 @@ class StringTable:
         and float NaN -> -1); non-strings are encoded as ``str(v)``. A flush hands over all
         its columns at once: the same objects recur across them.
 
-        The values are told apart by identity first (the hooks hand over the very objects
-        Dask passes around, so a flush of a million transitions holds a few distinct state
-        strings and one key object per task), then each distinct object is turned into its
-        string once and looked up; new strings get the next codes in first-seen order. All
-        of it is one pass in C (:mod:`metacollect.store._codes`): in Python and numpy the
-        same steps cost several times the CPU, most of a busy scheduler's flush. The cache holds the
+        A value that is not a string is turned into its string (``str()``, a task key's
+        tuple); new strings get the next codes in first-seen order. The cache holds the
         strings, never the caller's objects: a task key cached as the scheduler's own tuple
         would outlive the task by the whole cache.
         """
-        n = sum(map(len, columns))
-        out = np.empty(n, np.int32)
-        if n == 0:
-            return out
+        # the values held here: a value's ``str()`` runs code that may empty the caller's list
+        values = [v for column in columns for v in column]
+        if not values:
+            return np.empty(0, np.int32)
         with self._lock:
-            before = len(self._new)
-            try:
-                self._hint = self._codes.encode_into(
-                    columns, out, self._new, self._next, self._hint
-                )
-            finally:  # each string appended to _new took the next code, even on a failure
-                self._next += len(self._new) - before
+            codes = self._codes
+            # a string the cache holds is one lookup; the others (new strings, task keys'
+            # tuples, None) are turned into text and looked at one by one
+            out = np.fromiter(map(codes.get, values, repeat(-2)), np.int32, len(values))
+            missed = np.flatnonzero(out == -2)
+            texts = _texts([values[i] for i in missed.tolist()])
+            if codes and len(codes) + len(texts) > self._size:  # it may have to restart
+                fresh = {t for t in texts if t is not None and t not in codes}
+                if len(codes) + len(fresh) > self._size:
+                    codes.clear()  # restarts: rows never index a string from before
+                    missed = np.arange(len(values))
+                    texts = _texts(values)
+            out[missed] = self._codes_of(texts)
+        return out
+
+    def _codes_of(self, texts: list[str | None]) -> list[int]:
+        """The codes of ``texts`` (``None``: -1), a new string given the next code as it is
+        first seen (the lock held)."""
+        codes, new = self._codes, self._new
+        get = codes.get
+        out = []
+        for text in texts:
+            if text is None:
+                out.append(-1)
+                continue
+            code = get(text)
+            if code is None:
+                code = codes[text] = self._next
+                self._next += 1
+                new.append(text)
+            out.append(code)
         return out
 
     def strings_of(self, codes: np.ndarray) -> np.ndarray:
         """The strings of codes this table gave out while its cache holds them (-1:
         ``None``), for an array the seal turned into strings that a later writer appends to."""
         with self._lock:
-            back = {c: s for s, c in self._codes.items()}
+            back = {c: text for text, c in self._codes.items()}
         return np.array([back.get(int(c)) for c in codes], dtype=object)
 
     def take_new(self) -> list[str]:
@@ -78,6 +98,22 @@ class StringTable:
         """Put back strings whose append failed, ahead of newer ones."""
         with self._lock:
             self._new = new + self._new
+
+
+def _texts(values: list[Any]) -> list[str | None]:
+    """Each value as the exact ``str`` it is encoded as (``None``: no value). A ``str``
+    subclass becomes plain text, so that equal texts are one string whatever their hash."""
+    out: list[str | None] = []
+    add = out.append
+    for v in values:
+        if type(v) is str:
+            add(v)
+        elif v is None or (isinstance(v, float) and v != v):
+            add(None)
+        else:
+            text = str(v)
+            add(text if type(text) is str else str.__str__(text))
+    return out
 
 
 class Table:

@@ -1,118 +1,30 @@
-"""Chunk I/O: the chunks of Zarr arrays encoded, decoded and read by their own codecs.
+"""Chunk reads: the chunks of Zarr arrays read and decoded by their own codecs.
 
-Zarr's reads and writes are general: each chunk's codecs and file operations are handed
-to threads of their own. For the kinds of arrays metacollect writes (numbers through
-Blosc, strings through Zstandard, each chunk with a CRC32C checksum) the chunks are
-encoded and decoded here with numcodecs, as Zarr does, and read straight from a local
-directory, concurrently, on the store's I/O loop; any other array is read through Zarr.
+Zarr's reads are general: each chunk's codecs and file operations are handed to threads
+of their own. For the kinds of arrays metacollect writes (numbers through Blosc, strings
+through Zstandard, each chunk with a CRC32C checksum; Zarr writes them) the chunks are
+decoded here with numcodecs, as Zarr does, and read straight from a local directory,
+concurrently, on the store's I/O loop; any other array is read through Zarr.
 A chunk that does not decode (its checksum wrong) raises a :class:`StoreError` naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import os
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 import google_crc32c
 import numcodecs
 import numpy as np
-import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, VLenUTF8Codec, ZstdCodec
-from zarr.storage import MemoryStore
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store._codes import vlen_utf8
 from metacollect.store.documents import local_path
-
-
-@dataclasses.dataclass(frozen=True)
-class ArrayCodec:
-    """How the chunks of arrays of one kind are encoded and named, made once per kind from a
-    metadata document (Zarr's own parsing of it), for a writer that stores whole chunks."""
-
-    encode: Callable[[np.ndarray], bytes]
-    chunk_key: Callable[[tuple[int, ...]], str]
-    fill: Any
-    dtype: Any
-
-
-def array_codec(doc: Mapping[str, Any]) -> ArrayCodec:
-    """The :class:`ArrayCodec` of arrays with ``doc``'s data type, codecs and key encoding."""
-    return codec_of(zarrio.async_array(zarr.storage.StorePath(MemoryStore()), doc))
-
-
-def codec_of(arr: Any) -> ArrayCodec:
-    """The :class:`ArrayCodec` of an (asynchronous) array."""
-    text = holds_text(arr)
-    return ArrayCodec(
-        encode=chunk_encoder(arr),
-        chunk_key=arr.metadata.encode_chunk_key,
-        fill="" if text else arr.metadata.fill_value,
-        dtype=object if text else arr.metadata.data_type.to_native_dtype(),
-    )
-
-
-_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-
-
-def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
-    """An array's codec chain as one function of a whole chunk's values (numcodecs, as Zarr
-    does; strings with :func:`~metacollect.store._codes.vlen_utf8`, the same bytes), for a
-    writer that stores the chunks it encodes itself."""
-    steps: list[Callable[[Any], Any]] = []
-    for c in arr.metadata.codecs:
-        if isinstance(c, BytesCodec):
-            order: Literal["<", ">"] = (
-                "<" if c.endian is None or c.endian.value == "little" else ">"
-            )
-            steps.append(functools.partial(_raw_bytes, order=order))
-        elif isinstance(c, VLenUTF8Codec):
-            steps.append(vlen_utf8)  # numcodecs' VLenUTF8 bytes, in C
-        elif isinstance(c, BloscCodec):
-            steps.append(_blosc(c).encode)
-        elif isinstance(c, ZstdCodec):
-            steps.append(numcodecs.Zstd(level=c.level, checksum=c.checksum).encode)
-        elif isinstance(c, Crc32cCodec):
-            steps.append(_with_crc32c)
-        else:
-            raise StoreError(
-                f"array {arr.path!r} uses the codec {type(c).__name__}, which metacollect "
-                "does not append to; write this run to a new store"
-            )
-
-    def encode(values: np.ndarray) -> bytes:
-        out: Any = values
-        for step in steps:
-            out = step(out)
-        return bytes(out)
-
-    return encode
-
-
-def _with_crc32c(data: Any) -> bytes:
-    """``data`` followed by its CRC32C, little-endian (Zarr's ``crc32c`` codec)."""
-    body = bytes(data)
-    return body + int(google_crc32c.value(body)).to_bytes(4, "little")
-
-
-def _raw_bytes(values: np.ndarray, order: Literal["<", ">"]) -> bytes:
-    return np.ascontiguousarray(values, values.dtype.newbyteorder(order)).tobytes()
-
-
-def _blosc(c: BloscCodec) -> numcodecs.Blosc:
-    return numcodecs.Blosc(
-        cname=c.cname.value,
-        clevel=c.clevel,
-        shuffle=_SHUFFLE[c.shuffle.value],
-        blocksize=c.blocksize,
-        typesize=c.typesize,
-    )
 
 
 def holds_text(arr: Any) -> bool:
@@ -212,7 +124,7 @@ def _read_chunks(
 
 
 def chunk_decoder(arr: Any) -> Callable[[bytes], np.ndarray] | None:
-    """The inverse of :func:`chunk_encoder`: a chunk's stored bytes to its values (strings as
+    """A chunk's stored bytes to its values (strings as
     an object array of Python strings); ``None`` when its codecs are not the ones
     metacollect writes (variable-length UTF-8, or raw bytes then Blosc; then Zstandard and
     a CRC32C, either optional)."""

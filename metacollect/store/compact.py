@@ -8,7 +8,7 @@ describes (large chunks, codes as strings, CF attributes;
 table once none of its codes is left.
 
 Crash safety: a table is written whole beside itself (``<table>.compacting``, its group's
-``zarr.json`` last), then swapped in with two renames (the old one to ``<table>.old``, the
+``rows`` last), then swapped in with two renames (the old one to ``<table>.old``, the
 new one to ``<table>``), and the old removed. :func:`recover` finishes or undoes a swap a
 killed process left, from the directories alone; every seal runs it first. Only local
 directories are compacted (fsspec stores have no rename): elsewhere the codes stay, and the
@@ -17,6 +17,7 @@ readers read both forms (:mod:`metacollect.store.text`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -29,7 +30,7 @@ import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import chunkio, documents, layout
-from metacollect.store.layout import COMPACTED, Templates, sealed_chunks
+from metacollect.store.layout import COMPACTED, sealed_chunks
 from metacollect.store.schema import Schema, TableSpec, load_schema
 from metacollect.store.tablewrite import StoredColumn, write_table
 
@@ -49,8 +50,8 @@ def recover(directory: str, groups: Iterable[str]) -> int:
     """Finish or undo the swaps of a compaction a killed process left in the store at
     ``directory``; returns how many it settled. ``groups``: the paths of the directories that
     hold its tables (a swap's directories are its table's siblings: only these are listed,
-    not every directory of every array). A ``<table>.compacting`` whose group ``zarr.json``
-    was written is whole; without it, it was cut short."""
+    not every directory of every array). A ``<table>.compacting`` whose group has its ``rows``
+    is whole; without them, it was cut short."""
     settled = 0
     for group in groups:
         dirpath, names = documents.group_entries(directory, group)
@@ -61,13 +62,24 @@ def recover(directory: str, groups: Iterable[str]) -> int:
             new, old = base + NEW, base + OLD
             if name.endswith(NEW) and os.path.exists(old):
                 continue  # settled with its ``.old``
-            whole = os.path.exists(os.path.join(new, "zarr.json"))
+            whole = _whole(new)
             if os.path.exists(old) and not os.path.exists(base):  # cut between the renames
                 os.rename(new if whole else old, base)
             shutil.rmtree(old, ignore_errors=True)
             shutil.rmtree(new, ignore_errors=True)
             settled += 1
     return settled
+
+
+def _whole(directory: str) -> bool:
+    """Whether a table written beside itself is whole: its group has its ``rows``, which
+    it is given last (:func:`~metacollect.store.tablewrite.write_table`)."""
+    try:
+        with open(os.path.join(directory, "zarr.json"), "rb") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "rows" in doc.get("attributes", {})
 
 
 def compact(
@@ -89,7 +101,6 @@ def compact(
     schema = schema or load_schema()
     level = int(config.get("store.compression-level"))
     strings: dict[str, np.ndarray | None] = {}
-    templates: Templates = {}
     done = 0
     for path in sorted(p for p, d in nodes.items() if _is_table(d)):
         owner = schema.table_owner(path)
@@ -103,9 +114,7 @@ def compact(
             strings[group] = group_strings(root, nodes, group)
         try:
             docs = zarrio.run(
-                _rewrite(
-                    root, path, nodes[path], owner[1], arrays, strings.get(group), level, templates
-                )
+                _rewrite(root, path, nodes[path], owner[1], arrays, strings.get(group), level)
             )
         except StoreError as e:  # a large table's chunk that does not decode: found as read
             shutil.rmtree(os.path.join(directory, *(path + NEW).split("/")), ignore_errors=True)
@@ -180,9 +189,8 @@ async def _rewrite(
     arrays: dict[str, dict[str, Any]],
     strings: np.ndarray | None,
     level: int,
-    templates: Templates,
 ) -> dict[str, dict[str, Any]]:
-    """Write table ``path`` compacted at ``path + NEW`` (its group's ``zarr.json`` last);
+    """Write table ``path`` compacted at ``path + NEW`` (its group's ``rows`` last);
     returns the new documents, by the paths they take once swapped in. A table of more than
     :data:`~metacollect.store.layout.COMPACT_ROWS` rows is read a block of rows at a time
     (:class:`StoredColumn`), as it is written, so the compaction holds a few blocks of a table,
@@ -207,7 +215,7 @@ async def _rewrite(
     }
     group = {**doc, "attributes": {**doc["attributes"], "rows": n, COMPACTED: True}}
     return await write_table(
-        root.store_path / (path + NEW),
+        zarrio.table_store(root, path + NEW),
         path,
         group,
         tspec,
@@ -215,7 +223,6 @@ async def _rewrite(
         layouts,
         strings,
         level,
-        templates,
     )
 
 

@@ -4,8 +4,8 @@ The seal, the readers and ``validate`` need each node's document, not Zarr's obj
 made from it: a store's documents are read concurrently (:func:`list_docs`; a local
 directory straight from its files), a sealed store's from the consolidated metadata its
 root holds (:func:`sealed_docs`), and :class:`Nodes` makes Zarr's groups and arrays from
-them without reading them again. New files are stored whole or not at all
-(:func:`put_new`, :func:`local_group`): a reader never sees half a document.
+them without reading them again. A new group is stored whole or not at all
+(:func:`local_group`): a reader never sees half a document.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def exists(where: Any) -> bool:
 async def write_doc(where: Any, doc: Mapping[str, Any]) -> None:
     """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
     store path ``where`` in one write: every ``zarr.json`` metacollect makes itself (tables,
-    arrays, the seal) goes through here; Zarr's own writes under :data:`compact_json`."""
+    arrays, the seal) goes through here."""
     await (where / "zarr.json").set(buffer(doc_bytes(doc)))
 
 
@@ -339,47 +339,6 @@ def members_below(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]
 def doc_bytes(doc: Mapping[str, Any]) -> bytes:
     """A node's ``zarr.json`` as metacollect writes it: JSON without whitespace."""
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-
-
-async def put_new(where: Any, files: Mapping[str, bytes]) -> None:
-    """Store ``files`` (keys relative to store path ``where``) that no reader counts yet: the
-    seal's arrays, which a table's ``zarr.json`` written after them makes part of the store.
-
-    On a local directory each is one ``open``/``write`` in one thread hop for all of them:
-    Zarr's store writes a temporary file and renames it, each in a thread hop of its own:
-    for the seal's hundreds of arrays, most of its time (and twice the metadata operations
-    on a parallel filesystem). Elsewhere they go through Zarr's store."""
-    directory = local_path(where)
-    if directory is None:
-        await asyncio.gather(*((where / k).set(buffer(v)) for k, v in files.items()))
-    else:
-        await asyncio.to_thread(_write_files, directory, files)
-
-
-def _write_files(directory: str, files: Mapping[str, bytes]) -> None:
-    made: set[str] = set()
-    for key, body in files.items():
-        path = os.path.join(directory, *key.split("/"))
-        _make_dir(os.path.dirname(path), made)
-        with open(path, "wb") as f:
-            f.write(body)
-
-
-def _make_dir(path: str, made: set[str]) -> None:
-    """``path`` made a directory with one ``mkdir`` when its parent is there (the seal's new
-    arrays), and its parents first when not; ``os.makedirs`` stats each level first, which
-    on a parallel filesystem is a metadata-server call each."""
-    if path in made:
-        return
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        _make_dir(os.path.dirname(path), made)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path)
-    made.add(path)
 
 
 def local_path(where: Any) -> str | None:

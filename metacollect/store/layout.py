@@ -10,13 +10,13 @@ files in proportion to its data:
   repetition the codes saved), so ``xarray.open_datatree`` shows names, not numbers;
 - each array's CF attributes (``units``, ``long_name``, ``calendar``) from the schema.
 
+Arrays are made and written through Zarr's public API (:func:`create`).
 :class:`ColumnLook` takes the one look at a column that says how it is sealed
 (:class:`SealedColumn`): the string a missing value is written as, and its attributes.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -24,13 +24,8 @@ import numpy as np
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio
 from metacollect.store.schema import FILL, TableSpec, VariableSpec
 from metacollect.store.text import NONE_ATTR, codes_to_text, no_value, none_value, text_values
-
-#: the seal's array templates by kind (see :func:`template`), shared by a store's tables
-Templates = dict[Any, "asyncio.Future[tuple[dict[str, Any], chunkio.ArrayCodec]]"]
-
 
 #: fewest rows in a chunk of a large sealed table (see :func:`_chunk`)
 COMPACT_ROWS = 65_536
@@ -100,53 +95,36 @@ def sealed_attrs(attrs: Mapping[str, Any], var: VariableSpec, none: str | None) 
     return out
 
 
-def sealed_doc(
-    template: Mapping[str, Any], shape: Sequence[int], dims: Any, attrs: dict[str, Any]
-) -> dict[str, Any]:
-    """A sealed array's ``zarr.json``, from its kind's template."""
-    return {
-        **template,
-        "shape": list(shape),
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_of(shape)}},
-        "dimension_names": dims,
-        "attributes": attrs,
-    }
-
-
 def chunk_of(shape: Sequence[int]) -> list[int]:
     """The chunk shape of a sealed array of ``shape`` (whole rows past the first axis)."""
     return [_chunk(shape[0], list(shape[1:])), *shape[1:]]
 
 
-def template(
-    var: VariableSpec, extra: list[int], chunk: list[int], level: int, templates: Templates
-) -> asyncio.Future[tuple[dict[str, Any], chunkio.ArrayCodec]]:
-    """Zarr's metadata and codec for this kind of array, made once in memory and shared by
-    the arrays written meanwhile (they wait for the one making). The chunk's length (a small
-    table's is its rows) is set per array, not part of the kind: a store's tables have as
-    many lengths as sizes, and making a template is a round of Zarr's machinery."""
+async def create(
+    where: Any,
+    var: VariableSpec,
+    shape: Sequence[int],
+    dims: list[str],
+    attrs: Mapping[str, Any],
+    level: int,
+) -> Any:
+    """A sealed array at store path ``where``, through Zarr's ``create_array``: chunks of
+    :func:`chunk_of`, strings (and codes, written as strings) with Zstandard at
+    :data:`SEAL_TEXT_LEVEL` at least, numbers with Blosc at the store's level (its highest
+    levels are many times slower for little less on numbers)."""
     is_str = var.dtype in ("str", "code")
-    kind = (is_str, var.dtype, tuple(extra))
-    made = templates.get(kind)
-    if made is None:
-
-        async def make() -> tuple[dict[str, Any], chunkio.ArrayCodec]:
-            doc = await zarrio.array_template(
-                (0, *extra),
-                tuple(chunk),
-                str if is_str else var.numpy_dtype,
-                # strings once, at the seal, at a higher Zstandard level (SEAL_TEXT_LEVEL:
-                # much smaller string columns); Blosc's highest levels are many times slower
-                # for little less on numbers, so numbers keep the store's level
-                zarrio.codecs("text", max(level, SEAL_TEXT_LEVEL))
-                if is_str
-                else zarrio.codecs("numeric", level),
-                "" if is_str else FILL[var.dtype],
-            )
-            return doc, chunkio.array_codec(doc)
-
-        made = templates[kind] = asyncio.ensure_future(make())
-    return made
+    return await zarrio.new_array(
+        where,
+        tuple(shape),
+        tuple(chunk_of(shape)),
+        str if is_str else var.numpy_dtype,
+        zarrio.codecs("text", max(level, SEAL_TEXT_LEVEL))
+        if is_str
+        else zarrio.codecs("numeric", level),
+        "" if is_str else FILL[var.dtype],
+        attrs,
+        dims,
+    )
 
 
 class SealedColumn(NamedTuple):

@@ -203,17 +203,16 @@ def consolidate(
     :func:`~metacollect.store.seal.read_nodes` when already read (one read of the store
     serves the caller and the seal)."""
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
-    with zarrio.compact_json():
-        directory = local_dir(root)
-        if fold and directory is not None and segments.groups_with_segments(directory):
-            for lost in fold_segments(directory).lost:  # finalize folds first, and says so
-                logger.warning("metacollect: %s", lost)
-            nodes = None  # the fold added tables and rows
-        if nodes is None:
-            nodes = read_nodes(root)
-        compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
-        trim(root, nodes)  # what compaction left (fsspec stores): cut to the rows written
-        seal(root, nodes, attrs or {})
+    directory = local_dir(root)
+    if fold and directory is not None and segments.groups_with_segments(directory):
+        for lost in fold_segments(directory).lost:  # finalize folds first, and says so
+            logger.warning("metacollect: %s", lost)
+        nodes = None  # the fold added tables and rows
+    if nodes is None:
+        nodes = read_nodes(root)
+    compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
+    trim(root, nodes)  # what compaction left (fsspec stores): cut to the rows written
+    seal(root, attrs or {})
 
 
 def finalize(

@@ -8,8 +8,8 @@ At a run's end (:func:`~metacollect.store.lifecycle.finalize`; ``metacollect gat
    own groups first, :func:`seal_own`);
 2. compacts the tables appended to Zarr directly (:mod:`metacollect.store.compact`);
 3. cuts every table's arrays back to its committed rows (:func:`trim`);
-4. writes the root's ``zarr.json`` once with the consolidated metadata of every node
-   (:func:`seal`), from the documents :func:`read_nodes` read.
+4. adds the run's attributes to the root and consolidates the metadata of every node
+   (:func:`seal`, ``zarr.consolidate_metadata``).
 
 A fold claims a group's segment directory (:func:`~metacollect.store.segments.claim`), so
 that a process folding its own groups, a writer merging its segments and the run's seal
@@ -34,6 +34,7 @@ import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import documents
 from metacollect.store import segments as seg
+from metacollect.store.compact import NEW
 from metacollect.store.schema import GroupSpec, Schema, load_schema
 from metacollect.store.tablewrite import SealedTable, write_sealed_stream
 from metacollect.store.writer import GroupWriter, StoreWriter, jsonable, raise_first
@@ -194,6 +195,8 @@ def _fold_group(writer: StoreWriter, spec: GroupSpec, path: str, found: seg.Grou
     if not os.path.exists(os.path.join(directory, "zarr.json")):
         writer.ensure_group(path, spec, {})  # its metadata lost (a damaged store): made again
     in_zarr = False
+    for t in set(spec.tables):  # a table a fold killed while writing it left
+        shutil.rmtree(os.path.join(directory, t + NEW), ignore_errors=True)
     for t in sorted(set(os.listdir(directory)) & set(spec.tables)):
         if os.path.exists(os.path.join(directory, t, "zarr.json")):
             in_zarr = True
@@ -248,10 +251,15 @@ def _write_sealed(
             yield decoded
             s.release()
 
-    with zarrio.compact_json():
-        zarrio.run(
-            write_sealed_stream(writer.root, path, plan, parts, window, writer.sealed_templates)
-        )
+    def done(table: str) -> None:  # whole: its ``rows`` set; in its place
+        base = os.path.join(writer.path, *table.split("/"))
+        os.rename(base + NEW, base)
+
+    zarrio.run(write_sealed_stream(writer.root, path, plan, parts, window, _beside, done))
+
+
+def _beside(table: str) -> str:
+    return table + NEW
 
 
 def _fold_table(gw: GroupWriter, found: seg.GroupSegments, table: str) -> None:
@@ -323,26 +331,7 @@ def trim(root: zarrio.Group, nodes: dict[str, dict[str, Any]]) -> int:
     return len(cuts)
 
 
-def seal(root: zarrio.Group, nodes: dict[str, dict[str, Any]], attrs: Mapping[str, Any]) -> None:
-    """Write the root's ``zarr.json`` once: ``attrs`` added to its attributes, and the
-    consolidated metadata of ``nodes`` (the :func:`read_nodes` of a store no process writes
-    any more, as :func:`trim` left them) - what ``zarr.consolidate_metadata`` writes, without
-    reading the whole store a second time - where the store supports it."""
-    sp = root.store_path
-    found = zarrio.run(documents.read_doc(sp))
-    doc = found if found is not None else root.metadata.to_dict()
-    doc["attributes"] = {**doc.get("attributes", {}), **jsonable(dict(attrs))}
-    doc.pop("consolidated_metadata", None)
-    if sp.store.supports_consolidated_metadata:  # most stores; not all
-        flat = {}
-        for path, node in nodes.items():
-            if node.get("node_type") == "group":
-                # a group's own entry says it has no children beyond those listed
-                node = {**node, "consolidated_metadata": _INLINE_EMPTY}
-            flat[path] = node
-        doc["consolidated_metadata"] = {**_INLINE_EMPTY, "metadata": flat}
-    zarrio.run(documents.write_doc(sp, doc))
-
-
-#: consolidated metadata of a group listed in its parent's: no children beyond those listed
-_INLINE_EMPTY = {"kind": "inline", "must_understand": False, "metadata": {}}
+def seal(root: zarrio.Group, attrs: Mapping[str, Any]) -> None:
+    """Add ``attrs`` to the root's attributes, then consolidate the metadata of every node
+    into it (``zarr.consolidate_metadata``), where the store supports it."""
+    zarrio.run(zarrio.consolidate(root.store_path, jsonable(dict(attrs))))

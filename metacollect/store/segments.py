@@ -50,8 +50,8 @@ import numpy as np
 
 from metacollect.errors import StoreError
 from metacollect.store import lock
-from metacollect.store._codes import holds_blank, vlen_utf8
 from metacollect.store.schema import GroupSpec, load_schema
+from metacollect.store.text import holds_blank, vlen_utf8
 
 #: the directory of a group's segments, below the group's own
 SEG_DIR = ".segments"
@@ -88,12 +88,12 @@ def encode(tables: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
         for name, values in data.items():
             arr = np.asarray(values)
             if arr.dtype == object:
-                raw, dtype = vlen_utf8(arr.reshape(-1)), "vlen"
+                raw, dtype = vlen_utf8(arr), "vlen"
             else:
                 arr = np.ascontiguousarray(arr)
                 raw, dtype = arr.tobytes(), arr.dtype.str
             out[name] = (dtype, list(arr.shape), raw)
-            if dtype == "vlen" and holds_blank(raw):
+            if dtype == "vlen" and holds_blank(arr):
                 blank.append(f"{table}/{name}")
     return _assemble(columns, {"blank": blank})
 

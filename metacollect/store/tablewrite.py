@@ -1,36 +1,33 @@
-"""Writing tables in their sealed form (:mod:`metacollect.store.layout`).
+"""Writing tables in their sealed form (:mod:`metacollect.store.layout`), through Zarr's API.
 
 Two ways in: :func:`write_sealed_stream` writes a group's tables from its segments' rows
 in order (the fold at the seal, when none of the group's tables is in Zarr yet), and
 :func:`write_table` writes a table's stored columns again (the compaction of a table
-appended to Zarr). Either way a large table is written a block of chunks at a time, so
-the seal's memory stays that of a few chunks however many rows a table has; every file is
-stored new (:func:`~metacollect.store.documents.put_new`), each array's ``zarr.json``
-after its chunks and the table's group ``zarr.json`` last.
+appended to Zarr). Either way a large table is written a block of chunks at a time
+(``array[lo:hi] = block``), so the seal's memory stays that of a few chunks however many
+rows a table has. A table is written at a path of its own (``<table>.compacting``), its
+group made first without ``rows`` and given its ``rows`` last, then renamed in place by the
+caller: a table cut short by a kill has no ``rows`` and is written again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
-from metacollect.store import chunkio, documents, layout
-from metacollect.store.chunks import chunk_files
+from metacollect.store import chunkio, layout
 from metacollect.store.layout import (
     COMPACTED,
     ColumnLook,
     SealedColumn,
-    Templates,
     chunk_of,
+    create,
     sealed_attrs,
-    sealed_doc,
-    template,
     variable_layout,
 )
 from metacollect.store.schema import TableSpec, VariableSpec
@@ -88,22 +85,23 @@ async def write_sealed_stream(
     tables: Mapping[str, SealedTable],
     parts: Callable[[], Iterator[Mapping[str, Mapping[str, np.ndarray]]]],
     strings: StringSource,
-    templates: Templates,
+    where: Callable[[str], str],
+    done: Callable[[str], None],
 ) -> dict[str, dict[str, Any]]:
     """Write tables the store does not hold yet straight in the form the seal leaves, from
     ``parts()``: their rows in order, a part per segment (``{table: {variable: column}}``),
-    decoded in a thread as they are needed. Each variable's chunks are written as soon as it has
-    :data:`~metacollect.store.layout.BLOCK_CHUNKS` of them: what is held is a few blocks and the
-    strings of the recent parts (``strings``), whatever the number of rows. A ``code``
-    variable's missing value is written as the string :func:`none_value` picks among the blank
-    strings it holds (a group with blank strings, rare, is gone through once more first, to see
-    which variable holds which), and named in its attributes if the variable had one: its
-    ``zarr.json`` goes after its chunks, each table's group ``zarr.json`` last. Returns the
-    documents written, by path."""
+    decoded in a thread as they are needed. Each variable's rows are written as soon as it
+    has :data:`~metacollect.store.layout.BLOCK_CHUNKS` chunks of them: what is held is a few
+    blocks and the strings of the recent parts (``strings``), whatever the number of rows. A
+    ``code`` variable's missing value is written as the string :func:`none_value` picks among
+    the blank strings it holds (a group with blank strings, rare, is gone through once more
+    first, to see which variable holds which), and named in its attributes if the variable
+    had one. Table ``t`` is written at ``where(path of t)``, and ``done(path of t)`` called
+    once it is whole. Returns the documents written, by the paths of the tables."""
     level = int(config.get("store.compression-level"))
     made = await asyncio.gather(
         *(
-            _TableSink.make(root, f"{group}/{table}" if group else table, t, level, templates)
+            _TableSink.make(root, f"{group}/{table}" if group else table, t, where, done, level)
             for table, t in tables.items()
         )
     )
@@ -127,14 +125,15 @@ async def write_sealed_stream(
                 return True
         return False
 
-    # the next parts are decoded and added while the blocks of the last are stored; a group
-    # of small tables (most) is added in one thread hop
+    # the next parts are decoded and added while the blocks of the last are stored
     more = await asyncio.to_thread(add_until_ready)
     while more:
-        more, *_ = await asyncio.gather(
-            asyncio.to_thread(add_until_ready), *_blocks(sinks, final=False)
+        # the blocks taken now, before the thread adds to what they hold
+        blocks = [(c, c.take(final=False)) for k in sinks.values() for c in k.columns.values()]
+        more, *_ = await asyncio.gather(  # type: ignore[assignment]
+            asyncio.to_thread(add_until_ready),
+            *(c.store(block, level, final=False) for c, block in blocks if block is not None),
         )
-    await asyncio.gather(*_blocks(sinks, final=True))
     out: dict[str, dict[str, Any]] = {}
     for docs in await asyncio.gather(*(sink.finish() for sink in sinks.values())):
         out.update(docs)
@@ -169,47 +168,23 @@ def _held_blanks(
         sinks[table].columns[name].none = none_value(mine)
 
 
-def _blocks(sinks: Mapping[str, _TableSink], final: bool) -> list[Coroutine[Any, Any, None]]:
-    """The storing of the blocks of chunks the variables have whole (``final``: of what they
-    have left as well), taken from them now, to run side by side: Zstandard and Blosc release
-    the GIL. A table of at most :data:`~metacollect.store.layout.COMPACT_ROWS` rows (most of a
-    run's tables) is made at the end, its arrays and their documents in one thread hop and one
-    store: a hop per array costs more than a small array's encoding."""
-
-    async def store(where: Any, make: Callable[[], dict[str, bytes]]) -> None:
-        await documents.put_new(where, await asyncio.to_thread(make))
-
-    jobs = []
-    for sink in sinks.values():
-        if sink.small:
-            if final:
-                jobs.append(store(sink.where, sink.whole))
-            continue
-        for column in sink.columns.values():
-            block = column.take(final)
-            if block is not None:
-                jobs.append(store(sink.where, functools.partial(column.files, *block)))
-    return jobs
-
-
 class _ColumnSink:
     """One variable of a table being sealed from its rows in order: the rows not stored yet,
     and what its array's attributes say once all are (a missing value among them)."""
 
     def __init__(
         self,
-        name: str,
+        where: Any,
         var: VariableSpec,
         shape: tuple[int, ...],
         layout: tuple[list[str], dict[str, Any]],
-        kind: tuple[dict[str, Any], chunkio.ArrayCodec],
     ) -> None:
-        self.name, self.var, self.shape = name, var, shape
+        self.where, self.var, self.shape = where, var, shape
         self.dims, self.attrs = layout
-        self.doc, self.codec = kind
         self.chunk = chunk_of(shape)[0]
         self.none = ""
         self.missing = False
+        self.arr: Any = None
         self._pending: list[np.ndarray] = []
         self._count = 0
         self._written = 0
@@ -247,93 +222,93 @@ class _ColumnSink:
         lo, self._written = self._written, self._written + n
         return lo, rows[:n]
 
-    def files(self, lo: int, rows: np.ndarray) -> dict[str, bytes]:
-        """The encoded chunks of rows ``lo:lo+len(rows)`` (whole chunks, but for the last)."""
-        own = chunk_files(
-            rows.astype(self.codec.dtype, copy=False), self.chunk, self.codec, lo // self.chunk
-        )
-        return {f"{self.name}/{key}": body for key, body in own.items()}
+    def final_attrs(self) -> dict[str, Any]:
+        return sealed_attrs(self.attrs, self.var, self.none if self.missing else None)
 
-    def document(self) -> dict[str, Any]:
-        attrs = sealed_attrs(self.attrs, self.var, self.none if self.missing else None)
-        return sealed_doc(self.doc, self.shape, self.dims, attrs)
+    async def store(self, block: tuple[int, np.ndarray] | None, level: int, final: bool) -> None:
+        """Write ``block`` (:meth:`take`), making its array first: with its final attributes
+        when ``final`` (these are all its rows)."""
+        if self.arr is None and (block is not None or final):
+            attrs = self.final_attrs() if final else self.attrs
+            self.arr = await create(self.where, self.var, self.shape, self.dims, attrs, level)
+        if block is not None:
+            lo, rows = block
+            await self.arr.setitem(slice(lo, lo + len(rows)), rows)
+
+    async def finish(self, level: int) -> dict[str, Any]:
+        """Its last rows written and its attributes final; its array's document."""
+        made = self.arr is not None
+        await self.store(self.take(final=True), level, final=True)
+        attrs = self.final_attrs()
+        if made and self.arr.metadata.attributes != attrs:
+            self.arr = await self.arr.update_attributes(attrs)
+        return zarrio.array_doc(self.arr)
 
 
 class _TableSink:
     """A table being sealed from its rows in order (see :func:`write_sealed_stream`)."""
 
     def __init__(
-        self, where: Any, path: str, group: dict[str, Any], columns: dict[str, _ColumnSink]
+        self,
+        where: Any,
+        path: str,
+        group: dict[str, Any],
+        columns: dict[str, _ColumnSink],
+        done: Callable[[str], None],
+        level: int,
     ) -> None:
         self.where, self.path, self.group, self.columns = where, path, group, columns
+        self.done, self.level = done, level
 
     @classmethod
     async def make(
-        cls, root: zarrio.Group, path: str, table: SealedTable, level: int, templates: Templates
+        cls,
+        root: zarrio.Group,
+        path: str,
+        table: SealedTable,
+        where: Callable[[str], str],
+        done: Callable[[str], None],
+        level: int,
     ) -> _TableSink:
         tspec = table.tspec
-        names = [n for n in table.layout if n in tspec.variables]
-        kinds = await asyncio.gather(
-            *(
-                template(
-                    tspec.variables[n],
-                    list(table.layout[n][1][1:]),
-                    chunk_of(table.layout[n][1]),
-                    level,
-                    templates,
-                )
-                for n in names
-            )
-        )
+        at = zarrio.table_store(root, where(path))
         columns = {
             n: _ColumnSink(
-                n,
+                at / n,
                 tspec.variables[n],
                 table.layout[n][1],
                 variable_layout(tspec, n, table.layout[n][1][1:]),
-                kind,
             )
-            for n, kind in zip(names, kinds, strict=True)
+            for n in table.layout
+            if n in tspec.variables
         }
         n = next(iter(table.layout.values()))[1][0] if table.layout else 0
-        group = documents.group_doc({**table.attributes, "rows": n, COMPACTED: True})
-        return cls(root.store_path / path, path, group, columns)
+        group = {**table.attributes, "rows": n, COMPACTED: True}
+        await zarrio.new_group(at, _unfinished(group))
+        return cls(at, path, group, columns, done, level)
 
     def add(self, part: Mapping[str, np.ndarray], strings: StringSource) -> None:
         for name, column in self.columns.items():
             column.add(part[name], strings)
 
     @property
-    def small(self) -> bool:
-        return int(self.group["attributes"]["rows"]) <= layout.COMPACT_ROWS
-
-    @property
     def ready(self) -> bool:
-        """Whether a variable has a block of chunks to store (a small table: never)."""
-        return not self.small and any(c.ready for c in self.columns.values())
-
-    def whole(self) -> dict[str, bytes]:
-        """A small table's files: each array's chunks, then its ``zarr.json``."""
-        files: dict[str, bytes] = {}
-        for name, column in self.columns.items():
-            block = column.take(final=True)
-            if block is not None:
-                files.update(column.files(*block))
-            files[f"{name}/zarr.json"] = documents.doc_bytes(column.document())
-        return files
+        """Whether a variable has a block of chunks to store."""
+        return any(c.ready for c in self.columns.values())
 
     async def finish(self) -> dict[str, dict[str, Any]]:
-        """The table's ``zarr.json``, last (a large table's arrays' before it: their chunks
-        are stored); the documents written, by path."""
-        docs = {f"{self.path}/{name}": c.document() for name, c in self.columns.items()}
-        if not self.small:
-            files = {
-                f"{n}/zarr.json": documents.doc_bytes(docs[f"{self.path}/{n}"])
-                for n in self.columns
-            }
-            await documents.put_new(self.where, files)
-        await documents.write_doc(self.where, self.group)
-        return {**docs, self.path: self.group}
+        """The arrays' last rows, then the table's ``rows``; the documents, by path."""
+        docs = await asyncio.gather(*(c.finish(self.level) for c in self.columns.values()))
+        out = {f"{self.path}/{n}": d for n, d in zip(self.columns, docs, strict=True)}
+        out[self.path] = await zarrio.set_group_attrs(self.where, self.group)
+        await asyncio.to_thread(self.done, self.path)
+        return out
+
+
+def _unfinished(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """A table group's attributes until all its arrays are written: no ``rows``, which
+    readers and the seal take for a table whole."""
+    return {k: v for k, v in attrs.items() if k != "rows"}
 
 
 async def write_table(
@@ -345,54 +320,29 @@ async def write_table(
     layouts: dict[str, tuple[Any, dict[str, Any]]],
     strings: np.ndarray | None,
     level: int,
-    templates: Templates,
 ) -> dict[str, dict[str, Any]]:
-    """Write a table's columns at ``where`` in their sealed form, its group's ``zarr.json``
-    (``group``) last; returns the documents by the paths of ``path``'s table (``layouts``:
-    each variable's dimension names and attributes).
-
-    A table of at most :data:`~metacollect.store.layout.COMPACT_ROWS` rows (most of a run's
-    tables) is made and stored in two thread hops: a hop per array costs more than a small
-    array's encoding, and a seal writes hundreds of arrays. A larger table's arrays are written
-    side by side, so their chunks compress in parallel (Zstandard and Blosc release the GIL),
-    each :data:`~metacollect.store.layout.BLOCK_CHUNKS` chunks at a time, so its memory stays
-    that of a few chunks however many rows it has. Files are stored new
-    (:func:`~metacollect.store.documents.put_new`), each array's ``zarr.json`` after its
-    chunks."""
+    """Write a table's columns at ``where`` in their sealed form, its group's attributes
+    (``group``) complete last; returns the documents by the paths of ``path``'s table
+    (``layouts``: each variable's dimension names and attributes). Its arrays are written
+    side by side, each :data:`~metacollect.store.layout.BLOCK_CHUNKS` chunks at a time, so
+    its memory stays that of a few chunks however many rows it has."""
+    await zarrio.new_group(where, _unfinished(group["attributes"]))
     names = [n for n in layouts if n in columns]
-    made = await asyncio.gather(
-        *(
-            template(
-                tspec.variables[n],
-                list(np.shape(columns[n])[1:]),
-                chunk_of(np.shape(columns[n])),
-                level,
-                templates,
-            )
-            for n in names
-        )
-    )
-    table = _ColumnsWrite(
-        where, path, tspec, columns, layouts, strings, dict(zip(names, made, strict=True))
-    )
-    rows = len(columns[names[0]]) if names else 0
+    table = _ColumnsWrite(where, path, tspec, columns, layouts, strings)
     out: dict[str, dict[str, Any]] = {}
-    writes = (
-        [table.store(names)] if rows <= layout.COMPACT_ROWS else [table.stream(n) for n in names]
-    )
     # every write to its end before a failure goes up: the caller removes what they wrote
-    for docs in await asyncio.gather(*writes, return_exceptions=True):
+    for docs in await asyncio.gather(
+        *(table.stream(n, level) for n in names), return_exceptions=True
+    ):
         if isinstance(docs, BaseException):
             raise docs
         out.update(docs)
-    await documents.write_doc(where, group)
-    out[path] = group
+    out[path] = await zarrio.set_group_attrs(where, group["attributes"])
     return out
 
 
 class _ColumnsWrite:
-    """The columns of one table being written in their sealed form by :func:`write_table`
-    (``kinds``: each variable's array template and codec)."""
+    """The columns of one table being written in their sealed form by :func:`write_table`."""
 
     def __init__(
         self,
@@ -402,68 +352,30 @@ class _ColumnsWrite:
         columns: Mapping[str, np.ndarray | StoredColumn],
         layouts: dict[str, tuple[Any, dict[str, Any]]],
         strings: np.ndarray | None,
-        kinds: dict[str, tuple[dict[str, Any], chunkio.ArrayCodec]],
     ) -> None:
         self.where, self.path, self.tspec = where, path, tspec
-        self.columns, self.layouts, self.strings, self.kinds = columns, layouts, strings, kinds
+        self.columns, self.layouts, self.strings = columns, layouts, strings
 
     def look(self, name: str) -> ColumnLook:
         var = self.tspec.variables[name]
         return ColumnLook(f"{self.path}/{name}", var, self.layouts[name][1], self.strings)
 
-    def described(self, name: str, sealed: SealedColumn) -> dict[str, Any]:
-        shape, dims = self.columns[name].shape, self.layouts[name][0]
-        return sealed_doc(self.kinds[name][0], shape, dims, sealed.attrs)
-
-    def block_files(
-        self, name: str, sealed: SealedColumn, lo: int, block: np.ndarray
-    ) -> dict[str, bytes]:
-        """The encoded chunks of ``block``, rows ``lo:`` (whole chunks) of ``name``."""
-        chunk = chunk_of(self.columns[name].shape)[0]
-        codec = self.kinds[name][1]
-        rows = sealed.rows(block).astype(codec.dtype, copy=False)
-        own = chunk_files(rows, chunk, codec, first=lo // chunk) if len(rows) else {}
-        return {f"{name}/{key}": body for key, body in own.items()}
-
-    def batch_files(
-        self, batch: dict[str, np.ndarray]
-    ) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
-        """The documents and files of whole columns ``batch``, each array's ``zarr.json``
-        after its chunks."""
-        docs: dict[str, dict[str, Any]] = {}
-        files: dict[str, bytes] = {}
-        for name, column in batch.items():
-            seen = self.look(name)
-            seen.add(column)
-            sealed = seen.sealed()
-            doc = self.described(name, sealed)
-            files.update(self.block_files(name, sealed, 0, column))
-            files[f"{name}/zarr.json"] = documents.doc_bytes(doc)  # after its chunks
-            docs[f"{self.path}/{name}"] = doc
-        return docs, files
-
-    async def store(self, batch: list[str]) -> dict[str, dict[str, Any]]:
-        """A small table's arrays, made in one thread hop and stored in one call."""
-        columns = self.columns
-        whole = {name: await _read_block(columns[name], 0, len(columns[name])) for name in batch}
-        docs, files = await asyncio.to_thread(self.batch_files, whole)
-        await documents.put_new(self.where, files)
-        return docs
-
-    async def stream(self, name: str) -> dict[str, dict[str, Any]]:
-        """A large array, a block of chunks at a time: its strings and encoded chunks are
-        never all in memory at once; looked at once, then written."""
+    async def stream(self, name: str, level: int) -> dict[str, dict[str, Any]]:
+        """An array, a block of chunks at a time: its strings are never all in memory at
+        once; looked at once, then written."""
         column = self.columns[name]
-        step = chunk_of(column.shape)[0] * layout.BLOCK_CHUNKS
+        shape = tuple(np.shape(column)) if not isinstance(column, StoredColumn) else column.shape
+        step = chunk_of(shape)[0] * layout.BLOCK_CHUNKS
         starts = range(0, len(column), step)
         seen = self.look(name)
         for lo in starts if self.tspec.variables[name].dtype == "code" else ():
             await asyncio.to_thread(seen.add, await _read_block(column, lo, lo + step))
-        sealed = seen.sealed()
+        sealed: SealedColumn = seen.sealed()
+        arr = await create(
+            self.where / name, sealed.var, shape, self.layouts[name][0], sealed.attrs, level
+        )
         for lo in starts:
             rows = await _read_block(column, lo, lo + step)
-            files = await asyncio.to_thread(self.block_files, name, sealed, lo, rows)
-            await documents.put_new(self.where, files)
-        doc = self.described(name, sealed)
-        await documents.put_new(self.where, {f"{name}/zarr.json": documents.doc_bytes(doc)})
-        return {f"{self.path}/{name}": doc}
+            block = await asyncio.to_thread(sealed.rows, rows)
+            await arr.setitem(slice(lo, lo + len(block)), block)
+        return {f"{self.path}/{name}": zarrio.array_doc(arr)}

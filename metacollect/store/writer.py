@@ -30,9 +30,8 @@ from metacollect.errors import StoreError
 from metacollect.store import chunkio, documents, lock
 from metacollect.store import segments as seg
 from metacollect.store.buffers import StringTable, Table
-from metacollect.store.chunks import ChunkAppender
 from metacollect.store.integrity import committed_rows
-from metacollect.store.layout import Templates, variable_layout
+from metacollect.store.layout import variable_layout
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
 from metacollect.store.text import NONE_ATTR
 
@@ -47,7 +46,6 @@ FLUSH_ROWS = 131_072
 MERGE_MAX_ROWS = 262_144
 #: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
 UNRECOGNIZED = zarrio.UNRECOGNIZED
-compact_json = zarrio.compact_json
 open_root = zarrio.open_root
 
 
@@ -82,7 +80,6 @@ class GroupWriter:
         self._tgroups: dict[str, Any] = {}
         self._arrays: dict[str, dict[str, Any]] = {}
         #: per (table, variable): what appends to its array (holding its last chunk's rows)
-        self._appenders: dict[tuple[str, str], ChunkAppender] = {}
         #: the group's attrs until it is made (then written on it)
         self._attrs = dict(attrs)
         #: where this group's flushes go as segments (``None``: appended to Zarr), and the
@@ -167,8 +164,7 @@ class GroupWriter:
             self._attrs.update(attrs)
             return
         self.store.check_exists()
-        with compact_json():  # one write of zarr.json, not one per key
-            self.group.update_attributes(jsonable(attrs))
+        self.group.update_attributes(jsonable(attrs))
 
     # -- writing ----------------------------------------------------------------------
     @property
@@ -432,8 +428,7 @@ class GroupWriter:
                 tgroup = self.store.ensure_table(self, table)
                 self._tgroups[table] = zarrio.async_group(tgroup)
                 self._arrays[table] = zarrio.async_arrays(tgroup)
-        with compact_json():
-            zarrio.run(self._append_all(tables))
+        zarrio.run(self._append_all(tables))
         for table, columns in tables.items():
             self._committed[table] += len(next(iter(columns.values())))
 
@@ -463,7 +458,7 @@ class GroupWriter:
                     self._arrays[table][name] = arr
                 text[missing] = none
                 data = text
-            await self._appender(table, name, arr).write(start, data)
+            await arr.setitem(slice(start, end), data)
 
         async def commit(table: str, n: int) -> None:
             await self._tgroups[table].update_attributes(
@@ -488,12 +483,6 @@ class GroupWriter:
         raise_first(
             await asyncio.gather(*(commit(t, n) for t, n in rows.items()), return_exceptions=True)
         )
-
-    def _appender(self, table: str, name: str, arr: Any) -> ChunkAppender:
-        appender = self._appenders.get((table, name))
-        if appender is None:
-            appender = self._appenders[(table, name)] = ChunkAppender(arr)
-        return appender
 
     async def _array(self, table: str, name: str, sample: np.ndarray) -> Any:
         """The (async) array of a variable, created on first use; cached, since opening one
@@ -534,11 +523,6 @@ class StoreWriter:
         level = int(config.get("store.compression-level"))
         self._numeric = zarrio.codecs("numeric", level)
         self._text = zarrio.codecs("text", level)
-        #: Zarr's array for each kind of array this writer makes, as it is being made in
-        #: memory (see create_array)
-        self._templates: dict[tuple[Any, ...], Any] = {}
-        #: the same for the arrays the seal writes in their final form (every group's)
-        self.sealed_templates: Templates = {}
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
@@ -591,15 +575,14 @@ class StoreWriter:
         parts = [p for p in path.split("/") if p]
         if parts and zarrio.local_root(self.root) is not None:
             return self._ensure_local_group(parts, spec, attrs)
-        with compact_json():
-            for i in range(1, len(parts)):
-                parent = "/".join(parts[:i])
-                pspec = self.schema.match(parent)
-                g = zarrio.require_group(self.root, parent)
-                if pspec is not None and "step" not in g.attrs:
-                    g.update_attributes(self._annotation(pspec))
-            g = zarrio.require_group(self.root, path) if path else self.root
-            g.update_attributes({**self._annotation(spec), **jsonable(dict(attrs))})
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            pspec = self.schema.match(parent)
+            g = zarrio.require_group(self.root, parent)
+            if pspec is not None and "step" not in g.attrs:
+                g.update_attributes(self._annotation(pspec))
+        g = zarrio.require_group(self.root, path) if path else self.root
+        g.update_attributes({**self._annotation(spec), **jsonable(dict(attrs))})
         return g
 
     def _ensure_local_group(
@@ -620,8 +603,7 @@ class StoreWriter:
             if made:
                 continue
             if last or (pspec is not None and "step" not in g.attrs):
-                with compact_json():
-                    g.update_attributes(wanted)
+                g.update_attributes(wanted)
         return g
 
     def ensure_table(self, gw: GroupWriter, table: str) -> zarrio.Group:
@@ -658,39 +640,19 @@ class StoreWriter:
         # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
         width = int(np.prod(extra)) if extra else 1
         chunk = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
-        kind = (var.dtype, extra, chunk)  # the dtype decides codec and fill value too
-        made = self._templates.get(kind)
-        if made is None:
-            # Zarr's own metadata for this kind of array, made once in memory (the first
-            # flush creates its arrays all at once: they share one making). Each array of
-            # the kind is then one write of its zarr.json: Zarr's create_array first checks
-            # the path and each parent in the store, a dozen operations (~6 ms) an array.
-            made = self._templates[kind] = asyncio.ensure_future(
-                zarrio.array_template(
-                    (0, *extra),
-                    (chunk, *extra),
-                    str if is_str else var.numpy_dtype,
-                    self._text if is_str else self._numeric,
-                    "" if is_str else FILL[var.dtype],
-                )
-            )
-
-            def forget_if_failed(f: asyncio.Future[Any]) -> None:
-                if f.cancelled() or f.exception() is not None:  # the next flush retries
-                    self._templates.pop(kind, None)
-
-            made.add_done_callback(forget_if_failed)
-        doc = {
-            **(await made),
-            "shape": [rows, *extra],
-            "dimension_names": list(dims),
-            "attributes": attrs,
-        }
         # written over if there (an earlier flush that failed after creating it): no other
         # writer makes this table's arrays, and rows past the commit point are free
-        where = tgroup.store_path / name
-        await documents.write_doc(where, doc)
-        return zarrio.async_array(where, doc)
+        return await zarrio.new_array(
+            tgroup.store_path / name,
+            (rows, *extra),
+            (chunk, *extra),
+            str if is_str else var.numpy_dtype,
+            self._text if is_str else self._numeric,
+            "" if is_str else FILL[var.dtype],
+            attrs,
+            list(dims),
+            overwrite=True,
+        )
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))

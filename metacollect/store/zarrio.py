@@ -15,7 +15,6 @@ executors may be gone).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
 import warnings
@@ -23,10 +22,11 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeGuard, TypeVar
 
 import zarr
-from zarr.api.asynchronous import create_array
+from zarr.api.asynchronous import consolidate_metadata, create_array, create_group
+from zarr.api.asynchronous import open_group as open_async_group
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.errors import ContainsGroupError
-from zarr.storage import LocalStore, MemoryStore
+from zarr.storage import LocalStore, StorePath
 
 from metacollect.errors import StoreError
 
@@ -44,7 +44,8 @@ UNRECOGNIZED = r"Object at .* is not recognized"
 
 T = TypeVar("T")
 
-#: how the chunks of our arrays are named (see :func:`array_template`)
+#: how the chunks of our arrays are named: ``c.<i>`` beside the array's ``zarr.json`` (Zarr
+#: v3's default key encoding with its ``.`` separator), one ``mkdir`` less an array
 CHUNK_KEYS: dict[str, Any] = {"name": "default", "separator": "."}
 
 
@@ -206,9 +207,16 @@ def async_group(group: Group) -> Any:
     return zarr.AsyncGroup.from_dict(group.store_path, group.metadata.to_dict())
 
 
+def array_config() -> Any:
+    """The runtime config of the arrays metacollect writes: every chunk stored, one of fill
+    values too (Zarr skips those by default; ``validate`` takes a missing chunk for damage)."""
+    return {"write_empty_chunks": True}
+
+
 def async_arrays(group: Group) -> dict[str, Any]:
-    """The asynchronous handles of a group's arrays, by name."""
-    return {n: a.async_array for n, a in group.arrays()}
+    """The asynchronous handles of a group's arrays, by name, to append to: each chunk
+    written, one of fill values too (:func:`array_config`)."""
+    return {n: a.async_array.with_config(array_config()) for n, a in group.arrays()}
 
 
 def sync_array(handle: Any) -> Array:
@@ -220,6 +228,18 @@ def local_root(group: Group) -> str | None:
     """The directory of a group's store when it is a local one (``None``: any other)."""
     store = group.store_path.store
     return str(store.root) if isinstance(store, LocalStore) else None
+
+
+def table_store(root: Group, path: str) -> Any:
+    """Where to write a new table at ``path`` below ``root``: in a local store, a store of
+    its own at its directory, so that Zarr's checks of each new array's parents stop at the
+    table (a sealed store's arrays are several groups deep: each level is a file operation
+    an array); elsewhere the path in ``root``'s store."""
+    found = local_root(root)
+    if found is None:
+        return root.store_path / path
+    parts = [p for p in (root.store_path.path, path) if p]
+    return StorePath(LocalStore(os.path.join(found, *"/".join(parts).split("/"))))
 
 
 def async_array(where: Any, doc: Mapping[str, Any]) -> Any:
@@ -243,63 +263,64 @@ def codecs(kind: str, level: int) -> list[Any]:
     return [BloscCodec(cname="zstd", clevel=min(level, 9), shuffle="shuffle"), Crc32cCodec()]
 
 
-async def array_template(
-    shape: tuple[int, ...], chunks: tuple[int, ...], dtype: Any, compressors: list[Any], fill: Any
-) -> dict[str, Any]:
-    """Zarr's own metadata document for an array of this kind, made in memory: each array of
-    the kind is then one write of its ``zarr.json`` (Zarr's ``create_array`` first checks the
-    path and each parent in the store, a dozen operations, ~6 ms, an array).
-
-    Chunks are named ``c.<i>`` beside the array's ``zarr.json`` (Zarr v3's default key
-    encoding with its ``.`` separator), not ``c/<i>``: no directory of their own, which is
-    one ``mkdir`` less an array at the seal (a metadata-server call on Lustre or GPFS) and
-    one directory less an array in the sealed store."""
-    arr = await create_array(
-        MemoryStore(),
+async def new_array(
+    where: Any,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dtype: Any,
+    compressors: list[Any],
+    fill: Any,
+    attrs: Mapping[str, Any],
+    dims: list[str],
+    overwrite: bool = False,
+) -> Any:
+    """A new array at store path ``where`` (Zarr's ``create_array``; ``overwrite``: in
+    place of one there), its chunks named as :data:`CHUNK_KEYS` says, every chunk written
+    (:func:`array_config`)."""
+    return await create_array(
+        where,
         shape=shape,
         chunks=chunks,
         dtype=dtype,
         compressors=compressors,
         fill_value=fill,
         chunk_key_encoding=CHUNK_KEYS,
+        attributes=dict(attrs),
+        dimension_names=dims,
+        config=array_config(),
+        overwrite=overwrite,
     )
-    return array_doc(arr)
+
+
+async def new_group(where: Any, attrs: Mapping[str, Any]) -> Any:
+    """A new group at store path ``where`` (Zarr's ``create_group``)."""
+    return await create_group(store=where, attributes=dict(attrs))
+
+
+async def set_group_attrs(where: Any, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Add ``attrs`` to the attributes of the group at ``where``; its document after."""
+    group = await open_async_group(store=where, mode="r+")
+    group = await group.update_attributes(dict(attrs))
+    doc: dict[str, Any] = group.metadata.to_dict()
+    return doc
+
+
+async def consolidate(where: Any, attrs: Mapping[str, Any]) -> None:
+    """Add ``attrs`` to the attributes of the group at store path ``where``, then write the
+    consolidated metadata of every node below it (``zarr.consolidate_metadata``), where its
+    store supports it (some stores do not: then the attributes only)."""
+    group = await open_async_group(store=where, mode="r+", use_consolidated=False)
+    await group.update_attributes(dict(attrs))
+    if where.store.supports_consolidated_metadata:
+        with warnings.catch_warnings():
+            # that consolidated metadata is not part of the Zarr v3 specification yet, and
+            # the entries that are no node (the lock file, a segment directory)
+            warnings.filterwarnings("ignore", message="Consolidated metadata")
+            warnings.filterwarnings("ignore", message=UNRECOGNIZED)
+            await consolidate_metadata(where.store, path=where.path or None)
 
 
 def array_doc(arr: Any) -> dict[str, Any]:
     """An (asynchronous) array's metadata document."""
     doc: dict[str, Any] = arr.metadata.to_dict()
     return doc
-
-
-# -- JSON formatting ------------------------------------------------------------------------------
-class _CompactJson:
-    """Zarr metadata written meanwhile without indentation: zarr indents ``zarr.json`` by
-    default, and the whitespace is a large share of a store's metadata.
-
-    Scoped, since zarr's config belongs to the whole process: the first of our writers in
-    sets it, the last out puts back what it was. Writers never wait for each other (a flush
-    on a slow filesystem must not hold up a group created on the event loop)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: Any = None
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                self._saved = zarr.config.get("json_indent")
-                zarr.config.set({"json_indent": None})
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    zarr.config.set({"json_indent": self._saved})
-
-
-compact_json = _CompactJson()
