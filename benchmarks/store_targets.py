@@ -306,8 +306,12 @@ def med(runs: list[dict[str, Any]], *path: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def measure(trees: dict[str, str], a: argparse.Namespace) -> dict[str, Any]:
-    res: dict[str, Any] = {"static": {n: static_facts(t) for n, t in trees.items()}}
+def measure(trees: dict[str, str], labels: dict[str, str], a: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement of ``a.only`` (all by default), each saved in results.json as soon
+    as it is done (a run cut short keeps what it measured: ``--table`` prints it)."""
+    res = Partial({"static": {n: static_facts(t) for n, t in trees.items()}})
+    res["trees"] = labels
+    res["args"] = vars(a)
     kinds = a.only or KINDS
     if "files" in kinds:
         res["files"] = alternated(trees, a.rounds, "files", flushes=a.flushes, tasks=100)
@@ -327,7 +331,15 @@ def measure(trees: dict[str, str], a: argparse.Namespace) -> dict[str, Any]:
         res["overhead_array"] = alternated(
             trees, a.rounds, "overhead", workload="array", size=a.array_size, repeats=a.repeats
         )
-    return res
+    return dict(res)
+
+
+class Partial(dict[str, Any]):
+    """The results so far: each measurement added is saved at once."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        _common.save("store_targets", dict(self), echo=False)
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -481,7 +493,8 @@ def table(
     lines += ["| " + " | ".join(r) + " |" for r in rows(res, names, a)]
     lines.append(
         f"\nmedians of {a.rounds} round(s) per tree, the trees alternated; host: "
-        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end"
+        f"{os.cpu_count()} cores, load average "
+        f"{res.get('load_avg_1min', os.getloadavg()[0]):.1f} at the end"
     )
     return "\n".join(lines)
 
@@ -518,15 +531,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--array-size", type=int, default=8000)
     p.add_argument("--repeats", type=int, default=5, help="overhead.py's repeats per round")
     p.add_argument("--only", nargs="+", choices=KINDS)
+    p.add_argument(
+        "--table", action="store_true", help="only print the table of the last run's results"
+    )
     a = p.parse_args(argv)
+    if a.table:
+        res = _common.load()["store_targets"]
+        labels = res["trees"]
+        print(table(res, list(labels), labels, argparse.Namespace(**res["args"])))
+        return res
     with tree_of(a.before) as before, tree_of(a.after) as after:
         trees = {"before": before, "after": after}
         labels = {"before": describe(a.before, before), "after": describe(a.after, after)}
         _common.log(f"store_targets: {labels}")
-        res = measure(trees, a)
-    res["trees"] = labels
-    res["args"] = vars(a)
-    _common.save("store_targets", res)
+        res = measure(trees, labels, a)
     print(table(res, list(trees), labels, a))
     return res
 
