@@ -6,8 +6,9 @@ its rows turned into columns, encoded, written) is timed in its own thread's CPU
 and the transitions it wrote are kept. Then, in this process, the kept flushes are encoded
 again, one after the other as the collector did, three ways, each timed per part:
 
-- ``c``: the tree's own encoder, if it has one (``metacollect.store.buffers.StringTable``,
-  C): the string columns with the keys and without them;
+- ``own``: the tree's own encoder, if it has one (``metacollect.store.buffers.StringTable``:
+  C in the tree of issue 62's start, Python after it): the string columns with the keys and
+  without them;
 - ``strings``: what a store without C does with keys as strings, in Python and pyarrow: a
   dictionary from each value to its code, growing over the run, ``str()`` of each new key;
   then the record batch (dictionary columns, delta dictionaries) written to an Arrow IPC
@@ -204,9 +205,9 @@ def replay(flushes: list[tuple[list[Any], ...]], how: str) -> dict[str, list[flo
     return out
 
 
-def replay_c(flushes: list[tuple[list[Any], ...]]) -> dict[str, list[float]] | None:
-    """Per flush, the tree's C encoder (if it has one) on the string columns with the keys,
-    and on the same columns without them."""
+def replay_own(flushes: list[tuple[list[Any], ...]]) -> dict[str, list[float]] | None:
+    """Per flush, the tree's own encoder (if it has one) on the string columns with the
+    keys, and on the same columns without them."""
     try:
         from metacollect.store.buffers import StringTable
     except ImportError:
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for how in MODES:
         runs = [replay(flushes, how) for _ in range(a.repeats)]
         totals[how] = {part: statistics.median(sum(r[part]) for r in runs) for part in runs[0]}
-    c_runs = [replay_c(flushes) for _ in range(a.repeats)]
+    c_runs = [replay_own(flushes) for _ in range(a.repeats)]
     c = (
         {
             k: statistics.median(sum(r[k]) for r in c_runs if r)
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "scheduler_flush_cpu_s": sum(flush_cpu),
         "store_says": own,
         "replay_s": totals,
-        "c_encoder_s": c,
+        "own_encoder_s": c,
     }
     _common.save("task_keys", out)
     print(table(out))
@@ -286,10 +287,10 @@ def table(out: dict[str, Any]) -> str:
             f"{100 * ra['key_str'] / ta:.0f} %); {b}: {100 * (1 - tb / ta):.0f} % less CPU "
             f"({ta - tb:.3f} CPU-s a run)"
         )
-    c = out["c_encoder_s"]
+    c = out["own_encoder_s"]
     if c:
         lines.append(
-            f"this tree's C encoder: {c['with_keys']:.3f} CPU-s with the keys, "
+            f"this tree's own encoder (StringTable): {c['with_keys']:.3f} CPU-s with the keys, "
             f"{c['without_keys']:.3f} without: the keys are "
             f"{100 * (c['with_keys'] - c['without_keys']) / max(sched, 1e-9):.1f} % of the "
             f"scheduler's flush CPU"
