@@ -1,14 +1,14 @@
-"""Issue 62's targets in one table: the store of one source tree against another's,
-alternated in one run, medians.
+"""Issue 62's targets in one table: two source trees alternated in one run, medians.
 
-Each measurement runs in a subprocess with ``PYTHONPATH`` set to the tree it measures (its
-LocalCluster's workers inherit it), so one checkout of the benchmarks measures two checkouts
-of the package. ``--before`` is a tree, or a git ref (default ``main``) exported with ``git
-archive`` into a temporary directory (nothing is registered in the repository's git
-directory, nothing is left behind); a tree whose ``pyproject.toml`` declares C extensions has
-them built in place first. ``--after`` is a tree, by default the one this script is in.
-Every measurement runs ``--rounds`` times per tree, the two trees taking turns (the order
-rotates each round), and the table gives the median of each tree's rounds.
+The store of one tree (before the change) against another's (after it). Each measurement
+runs in a subprocess with ``PYTHONPATH`` set to the tree it measures (its LocalCluster's
+workers inherit it), so one checkout of the benchmarks measures two checkouts of the
+package. ``--before`` and ``--after`` are each a tree or a git ref (defaults: ``main``, and
+the tree this script is in); a ref is exported with ``git archive`` into a temporary
+directory (nothing is registered in the repository's git directory, nothing is left
+behind), and a tree whose ``pyproject.toml`` declares C extensions has them built in place
+first. Every measurement runs ``--rounds`` times per tree, the two trees taking turns (the
+order rotates each round), and the table gives the median of each tree's rounds.
 
 Rows (the scripts they reuse):
 
@@ -520,7 +520,7 @@ def describe(ref: str, tree: str) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--before", default="main", help="a tree, or a git ref (default main)")
-    p.add_argument("--after", default=REPO, help="a tree (default: this script's)")
+    p.add_argument("--after", default=REPO, help="a tree, or a git ref (default: this tree)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--flushes", type=int, default=6, help="traced flushes (files row)")
     p.add_argument("--cpu-flushes", type=int, default=60)
