@@ -163,8 +163,9 @@ def load() -> dict[str, Any]:
         return {}
 
 
-def save(section: str, data: dict[str, Any]) -> None:
-    """Merge ``data`` under ``section`` of benchmarks/results.json."""
+def save(section: str, data: dict[str, Any], echo: bool = True) -> None:
+    """Merge ``data`` under ``section`` of benchmarks/results.json (and print it, if
+    ``echo``)."""
     allres = load()
     data = {
         **data,
@@ -175,4 +176,5 @@ def save(section: str, data: dict[str, Any]) -> None:
     allres[section] = data
     with open(RESULTS, "w") as f:
         json.dump(allres, f, indent=2, default=str)
-    print(json.dumps({section: data}, indent=2, default=str))
+    if echo:
+        print(json.dumps({section: data}, indent=2, default=str))
