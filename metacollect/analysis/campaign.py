@@ -18,12 +18,12 @@ from typing import Any
 
 import dask
 import pandas as pd
-import zarr
 
 from metacollect.analysis.compare import summary
 from metacollect.analysis.run import open_run
 from metacollect.analysis.tasks import prefix_summary
 from metacollect.errors import UsageError
+from metacollect.store.lifecycle import annotate
 
 __all__ = [
     "SUMMARY_ATTR",
@@ -107,10 +107,7 @@ def write_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     # copied) or a summary of another version is not read as this store's
     row["version"], row["sealed"] = SUMMARY_VERSION, run.attrs.get("ended")
     row["started"] = run.attrs.get("started")  # the epoch as stored, read back the same
-    # zarr's public API on the sealed root: opened through its consolidated metadata, which
-    # zarr writes back unchanged with the new attribute
-    root = zarr.open_group(path, mode="r+", zarr_format=3)
-    root.attrs.update({SUMMARY_ATTR: row})
+    annotate(path, **{SUMMARY_ATTR: row})
     return row
 
 

@@ -215,6 +215,13 @@ def consolidate(
     seal(root, attrs or {})
 
 
+def annotate(store: str | os.PathLike[str], **attrs: Any) -> None:
+    """Add ``attrs`` to a sealed store's root attributes (a summary computed after the seal):
+    zarr opens the root through its consolidated metadata and writes it back unchanged, so
+    only the root's own attributes change."""
+    zarrio.update_root_attributes(os.fspath(store), attrs)
+
+
 def finalize(
     store: str, status: str = "complete", missing: list[str] | None = None, **extra: Any
 ) -> tuple[str, list[str]]:

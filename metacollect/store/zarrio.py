@@ -320,6 +320,12 @@ async def consolidate(where: Any, attrs: Mapping[str, Any]) -> None:
             await consolidate_metadata(where.store, path=where.path or None)
 
 
+def update_root_attributes(path: str, attrs: Mapping[str, Any]) -> None:
+    """Add ``attrs`` to the root group's attributes of the store at ``path``, opened through
+    its consolidated metadata (which zarr writes back as it was)."""
+    zarr.open_group(path, mode="r+", zarr_format=3).attrs.update(dict(attrs))
+
+
 def array_doc(arr: Any) -> dict[str, Any]:
     """An (asynchronous) array's metadata document."""
     doc: dict[str, Any] = arr.metadata.to_dict()
