@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from metacollect.analysis import catalog, scaling
     from metacollect.analysis.diff import diff
     from metacollect.analysis.run import Run, open_run
-    from metacollect.session.collection import collect
+    from metacollect.launch.collect import collect
 
 #: where each public name lives, imported on first use: the store reader and the session load
 #: xarray, pandas and distributed, which ``import metacollect`` (the preload, ``metacollect
@@ -27,7 +27,7 @@ _LAZY = {
     "catalog": "metacollect.analysis",
     "diff": "metacollect.analysis.diff",
     "scaling": "metacollect.analysis",
-    "collect": "metacollect.session.collection",
+    "collect": "metacollect.launch.collect",
 }
 
 

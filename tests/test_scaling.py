@@ -18,6 +18,7 @@ import time
 
 import pandas as pd
 import pytest
+import zarr
 from distributed import Client, LocalCluster, wait
 from scaling_work import MB, STEP_S, STEPS, WORK, WORK_S, step, work
 
@@ -149,7 +150,12 @@ def test_catalog_reads_stored_summaries_and_campaign_prefixes(series, tmp_path):
     directory, _ = series
     copy = tmp_path / "campaign"
     shutil.copytree(directory, copy)
-    # collect() seals without a summary: computed from the tables, and said
+    # collect() keeps a summary in each store it seals: the catalog reads those
+    stored = metacollect.catalog(copy)
+    assert list(stored["summary"]) == ["stored"] * len(SIZES)
+    # a store without one (sealed by an older metacollect): computed from its tables, and said
+    for path in stored["path"]:
+        del zarr.open_group(path, mode="r+").attrs[SUMMARY_ATTR]
     first = metacollect.catalog(copy)
     assert list(first["summary"]) == ["computed"] * len(SIZES)
     # kept in the stores, then read from them: the same figures
@@ -160,6 +166,7 @@ def test_catalog_reads_stored_summaries_and_campaign_prefixes(series, tmp_path):
     cols = ["run_id", "status", "wall_time", "workers", "threads", "tasks", "erred",
             "compute_time", "prefixes", "transfers", "errors", "utilisation"]  # fmt: skip
     pd.testing.assert_frame_equal(again[cols], first[cols], check_dtype=False)
+    pd.testing.assert_frame_equal(stored[cols], first[cols], check_dtype=False)
     assert (again["started"] == first["started"]).all()
     assert list(again["workers"]) == list(SIZES)
     # per prefix over the campaign: each store's prefix_summary, summed

@@ -4,8 +4,8 @@ sealed store carries, and campaign-wide per-prefix tables computed with Dask ove
 A sealed store carries :func:`~metacollect.analysis.compare.summary`'s figures in its root
 attribute ``summary`` (written by :func:`write_summary` after the seal), so a catalog reads
 one small document per store. A store without it (sealed by a metacollect that did not write
-it, or by ``collect()``, whose layer cannot compute it) is summarised from its tables as
-before, and its row says so (``summary`` column: ``"stored"`` or ``"computed"``).
+it, or whose summary could not be kept) is summarised from its tables as before, and its row
+says so (``summary`` column: ``"stored"`` or ``"computed"``).
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def write_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     the store's root attribute ``summary`` (the consolidated metadata the seal wrote stays as
     it was: only the root's own attributes change). Returns the summary written.
 
-    Called by ``metacollect run`` and the batch wrappers after the seal; for a store sealed
-    by ``collect()``, or before summaries were written, ``metacollect catalog
+    Called by ``metacollect.collect``, ``metacollect run`` and the batch wrappers after the
+    seal; for a store sealed before summaries were written, ``metacollect catalog
     --write-summaries`` (``catalog(..., write_summaries=True)``) adds it.
     """
     path = os.fspath(path)
