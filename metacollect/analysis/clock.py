@@ -189,8 +189,13 @@ def to_scheduler(
     for name in columns:
         df[f"{name}{suffix}"] = df[name]
     if len(df):
-        keys = list(zip(df["cluster"].astype(str), df["worker_group"].astype(str), strict=True))
-        codes, uniques = pd.factorize(pd.Series(keys, dtype=object))
+        pairs = pd.MultiIndex.from_arrays(
+            [
+                df["cluster"].astype(str).to_numpy(object),
+                df["worker_group"].astype(str).to_numpy(object),
+            ]
+        )
+        codes, uniques = pairs.factorize()
         for i, k in enumerate(uniques):
             model = found.get(k)
             if model is None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from metacollect.analysis.memo import once
 from metacollect.errors import StoreError
 
 if TYPE_CHECKING:
@@ -44,15 +45,13 @@ def graph_nodes(
         state, and ``time``: when the scheduler learnt it). ``edges``: key, dependency
         (both in the graph).
     """
-    nodes, deps, _ = _graph(run, graph, cluster)
-    return nodes, deps
+    nodes, deps, _ = once(run, _graph, *pick_graph(run, graph, cluster))
+    return nodes.copy(), deps.copy()
 
 
-def _graph(
-    run: Run, graph: int | None, cluster: str | None
-) -> tuple[pd.DataFrame, pd.DataFrame, _Topology]:
-    """:func:`graph_nodes`, and the graph's topology (computed once for depths and paths)."""
-    cluster, graph = pick_graph(run, graph, cluster)
+def _graph(run: Run, cluster: str, graph: int) -> tuple[pd.DataFrame, pd.DataFrame, _Topology]:
+    """:func:`graph_nodes` of a picked graph, and its topology (computed once for depths and
+    paths, and once per report for the views that show the graph and its critical path)."""
     gt = run.graph_tasks()
     gt = gt[(gt["cluster"] == cluster) & (gt["graph"] == graph)]
     deps = run.dependencies()
@@ -186,7 +185,7 @@ def critical_path(run: Run, graph: int | None = None, cluster: str | None = None
     >>> share = cp.attrs["fraction"]   # doctest: +SKIP
     >>> print(f"{share:.0%} of the wall time is on the critical path")   # doctest: +SKIP
     """
-    nodes, _, topology = _graph(run, graph, cluster)
+    nodes, _, topology = once(run, _graph, *pick_graph(run, graph, cluster))
     duration = nodes.drop_duplicates("key").set_index("key")["duration"]
     path = topology.longest_path(duration.reindex(topology.keys).to_numpy())
     cols = ["key", "prefix", "worker", "start", "stop", "duration"]
