@@ -56,10 +56,13 @@ def _graph(run: Run, cluster: str, graph: int) -> tuple[pd.DataFrame, pd.DataFra
     gt = gt[(gt["cluster"] == cluster) & (gt["graph"] == graph)]
     deps = run.dependencies()
     deps = deps[(deps["cluster"] == cluster) & (deps["graph"] == graph)]
-    keys = gt["key"].unique()
-    deps = deps[deps["key"].isin(keys) & deps["dependency"].isin(keys)][
-        ["key", "dependency"]
-    ].reset_index(drop=True)
+    # the keys as integers once: the edges between them, and each node's key
+    codes, keys = pd.factorize(gt["key"].to_numpy(), use_na_sentinel=False)
+    index = pd.Index(keys)
+    child = index.get_indexer(deps["key"])
+    parent = index.get_indexer(deps["dependency"])
+    inside = (child >= 0) & (parent >= 0)
+    deps = deps[inside][["key", "dependency"]].reset_index(drop=True)
     tasks = run.tasks()
     tasks = tasks[(tasks["cluster"] == cluster)].drop_duplicates("key", keep="last")
     cols = [
@@ -75,8 +78,8 @@ def _graph(run: Run, cluster: str, graph: int) -> tuple[pd.DataFrame, pd.DataFra
         "time",
     ]
     nodes = gt.drop(columns=["cluster"]).merge(tasks[cols], on="key", how="left")
-    topology = _Topology(keys, deps)
-    nodes["depth"] = nodes["key"].map(topology.depths()).fillna(0).astype(int)
+    topology = _Topology.of_codes(index, child[inside], parent[inside])
+    nodes["depth"] = topology.depth_array()[codes]
     return nodes.reset_index(drop=True), deps, topology
 
 
@@ -86,12 +89,23 @@ class _Topology:
     takes a fraction of a second."""
 
     def __init__(self, keys: Any, deps: pd.DataFrame) -> None:
-        self.keys = pd.Index(keys).unique()
-        n = len(self.keys)
-        child = self.keys.get_indexer(deps["key"])
-        parent = self.keys.get_indexer(deps["dependency"])
+        index = pd.Index(keys).unique()
+        child = index.get_indexer(deps["key"])
+        parent = index.get_indexer(deps["dependency"])
         ok = (child >= 0) & (parent >= 0)
-        child, parent = child[ok], parent[ok]
+        self._build(index, child[ok], parent[ok])
+
+    @classmethod
+    def of_codes(cls, keys: pd.Index, child: np.ndarray, parent: np.ndarray) -> _Topology:
+        """The topology of unique ``keys`` and edges given as their positions (each
+        ``child`` depends on its ``parent``)."""
+        topology = cls.__new__(cls)
+        topology._build(keys, child, parent)
+        return topology
+
+    def _build(self, keys: pd.Index, child: np.ndarray, parent: np.ndarray) -> None:
+        self.keys = keys
+        n = len(keys)
         by_parent = np.argsort(parent, kind="stable")
         #: dependents of key i: kids[first[i]:first[i + 1]]
         self.kids: list[int] = child[by_parent].tolist()
@@ -109,8 +123,9 @@ class _Topology:
                     ready.append(c)
         self.order = order
 
-    def depths(self) -> pd.Series:
-        """Each key's longest chain of dependencies (keys in a cycle left out)."""
+    def depth_array(self) -> np.ndarray:
+        """Each key's longest chain of dependencies, in the order of ``keys`` (0 for keys in
+        a cycle)."""
         depth = [0] * len(self.keys)
         kids, first = self.kids, self.first
         for k in self.order:
@@ -118,7 +133,13 @@ class _Topology:
             for c in kids[first[k] : first[k + 1]]:
                 if d > depth[c]:
                     depth[c] = d
-        return pd.Series([depth[k] for k in self.order], index=self.keys[self.order], dtype=int)
+        out = np.zeros(len(self.keys), dtype=int)
+        out[self.order] = np.asarray(depth, dtype=int)[self.order]
+        return out
+
+    def depths(self) -> pd.Series:
+        """Each key's longest chain of dependencies (keys in a cycle left out)."""
+        return pd.Series(self.depth_array()[self.order], index=self.keys[self.order], dtype=int)
 
     def longest_path(self, weight: Any) -> list[Any]:
         """The keys of the heaviest chain of dependencies, first to last; ``weight`` holds
