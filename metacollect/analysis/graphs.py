@@ -77,7 +77,14 @@ def _graph(run: Run, cluster: str, graph: int) -> tuple[pd.DataFrame, pd.DataFra
         "state",
         "time",
     ]
-    nodes = gt.drop(columns=["cluster"]).merge(tasks[cols], on="key", how="left")
+    # each node's (last) execution, by the key's code: a left merge on the key without
+    # hashing the key strings again (a missing execution reads as NaN, as in a merge)
+    at = index.get_indexer(tasks["key"])
+    row = np.full(len(index), -1, dtype=np.int64)
+    row[at[at >= 0]] = np.flatnonzero(at >= 0)
+    ran = tasks[cols[1:]].reset_index(drop=True).reindex(row[codes])
+    nodes = gt.drop(columns=["cluster"]).reset_index(drop=True)
+    nodes = pd.concat([nodes, ran.reset_index(drop=True)], axis=1)
     topology = _Topology.of_codes(index, child[inside], parent[inside])
     nodes["depth"] = topology.depth_array()[codes]
     return nodes.reset_index(drop=True), deps, topology
