@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pandas as pd
 
+from metacollect.analysis.memo import once
 from metacollect.analysis.spans import fine_metrics, spans
 
 if TYPE_CHECKING:
@@ -124,12 +125,16 @@ def prefix_times(run: Run) -> pd.DataFrame:
         (de)compression in the task thread), ``disk_s`` (spilled data read or written for
         the task); the fine-metric columns are NaN where the workers recorded none.
     """
+    return once(run, _prefix_times).copy()
+
+
+def _prefix_times(run: Run) -> pd.DataFrame:
     t = run.tasks()
     g = t.groupby("prefix")
     out = pd.DataFrame(
         {
             "executions": g.size(),
-            "erred": g["state"].apply(lambda s: int((s == "erred").sum())),
+            "erred": (t["state"] == "erred").groupby(t["prefix"]).sum().astype(np.int64),
             "compute_s": g["duration"].sum(),
         }
     )

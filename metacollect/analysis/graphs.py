@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from metacollect.analysis.memo import once
 from metacollect.errors import StoreError
 
 if TYPE_CHECKING:
@@ -44,23 +45,24 @@ def graph_nodes(
         state, and ``time``: when the scheduler learnt it). ``edges``: key, dependency
         (both in the graph).
     """
-    nodes, deps, _ = _graph(run, graph, cluster)
-    return nodes, deps
+    nodes, deps, _ = once(run, _graph, *pick_graph(run, graph, cluster))
+    return nodes.copy(), deps.copy()
 
 
-def _graph(
-    run: Run, graph: int | None, cluster: str | None
-) -> tuple[pd.DataFrame, pd.DataFrame, _Topology]:
-    """:func:`graph_nodes`, and the graph's topology (computed once for depths and paths)."""
-    cluster, graph = pick_graph(run, graph, cluster)
+def _graph(run: Run, cluster: str, graph: int) -> tuple[pd.DataFrame, pd.DataFrame, _Topology]:
+    """:func:`graph_nodes` of a picked graph, and its topology (computed once for depths and
+    paths, and once per report for the views that show the graph and its critical path)."""
     gt = run.graph_tasks()
     gt = gt[(gt["cluster"] == cluster) & (gt["graph"] == graph)]
     deps = run.dependencies()
     deps = deps[(deps["cluster"] == cluster) & (deps["graph"] == graph)]
-    keys = gt["key"].unique()
-    deps = deps[deps["key"].isin(keys) & deps["dependency"].isin(keys)][
-        ["key", "dependency"]
-    ].reset_index(drop=True)
+    # the keys as integers once: the edges between them, and each node's key
+    codes, keys = pd.factorize(gt["key"].to_numpy(), use_na_sentinel=False)
+    index = pd.Index(keys)
+    child = index.get_indexer(deps["key"])
+    parent = index.get_indexer(deps["dependency"])
+    inside = (child >= 0) & (parent >= 0)
+    deps = deps[inside][["key", "dependency"]].reset_index(drop=True)
     tasks = run.tasks()
     tasks = tasks[(tasks["cluster"] == cluster)].drop_duplicates("key", keep="last")
     cols = [
@@ -75,9 +77,16 @@ def _graph(
         "state",
         "time",
     ]
-    nodes = gt.drop(columns=["cluster"]).merge(tasks[cols], on="key", how="left")
-    topology = _Topology(keys, deps)
-    nodes["depth"] = nodes["key"].map(topology.depths()).fillna(0).astype(int)
+    # each node's (last) execution, by the key's code: a left merge on the key without
+    # hashing the key strings again (a missing execution reads as NaN, as in a merge)
+    at = index.get_indexer(tasks["key"])
+    row = np.full(len(index), -1, dtype=np.int64)
+    row[at[at >= 0]] = np.flatnonzero(at >= 0)
+    ran = tasks[cols[1:]].reset_index(drop=True).reindex(row[codes])
+    nodes = gt.drop(columns=["cluster"]).reset_index(drop=True)
+    nodes = pd.concat([nodes, ran.reset_index(drop=True)], axis=1)
+    topology = _Topology.of_codes(index, child[inside], parent[inside])
+    nodes["depth"] = topology.depth_array()[codes]
     return nodes.reset_index(drop=True), deps, topology
 
 
@@ -87,12 +96,23 @@ class _Topology:
     takes a fraction of a second."""
 
     def __init__(self, keys: Any, deps: pd.DataFrame) -> None:
-        self.keys = pd.Index(keys).unique()
-        n = len(self.keys)
-        child = self.keys.get_indexer(deps["key"])
-        parent = self.keys.get_indexer(deps["dependency"])
+        index = pd.Index(keys).unique()
+        child = index.get_indexer(deps["key"])
+        parent = index.get_indexer(deps["dependency"])
         ok = (child >= 0) & (parent >= 0)
-        child, parent = child[ok], parent[ok]
+        self._build(index, child[ok], parent[ok])
+
+    @classmethod
+    def of_codes(cls, keys: pd.Index, child: np.ndarray, parent: np.ndarray) -> _Topology:
+        """The topology of unique ``keys`` and edges given as their positions (each
+        ``child`` depends on its ``parent``)."""
+        topology = cls.__new__(cls)
+        topology._build(keys, child, parent)
+        return topology
+
+    def _build(self, keys: pd.Index, child: np.ndarray, parent: np.ndarray) -> None:
+        self.keys = keys
+        n = len(keys)
         by_parent = np.argsort(parent, kind="stable")
         #: dependents of key i: kids[first[i]:first[i + 1]]
         self.kids: list[int] = child[by_parent].tolist()
@@ -110,8 +130,9 @@ class _Topology:
                     ready.append(c)
         self.order = order
 
-    def depths(self) -> pd.Series:
-        """Each key's longest chain of dependencies (keys in a cycle left out)."""
+    def depth_array(self) -> np.ndarray:
+        """Each key's longest chain of dependencies, in the order of ``keys`` (0 for keys in
+        a cycle)."""
         depth = [0] * len(self.keys)
         kids, first = self.kids, self.first
         for k in self.order:
@@ -119,7 +140,13 @@ class _Topology:
             for c in kids[first[k] : first[k + 1]]:
                 if d > depth[c]:
                     depth[c] = d
-        return pd.Series([depth[k] for k in self.order], index=self.keys[self.order], dtype=int)
+        out = np.zeros(len(self.keys), dtype=int)
+        out[self.order] = np.asarray(depth, dtype=int)[self.order]
+        return out
+
+    def depths(self) -> pd.Series:
+        """Each key's longest chain of dependencies (keys in a cycle left out)."""
+        return pd.Series(self.depth_array()[self.order], index=self.keys[self.order], dtype=int)
 
     def longest_path(self, weight: Any) -> list[Any]:
         """The keys of the heaviest chain of dependencies, first to last; ``weight`` holds
@@ -186,7 +213,7 @@ def critical_path(run: Run, graph: int | None = None, cluster: str | None = None
     >>> share = cp.attrs["fraction"]   # doctest: +SKIP
     >>> print(f"{share:.0%} of the wall time is on the critical path")   # doctest: +SKIP
     """
-    nodes, _, topology = _graph(run, graph, cluster)
+    nodes, _, topology = once(run, _graph, *pick_graph(run, graph, cluster))
     duration = nodes.drop_duplicates("key").set_index("key")["duration"]
     path = topology.longest_path(duration.reindex(topology.keys).to_numpy())
     cols = ["key", "prefix", "worker", "start", "stop", "duration"]

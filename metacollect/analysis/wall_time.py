@@ -26,6 +26,7 @@ from metacollect.analysis.figures import (
     execute_seconds,
     heaviest_prefixes,
 )
+from metacollect.analysis.memo import once
 from metacollect.analysis.spans import fine_metrics
 from metacollect.analysis.tasks import wall_time
 
@@ -117,6 +118,10 @@ def wall_time_breakdown(run: Run) -> WallTime:
     >>> w = wall_time_breakdown(run)   # doctest: +SKIP
     >>> w.parts[["part", "seconds", "share"]]   # doctest: +SKIP
     """
+    return once(run, _breakdown)
+
+
+def _breakdown(run: Run) -> WallTime:
     wall = wall_time(run)
     workers = run.workers()
     if len(workers):

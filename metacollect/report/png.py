@@ -74,6 +74,15 @@ class Memo:
     def __init__(self, run: Run) -> None:
         self._run = run
         self._cache: dict[tuple[Any, ...], pd.DataFrame] = {}
+        self._derived: dict[tuple[Any, ...], Any] = {}
+
+    def once(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(self, *args)``, computed on the first call only
+        (:func:`metacollect.analysis.memo.once`)."""
+        key = (fn, *args)
+        if key not in self._derived:
+            self._derived[key] = fn(self, *args)
+        return self._derived[key]
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._run, name)
@@ -82,8 +91,8 @@ class Memo:
 
         def call(*args: Any, **kwargs: Any) -> pd.DataFrame:
             key = (name, *args, *sorted(kwargs.items()))
-            if key not in self._cache:
-                self._cache[key] = attr(*args, **kwargs)
+            if key not in self._cache:  # kept consolidated: each copy is then a plain memcpy
+                self._cache[key] = attr(*args, **kwargs).copy()
             return self._cache[key].copy()
 
         return call

@@ -82,8 +82,11 @@ class Context:
     def label(self, prefixes: pd.Series) -> np.ndarray:
         """Each prefix, or :data:`OTHER` for the ones without a colour of their own."""
         named = {p for p, c in self.colours.items() if c != OTHER_COLOUR}
-        values = prefixes.astype(str).to_numpy(dtype=object)
-        return np.where(pd.Series(values).isin(named).to_numpy(), values, OTHER)
+        # a label per distinct prefix (a few dozen), then one per row by its code
+        codes, uniques = pd.factorize(prefixes.to_numpy(), use_na_sentinel=False)
+        texts = np.array([str(u) for u in uniques], dtype=object)
+        own = np.array([u in named for u in texts], dtype=bool)
+        return np.where(own, texts, OTHER).astype(object)[codes]
 
     def colour(self, label: str) -> str:
         return self.colours.get(label, OTHER_COLOUR) if label != OTHER else OTHER_COLOUR

@@ -23,10 +23,14 @@ def progress(ctx: Context) -> Layout:
     t = ctx.tasks
     if not len(t):
         return note("No task finished: the store holds no executed task (step 3).")
+    t = t[["cluster", "key", "state", "prefix", "time"]]  # the columns drawn, not every one
     done = t[t["state"].isin(["memory", "erred"])].drop_duplicates(["cluster", "key"])
     gt = ctx.run.graph_tasks()
     totals = (
-        gt.drop_duplicates(["cluster", "key"]).groupby("prefix").size()
+        gt[["cluster", "key", "prefix"]]
+        .drop_duplicates(["cluster", "key"])
+        .groupby("prefix")
+        .size()
         if len(gt)
         else t.drop_duplicates(["cluster", "key"]).groupby("prefix").size()
     )
