@@ -11,6 +11,11 @@ which it does not change) and it is at or above the configured level. At most
 the count is written as one more row with the final flush. A record that Python would have
 printed with its last-resort handler (a warning of a logger without handlers) is still
 printed: attaching a handler to the root must not silence it.
+
+A message is stored with the credentials inside it redacted (``metacollect.redact``). With
+``metacollect.capture.exception-text`` off, a record keeps its format string without its
+arguments and without a traceback: Dask's records carry the exceptions and task arguments
+in their arguments (``Compute Failed ... Exception: %s``).
 """
 
 from __future__ import annotations
@@ -51,9 +56,10 @@ class LogCapture(logging.Handler):
         flush).
     """
 
-    def __init__(self, level: int, limit: int) -> None:
+    def __init__(self, level: int, limit: int, arguments: bool = True) -> None:
         super().__init__(level)
         self.limit = limit
+        self.arguments = arguments
         self.kept = 0
         self.dropped = 0
         self._rows: list[tuple[float, str, str, str]] = []
@@ -65,15 +71,23 @@ class LogCapture(logging.Handler):
             self.dropped += 1
         else:
             self.kept += 1
-            try:
-                message = record.getMessage()
-            except Exception as e:  # a record whose arguments do not fit its format
-                message = f"{record.msg!r} (unformattable: {type(e).__name__}: {e})"
-            if record.exc_info and record.exc_info[0] is not None:
-                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            message = config.redact_text(self._message(record))
             self._rows.append((record.created, record.levelname, record.name, message))
         if self._last_resort(record):
             logging.lastResort.handle(record)  # type: ignore[union-attr]
+
+    def _message(self, record: logging.LogRecord) -> str:
+        """The record's text: formatted with its traceback, or its format string alone
+        when its arguments are left out."""
+        if not self.arguments:
+            return str(record.msg)
+        try:
+            message = record.getMessage()
+        except Exception as e:  # a record whose arguments do not fit its format
+            message = f"{record.msg!r} (unformattable: {type(e).__name__}: {e})"
+        if record.exc_info and record.exc_info[0] is not None:
+            message += "\n" + logging.Formatter().formatException(record.exc_info)
+        return message
 
     def _last_resort(self, record: logging.LogRecord) -> bool:
         """Whether Python would have given ``record`` to its last-resort handler: no
@@ -138,6 +152,10 @@ def capture() -> LogCapture | None:
     limit = int(config.get("logs.max-records"))
     if limit <= 0:
         return None
-    handler = LogCapture(level_number(config.get("logs.level")), limit)
+    handler = LogCapture(
+        level_number(config.get("logs.level")),
+        limit,
+        arguments=bool(config.get("capture.exception-text")),
+    )
     handler.attach()
     return handler
