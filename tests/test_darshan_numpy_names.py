@@ -113,9 +113,17 @@ def test_the_plain_runtime_marks_every_file_whose_bytes_it_may_have_mixed_up(tmp
     # every array numpy wrote through fdopen(dup(fd)) is marked, since any may be
     assert not [p for p in wrong if verified[p]]
     assert not verified.any()
-    # the process's total over the saved files is exact all the same
-    assert int(recorded.sum()) == sum(sizes.values())
-    worker = run.io(by="worker")
+    # no byte is lost: the saved files hold theirs or their neighbours', and what they miss
+    # went to another file the process opened and closed meanwhile (the collector's own,
+    # whose descriptor numpy's dup reused), marked unverified as well
     proc = io["process"].iloc[0]
+    shortfall = sum(sizes.values()) - int(recorded.sum())
+    assert shortfall >= 0
+    every = run.io(by="file")
+    others = every[(every["process"] == proc) & ~every["file"].isin(paths)]
+    assert (
+        int(others.loc[~others["name_verified"].astype(bool), "bytes_written"].sum()) >= shortfall
+    )
+    worker = run.io(by="worker")
     assert int(worker.set_index("process").loc[proc, "unverified_files"]) >= len(wrong)
     assert run.groups[proc]["unverified_names"] >= len(wrong)
