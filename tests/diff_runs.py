@@ -22,7 +22,7 @@ import numpy as np
 #: the worker slowed in run B
 SLOW = "1"
 #: seconds a ``work`` task sleeps, on a normal worker and on the slowed one
-WORK_S, SLOW_S = 0.05, 0.4
+WORK_S, SLOW_S = 0.05, 0.8
 #: ``work`` tasks, and ``combine`` tasks (each of 3 ``work`` results)
 N_WORK, N_COMBINE = 24, 8
 #: the configuration run B changes
