@@ -210,8 +210,9 @@ def to_scheduler(
 def _pairs(a: pd.Series, b: pd.Series) -> tuple[np.ndarray, list[tuple[str, str]]]:
     """Each row's ``(a, b)`` pair of texts as a code, and the pairs: each column factorized
     on its own (a few distinct values in a million rows), then their combined codes."""
-    ca, ua = pd.factorize(a.astype(str).to_numpy(object))
-    cb, ub = pd.factorize(b.astype(str).to_numpy(object))
+    # a missing value is a value of its own (pandas 3's ``astype(str)`` keeps it missing)
+    ca, ua = pd.factorize(a.to_numpy(object), use_na_sentinel=False)
+    cb, ub = pd.factorize(b.to_numpy(object), use_na_sentinel=False)
     codes, combined = pd.factorize(ca.astype(np.int64) * len(ub) + cb)
     return codes, [(str(ua[c // len(ub)]), str(ub[c % len(ub)])) for c in combined]
 

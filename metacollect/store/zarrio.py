@@ -216,7 +216,10 @@ def array_config() -> Any:
 def async_arrays(group: Group) -> dict[str, Any]:
     """The asynchronous handles of a group's arrays, by name, to append to: each chunk
     written, one of fill values too (:func:`array_config`)."""
-    return {n: a.async_array.with_config(array_config()) for n, a in group.arrays()}
+    return {
+        n: zarr.AsyncArray(a.metadata, a.async_array.store_path, config=array_config())
+        for n, a in group.arrays()
+    }
 
 
 def sync_array(handle: Any) -> Array:
