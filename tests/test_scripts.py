@@ -171,6 +171,25 @@ CORPUS: dict[str, tuple[str, int, str]] = {
         0,
         "complete",
     ),
+    # the same with the client kept alive (a global): it is still open, not garbage, at the end
+    "asyncio_run_client_kept_global": (
+        """
+        import asyncio
+        from dask.distributed import Client, Scheduler, Worker
+
+        async def main():
+            global client
+            scheduler = await Scheduler(port=0, dashboard_address=":0")
+            worker = await Worker(scheduler.address, nthreads=2)
+            client = await Client(scheduler.address, asynchronous=True)
+            futures = client.map(lambda x: x + 1, range(20))
+            print(sum(await client.gather(futures)))
+
+        asyncio.run(main())
+        """,
+        0,
+        "complete",
+    ),
     # every collection type, futures, as_completed and tasks that submit tasks
     "collections_and_tasks_in_tasks": (
         """
@@ -270,7 +289,11 @@ def test_script_is_recorded_completely(tmp_path, name):
     assert len(run.flushes()) == cost.flushes.sum()  # each flush's row, the final ones too
     assert cost.flush_cpu_share.between(0, 1, inclusive="neither").all(), cost
     # the scheduler and its workers in the script's own process: its CPU counted once
-    in_one_process = {"asyncio_run_never_closed": 2, "module_level_in_process": 3}
+    in_one_process = {
+        "asyncio_run_never_closed": 2,
+        "asyncio_run_client_kept_global": 2,
+        "module_level_in_process": 3,
+    }
     if name in in_one_process:
         assert cost.kind.tolist() == ["scheduler+worker"], cost
         assert cost.groups.tolist() == [in_one_process[name]]
@@ -278,7 +301,11 @@ def test_script_is_recorded_completely(tmp_path, name):
     assert counts["executed"] > 0 and counts["transitions"] > counts["executed"]
     assert validate_store(store) == []
     # distributed itself logs the tracebacks of the connections asyncio.run cancels
-    if name not in ("uncaught_exception", "asyncio_run_never_closed"):
+    if name not in (
+        "uncaught_exception",
+        "asyncio_run_never_closed",
+        "asyncio_run_client_kept_global",
+    ):
         assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     print(name, counts)
 

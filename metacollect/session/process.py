@@ -72,14 +72,14 @@ def _end_remote(
     """End the collection into ``store`` on a client's scheduler in another process."""
     if store is None:
         return
+    sid = scheduler_identity(client).get("id")  # an asynchronous client's cached identity
+    if sid in local:  # ended with this process's schedulers, below
+        return
     if client.asynchronous:  # its event loop belongs to the script, and may be gone
         problems.append(
             f"asynchronous client {client.id} was left open: the collection of its scheduler "
             "could not be ended from outside its event loop"
         )
-        return
-    sid = scheduler_identity(client).get("id")
-    if sid in local:
         return
     result = _attempt(
         f"end collection on scheduler {sid} (it runs on: what it does after this, such as "
