@@ -171,25 +171,6 @@ CORPUS: dict[str, tuple[str, int, str]] = {
         0,
         "complete",
     ),
-    # the same with the client kept alive (a global): it is still open, not garbage, at the end
-    "asyncio_run_client_kept_global": (
-        """
-        import asyncio
-        from dask.distributed import Client, Scheduler, Worker
-
-        async def main():
-            global client
-            scheduler = await Scheduler(port=0, dashboard_address=":0")
-            worker = await Worker(scheduler.address, nthreads=2)
-            client = await Client(scheduler.address, asynchronous=True)
-            futures = client.map(lambda x: x + 1, range(20))
-            print(sum(await client.gather(futures)))
-
-        asyncio.run(main())
-        """,
-        0,
-        "complete",
-    ),
     # every collection type, futures, as_completed and tasks that submit tasks
     "collections_and_tasks_in_tasks": (
         """
@@ -223,6 +204,14 @@ CORPUS: dict[str, tuple[str, int, str]] = {
         "complete",
     ),
 }
+# the same with the client kept alive (a global): it is still open, not garbage, at the end
+CORPUS["asyncio_run_client_kept_global"] = (
+    CORPUS["asyncio_run_never_closed"][0].replace(
+        "async def main():\n", "async def main():\n            global client\n"
+    ),
+    0,
+    "complete",
+)
 
 
 def _run(tmp_path, source, *args, env=None, **popen):
