@@ -115,7 +115,7 @@ def plural(n: Any, word: str, words: str | None = None) -> str:
 
 
 def when(epoch: Any) -> list[str]:
-    """Epoch seconds as dates, UTC, to the millisecond: ``"2025-01-31 09:15:02.123"``
+    """Epoch seconds as dates, UTC, to the millisecond: ``"YYYY-MM-DD hh:mm:ss.fff"``
     (``""`` for a missing one)."""
     t = pd.to_datetime(np.asarray(epoch, dtype=float), unit="s", utc=True, errors="coerce")
     return [s.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if s is not pd.NaT else "" for s in t]
