@@ -246,7 +246,7 @@ def seal_process(store: str) -> None:
 
 
 def prepare_process(store: str) -> None:
-    from metacollect.session.collection import init_root
+    from metacollect.session import init_root
     from metacollect.store.lifecycle import prepare_store
     from metacollect.store.writer import StoreWriter
 

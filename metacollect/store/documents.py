@@ -198,7 +198,8 @@ def local_group(
 
     Zarr's ``require_group`` and ``update_attributes`` check the node and its parents and
     write the document twice, in a thread hop each: a worker's group, four levels deep,
-    took 10 of them at every session's start, on the scheduler's and every worker's."""
+    took 10 of them at every session's start, on the scheduler's and every worker's
+    (``benchmarks/own_code.py`` measures both ways)."""
     directory = zarrio.local_root(root)
     if directory is None:
         raise ValueError("local_group needs a store in a local directory")
