@@ -31,8 +31,9 @@ from metacollect.store.text import NONE_ATTR, codes_to_text, no_value, none_valu
 COMPACT_ROWS = 65_536
 
 
-#: chunks of a large table's array made and stored at a time (bounds the seal's memory)
-BLOCK_CHUNKS = 4
+#: chunks of a large table's array stored at a time, each in its own write, side by side:
+#: what the seal holds of a column (and as much again while Zarr encodes it)
+BLOCK_CHUNKS = 2
 
 
 #: lowest Zstandard level of a sealed table's strings (see :func:`template`): 8 makes them

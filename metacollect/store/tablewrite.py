@@ -57,6 +57,19 @@ async def _read_block(column: np.ndarray | StoredColumn, lo: int, hi: int) -> np
     return column[lo:hi]
 
 
+async def set_rows(arr: Any, lo: int, rows: np.ndarray) -> None:
+    """Write ``rows`` from row ``lo`` (a chunk's first row), a chunk per ``setitem``, the
+    chunks concurrently: Zarr takes a value that is exactly one chunk as it is, and copies
+    a chunk's part of a larger one into a new chunk first."""
+    step = int(arr.chunks[0])
+    await asyncio.gather(
+        *(
+            arr.setitem(slice(lo + i, lo + min(i + step, len(rows))), rows[i : i + step])
+            for i in range(0, len(rows), step)
+        )
+    )
+
+
 class StringSource(Protocol):
     """The strings a stream of rows' codes index (see
     :class:`~metacollect.store.segments.StringWindow`)."""
@@ -232,8 +245,7 @@ class _ColumnSink:
             attrs = self.final_attrs() if final else self.attrs
             self.arr = await create(self.where, self.var, self.shape, self.dims, attrs, level)
         if block is not None:
-            lo, rows = block
-            await self.arr.setitem(slice(lo, lo + len(rows)), rows)
+            await set_rows(self.arr, *block)
 
     async def finish(self, level: int) -> dict[str, Any]:
         """Its last rows written and its attributes final; its array's document."""
@@ -377,5 +389,5 @@ class _ColumnsWrite:
         for lo in starts:
             rows = await _read_block(column, lo, lo + step)
             block = await asyncio.to_thread(sealed.rows, rows)
-            await arr.setitem(slice(lo, lo + len(block)), block)
+            await set_rows(arr, lo, block)
         return {f"{self.path}/{name}": zarrio.array_doc(arr)}
