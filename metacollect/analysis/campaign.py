@@ -20,6 +20,7 @@ import dask
 import pandas as pd
 
 from metacollect.analysis.compare import summary
+from metacollect.analysis.memo import Memo
 from metacollect.analysis.run import open_run
 from metacollect.analysis.tasks import prefix_summary
 from metacollect.errors import UsageError
@@ -102,7 +103,7 @@ def write_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = os.fspath(path)
     run = open_run(path)
-    row = _jsonable(summary(run))
+    row = _jsonable(summary(Memo(run)))  # type: ignore[arg-type]
     # the seal it summarises: a store sealed again (salvaged by doctor, its attributes
     # copied) or a summary of another version is not read as this store's
     row["version"], row["sealed"] = SUMMARY_VERSION, run.attrs.get("ended")

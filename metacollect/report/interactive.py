@@ -22,11 +22,11 @@ from bokeh.models import CustomJS, TabPanel, Tabs
 from bokeh.models.widgets.markups import Div
 from bokeh.resources import INLINE
 
+from metacollect.analysis.memo import Memo
 from metacollect.analysis.run import Run, open_run
 from metacollect.errors import MetacollectError
 from metacollect.files import atomic_file
 from metacollect.report import views
-from metacollect.report.png import Memo
 from metacollect.report.views import fmt
 from metacollect.report.views.base import div, utc
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 import metacollect.analysis as analysis
 import metacollect.plot as plot
+from metacollect.analysis.memo import Memo
 from metacollect.analysis.run import Run, open_run
 from metacollect.analysis.spans import ACTIVITIES, span_summary, spans, tree_order
 from metacollect.files import staged_dir
@@ -47,55 +48,6 @@ _TITLES = {
     "profile": "Profile (Yappi)",
     "collector": "What collecting cost",
 }
-
-
-#: Run methods whose tables the report reads many times; read once per report
-_MEMO = {
-    "tasks",
-    "transitions",
-    "graphs",
-    "graph_tasks",
-    "dependencies",
-    "worker_states",
-    "events",
-    "workers",
-    "errors",
-    "worker_table",
-    "scheduler_table",
-    "flushes",
-    "collector_cost",
-}
-
-
-class Memo:
-    """A read-through cache of a :class:`Run`'s tables for one report (the store is not written
-    meanwhile); every call returns a copy, so views may modify what they get."""
-
-    def __init__(self, run: Run) -> None:
-        self._run = run
-        self._cache: dict[tuple[Any, ...], pd.DataFrame] = {}
-        self._derived: dict[tuple[Any, ...], Any] = {}
-
-    def once(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(self, *args)``, computed on the first call only
-        (:func:`metacollect.analysis.memo.once`)."""
-        key = (fn, *args)
-        if key not in self._derived:
-            self._derived[key] = fn(self, *args)
-        return self._derived[key]
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._run, name)
-        if name not in _MEMO:
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> pd.DataFrame:
-            key = (name, *args, *sorted(kwargs.items()))
-            if key not in self._cache:  # kept consolidated: each copy is then a plain memcpy
-                self._cache[key] = attr(*args, **kwargs).copy()
-            return self._cache[key].copy()
-
-        return call
 
 
 def _table(df: pd.DataFrame, max_rows: int = 50, index: bool = True) -> str:
