@@ -1,0 +1,316 @@
+"""Arrow IPC streams: a group's flushes while a run lasts, one stream file per table.
+
+A writer of a store on a filesystem appends each flush of a table as one record batch to
+that table's stream, ``<group>/.streams/<table>.<n>.arrows`` (``n``: the first number no
+other writer of the group took). The file is made at the table's first flush and kept open:
+later flushes create no file (on Lustre or GPFS a create is a call to a metadata server the
+whole machine shares). A flush's bytes go to the file in one ``write``.
+
+Columns are Arrow's: numbers as they are, strings as strings, a ``dim2`` variable as a list
+per row, and ``code`` variables (names that recur: task keys, workers, states) as
+dictionary-encoded strings. Each such column keeps its own dictionary of the strings it met
+(:class:`Dictionary`); a batch carries only the strings new since the last one (a *delta*
+dictionary, ``emit_dictionary_deltas``), and a dictionary past ``strings.cache-size``
+strings restarts, the stream then carrying a replacement dictionary - so neither the writer
+nor a reader ever holds more than one cache of a column's strings. Buffers are compressed
+with Zstandard (:data:`OPTIONS`).
+
+A process killed while it writes leaves its streams cut short: pyarrow's own reader reads
+each up to its last whole batch, and :func:`read` says where it was torn. Nothing here is a
+format of our own: a stream is Arrow's IPC streaming format, read by any Arrow library.
+The directory's name starts with a dot and holds no ``zarr.json``: Zarr's listing skips it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from metacollect.errors import StoreError
+from metacollect.store.buffers import texts_of
+from metacollect.store.schema import TableSpec, VariableSpec
+
+#: the directory of a group's streams, below the group's own
+STREAM_DIR = ".streams"
+#: suffix of a stream file
+SUFFIX = ".arrows"
+#: how a stream is written: dictionaries as deltas, buffers compressed
+OPTIONS = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="zstd")
+#: the end-of-stream marker of Arrow's IPC format (a continuation, then a length of 0)
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+_ARROW = {
+    "str": pa.string(),
+    "code": pa.dictionary(pa.int32(), pa.string()),
+    "bool": pa.bool_(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint64": pa.uint64(),
+    "float64": pa.float64(),
+}
+
+
+def arrow_type(var: VariableSpec) -> pa.DataType:
+    """The Arrow type of a variable's column (a ``dim2`` variable: a list per row)."""
+    base = _ARROW[var.dtype]
+    return pa.list_(base) if var.dim2 else base
+
+
+def arrow_schema(spec: TableSpec) -> pa.Schema:
+    """The Arrow schema of a table's stream: its variables, in the schema's order."""
+    return pa.schema([pa.field(v.name, arrow_type(v)) for v in spec.variables.values()])
+
+
+def directory(store: str, group: str) -> str:
+    """The stream directory of ``group`` in the store at local path ``store``."""
+    return os.path.join(store, *[p for p in group.split("/") if p], STREAM_DIR)
+
+
+class Dictionary:
+    """The dictionary of one ``code`` column: its strings in first-seen order, bounded.
+
+    Past ``size`` distinct strings it restarts (a string met again gets a new index), so a
+    writer holds at most one cache of a column's strings and the stream carries a
+    replacement dictionary, which readers take in place of the old one."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._index: dict[str, int] = {}
+        self._values = pa.array([], pa.string())
+
+    def encode(self, values: Sequence[Any]) -> pa.DictionaryArray:
+        """``values`` as a dictionary array (``None`` and NaN: null); a value that is not
+        a string is encoded as its ``str()``."""
+        texts = texts_of(list(values))
+        index = self._index
+        if index and len(index) + len(texts) > self._size:
+            fresh = {t for t in texts if t is not None and t not in index}
+            if len(index) + len(fresh) > self._size:  # restart: rows index no string before
+                index.clear()
+                self._values = pa.array([], pa.string())
+        new: list[str] = []
+        codes: list[int | None] = []
+        for text in texts:
+            if text is None:
+                codes.append(None)
+                continue
+            code = index.get(text)
+            if code is None:
+                code = index[text] = len(index)
+                new.append(text)
+            codes.append(code)
+        if new:
+            self._values = pa.concat_arrays([self._values, pa.array(new, pa.string())])
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), self._values)
+
+
+class _Sink:
+    """What a stream writer writes into: held until :meth:`drain`, then one ``write``."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        raw = bytes(data)
+        self.parts.append(raw)
+        return len(raw)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def drain(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+
+class TableStream:
+    """The stream of one table of a group, written by one process: made at its first
+    :meth:`write`, kept open until :meth:`close`."""
+
+    def __init__(self, directory: str, spec: TableSpec, cache_size: int) -> None:
+        self.directory = directory
+        self.spec = spec
+        self.schema = arrow_schema(spec)
+        self.path: str | None = None
+        self._fd: int | None = None
+        self._sink = _Sink()
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._dictionaries = {
+            v.name: Dictionary(cache_size) for v in spec.variables.values() if v.dtype == "code"
+        }
+
+    def batch(self, columns: Mapping[str, Any]) -> pa.RecordBatch:
+        """A record batch of these columns (``{variable: values}``, all of one length)."""
+        arrays = []
+        for var in self.spec.variables.values():
+            values = columns[var.name]
+            if var.dtype == "code":
+                arrays.append(self._dictionaries[var.name].encode(values))
+            elif var.dim2:
+                arrays.append(_lists(np.asarray(values, dtype=var.numpy_dtype), var))
+            elif var.dtype == "str":
+                arrays.append(pa.array(texts_of(list(values)), pa.string()))
+            else:
+                arrays.append(pa.array(np.asarray(values, dtype=var.numpy_dtype)))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def write(self, columns: Mapping[str, Any]) -> int:
+        """Append these rows as one record batch; returns the rows written. A write that
+        fails leaves the stream as it was before it (what it wrote of the batch, if
+        anything, reads as a torn end)."""
+        batch = self.batch(columns)
+        if self._writer is None:
+            self._open()
+        assert self._writer is not None and self._fd is not None
+        self._writer.write_batch(batch)
+        _write_all(self._fd, self._sink.drain())
+        return batch.num_rows
+
+    def _open(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        for n in range(10_000):
+            path = os.path.join(self.directory, f"{self.spec.name}.{n}{SUFFIX}")
+            try:
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue
+            self.path = path
+            self._writer = pa.ipc.new_stream(self._sink, self.schema, options=OPTIONS)
+            return
+        raise StoreError(f"{self.directory} holds ten thousand streams of {self.spec.name}")
+
+    def close(self) -> None:
+        """Write the stream's end and close its file (nothing when never written)."""
+        if self._writer is None or self._fd is None:
+            return
+        try:
+            self._writer.close()
+            _write_all(self._fd, self._sink.drain())
+        finally:
+            os.close(self._fd)
+            self._writer, self._fd = None, None
+
+
+def _lists(values: np.ndarray, var: VariableSpec) -> pa.Array:
+    """A ``dim2`` variable's 2-D array as one list a row."""
+    rows, width = values.shape if values.ndim == 2 else (len(values), 0)
+    flat = pa.array(values.reshape(-1))
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
+    return pa.ListArray.from_arrays(offsets, flat, type=arrow_type(var))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+@dataclass
+class Stream:
+    """One stream file as read: its whole batches, and why it ends where it does when it
+    was cut short (``None``: it ends at a batch's end or at its end-of-stream marker)."""
+
+    path: str
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    torn: str | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+
+def batches(path: str) -> Iterator[pa.RecordBatch | str]:
+    """The whole record batches of the stream at ``path``, one at a time (its reader holds
+    one batch and the column dictionaries), then, when it was cut short, a ``str`` saying
+    where and why. A file made but never written (a kill between the two) is cut short."""
+    with pa.OSFile(path, "rb") as source:
+        if source.size() == 0:
+            yield "empty: its writer was stopped before its first flush was written"
+            return
+        try:
+            reader = pa.ipc.open_stream(source)
+        except (pa.ArrowInvalid, OSError) as e:
+            yield f"cut short within its schema: {e}"
+            return
+        count, end = 0, source.tell()
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, OSError) as e:
+                yield f"cut short after {count} whole batch(es): {e}"
+                return
+            count, end = count + 1, source.tell()
+            yield batch
+        # bytes past the last whole batch but its end-of-stream marker: a flush cut short
+        # after whole messages of it (its new dictionary strings), which the reader takes
+        # for the stream's end
+        left = source.size() - end
+        if left and not (left == len(_EOS) and _tail(source, end) == _EOS):
+            yield f"cut short after {count} whole batch(es): {left} bytes of a batch"
+        elif not count:  # its schema goes to the file with its first batch, in one write
+            yield "cut short after its schema, before its first batch"
+
+
+def _tail(source: pa.NativeFile, at: int) -> bytes:
+    source.seek(at)
+    return bytes(source.read())
+
+
+def read(path: str) -> Stream:
+    """The stream at ``path``, its whole batches held (see :func:`batches`)."""
+    out = Stream(path)
+    for item in batches(path):
+        if isinstance(item, str):
+            out.torn = item
+        else:
+            out.batches.append(item)
+    return out
+
+
+def table_files(store: str, group: str) -> dict[str, list[str]]:
+    """The stream files of each table of ``group`` in the local store ``store``, each
+    table's in the order its writers made them."""
+    where = directory(store, group)
+    try:
+        names = os.listdir(where)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    found: dict[str, list[tuple[int, str]]] = {}
+    for name in names:
+        table, _, rest = name.partition(".")
+        number = rest[: -len(SUFFIX)]
+        if rest.endswith(SUFFIX) and number.isdigit():
+            found.setdefault(table, []).append((int(number), os.path.join(where, name)))
+    return {t: [p for _, p in sorted(files)] for t, files in sorted(found.items())}
+
+
+def columns(batch: pa.RecordBatch, spec: TableSpec) -> dict[str, np.ndarray]:
+    """A batch's columns as numpy arrays: strings (of ``code`` and ``str`` variables) as
+    objects (a null ``code``: ``None``), a ``dim2`` variable as a 2-D array."""
+    out: dict[str, np.ndarray] = {}
+    for var in spec.variables.values():
+        if var.name not in batch.schema.names:
+            continue
+        col = batch.column(var.name)
+        if var.dtype in ("code", "str"):
+            if isinstance(col, pa.DictionaryArray):
+                col = col.dictionary_decode()
+            out[var.name] = np.asarray(col.to_pylist(), dtype=object)
+        elif var.dim2:
+            flat = col.flatten().to_numpy(zero_copy_only=False)
+            width = len(flat) // len(col) if len(col) else 0
+            out[var.name] = flat.astype(var.numpy_dtype).reshape(len(col), width)
+        else:
+            out[var.name] = col.to_numpy(zero_copy_only=False).astype(var.numpy_dtype)
+    return out

@@ -1,0 +1,208 @@
+"""Arrow IPC streams: a table's flushes appended to one stream file while a run lasts.
+
+These tests write tables of the schema through :class:`TableStream`, count the files,
+cut a stream short at every byte of its last flush, kill a real writing process with
+SIGKILL, and read everything back with pyarrow's own reader, compared with the rows the
+test wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from metacollect.store import streams
+from metacollect.store.schema import load_schema
+
+SCHEMA = load_schema()
+TRANSITIONS = SCHEMA.match("clusters/c1/scheduler").tables["transitions"]  # type: ignore[union-attr]
+POSIX = SCHEMA.match("clusters/c1/workers/w/process").tables["posix"]  # type: ignore[union-attr]
+
+
+def _transitions(first: int, n: int) -> dict[str, object]:
+    """Rows ``first .. first+n`` of a transitions table: tuple keys as the scheduler holds
+    them, a state that recurs, a worker that is sometimes missing."""
+    return {
+        "key": [("x", i) for i in range(first, first + n)],
+        "start": ["released"] * n,
+        "finish": ["waiting" if i % 2 else "processing" for i in range(first, first + n)],
+        "time": np.arange(first, first + n, dtype=float),
+        "stimulus_id": [f"s-{i // 3}" for i in range(first, first + n)],
+        "worker": [None if i % 5 == 0 else f"tcp://w{i % 3}" for i in range(first, first + n)],
+    }
+
+
+def _expected(first: int, n: int) -> dict[str, list[object]]:
+    rows = _transitions(first, n)
+    return {
+        "key": [str(k) for k in rows["key"]],  # type: ignore[attr-defined]
+        "start": list(rows["start"]),  # type: ignore[call-overload]
+        "finish": list(rows["finish"]),  # type: ignore[call-overload]
+        "time": list(rows["time"]),  # type: ignore[call-overload]
+        "stimulus_id": list(rows["stimulus_id"]),  # type: ignore[call-overload]
+        "worker": list(rows["worker"]),  # type: ignore[call-overload]
+    }
+
+
+def _read_all(path: str) -> tuple[dict[str, list[object]], str | None]:
+    found = streams.read(path)
+    out: dict[str, list[object]] = {v: [] for v in TRANSITIONS.variables}
+    for batch in found.batches:
+        for name, col in streams.columns(batch, TRANSITIONS).items():
+            out[name] += col.tolist()
+    return out, found.torn
+
+
+def test_flushes_append_to_one_file_and_read_back_as_written(tmp_path):
+    where = str(tmp_path / ".streams")
+    ts = streams.TableStream(where, TRANSITIONS, cache_size=1000)
+    assert not os.path.exists(where)  # nothing made before the first flush
+    for i in range(20):
+        assert ts.write(_transitions(10 * i, 10)) == 10
+        assert os.listdir(where) == ["transitions.0.arrows"]  # no file made per flush
+    got, torn = _read_all(ts.path)  # a live stream: no end-of-stream marker yet
+    assert torn is None
+    assert got == _expected(0, 200)
+    ts.close()
+    got, torn = _read_all(ts.path)
+    assert torn is None and got == _expected(0, 200)
+
+
+def test_a_second_writer_of_a_table_gets_a_file_of_its_own(tmp_path):
+    where = str(tmp_path / ".streams")
+    first = streams.TableStream(where, TRANSITIONS, cache_size=1000)
+    second = streams.TableStream(where, TRANSITIONS, cache_size=1000)
+    first.write(_transitions(0, 5))
+    second.write(_transitions(5, 5))
+    first.write(_transitions(10, 5))
+    files = streams.table_files(str(tmp_path), "")
+    assert files == {"transitions": [first.path, second.path]}
+    assert [_read_all(p)[0]["time"] for p in files["transitions"]] == [
+        _expected(0, 5)["time"] + _expected(10, 5)["time"],
+        _expected(5, 5)["time"],
+    ]
+
+
+def test_strings_go_as_delta_dictionaries_and_a_full_cache_restarts(tmp_path):
+    ts = streams.TableStream(str(tmp_path), TRANSITIONS, cache_size=25)
+    for i in range(6):
+        ts.write(_transitions(10 * i, 10))
+    ts.close()
+    with pa.ipc.open_stream(pa.OSFile(ts.path)) as reader:
+        batches = list(reader)
+        stats = reader.stats
+    assert len(batches) == 6
+    # the keys are new at every flush: each flush after the first sends them as a delta,
+    # and past 25 strings the key column's dictionary starts again (a replacement)
+    assert stats.num_dictionary_deltas > 0
+    assert stats.num_replaced_dictionaries > 0
+    key = batches[-1].column("key")
+    assert len(key.dictionary) <= 25  # what a reader holds: one cache of the column's strings
+    got, torn = _read_all(ts.path)
+    assert torn is None and got == _expected(0, 60)
+
+
+def test_a_stream_cut_at_any_byte_of_its_last_flush_keeps_the_flushes_before(tmp_path):
+    ts = streams.TableStream(str(tmp_path), TRANSITIONS, cache_size=1000)
+    ends = []
+    for i in range(3):
+        ts.write(_transitions(10 * i, 10))
+        ends.append(os.path.getsize(ts.path))
+    with open(ts.path, "rb") as f:
+        data = f.read()
+    cut_path = str(tmp_path / "cut.arrows")
+    for cut in range(ends[1], ends[2] + 1):
+        with open(cut_path, "wb") as f:
+            f.write(data[:cut])
+        got, torn = _read_all(cut_path)
+        whole = 30 if cut == ends[2] else 20
+        assert got == _expected(0, whole), cut
+        assert (torn is None) == (cut in (ends[1], ends[2])), (cut, torn)
+    for cut in range(0, ends[0]):  # cut within the first flush: no rows, and said so
+        with open(cut_path, "wb") as f:
+            f.write(data[:cut])
+        got, torn = _read_all(cut_path)
+        assert got == {v: [] for v in TRANSITIONS.variables} and torn, cut
+
+
+def test_a_variable_with_a_second_dimension_reads_back_as_written(tmp_path):
+    ts = streams.TableStream(str(tmp_path), POSIX, cache_size=100)
+    rows = []
+    for i in range(3):
+        n = 4
+        cols = {}
+        for var in POSIX.variables.values():
+            if var.dim2:
+                cols[var.name] = np.arange(n * 7, dtype=var.numpy_dtype).reshape(n, 7) + i
+            elif var.dtype in ("code", "str"):
+                cols[var.name] = [f"{var.name}-{i}-{j}" for j in range(n)]
+            else:
+                cols[var.name] = np.arange(n, dtype=var.numpy_dtype) + i
+        ts.write(cols)
+        rows.append(cols)
+    found = streams.read(ts.path)
+    assert found.torn is None and len(found.batches) == 3
+    for batch, cols in zip(found.batches, rows, strict=True):
+        got = streams.columns(batch, POSIX)
+        for name, values in cols.items():
+            if isinstance(values, np.ndarray):
+                np.testing.assert_array_equal(got[name], values)
+                assert got[name].dtype == values.dtype
+            else:
+                assert got[name].tolist() == values
+
+
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import sys
+    from metacollect.store import streams
+    from tests.test_streams import TRANSITIONS, _transitions
+
+    ts = streams.TableStream(sys.argv[1], TRANSITIONS, cache_size=100_000)
+    n = int(sys.argv[2])
+    for i in range(10_000):
+        ts.write(_transitions(i * n, n))
+        print(i + 1, flush=True)  # flushes whole on disk
+    """
+)
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.7])
+def test_a_sigkill_mid_flush_loses_at_most_the_flush_in_progress(tmp_path, delay):
+    where = str(tmp_path / ".streams")
+    n = 20_000  # a flush of ~20 ms: a kill lands mid-flush mostly
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, where, str(n)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert proc.stdout is not None
+    done = 0
+    start = time.monotonic()
+    while done < 3 or time.monotonic() - start < delay:  # some flushes whole, then the kill
+        line = proc.stdout.readline()
+        assert line, "the writer ended before it was killed"
+        done = int(line)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with proc.stdout:
+        done = max([done, *(int(line) for line in proc.stdout.read().split())])
+    (path,) = streams.table_files(str(tmp_path), "")["transitions"]
+    got, torn = _read_all(path)
+    flushes = len(got["time"]) // n
+    assert len(got["time"]) == flushes * n  # whole flushes only
+    assert done <= flushes <= done + 1  # each acknowledged flush, and at most the one going on
+    assert got == _expected(0, flushes * n)  # in order, each row once, as written
+    if torn is not None:
+        assert "cut short" in torn
