@@ -206,3 +206,30 @@ def test_a_sigkill_mid_flush_loses_at_most_the_flush_in_progress(tmp_path, delay
     assert got == _expected(0, flushes * n)  # in order, each row once, as written
     if torn is not None:
         assert "cut short" in torn
+
+
+def test_a_groups_streams_read_table_by_table_and_name_the_torn(tmp_path):
+    store = str(tmp_path)
+    group = "clusters/c1/scheduler"
+    spec = SCHEMA.match(group).tables  # type: ignore[union-attr]
+    where = streams.directory(store, group)
+    first = streams.TableStream(where, TRANSITIONS, cache_size=1000)
+    second = streams.TableStream(where, TRANSITIONS, cache_size=1000)
+    for i in range(4):
+        (first if i % 2 else second).write(_transitions(10 * i, 10))
+    assert streams.groups_with_streams(store) == [group]
+    found = streams.load(store, group, spec)
+    assert found.count("transitions") == 40
+    assert found.check() == {}
+    rows = found.rows("transitions")
+    assert rows is not None and sorted(rows["time"].tolist()) == _expected(0, 40)["time"]
+    assert found.rows("events") is None
+    # the file made first (by the writer that flushed first) is read first; each
+    # writer's rows in its own order
+    assert second.path is not None and second.path.endswith("transitions.0.arrows")
+    assert [p["time"][0] for p in found.parts("transitions")] == [0.0, 20.0, 10.0, 30.0]
+    with open(second.path, "rb+") as f:  # its last flush cut short, as a kill leaves it
+        f.truncate(os.path.getsize(second.path) - 5)
+    found = streams.load(store, group, spec)
+    assert found.count("transitions") == 30
+    assert list(found.check()) == [second.path]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -86,27 +87,35 @@ class Dictionary:
     def encode(self, values: Sequence[Any]) -> pa.DictionaryArray:
         """``values`` as a dictionary array (``None`` and NaN: null); a value that is not
         a string is encoded as its ``str()``."""
-        texts = texts_of(list(values))
+        values = list(values)  # held: a value's ``str()`` may run code that empties the list
         index = self._index
+        # a string met before is one lookup; the others (new strings, tuple keys, None) are
+        # turned into text one by one
+        codes = np.fromiter(map(index.get, values, repeat(-2)), np.int32, len(values))
+        missed = np.flatnonzero(codes == -2)
+        texts = texts_of([values[i] for i in missed.tolist()])
         if index and len(index) + len(texts) > self._size:
             fresh = {t for t in texts if t is not None and t not in index}
             if len(index) + len(fresh) > self._size:  # restart: rows index no string before
                 index.clear()
                 self._values = pa.array([], pa.string())
+                missed, texts = np.arange(len(values)), texts_of(values)
         new: list[str] = []
-        codes: list[int | None] = []
+        found: list[int] = []
         for text in texts:
             if text is None:
-                codes.append(None)
+                found.append(-1)
                 continue
             code = index.get(text)
             if code is None:
                 code = index[text] = len(index)
                 new.append(text)
-            codes.append(code)
+            found.append(code)
+        codes[missed] = found
         if new:
             self._values = pa.concat_arrays([self._values, pa.array(new, pa.string())])
-        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), self._values)
+        indices = pa.array(codes, mask=codes < 0)
+        return pa.DictionaryArray.from_arrays(indices, self._values)
 
 
 class _Sink:
@@ -314,3 +323,63 @@ def columns(batch: pa.RecordBatch, spec: TableSpec) -> dict[str, np.ndarray]:
         else:
             out[var.name] = col.to_numpy(zero_copy_only=False).astype(var.numpy_dtype)
     return out
+
+
+@dataclass
+class GroupStreams:
+    """The streams of one group of a local store: each table's files, in the order their
+    writers made them. Nothing is read until asked; each read goes through the files a
+    batch at a time, so what is held is the rows asked for (:meth:`rows`) or one batch
+    (:meth:`parts`), and each column's dictionary of at most one string cache."""
+
+    store: str
+    group: str
+    spec: Mapping[str, TableSpec]
+    files: dict[str, list[str]] = field(default_factory=dict)
+    #: the torn files met by the reads so far (``{path: why}``)
+    torn: dict[str, str] = field(default_factory=dict)
+
+    def parts(self, table: str) -> Iterator[dict[str, np.ndarray]]:
+        """A table's rows, one batch (a flush) at a time, as :func:`columns` gives them;
+        a torn file's whole batches, its tear noted in :attr:`torn`."""
+        tspec = self.spec[table]
+        for path in self.files.get(table, []):
+            for item in batches(path):
+                if isinstance(item, str):
+                    self.torn[path] = item
+                else:
+                    yield columns(item, tspec)
+
+    def rows(self, table: str) -> dict[str, np.ndarray] | None:
+        """A table's rows in its streams, each variable concatenated (``None``: no rows)."""
+        parts = list(self.parts(table))
+        if not parts:
+            return None
+        return {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
+
+    def count(self, table: str) -> int:
+        """A table's rows in its streams (a pass through them)."""
+        return sum(len(next(iter(p.values()), ())) for p in self.parts(table))
+
+    def check(self) -> dict[str, str]:
+        """Every stream read through once: the torn ones (``{path: why}``)."""
+        for table in self.files:
+            for _ in self.parts(table) if table in self.spec else ():
+                pass
+        return dict(self.torn)
+
+
+def load(store: str, group: str, spec: Mapping[str, TableSpec]) -> GroupStreams:
+    """The streams of ``group`` in the local store ``store`` (``spec``: its tables)."""
+    return GroupStreams(store, group, spec, table_files(store, group))
+
+
+def groups_with_streams(store: str) -> list[str]:
+    """Paths of the groups of the local store ``store`` that have a stream directory."""
+    out = []
+    for dirpath, dirs, _files in os.walk(store):
+        if STREAM_DIR in dirs:
+            rel = os.path.relpath(dirpath, store)
+            out.append("" if rel == "." else rel.replace(os.sep, "/"))
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return sorted(out)
