@@ -150,6 +150,11 @@ def test_a_variable_with_a_second_dimension_reads_back_as_written(tmp_path):
         rows.append(cols)
     found = streams.read(ts.path)
     assert found.torn is None and len(found.batches) == 3
+    group = streams.load(str(tmp_path.parent), tmp_path.name, {"posix": POSIX})
+    group.files = {"posix": [ts.path]}
+    layout = group.layout("posix")
+    assert layout is not None and layout["counters"][1] == (12, 7)
+    assert layout["id"] == (np.dtype(np.uint64), (12,))
     for batch, cols in zip(found.batches, rows, strict=True):
         got = streams.columns(batch, POSIX)
         for name, values in cols.items():
@@ -220,6 +225,10 @@ def test_a_groups_streams_read_table_by_table_and_name_the_torn(tmp_path):
     assert streams.groups_with_streams(store) == [group]
     found = streams.load(store, group, spec)
     assert found.count("transitions") == 40
+    layout = found.layout("transitions")
+    assert layout is not None and {n: s for n, (_, s) in layout.items()} == {
+        n: (40,) for n in TRANSITIONS.variables
+    }
     assert found.check() == {}
     rows = found.rows("transitions")
     assert rows is not None and sorted(rows["time"].tolist()) == _expected(0, 40)["time"]

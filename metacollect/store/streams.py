@@ -343,12 +343,8 @@ class GroupStreams:
         """A table's rows, one batch (a flush) at a time, as :func:`columns` gives them;
         a torn file's whole batches, its tear noted in :attr:`torn`."""
         tspec = self.spec[table]
-        for path in self.files.get(table, []):
-            for item in batches(path):
-                if isinstance(item, str):
-                    self.torn[path] = item
-                else:
-                    yield columns(item, tspec)
+        for batch in self._batches(table):
+            yield columns(batch, tspec)
 
     def rows(self, table: str) -> dict[str, np.ndarray] | None:
         """A table's rows in its streams, each variable concatenated (``None``: no rows)."""
@@ -358,13 +354,41 @@ class GroupStreams:
         return {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
 
     def count(self, table: str) -> int:
-        """A table's rows in its streams (a pass through them)."""
-        return sum(len(next(iter(p.values()), ())) for p in self.parts(table))
+        """A table's rows in its streams (a pass through them, nothing converted)."""
+        return sum(b.num_rows for b in self._batches(table))
+
+    def layout(self, table: str) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]] | None:
+        """A table's variables as the seal writes them: each one's dtype and whole shape (a
+        ``dim2`` variable's width from its first row), or ``None`` without rows."""
+        tspec = self.spec[table]
+        rows, widths = 0, {}
+        for batch in self._batches(table):
+            rows += batch.num_rows
+            for var in tspec.variables.values():
+                if var.dim2 and var.name not in widths and batch.num_rows:
+                    widths[var.name] = len(batch.column(var.name)[0])
+        if not rows:
+            return None
+        return {
+            v.name: (
+                np.dtype(object) if v.dtype in ("code", "str") else np.dtype(v.numpy_dtype),
+                (rows, widths.get(v.name, 0)) if v.dim2 else (rows,),
+            )
+            for v in tspec.variables.values()
+        }
+
+    def _batches(self, table: str) -> Iterator[pa.RecordBatch]:
+        for path in self.files.get(table, []):
+            for item in batches(path):
+                if isinstance(item, str):
+                    self.torn[path] = item
+                else:
+                    yield item
 
     def check(self) -> dict[str, str]:
         """Every stream read through once: the torn ones (``{path: why}``)."""
         for table in self.files:
-            for _ in self.parts(table) if table in self.spec else ():
+            for _ in self._batches(table):
                 pass
         return dict(self.torn)
 
