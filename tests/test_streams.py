@@ -225,6 +225,7 @@ def test_a_groups_streams_read_table_by_table_and_name_the_torn(tmp_path):
     assert streams.groups_with_streams(store) == [group]
     found = streams.load(store, group, spec)
     assert found.count("transitions") == 40
+    assert found.blank == {"transitions": set()}
     layout = found.layout("transitions")
     assert layout is not None and {n: s for n, (_, s) in layout.items()} == {
         n: (40,) for n in TRANSITIONS.variables
@@ -242,3 +243,16 @@ def test_a_groups_streams_read_table_by_table_and_name_the_torn(tmp_path):
     found = streams.load(store, group, spec)
     assert found.count("transitions") == 30
     assert list(found.check()) == [second.path]
+
+
+def test_a_batch_says_which_columns_met_an_empty_string(tmp_path):
+    ts = streams.TableStream(str(tmp_path), TRANSITIONS, cache_size=1000)
+    ts.write(_transitions(0, 5))
+    rows = _transitions(5, 5)
+    rows["worker"] = ["", None, "\0", "tcp://w1", ""]
+    ts.write(rows)
+    ts.write(_transitions(10, 5))  # "" again: not new, not said again
+    marks = [item[1] for item in streams.batches(ts.path) if not isinstance(item, str)]
+    assert marks == [frozenset(), frozenset({"worker"}), frozenset()]
+    got, _ = _read_all(ts.path)
+    assert got["worker"][5:10] == ["", None, "\0", "tcp://w1", ""]

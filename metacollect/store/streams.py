@@ -42,6 +42,8 @@ STREAM_DIR = ".streams"
 SUFFIX = ".arrows"
 #: how a stream is written: dictionaries as deltas, buffers compressed
 OPTIONS = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="zstd")
+#: a batch's metadata key naming its ``code`` columns with a new blank string
+BLANK = "blank"
 #: the end-of-stream marker of Arrow's IPC format (a continuation, then a length of 0)
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
@@ -83,6 +85,8 @@ class Dictionary:
         self._size = size
         self._index: dict[str, int] = {}
         self._values = pa.array([], pa.string())
+        #: whether the last :meth:`encode` met a new string that is empty or only NULs
+        self.blank = False
 
     def encode(self, values: Sequence[Any]) -> pa.DictionaryArray:
         """``values`` as a dictionary array (``None`` and NaN: null); a value that is not
@@ -112,6 +116,7 @@ class Dictionary:
                 new.append(text)
             found.append(code)
         codes[missed] = found
+        self.blank = any(not t.strip("\0") for t in new)
         if new:
             self._values = pa.concat_arrays([self._values, pa.array(new, pa.string())])
         indices = pa.array(codes, mask=codes < 0)
@@ -180,7 +185,11 @@ class TableStream:
         if self._writer is None:
             self._open()
         assert self._writer is not None and self._fd is not None
-        self._writer.write_batch(batch)
+        # the columns that met an empty (or NUL-only) string: the seal must tell it from
+        # no value, and looks for it only in the columns said to have one
+        blank = [name for name, d in self._dictionaries.items() if d.blank]
+        meta = {BLANK: ",".join(blank)} if blank else None
+        self._writer.write_batch(batch, custom_metadata=meta)
         _write_all(self._fd, self._sink.drain())
         return batch.num_rows
 
@@ -237,7 +246,11 @@ class Stream:
         return sum(b.num_rows for b in self.batches)
 
 
-def batches(path: str) -> Iterator[pa.RecordBatch | str]:
+#: a batch as read, and the ``code`` columns it says met a blank string (see ``BLANK``)
+Batch = tuple[pa.RecordBatch, frozenset[str]]
+
+
+def batches(path: str) -> Iterator[Batch | str]:
     """The whole record batches of the stream at ``path``, one at a time (its reader holds
     one batch and the column dictionaries), then, when it was cut short, a ``str`` saying
     where and why. A file made but never written (a kill between the two) is cut short."""
@@ -253,14 +266,15 @@ def batches(path: str) -> Iterator[pa.RecordBatch | str]:
         count, end = 0, source.tell()
         while True:
             try:
-                batch = reader.read_next_batch()
+                batch, meta = reader.read_next_batch_with_custom_metadata()
             except StopIteration:
                 break
             except (pa.ArrowInvalid, OSError) as e:
                 yield f"cut short after {count} whole batch(es): {e}"
                 return
             count, end = count + 1, source.tell()
-            yield batch
+            blank = meta.get(BLANK) if meta is not None else None
+            yield batch, frozenset(blank.decode().split(",") if blank else ())
         # bytes past the last whole batch but its end-of-stream marker: a flush cut short
         # after whole messages of it (its new dictionary strings), which the reader takes
         # for the stream's end
@@ -283,7 +297,7 @@ def read(path: str) -> Stream:
         if isinstance(item, str):
             out.torn = item
         else:
-            out.batches.append(item)
+            out.batches.append(item[0])
     return out
 
 
@@ -338,6 +352,8 @@ class GroupStreams:
     files: dict[str, list[str]] = field(default_factory=dict)
     #: the torn files met by the reads so far (``{path: why}``)
     torn: dict[str, str] = field(default_factory=dict)
+    #: per table, its ``code`` variables that met a blank string in the reads so far
+    blank: dict[str, set[str]] = field(default_factory=dict)
 
     def parts(self, table: str) -> Iterator[dict[str, np.ndarray]]:
         """A table's rows, one batch (a flush) at a time, as :func:`columns` gives them;
@@ -383,7 +399,8 @@ class GroupStreams:
                 if isinstance(item, str):
                     self.torn[path] = item
                 else:
-                    yield item
+                    self.blank.setdefault(table, set()).update(item[1])
+                    yield item[0]
 
     def check(self) -> dict[str, str]:
         """Every stream read through once: the torn ones (``{path: why}``)."""
