@@ -18,11 +18,19 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+import xarray as xr
 
+from metacollect import open_run
+from metacollect.session import init_root
 from metacollect.store import streams
+from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.schema import load_schema
+from metacollect.store.seal import fold_streams
+from metacollect.store.writer import StoreWriter
+from tests.test_store import CLUSTER_ATTRS
 
 SCHEMA = load_schema()
+GROUP = "clusters/c1/scheduler"
 TRANSITIONS = SCHEMA.match("clusters/c1/scheduler").tables["transitions"]  # type: ignore[union-attr]
 POSIX = SCHEMA.match("clusters/c1/workers/w/process").tables["posix"]  # type: ignore[union-attr]
 
@@ -256,3 +264,57 @@ def test_a_batch_says_which_columns_met_an_empty_string(tmp_path):
     assert marks == [frozenset(), frozenset({"worker"}), frozenset()]
     got, _ = _read_all(ts.path)
     assert got["worker"][5:10] == ["", None, "\0", "tcp://w1", ""]
+
+
+def test_the_seal_writes_a_groups_streams_as_plain_zarr_tables(tmp_path):
+    """A group whose rows are all in its streams is sealed into tables that plain xarray
+    opens, equal to the rows written, strings as strings and no value as no value; the
+    streams are removed and a torn one is named with its whole flushes kept."""
+    store = str(tmp_path / "run.zarr")
+    prepare_store(store)
+    w = StoreWriter(store)
+    init_root(w, "r1")
+    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+    w.group("scheduler", cluster="c1")
+    where = streams.directory(store, GROUP)
+    ts = streams.TableStream(where, TRANSITIONS, cache_size=50)  # restarts: replacements
+    for i in range(30):
+        rows = _transitions(10 * i, 10)
+        if i == 7:
+            rows["worker"] = ["", None, "\0", *rows["worker"][3:]]  # type: ignore[index]
+        ts.write(rows)
+    expected = _expected(0, 300)
+    expected["worker"][70:73] = ["", None, "\0"]
+    other = streams.TableStream(where, TRANSITIONS, cache_size=50)
+    other.write(_transitions(300, 10))
+    other.write(_transitions(310, 10))
+    assert other.path is not None
+    with open(other.path, "rb+") as f:  # its second flush cut short by a kill
+        f.truncate(os.path.getsize(other.path) - 3)
+    expected = {n: v + _expected(300, 10)[n] for n, v in expected.items()}
+
+    status, missing = finalize(store)
+    assert status == "incomplete"
+    (line,) = missing
+    assert "transitions.1.arrows is torn" in line
+    assert streams.table_files(store, GROUP) == {}
+    ds = xr.open_datatree(store, engine="zarr")[f"{GROUP}/transitions"].to_dataset()
+    assert ds.sizes["transition"] == 310
+    assert [None if v is None else str(v) for v in ds["key"].values] == expected["key"]
+    assert ds["finish"].values.tolist() == expected["finish"]
+    assert ds["stimulus_id"].values.tolist() == expected["stimulus_id"]
+    run = open_run(store)
+    got = run.table(GROUP, "transitions")
+    assert [None if v is None or v != v else v for v in got.worker] == expected["worker"]
+    assert got.time.tolist() == [float(t) for t in expected["time"]]
+
+
+def test_streams_of_a_group_the_schema_does_not_know_are_named(tmp_path):
+    store = str(tmp_path / "run.zarr")
+    prepare_store(store)
+    init_root(StoreWriter(store), "r1")
+    where = streams.directory(store, "elsewhere")
+    streams.TableStream(where, TRANSITIONS, cache_size=10).write(_transitions(0, 3))
+    folded = fold_streams(store)
+    assert folded.groups == []
+    assert folded.lost == ["elsewhere: streams of no group of this version's schema"]

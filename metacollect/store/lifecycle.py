@@ -24,10 +24,10 @@ import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, documents, segments, streams
 from metacollect.store.compact import compact, group_strings, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.seal import Folded, fold_segments, read_nodes, seal, trim
+from metacollect.store.seal import Folded, fold_segments, fold_streams, read_nodes, seal, trim
 from metacollect.store.text import column_values
 
 logger = logging.getLogger(__name__)
@@ -237,16 +237,19 @@ def finalize(
     try:
         # one walk of the groups and tables: the groups with segments, and the temp files
         # of writes cut short (a failed flush), which are not data
-        with_segments, partials = [], []
+        with_segments, with_streams, partials = [], [], []
         for path, dirs, files in [] if _is_url(store) else segments.walk_groups(store):
             partials += [os.path.join(path, f) for f in files if f.endswith(".partial")]
             if segments.SEG_DIR in dirs:
                 with_segments.append(path)
+            if streams.STREAM_DIR in dirs:
+                with_streams.append(path)
         root = _run_root(store)
         # the flushes written as segments, folded into the tables (before anything reads
         # them): what the processes that wrote them did not seal themselves (seal.seal_own;
         # one still sealing has end-timeout to finish)
         fold = fold_segments(store, groups=with_segments, wait=config.interval("end-timeout"))
+        streamed = fold_streams(store, groups=with_streams) if with_streams else None
         # the temp files once those folds are over: a process folding its own groups (a
         # worker ending under Ctrl-C as the run seals) writes its tables through them
         _remove_partials(store, partials, [g for g in with_segments if g not in fold.groups])
@@ -254,6 +257,7 @@ def finalize(
         nodes = read_nodes(root)
         ends = batch_job_ends(root, nodes)
         missing = [*(missing or []), *ungathered(nodes), *unended_workers(nodes, ends), *fold.lost]
+        missing += streamed.lost if streamed is not None else []
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         consolidate(

@@ -32,7 +32,7 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import documents
+from metacollect.store import documents, streams
 from metacollect.store import segments as seg
 from metacollect.store.compact import NEW
 from metacollect.store.schema import GroupSpec, Schema, load_schema
@@ -256,6 +256,97 @@ def _write_sealed(
         os.rename(base + NEW, base)
 
     zarrio.run(write_sealed_stream(writer.root, path, plan, parts, window, _beside, done))
+
+
+def fold_streams(
+    path: str, schema: Schema | None = None, groups: Iterable[str] | None = None
+) -> Folded:
+    """Write every group's streams (:mod:`metacollect.store.streams`) as its sealed tables,
+    then remove them; for a store no process writes any more. Returns the groups written,
+    and one line per torn stream (a process killed while writing a flush: the rows of
+    that flush are lost) and per group the schema does not know or another process holds.
+    A group with tables in Zarr already is left as it is, and said so. ``groups``: those
+    with streams, when the caller has listed them."""
+    if "://" in path:
+        return Folded([], [])
+    known = schema or load_schema()
+    lost: list[str] = []
+    folded: list[str] = []
+    deadline = time.monotonic()
+    for group in streams.groups_with_streams(path) if groups is None else groups:
+        where = streams.directory(path, group)
+        holder = seg.claim(where, deadline)
+        if holder is not None:
+            lost.append(_still_folding(group, holder, path))
+            continue
+        try:
+            spec = known.match(group)
+            if spec is None:
+                lost.append(f"{group or '/'}: streams of no group of this version's schema")
+                continue
+            if seg.tables_in_zarr(path, group, spec):
+                lost.append(f"{group or '/'}: streams beside tables in Zarr left as they are")
+                continue
+            found = streams.load(path, group, spec.tables)
+            _write_streamed(_fold_writer(path, known), spec, group, found)
+            lost += [
+                f"{group or '/'}: stream {os.path.basename(file)} is torn ({why}): the rows "
+                "of the flush a killed process was writing are lost"
+                for file, why in sorted(found.torn.items())
+            ]
+            for files in found.files.values():
+                for file in files:
+                    os.remove(file)
+            folded.append(group)
+        finally:
+            seg.unclaim(where)
+    return Folded(lost, folded)
+
+
+class _Decoded:
+    """The strings of a group's streams as :func:`write_sealed_stream` asks for them: the
+    rows carry their strings already, so only whether some column holds a blank one."""
+
+    def __init__(self, blank: bool) -> None:
+        self._blank = blank
+
+    def __len__(self) -> int:
+        return 0
+
+    def take(self, codes: np.ndarray) -> np.ndarray:
+        return np.full(len(codes), None, dtype=object)
+
+    def blanks(self) -> dict[int, str]:
+        return {-1: ""} if self._blank else {}  # a pass to see which columns hold them
+
+    def trim(self) -> None:
+        pass
+
+
+def _write_streamed(
+    writer: StoreWriter, spec: GroupSpec, path: str, found: streams.GroupStreams
+) -> None:
+    """Write a group's tables from its streams, in their sealed form, a batch at a time
+    (:func:`~metacollect.store.tablewrite.write_sealed_stream`): one pass for each table's
+    layout, one to write it; what is held is a batch and a few blocks of rows."""
+    names = sorted(set(found.files) & set(spec.tables) - {"strings"})
+    plan = {
+        table: SealedTable(spec.tables[table], writer.table_attributes(spec, table), layout)
+        for table in names
+        if (layout := found.layout(table)) is not None
+    }
+    blank = any(found.blank.get(t) for t in plan)
+
+    def parts() -> Iterator[dict[str, dict[str, np.ndarray]]]:
+        for table in plan:
+            for part in found.parts(table):
+                yield {table: part}
+
+    def done(table: str) -> None:  # whole: its ``rows`` set; in its place
+        base = os.path.join(writer.path, *table.split("/"))
+        os.rename(base + NEW, base)
+
+    zarrio.run(write_sealed_stream(writer.root, path, plan, parts, _Decoded(blank), _beside, done))
 
 
 def _beside(table: str) -> str:
