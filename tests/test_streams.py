@@ -26,6 +26,7 @@ from metacollect.store import streams
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.schema import load_schema
 from metacollect.store.seal import fold_streams
+from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
 from tests.test_store import CLUSTER_ATTRS
 
@@ -293,11 +294,18 @@ def test_the_seal_writes_a_groups_streams_as_plain_zarr_tables(tmp_path):
         f.truncate(os.path.getsize(other.path) - 3)
     expected = {n: v + _expected(300, 10)[n] for n, v in expected.items()}
 
+    (problem,) = validate_store(store)
+    assert "stream transitions.1.arrows is torn" in problem
+    live = open_run(store).table(GROUP, "transitions")  # read from the streams, before the seal
+    assert live.key.tolist() == expected["key"]
+    assert [None if v is None or v != v else v for v in live.worker] == expected["worker"]
+    assert live.time.tolist() == [float(t) for t in expected["time"]]
     status, missing = finalize(store)
     assert status == "incomplete"
     (line,) = missing
     assert "transitions.1.arrows is torn" in line
     assert streams.table_files(store, GROUP) == {}
+    assert validate_store(store) == []
     ds = xr.open_datatree(store, engine="zarr")[f"{GROUP}/transitions"].to_dataset()
     assert ds.sizes["transition"] == 310
     assert [None if v is None else str(v) for v in ds["key"].values] == expected["key"]
@@ -307,6 +315,11 @@ def test_the_seal_writes_a_groups_streams_as_plain_zarr_tables(tmp_path):
     got = run.table(GROUP, "transitions")
     assert [None if v is None or v != v else v for v in got.worker] == expected["worker"]
     assert got.time.tolist() == [float(t) for t in expected["time"]]
+    # a stream written after the seal (a flush that outran the run's end) is named by
+    # validate, and readers of the sealed record do not read it
+    streams.TableStream(where, TRANSITIONS, cache_size=50).write(_transitions(999, 2))
+    assert any("left in a sealed store" in p for p in validate_store(store))
+    assert open_run(store).table(GROUP, "transitions").equals(got)
 
 
 def test_streams_of_a_group_the_schema_does_not_know_are_named(tmp_path):

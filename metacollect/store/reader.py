@@ -20,7 +20,7 @@ import xarray as xr
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, documents, segments, streams
 from metacollect.store.integrity import check_codes, rows_within, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
 from metacollect.store.text import NONE_ATTR, codes_to_text, text_values
@@ -236,6 +236,9 @@ class StoreReader:
             tg = None
         strings = _GroupStrings(self._open, group)  # read only if a code column needs it
         later = self._segment_frame(group, name, tspec, wanted, tg, strings)
+        streamed = self._stream_frame(group, name, tspec, wanted, strings)
+        if streamed is not None:
+            later = streamed if later is None else pd.concat([later, streamed], ignore_index=True)
         if tg is None:
             if later is not None:
                 return later
@@ -319,6 +322,30 @@ class StoreReader:
             n = int(keep.sum())
         nones = {v: present[v].attrs.get(NONE_ATTR) for v in names}
         return data_of, n, nones
+
+    def _stream_frame(
+        self, group: str, name: str, tspec: Any, wanted: list[str], strings: _GroupStrings
+    ) -> pd.DataFrame | None:
+        """A table's rows that a store not sealed yet holds in its group's Arrow streams
+        (see :mod:`metacollect.store.streams`), whole batches only (``None``: none). A torn
+        stream's whole batches are read: ``metacollect validate`` names the tear. A sealed
+        store's record is its Zarr tables: a stream in it is not read."""
+        if "://" in self.path:
+            return None
+        files = streams.table_files(self.path, group).get(name)
+        if not files or documents.sealed_docs(self.root) is not None:
+            return None
+        found = streams.GroupStreams(self.path, group, {name: tspec}, {name: files})
+        columns = found.rows(name)
+        if columns is None:
+            return None
+        n = len(next(iter(columns.values())))
+        return pd.DataFrame(
+            {
+                v: self._column(tspec.variables[v], columns.get(v), n, strings, f"{group}/{name}")
+                for v in wanted
+            }
+        )
 
     def _segments_of(self, group: str) -> segments.GroupSegments | None:
         """A group's segments (``None``: it has none), read again only when its files

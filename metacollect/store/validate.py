@@ -13,7 +13,7 @@ import pandas as pd
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, documents, segments, streams
 from metacollect.store.compact import local_dir
 from metacollect.store.integrity import code_problem, rows_problem, seal_problems
 from metacollect.store.layout import COMPACTED
@@ -78,6 +78,50 @@ def validate_store(
     if directory is not None:
         say("validating the segments")
         problems.extend(segment_problems(directory, root, schema, state.sealed))
+        say("validating the streams")
+        problems.extend(stream_problems(directory, schema, state.sealed))
+    return problems
+
+
+def stream_problems(directory: str, schema: Schema, sealed: bool) -> list[str]:
+    """The Arrow streams of a store not sealed yet (see :mod:`metacollect.store.streams`):
+    each read to its end by pyarrow's reader (a torn one: a flush a killed process was
+    writing), of groups and tables the schema knows; a sealed store has none.
+
+    In a live store the flush being written reads short until its one write ends: a torn
+    stream is read again after :data:`~metacollect.store.segments.SETTLE` seconds (one
+    wait for the whole store), and named only if it is still torn then."""
+    problems: list[str] = []
+    torn: dict[str, tuple[str, str]] = {}
+    for group in streams.groups_with_streams(directory):
+        where = group or "/"
+        files = streams.table_files(directory, group)
+        spec = schema.match(group)
+        if sealed and files:
+            problems.append(
+                f"{where}: {sum(map(len, files.values()))} stream(s) left in a sealed store, "
+                "written after its seal (a flush that outran the run's end): their rows "
+                "are not in the record, and readers skip them"
+            )
+        if spec is None:
+            problems.append(f"{where}: streams of a group not described by the schema")
+            continue
+        problems.extend(
+            f"{where}: streams of table {t!r}, not in the schema"
+            for t in files
+            if t not in spec.tables
+        )
+        known = {t: f for t, f in files.items() if t in spec.tables}
+        found = streams.GroupStreams(directory, group, spec.tables, known)
+        torn.update((path, (where, why)) for path, why in found.check().items())
+    if torn and not sealed:
+        time.sleep(segments.SETTLE)
+        still = {path for path in torn if streams.read(path).torn is not None}
+        torn = {path: found for path, found in torn.items() if path in still}
+    problems.extend(
+        f"{where}: stream {os.path.basename(path)} is torn ({why}); its whole flushes are read"
+        for path, (where, why) in sorted(torn.items())
+    )
     return problems
 
 
