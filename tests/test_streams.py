@@ -331,3 +331,40 @@ def test_streams_of_a_group_the_schema_does_not_know_are_named(tmp_path):
     folded = fold_streams(store)
     assert folded.groups == []
     assert folded.lost == ["elsewhere: streams of no group of this version's schema"]
+
+
+def test_a_write_that_fails_keeps_the_stream_whole_and_the_next_goes_to_a_new_file(
+    tmp_path, monkeypatch
+):
+    """A flush whose write fails half-way (a full disk) leaves the file at its last whole
+    batch; the caller writes the rows again, into a new file: each row once, in order."""
+    ts = streams.TableStream(str(tmp_path / ".streams"), TRANSITIONS, cache_size=1000)
+    ts.write(_transitions(0, 10))
+    real = os.write
+
+    def half(fd, data):
+        real(fd, bytes(data)[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half)
+    with pytest.raises(OSError):
+        ts.write(_transitions(10, 10))
+    monkeypatch.setattr(os, "write", real)
+    ts.write(_transitions(10, 10))  # the rows kept, written again
+    ts.write(_transitions(20, 10))
+    files = streams.table_files(str(tmp_path), "")["transitions"]
+    assert len(files) == 2
+    found = [_read_all(p) for p in files]
+    assert [torn for _, torn in found] == [None, None]
+    assert found[0][0]["time"] + found[1][0]["time"] == _expected(0, 30)["time"]
+    assert found[1][0]["key"] == _expected(10, 20)["key"]  # its dictionary sent whole again
+
+
+def test_a_flush_after_the_seal_removed_its_stream_goes_to_a_new_file(tmp_path):
+    ts = streams.TableStream(str(tmp_path / ".streams"), TRANSITIONS, cache_size=1000)
+    ts.write(_transitions(0, 10))
+    assert ts.path is not None
+    os.remove(ts.path)  # what the run's seal does once it has written it into the tables
+    ts.write(_transitions(10, 10))
+    (path,) = streams.table_files(str(tmp_path), "")["transitions"]
+    assert _read_all(path) == (_expected(10, 10), None)

@@ -23,6 +23,7 @@ The directory's name starts with a dot and holds no ``zarr.json``: Zarr's listin
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -178,10 +179,17 @@ class TableStream:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def write(self, columns: Mapping[str, Any]) -> int:
-        """Append these rows as one record batch; returns the rows written. A write that
-        fails leaves the stream as it was before it (what it wrote of the batch, if
-        anything, reads as a torn end)."""
+        """Append these rows as one record batch; returns the rows written.
+
+        A write that fails (a full disk) cuts the file back to its last whole batch and
+        closes it, and raises: the caller keeps the rows, and the next write starts a new
+        file (the writer's state, the dictionaries it has sent, went with the old one). A
+        file removed under the writer (the run's seal wrote it into the tables) is left
+        for a new one too: the rows of a flush after the seal are in a file of their own,
+        which ``validate`` names."""
         batch = self.batch(columns)
+        if self._fd is not None and os.fstat(self._fd).st_nlink == 0:
+            self._drop()
         if self._writer is None:
             self._open()
         assert self._writer is not None and self._fd is not None
@@ -189,9 +197,23 @@ class TableStream:
         # no value, and looks for it only in the columns said to have one
         blank = [name for name, d in self._dictionaries.items() if d.blank]
         meta = {BLANK: ",".join(blank)} if blank else None
-        self._writer.write_batch(batch, custom_metadata=meta)
-        _write_all(self._fd, self._sink.drain())
+        end = os.lseek(self._fd, 0, os.SEEK_CUR)
+        try:
+            self._writer.write_batch(batch, custom_metadata=meta)
+            _write_all(self._fd, self._sink.drain())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)
+            self._drop()
+            raise
         return batch.num_rows
+
+    def _drop(self) -> None:
+        """Let go of the file and the writer's state, without writing more to it."""
+        fd, self._fd, self._writer = self._fd, None, None
+        self._sink.drain()
+        if fd is not None:
+            os.close(fd)
 
     def _open(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
