@@ -25,7 +25,7 @@ from metacollect.session import init_root
 from metacollect.store import streams
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.schema import load_schema
-from metacollect.store.seal import fold_streams
+from metacollect.store.seal import fold_streams, seal_own
 from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
 from tests.test_store import CLUSTER_ATTRS
@@ -368,3 +368,78 @@ def test_a_flush_after_the_seal_removed_its_stream_goes_to_a_new_file(tmp_path):
     ts.write(_transitions(10, 10))
     (path,) = streams.table_files(str(tmp_path), "")["transitions"]
     assert _read_all(path) == (_expected(10, 10), None)
+
+
+def _flush_events(g, first: int, n: int) -> None:
+    g.append(
+        "events",
+        {
+            "time": np.arange(first, first + n, dtype=float),
+            "topic": [f"topic-{i % 7}" for i in range(first, first + n)],
+            "msg": [f"m{i}" for i in range(first, first + n)],
+        },
+    )
+    g.append("transitions", _transitions(first, n))
+    assert g.flush() == 2 * n
+
+
+def _files(store: str) -> set[str]:
+    return {
+        os.path.relpath(os.path.join(d, f), store) for d, _, files in os.walk(store) for f in files
+    }
+
+
+@pytest.mark.parametrize("own_seal", [False, True])
+def test_a_writers_flushes_go_to_its_streams_read_live_and_sealed_as_plain_zarr(tmp_path, own_seal):
+    """A group's writer appends each flush to one stream a table: no file made after a
+    table's first flush; readers see the rows before the seal; the seal (the process's own,
+    or the run's) leaves plain Zarr, no stream, as many files as a store flushed once."""
+    store = str(tmp_path / "run.zarr")
+    prepare_store(store)
+    w = StoreWriter(store, streams=True)
+    init_root(w, "r1")
+    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+    g = w.group("scheduler", cluster="c1")
+    _flush_events(g, 0, 100)
+    before = _files(store)
+    assert {os.path.basename(f) for f in before if f.endswith(streams.SUFFIX)} >= {
+        "events.0.arrows",
+        "transitions.0.arrows",
+    }
+    flushes = 12
+    for f in range(1, flushes):
+        _flush_events(g, 100 * f, 100)
+        assert _files(store) == before  # no file made by a flush after the first
+    run = open_run(store)
+    events = run.table(GROUP, "events")
+    assert events.msg.tolist() == [f"m{i}" for i in range(100 * flushes)]
+    assert events.topic.tolist() == [f"topic-{i % 7}" for i in range(100 * flushes)]
+    live = run.transitions()
+    assert live.key.tolist() == _expected(0, 100 * flushes)["key"]
+    assert validate_store(store) == []
+    if own_seal:
+        seal_own(w)
+        assert streams.table_files(store, GROUP) == {}
+    status, missing = finalize(store)
+    assert (status, missing) == ("complete", [])
+    assert streams.groups_with_streams(store) == []
+    tree = xr.open_datatree(store, engine="zarr")
+    ds = tree[f"{GROUP}/events"].ds
+    assert ds.sizes["event"] == 100 * flushes
+    assert list(ds["msg"].values[:3]) == ["m0", "m1", "m2"]
+    sealed = open_run(store)
+    assert sealed.table(GROUP, "events").equals(events)
+    got = sealed.table(GROUP, "transitions")
+    assert got.key.tolist() == live.key.tolist()
+    assert [None if v is None or v != v else v for v in got.worker] == _expected(0, 100 * flushes)[
+        "worker"
+    ]
+    assert validate_store(store) == []
+    one = str(tmp_path / "one.zarr")  # as many files as a store written in one flush
+    prepare_store(one)
+    w1 = StoreWriter(one, streams=True)
+    init_root(w1, "r1")
+    w1.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
+    _flush_events(w1.group("scheduler", cluster="c1"), 0, 100 * flushes)
+    finalize(one)
+    assert len(_files(store)) == len(_files(one))

@@ -110,6 +110,9 @@ def seal_own(writer: StoreWriter) -> None:
     names it in what the store misses)."""
     if "://" in writer.path or not writer.segments:
         return
+    if writer.streams:
+        _seal_own_streams(writer)
+        return
     for group in sorted(writer.groups):
         segdir = seg.directory(writer.path, group)
         spec = writer.schema.match(group)
@@ -121,6 +124,22 @@ def seal_own(writer: StoreWriter) -> None:
             _fold_claimed(writer.path, group, spec, lambda: writer, torn=False)
         finally:
             seg.unclaim(segdir)
+
+
+def _seal_own_streams(writer: StoreWriter) -> None:
+    """:func:`seal_own` for a writer whose flushes went to streams: its streams closed, each
+    group whose streams are all its own written as its sealed tables; a group holding
+    another writer's streams too (one that may be torn, or still written) is left to the
+    run's seal, which names what it lost."""
+    mine = []
+    for group, gw in sorted(writer.groups.items()):
+        own = {s.path for s in (gw._streams or {}).values()}
+        gw.close_streams()
+        found = {p for files in streams.table_files(writer.path, group).values() for p in files}
+        if found and found <= own:
+            mine.append(group)
+    if mine:
+        fold_streams(writer.path, writer.schema, groups=mine)
 
 
 def _still_folding(group: str, holder: dict[str, Any], path: str) -> str:

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from metacollect.errors import StoreError
 from metacollect.store.buffers import texts_of
-from metacollect.store.schema import TableSpec, VariableSpec
+from metacollect.store.schema import FILL, TableSpec, VariableSpec
 
 #: the directory of a group's streams, below the group's own
 STREAM_DIR = ".streams"
@@ -238,6 +238,31 @@ class TableStream:
         finally:
             os.close(self._fd)
             self._writer, self._fd = None, None
+
+
+def chunk_columns(
+    spec: TableSpec, chunks: Sequence[tuple[int, Mapping[str, Any]]]
+) -> dict[str, Any]:
+    """The columns of a table's pending chunks (``(rows, {variable: values})``, as
+    :class:`~metacollect.store.buffers.Table` holds them) joined, as :meth:`TableStream.write`
+    takes them: a variable a chunk lacks is its fill (no value for names)."""
+    out: dict[str, Any] = {}
+    for var in spec.variables.values():
+        parts: list[Any] = []
+        for n, cols in chunks:
+            values = cols.get(var.name)
+            if var.dtype in ("code", "str"):
+                fill = None if var.dtype == "code" else ""
+                parts.append([fill] * n if values is None else list(values))
+            elif values is None:
+                parts.append(np.full((n, 0) if var.dim2 else n, FILL[var.dtype], var.numpy_dtype))
+            else:
+                parts.append(np.asarray(values, dtype=var.numpy_dtype))
+        if var.dtype in ("code", "str"):
+            out[var.name] = [v for part in parts for v in part]
+        else:
+            out[var.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return out
 
 
 def _lists(values: np.ndarray, var: VariableSpec) -> pa.Array:

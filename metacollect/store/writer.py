@@ -27,12 +27,13 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio, documents, lock
+from metacollect.store import chunkio, documents, lock, streams
 from metacollect.store import segments as seg
 from metacollect.store.buffers import StringTable, Table
 from metacollect.store.integrity import committed_rows
 from metacollect.store.layout import variable_layout
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
+from metacollect.store.streams import TableStream
 from metacollect.store.text import NONE_ATTR
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ class GroupWriter:
         #: how many of one level make one of the next (0: none)
         self._written: list[_Written] = []
         self._merge = int(config.get("store.segment-merge"))
+        #: this group's Arrow streams by table, made at a table's first flush (``None``:
+        #: flushes go to segments or to Zarr)
+        self._streams: dict[str, TableStream] | None = None
         #: attributes a table's next commit writes with its rows (the fold's progress)
         self._commit_attrs: dict[str, dict[str, Any]] = {}
         self.group: zarrio.Group | None = None
@@ -117,7 +121,9 @@ class GroupWriter:
                 # a group written before (by another writer): new codes continue its
                 # strings, those in Zarr, then those of its segments not folded into Zarr yet
                 strings = self._rows_in_store("strings")
-                if self.store.segments:
+                if self.store.streams and self.store.segments:
+                    self._streams = {}
+                elif self.store.segments:
                     segdir = seg.directory(self.store.path, self.path)
                     os.makedirs(segdir, exist_ok=True)
                     found = seg.seqs(segdir)
@@ -237,6 +243,8 @@ class GroupWriter:
     def _write(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
         """Encode and append these rows (their new strings first); on failure put them
         all back, ahead of rows appended since, and raise."""
+        if self._streams is not None:
+            return self._write_streams(taken)
         new_strings: list[str] = []
         try:
             # encode first: it creates the new strings, which must land before the codes
@@ -254,6 +262,43 @@ class GroupWriter:
                 self.tables[name].restore(chunks)
             raise
         return sum(n for chunks in taken.values() for n, _ in chunks)
+
+    def _write_streams(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
+        """Append each table's rows to its stream, one record batch a table; on failure put
+        back the rows of the tables not written (those written stay: each row once) and
+        raise."""
+        assert self._streams is not None
+        written, done = 0, set()
+        try:
+            # a store removed under the run must fail the flush (rows kept, reported once)
+            if not os.path.exists(os.path.join(self.store.path, "zarr.json")):
+                raise self.store.removed()
+            self.store.check_run_open()
+            for name, chunks in taken.items():
+                if not chunks:
+                    continue
+                stream = self._streams.get(name)
+                if stream is None:
+                    stream = self._streams[name] = TableStream(
+                        streams.directory(self.store.path, self.path),
+                        self.tables[name].spec,
+                        int(config.get("strings.cache-size")),
+                    )
+                written += stream.write(streams.chunk_columns(self.tables[name].spec, chunks))
+                done.add(name)
+        except Exception:
+            for name, chunks in taken.items():
+                if name not in done:
+                    self.tables[name].restore(chunks)
+            raise
+        return written
+
+    def close_streams(self) -> None:
+        """Write the end of this group's streams and close their files."""
+        for stream in (self._streams or {}).values():
+            stream.close()
+        if self._streams is not None:
+            self._streams = {}
 
     def _write_segment(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
         """Write these rows as the group's next segment: one file, made with one create and
@@ -509,8 +554,12 @@ class StoreWriter:
         path: str | os.PathLike[str],
         schema: Schema | None = None,
         segments: bool | None = None,
+        streams: bool = False,
     ) -> None:
         self.path = os.fspath(path)
+        #: flushes of a store on a filesystem, not sealed, appended to Arrow IPC streams
+        #: (see :mod:`metacollect.store.streams`) in place of segment files
+        self.streams = streams and "://" not in self.path
         #: flushes written as segment files (see :mod:`metacollect.store.segments`): a store
         #: on a filesystem that is not sealed yet (``None``: decided so when first needed)
         self._segments = segments if "://" not in self.path else False
