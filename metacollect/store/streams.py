@@ -85,7 +85,7 @@ class Dictionary:
     def __init__(self, size: int) -> None:
         self._size = size
         self._index: dict[str, int] = {}
-        self._values = pa.array([], pa.string())
+        self._values = _strings([])
         #: whether the last :meth:`encode` met a new string that is empty or only NULs
         self.blank = False
 
@@ -103,7 +103,7 @@ class Dictionary:
             fresh = {t for t in texts if t is not None and t not in index}
             if len(index) + len(fresh) > self._size:  # restart: rows index no string before
                 index.clear()
-                self._values = pa.array([], pa.string())
+                self._values = _strings([])
                 missed, texts = np.arange(len(values)), texts_of(values)
         new: list[str] = []
         found: list[int] = []
@@ -119,9 +119,8 @@ class Dictionary:
         codes[missed] = found
         self.blank = any(not t.strip("\0") for t in new)
         if new:
-            self._values = pa.concat_arrays([self._values, pa.array(new, pa.string())])
-        indices = pa.array(codes, mask=codes < 0)
-        return pa.DictionaryArray.from_arrays(indices, self._values)
+            self._values = pa.concat_arrays([self._values, _strings(new)])
+        return pa.DictionaryArray.from_arrays(_numbers(codes, codes >= 0), self._values)
 
 
 class _Sink:
@@ -172,10 +171,10 @@ class TableStream:
                 arrays.append(self._dictionaries[var.name].encode(values))
             elif var.dim2:
                 arrays.append(_lists(np.asarray(values, dtype=var.numpy_dtype), var))
-            elif var.dtype == "str":
-                arrays.append(pa.array(texts_of(list(values)), pa.string()))
+            elif var.dtype == "str":  # no value: ""
+                arrays.append(_strings([t or "" for t in texts_of(list(values))]))
             else:
-                arrays.append(pa.array(np.asarray(values, dtype=var.numpy_dtype)))
+                arrays.append(_numbers(np.asarray(values, dtype=var.numpy_dtype)))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def write(self, columns: Mapping[str, Any]) -> int:
@@ -265,11 +264,39 @@ def chunk_columns(
     return out
 
 
+# Arrays are built from their buffers: ``pa.array`` imports pandas (a third of a second, and
+# memory, in every worker process) to ask whether its argument is a pandas object.
+
+
+def _numbers(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A 1-D numpy array as an Arrow array (``valid``: false where a value is null)."""
+    values = np.ascontiguousarray(values)
+    if values.dtype == np.bool_:
+        data = pa.py_buffer(np.packbits(values, bitorder="little"))
+        kind = pa.bool_()
+    else:
+        data, kind = pa.py_buffer(values), pa.from_numpy_dtype(values.dtype)
+    if valid is None or valid.all():
+        return pa.Array.from_buffers(kind, len(values), [None, data], null_count=0)
+    bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = int(len(valid) - np.count_nonzero(valid))
+    return pa.Array.from_buffers(kind, len(values), [bits, data], null_count=nulls)
+
+
+def _strings(texts: Sequence[str]) -> pa.Array:
+    """Strings as an Arrow string array (a lone surrogate, not UTF-8, written as "?")."""
+    encoded = [t.encode("utf-8", "replace") for t in texts]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    return pa.Array.from_buffers(pa.string(), len(encoded), buffers, null_count=0)
+
+
 def _lists(values: np.ndarray, var: VariableSpec) -> pa.Array:
     """A ``dim2`` variable's 2-D array as one list a row."""
     rows, width = values.shape if values.ndim == 2 else (len(values), 0)
-    flat = pa.array(values.reshape(-1))
-    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
+    flat = _numbers(values.reshape(-1))
+    offsets = _numbers(np.arange(rows + 1, dtype=np.int32) * width)
     return pa.ListArray.from_arrays(offsets, flat, type=arrow_type(var))
 
 

@@ -94,6 +94,7 @@ class GroupWriter:
         #: this group's Arrow streams by table, made at a table's first flush (``None``:
         #: flushes go to segments or to Zarr)
         self._streams: dict[str, TableStream] | None = None
+        self._streamed: set[str] = set()  # the tables the flush under way has written
         #: attributes a table's next commit writes with its rows (the fold's progress)
         self._commit_attrs: dict[str, dict[str, Any]] = {}
         self.group: zarrio.Group | None = None
@@ -264,34 +265,42 @@ class GroupWriter:
         return sum(n for chunks in taken.values() for n, _ in chunks)
 
     def _write_streams(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
-        """Append each table's rows to its stream, one record batch a table; on failure put
-        back the rows of the tables not written (those written stay: each row once) and
-        raise."""
-        assert self._streams is not None
-        written, done = 0, set()
+        """Append each table's rows to its stream, one record batch a table
+        (:meth:`_append_tables`); on failure put back the rows of the tables not written
+        (those written stay: each row once) and raise."""
+        columns = {
+            name: streams.chunk_columns(self.tables[name].spec, chunks)
+            for name, chunks in taken.items()
+            if chunks
+        }
+        self._streamed = set()
         try:
-            # a store removed under the run must fail the flush (rows kept, reported once)
-            if not os.path.exists(os.path.join(self.store.path, "zarr.json")):
-                raise self.store.removed()
-            self.store.check_run_open()
-            for name, chunks in taken.items():
-                if not chunks:
-                    continue
-                stream = self._streams.get(name)
-                if stream is None:
-                    stream = self._streams[name] = TableStream(
-                        streams.directory(self.store.path, self.path),
-                        self.tables[name].spec,
-                        int(config.get("strings.cache-size")),
-                    )
-                written += stream.write(streams.chunk_columns(self.tables[name].spec, chunks))
-                done.add(name)
+            self._append_tables(columns)
         except Exception:
             for name, chunks in taken.items():
-                if name not in done:
+                if name not in self._streamed:
                     self.tables[name].restore(chunks)
             raise
-        return written
+        return sum(n for chunks in taken.values() for n, _ in chunks)
+
+    def _append_streams(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
+        """Append each table's rows to its stream (made at its first flush), noting in
+        ``_streamed`` the tables written."""
+        assert self._streams is not None
+        # a store removed under the run must fail the flush (rows kept, reported once)
+        if not os.path.exists(os.path.join(self.store.path, "zarr.json")):
+            raise self.store.removed()
+        self.store.check_run_open()
+        for name, columns in tables.items():
+            stream = self._streams.get(name)
+            if stream is None:
+                stream = self._streams[name] = TableStream(
+                    streams.directory(self.store.path, self.path),
+                    self.tables[name].spec,
+                    int(config.get("strings.cache-size")),
+                )
+            stream.write(columns)
+            self._streamed.add(name)
 
     def close_streams(self) -> None:
         """Write the end of this group's streams and close their files."""
@@ -451,7 +460,9 @@ class GroupWriter:
 
     def _append_tables(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
         """Write these rows: as the group's next segment, or appended to Zarr."""
-        if self._segdir is not None:
+        if self._streams is not None:
+            self._append_streams(tables)
+        elif self._segdir is not None:
             self._write_segment(tables)
         else:
             self._append_zarr(tables)
