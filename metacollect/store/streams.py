@@ -405,12 +405,26 @@ def columns(batch: pa.RecordBatch, spec: TableSpec) -> dict[str, np.ndarray]:
                 col = col.dictionary_decode()
             out[var.name] = np.asarray(col.to_pylist(), dtype=object)
         elif var.dim2:
-            flat = col.flatten().to_numpy(zero_copy_only=False)
+            flat = _to_numpy(col.flatten(), var.numpy_dtype)
             width = len(flat) // len(col) if len(col) else 0
-            out[var.name] = flat.astype(var.numpy_dtype).reshape(len(col), width)
+            out[var.name] = flat.reshape(len(col), width)
         else:
-            out[var.name] = col.to_numpy(zero_copy_only=False).astype(var.numpy_dtype)
+            out[var.name] = _to_numpy(col, var.numpy_dtype)
     return out
+
+
+def _to_numpy(arr: pa.Array, dtype: Any) -> np.ndarray:
+    """An Arrow array of numbers or booleans (no nulls: the writer writes none) as a numpy
+    array of its own, read from its buffers (``to_numpy`` imports pandas, see _numbers)."""
+    data = arr.buffers()[1]
+    if not len(arr) or data is None:
+        return np.empty(len(arr), dtype)
+    if pa.types.is_boolean(arr.type):
+        bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
+        return bits[arr.offset : arr.offset + len(arr)].astype(np.bool_)
+    kind = np.dtype(arr.type.to_pandas_dtype())
+    found = np.frombuffer(data, kind, count=len(arr), offset=arr.offset * kind.itemsize)
+    return found.astype(dtype, copy=True)
 
 
 @dataclass
