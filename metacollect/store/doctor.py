@@ -19,7 +19,7 @@ import numpy as np
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, documents, segments, streams
 from metacollect.store.compact import NEW, OLD, local_dir
 from metacollect.store.integrity import rows_problem, seal_problems
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
@@ -131,9 +131,11 @@ def _copy_group(
     node: zarrio.Group, path: str, spec: GroupSpec, gw: GroupWriter, report: Salvage
 ) -> None:
     """Append every table's rows that decode whole, and whose ids join, to ``gw``: those in
-    Zarr, then those of the group's segments (a store never sealed; a torn one is noted)."""
+    Zarr, then those of the group's segments and streams (a store never sealed; a torn one
+    is noted, a torn stream's whole flushes kept)."""
     directory = local_dir(node)
     later = segments.load(directory, "") if directory is not None else segments.GroupSegments()
+    streamed = streams.load(directory, "", spec.tables) if directory is not None else None
     report.notes.extend(
         f"{path or '/'}: segment {os.path.basename(f)} is torn ({why}); its rows are lost"
         for f, why in sorted(later.torn.items())
@@ -143,6 +145,11 @@ def _copy_group(
         if name != "strings":  # the writer makes the new store's own
             found = _read_table(node, path, name, tspec, report)
             more = _segment_rows(node, name, tspec, later)
+            extra = streamed.rows(name) if streamed is not None else None
+            if more is not None and extra is not None:
+                more = {v: np.concatenate([d, extra[v]]) for v, d in more.items() if v in extra}
+            elif extra is not None:
+                more = extra
             if found is not None and more is not None:
                 columns, good = found
                 found = (
@@ -153,6 +160,11 @@ def _copy_group(
                 found = (more, np.ones(len(next(iter(more.values()))), bool))
             if found is not None:
                 tables[name] = found
+    report.notes.extend(
+        f"{path or '/'}: stream {os.path.basename(f)} is torn ({why}); the rows of the "
+        "flush it was cut in are lost"
+        for f, why in sorted(streamed.torn.items() if streamed is not None else ())
+    )
     _join(spec, path, tables, report)
     for name, (columns, good) in tables.items():
         where = f"{path}/{name}" if path else name
