@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -99,25 +99,19 @@ class Dictionary:
         codes = np.fromiter(map(index.get, values, repeat(-2)), np.int32, len(values))
         missed = np.flatnonzero(codes == -2)
         texts = texts_of([values[i] for i in missed.tolist()])
-        if index and len(index) + len(texts) > self._size:
-            fresh = {t for t in texts if t is not None and t not in index}
-            if len(index) + len(fresh) > self._size:  # restart: rows index no string before
-                index.clear()
-                self._values = _strings([])
-                missed, texts = np.arange(len(values)), texts_of(values)
-        new: list[str] = []
-        found: list[int] = []
-        for text in texts:
-            if text is None:
-                found.append(-1)
-                continue
-            code = index.get(text)
-            if code is None:
-                code = index[text] = len(index)
-                new.append(text)
-            found.append(code)
-        codes[missed] = found
-        self.blank = any(not t.strip("\0") for t in new)
+        new = [t for t in dict.fromkeys(texts) if t is not None and t not in index]
+        if index and len(index) + len(new) > self._size:  # restart: rows index no string before
+            index.clear()
+            self._values = _strings([])
+            missed, texts = np.arange(len(values)), texts_of(values)
+            new = [t for t in dict.fromkeys(texts) if t is not None]
+        index.update(zip(new, range(len(index), len(index) + len(new)), strict=True))
+        get = cast(Callable[[Any, int], int], index.get)  # None: -1
+        codes[missed] = np.fromiter(map(get, texts, repeat(-1)), np.int32, len(texts))
+        # a blank string is empty or only NULs: the smallest string starts with a NUL then
+        self.blank = bool(new) and (
+            not all(new) or (min(new)[:1] == "\0" and any(not t.strip("\0") for t in new))
+        )
         if new:
             self._values = pa.concat_arrays([self._values, _strings(new)])
         return pa.DictionaryArray.from_arrays(_numbers(codes, codes >= 0), self._values)
