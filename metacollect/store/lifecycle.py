@@ -276,11 +276,18 @@ def finalize(
         # worker SIGTERMed with the run can write its only flush and its end while the seal
         # runs, and its end alone would pass unended_workers' check
         unfolded = [] if _is_url(store) else _unfolded_workers(nodes, fold)
-        late = segments.written_since(store, [*fold.groups, *unfolded])
+        late = {
+            g: "segment " + ", ".join(segments.file_name(s) for s in seqs)
+            for g, seqs in segments.written_since(store, [*fold.groups, *unfolded]).items()
+        }
+        for group in streamed.groups if streamed is not None else ():
+            files = [p for found in streams.table_files(store, group).values() for p in found]
+            if files:  # a flush after the seal wrote the group's streams: in a new file
+                late[group] = "stream " + ", ".join(os.path.basename(p) for p in files)
         if late:  # a flush that ended during the seal, under the run's lock: say so
             missing = [
                 *_without_late_ends(root, nodes, missing, late, ends),
-                *(_late_flush(group, seqs) for group, seqs in late.items()),
+                *(_late_flush(group, what) for group, what in late.items()),
             ]
             status = "incomplete" if status in ("complete", "failed") else status
             consolidate(root, None, {"status": status, "missing": missing}, fold=False)
@@ -340,10 +347,9 @@ def _without_late_ends(
     return [line for line in missing if line not in stale]
 
 
-def _late_flush(group: str, seqs: list[int]) -> str:
-    names = ", ".join(segments.file_name(s) for s in seqs)
+def _late_flush(group: str, what: str) -> str:
     return (
-        f"{group or '/'}: a flush ended while the store was being sealed (segment {names}): "
+        f"{group or '/'}: a flush ended while the store was being sealed ({what}): "
         "its rows are not in the sealed tables (`metacollect validate` reports the file)"
     )
 
