@@ -315,6 +315,11 @@ def fold_streams(
             ]
             for files in found.files.values():
                 for file in files:
+                    count, end = found.read_to.get(file, (0, 0))
+                    if file not in found.torn and os.path.getsize(file) > end + 8:
+                        # its writer appended while the tables were written: those rows
+                        # go to a stream of their own, which the late-flush check names
+                        streams.move_tail(file, count)
                     os.remove(file)
             folded.append(group)
         finally:

@@ -24,8 +24,9 @@ The directory's name starts with a dot and holds no ``zarr.json``: Zarr's listin
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, cast
@@ -318,20 +319,22 @@ class Stream:
 Batch = tuple[pa.RecordBatch, frozenset[str]]
 
 
-def batches(path: str) -> Iterator[Batch | str]:
+def batches(path: str) -> Generator[Batch | str, None, tuple[int, int]]:
     """The whole record batches of the stream at ``path``, one at a time (its reader holds
     one batch and the column dictionaries), then, when it was cut short, a ``str`` saying
-    where and why. A file made but never written (a kill between the two) is cut short."""
+    where and why. A file made but never written (a kill between the two) is cut short.
+    Returns how many whole batches it read, and the bytes they end at."""
+    count, end = 0, 0
     with pa.OSFile(path, "rb") as source:
         if source.size() == 0:
             yield "empty: its writer was stopped before its first flush was written"
-            return
+            return count, end
         try:
             reader = pa.ipc.open_stream(source)
         except (pa.ArrowInvalid, OSError) as e:
             yield f"cut short within its schema: {e}"
-            return
-        count, end = 0, source.tell()
+            return count, end
+        end = source.tell()
         while True:
             try:
                 batch, meta = reader.read_next_batch_with_custom_metadata()
@@ -339,7 +342,7 @@ def batches(path: str) -> Iterator[Batch | str]:
                 break
             except (pa.ArrowInvalid, OSError) as e:
                 yield f"cut short after {count} whole batch(es): {e}"
-                return
+                return count, end
             count, end = count + 1, source.tell()
             blank = meta.get(BLANK) if meta is not None else None
             yield batch, frozenset(blank.decode().split(",") if blank else ())
@@ -351,6 +354,36 @@ def batches(path: str) -> Iterator[Batch | str]:
             yield f"cut short after {count} whole batch(es): {left} bytes of a batch"
         elif not count:  # its schema goes to the file with its first batch, in one write
             yield "cut short after its schema, before its first batch"
+    return count, end
+
+
+def move_tail(path: str, skip: int) -> str | None:
+    """Write the whole batches of the stream at ``path`` past its first ``skip`` into a new
+    stream beside it (its dictionaries sent whole again); returns its path (``None``: no
+    such batch). What the seal does with a stream its writer appended to while the seal
+    wrote what it had read: the late rows stay, in a file of their own."""
+    out: TableStream | None = None
+    with pa.OSFile(path, "rb") as source:
+        reader = pa.ipc.open_stream(source)
+        for i in itertools.count():
+            try:
+                batch, meta = reader.read_next_batch_with_custom_metadata()
+            except (StopIteration, pa.ArrowInvalid, OSError):
+                break
+            if i < skip:
+                continue
+            if out is None:
+                table = os.path.basename(path).partition(".")[0]
+                out = TableStream(os.path.dirname(path), TableSpec(table, "", "", {}), 0)
+                out.schema = reader.schema
+                out._open()
+            assert out._writer is not None and out._fd is not None
+            out._writer.write_batch(batch, custom_metadata=meta)
+            _write_all(out._fd, out._sink.drain())
+    if out is None:
+        return None
+    out.close()
+    return out.path
 
 
 def _tail(source: pa.NativeFile, at: int) -> bytes:
@@ -436,6 +469,8 @@ class GroupStreams:
     torn: dict[str, str] = field(default_factory=dict)
     #: per table, its ``code`` variables that met a blank string in the reads so far
     blank: dict[str, set[str]] = field(default_factory=dict)
+    #: per file read to its end: its whole batches then, and the bytes they end at
+    read_to: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def parts(self, table: str) -> Iterator[dict[str, np.ndarray]]:
         """A table's rows, one batch (a flush) at a time, as :func:`columns` gives them;
@@ -477,7 +512,13 @@ class GroupStreams:
 
     def _batches(self, table: str) -> Iterator[pa.RecordBatch]:
         for path in self.files.get(table, []):
-            for item in batches(path):
+            found = batches(path)
+            while True:
+                try:
+                    item = next(found)
+                except StopIteration as end:
+                    self.read_to[path] = end.value
+                    break
                 if isinstance(item, str):
                     self.torn[path] = item
                 else:
