@@ -34,7 +34,7 @@ from metacollect.store import seal as seal_mod
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize
 from metacollect.store.seal import seal_own
-from metacollect.store.segments import CLAIM
+from metacollect.store.streams import CLAIM
 from metacollect.store.validate import validate_store
 from tests.test_segments import GROUP, _flush_events, _run, _torn
 
@@ -113,7 +113,7 @@ def _holder(segdir: str, hold: float) -> Iterator[subprocess.Popen]:
         f"""
         import os, sys, time
         from metacollect.store import lock
-        from metacollect.store.segments import CLAIM
+        from metacollect.store.streams import CLAIM
         assert lock.take(os.path.join({segdir!r}, CLAIM)) is None
         print("claimed", flush=True)
         time.sleep({hold})

@@ -25,7 +25,7 @@ import zarr
 
 from metacollect import open_run
 from metacollect.session import init_root
-from metacollect.store import chunkio, segments
+from metacollect.store import chunkio, segments, streams
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.validate import validate_store
@@ -327,7 +327,7 @@ def test_validate_of_a_live_store_waits_for_the_segment_being_written(store, mon
 
     monkeypatch.setattr(time, "sleep", write_lands_meanwhile)
     assert validate_store(store) == []
-    assert waits == [segments.SETTLE]  # validate saw the segment torn, and waited once
+    assert waits == [streams.SETTLE]  # validate saw the segment torn, and waited once
     assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(20)]
     # a segment short before and after the wait is torn (a writer killed mid-write)
     problems = validate_store(store)
@@ -969,12 +969,12 @@ def test_a_merge_that_fails_is_recorded_and_loses_nothing_else(store, tmp_path):
         claimed = str(tmp_path / "claimed.zarr")
         _, g = _run(claimed)
         segdir = segments.directory(claimed, GROUP)
-        assert segments.claim(segdir, 0.0) is None  # another process folds it
+        assert streams.claim(segdir, 0.0) is None  # another process folds it
         for f in range(3):
             _flush_events(g, 10 * f, 10)
         assert sorted(os.listdir(segdir)) == [
             *(segments.file_name(s) for s in range(3)),
-            segments.CLAIM,
+            streams.CLAIM,
         ]
 
         _, g = _run(store)

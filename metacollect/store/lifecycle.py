@@ -238,7 +238,7 @@ def finalize(
         # one walk of the groups and tables: the groups with segments, and the temp files
         # of writes cut short (a failed flush), which are not data
         with_segments, with_streams, partials = [], [], []
-        for path, dirs, files in [] if _is_url(store) else segments.walk_groups(store):
+        for path, dirs, files in [] if _is_url(store) else streams.walk_groups(store):
             partials += [os.path.join(path, f) for f in files if f.endswith(".partial")]
             if segments.SEG_DIR in dirs:
                 with_segments.append(path)

@@ -11,7 +11,7 @@ At a run's end (:func:`~metacollect.store.lifecycle.finalize`; ``metacollect gat
 4. adds the run's attributes to the root and consolidates the metadata of every node
    (:func:`seal`, ``zarr.consolidate_metadata``).
 
-A fold claims a group's segment directory (:func:`~metacollect.store.segments.claim`), so
+A fold claims a group's segment directory (:func:`~metacollect.store.streams.claim`), so
 that a process folding its own groups, a writer merging its segments and the run's seal
 never fold the same segments twice.
 """
@@ -81,7 +81,7 @@ def fold_segments(
 
     deadline = time.monotonic() + wait  # one wait for the whole fold, not one per group
     for group in seg.groups_with_segments(path) if groups is None else groups:
-        holder = seg.claim(seg.directory(path, group), deadline)
+        holder = streams.claim(seg.directory(path, group), deadline)
         if holder is not None:
             lost.append(_still_folding(group, holder, path))
             continue
@@ -116,14 +116,14 @@ def seal_own(writer: StoreWriter) -> None:
     for group in sorted(writer.groups):
         segdir = seg.directory(writer.path, group)
         spec = writer.schema.match(group)
-        if spec is None or seg.claim(segdir, time.monotonic()) is not None:
+        if spec is None or streams.claim(segdir, time.monotonic()) is not None:
             continue
         try:
-            if seg.tables_in_zarr(writer.path, group, spec):
+            if streams.tables_in_zarr(writer.path, group, spec):
                 continue
             _fold_claimed(writer.path, group, spec, lambda: writer, torn=False)
         finally:
-            seg.unclaim(segdir)
+            streams.unclaim(segdir)
 
 
 def _seal_own_streams(writer: StoreWriter) -> None:
@@ -144,7 +144,7 @@ def _seal_own_streams(writer: StoreWriter) -> None:
 
 def _still_folding(group: str, holder: dict[str, Any], path: str) -> str:
     who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
-    claim = os.path.join(seg.directory(path, group), seg.CLAIM)
+    claim = os.path.join(seg.directory(path, group), streams.CLAIM)
     return (
         f"{group or '/'}: {who} was still folding its segments into tables when the store "
         f"was sealed ({claim}): its rows are in the segments left, which `metacollect "
@@ -189,7 +189,7 @@ def _fold_claimed(
                 os.remove(file)
         return lost
     finally:
-        seg.unclaim(segdir)
+        streams.unclaim(segdir)
 
 
 def _fold_writer(path: str, schema: Schema) -> StoreWriter:
@@ -294,7 +294,7 @@ def fold_streams(
     deadline = time.monotonic()
     for group in streams.groups_with_streams(path) if groups is None else groups:
         where = streams.directory(path, group)
-        holder = seg.claim(where, deadline)
+        holder = streams.claim(where, deadline)
         if holder is not None:
             lost.append(_still_folding(group, holder, path))
             continue
@@ -303,7 +303,7 @@ def fold_streams(
             if spec is None:
                 lost.append(f"{group or '/'}: streams of no group of this version's schema")
                 continue
-            if seg.tables_in_zarr(path, group, spec):
+            if streams.tables_in_zarr(path, group, spec):
                 lost.append(f"{group or '/'}: streams beside tables in Zarr left as they are")
                 continue
             found = streams.load(path, group, spec.tables)
@@ -323,7 +323,7 @@ def fold_streams(
                     os.remove(file)
             folded.append(group)
         finally:
-            seg.unclaim(where)
+            streams.unclaim(where)
     return Folded(lost, folded)
 
 

@@ -39,9 +39,8 @@ import json
 import os
 import struct
 import threading
-import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,8 +48,7 @@ import numcodecs
 import numpy as np
 
 from metacollect.errors import StoreError
-from metacollect.store import lock
-from metacollect.store.schema import GroupSpec, load_schema
+from metacollect.store.streams import walk_groups
 from metacollect.store.text import holds_blank, vlen_utf8
 
 #: the directory of a group's segments, below the group's own
@@ -65,9 +63,6 @@ FOLDED = "segments_folded"
 MERGING = ".merging"
 #: Zstandard level of a segment's body: segments live until the seal, which recompresses
 LEVEL = 1
-#: seconds a reader of a live store gives a segment it found torn to become whole: a flush
-#: writes its segment with one ``write`` of at most a few MB, done within milliseconds
-SETTLE = 1.0
 
 _TRAILER = struct.Struct("<QI")
 _HEAD = struct.Struct("<I")
@@ -565,61 +560,3 @@ def _seq_of(path: str) -> int:
 def groups_with_segments(store: str) -> list[str]:
     """Paths of the groups of the local store ``store`` that have a segment directory."""
     return [path for path, dirs, _files in walk_groups(store) if SEG_DIR in dirs]
-
-
-def walk_groups(store: str) -> Iterator[tuple[str, list[str], list[str]]]:
-    """``(path, directories, files)`` of each group and table directory of the local store
-    ``store``, as ``os.walk`` lists them (``path`` relative, ``""`` the root), in order.
-    The arrays of a table (the schema says which directories are tables) are not listed:
-    once processes have sealed their groups they are most of a store's directories, and
-    each listing is a call to the metadata server of a parallel filesystem. Directories
-    starting with a dot (segments) are not entered."""
-    schema = load_schema()
-    for dirpath, dirs, files in os.walk(store):
-        rel = os.path.relpath(dirpath, store)
-        path = "" if rel == "." else rel.replace(os.sep, "/")
-        yield path, list(dirs), files
-        is_table = path and schema.table_owner(path) is not None
-        dirs[:] = [] if is_table else sorted(d for d in dirs if not d.startswith("."))
-
-
-# -- claiming a group's fold ----------------------------------------------------------------------
-def tables_in_zarr(store: str, group: str, spec: GroupSpec) -> bool:
-    """Whether a table of ``group`` (in the local store ``store``) is in Zarr already, its
-    ``zarr.json`` written: a fold cut short, or rows appended without segments. Its
-    segments then take the append path and the compaction at the seal, and do not merge
-    meanwhile. One listing of the group's directory, and a stat a table directory there
-    (mostly none: a table's directory is made at the seal)."""
-    try:
-        names = os.listdir(os.path.join(store, group))
-    except FileNotFoundError:
-        return False
-    return any(
-        os.path.exists(os.path.join(store, group, t, "zarr.json"))
-        for t in spec.tables.keys() & set(names)
-    )
-
-
-#: a process folding a group's segments holds this file in their directory (see lock.take)
-CLAIM = "folding.json"
-
-
-def claim(segdir: str, deadline: float) -> dict[str, Any] | None:
-    """Claim the fold of a segment directory; ``None`` when claimed (or there is no such
-    directory: nothing to fold), else who holds it, waiting for it until ``deadline``
-    (``time.monotonic``; a process sealing its own groups takes a fraction of a second)."""
-    while True:
-        try:
-            holder = lock.take(os.path.join(segdir, CLAIM))
-        except FileNotFoundError:
-            return None
-        if holder is None or time.monotonic() >= deadline:
-            return holder
-        time.sleep(0.01)
-
-
-def unclaim(segdir: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(segdir, CLAIM))
-    with contextlib.suppress(OSError):  # not empty: a segment written meanwhile stays
-        os.rmdir(segdir)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -35,8 +36,9 @@ import numpy as np
 import pyarrow as pa
 
 from metacollect.errors import StoreError
+from metacollect.store import lock
 from metacollect.store.buffers import texts_of
-from metacollect.store.schema import FILL, TableSpec, VariableSpec
+from metacollect.store.schema import FILL, GroupSpec, TableSpec, VariableSpec, load_schema
 
 #: the directory of a group's streams, below the group's own
 STREAM_DIR = ".streams"
@@ -46,6 +48,9 @@ SUFFIX = ".arrows"
 OPTIONS = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="zstd")
 #: a batch's metadata key naming its ``code`` columns with a new blank string
 BLANK = "blank"
+#: seconds a reader of a live store gives a stream it found torn to become whole: a flush
+#: writes a batch with one ``write`` of at most a few MB, done within milliseconds
+SETTLE = 1.0
 #: the end-of-stream marker of Arrow's IPC format (a continuation, then a length of 0)
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
@@ -547,3 +552,61 @@ def groups_with_streams(store: str) -> list[str]:
             out.append("" if rel == "." else rel.replace(os.sep, "/"))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
     return sorted(out)
+
+
+def walk_groups(store: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``(path, directories, files)`` of each group and table directory of the local store
+    ``store``, as ``os.walk`` lists them (``path`` relative, ``""`` the root), in order.
+    The arrays of a table (the schema says which directories are tables) are not listed:
+    once processes have sealed their groups they are most of a store's directories, and
+    each listing is a call to the metadata server of a parallel filesystem. Directories
+    starting with a dot (streams) are not entered."""
+    schema = load_schema()
+    for dirpath, dirs, files in os.walk(store):
+        rel = os.path.relpath(dirpath, store)
+        path = "" if rel == "." else rel.replace(os.sep, "/")
+        yield path, list(dirs), files
+        is_table = path and schema.table_owner(path) is not None
+        dirs[:] = [] if is_table else sorted(d for d in dirs if not d.startswith("."))
+
+
+def tables_in_zarr(store: str, group: str, spec: GroupSpec) -> bool:
+    """Whether a table of ``group`` (in the local store ``store``) is in Zarr already, its
+    ``zarr.json`` written: a seal cut short, or rows appended to Zarr by a writer into a
+    sealed store. Its streams then take the append path and the compaction. One listing of
+    the group's directory, and a stat a table directory there (mostly none: a table's
+    directory is made at the seal)."""
+    try:
+        names = os.listdir(os.path.join(store, group))
+    except FileNotFoundError:
+        return False
+    return any(
+        os.path.exists(os.path.join(store, group, t, "zarr.json"))
+        for t in spec.tables.keys() & set(names)
+    )
+
+
+#: a process sealing a group holds this file in its stream directory (see lock.take)
+CLAIM = "folding.json"
+
+
+def claim(segdir: str, deadline: float) -> dict[str, Any] | None:
+    """Claim the seal of a group's stream directory ``segdir``; ``None`` when claimed (or
+    there is no such directory: nothing to seal), else who holds it, waiting for it until
+    ``deadline`` (``time.monotonic``; a process sealing its own groups takes a fraction of
+    a second)."""
+    while True:
+        try:
+            holder = lock.take(os.path.join(segdir, CLAIM))
+        except FileNotFoundError:
+            return None
+        if holder is None or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.01)
+
+
+def unclaim(segdir: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(segdir, CLAIM))
+    with contextlib.suppress(OSError):  # not empty: a stream written meanwhile stays
+        os.rmdir(segdir)

@@ -89,7 +89,7 @@ def stream_problems(directory: str, schema: Schema, sealed: bool) -> list[str]:
     writing), of groups and tables the schema knows; a sealed store has none.
 
     In a live store the flush being written reads short until its one write ends: a torn
-    stream is read again after :data:`~metacollect.store.segments.SETTLE` seconds (one
+    stream is read again after :data:`~metacollect.store.streams.SETTLE` seconds (one
     wait for the whole store), and named only if it is still torn then."""
     problems: list[str] = []
     torn: dict[str, tuple[str, str]] = {}
@@ -115,7 +115,7 @@ def stream_problems(directory: str, schema: Schema, sealed: bool) -> list[str]:
         found = streams.GroupStreams(directory, group, spec.tables, known)
         torn.update((path, (where, why)) for path, why in found.check().items())
     if torn and not sealed:
-        time.sleep(segments.SETTLE)
+        time.sleep(streams.SETTLE)
         still = {path for path in torn if streams.read(path).torn is not None}
         torn = {path: found for path, found in torn.items() if path in still}
     problems.extend(
@@ -131,7 +131,7 @@ def segment_problems(directory: str, root: zarrio.Group, schema: Schema, sealed:
     its codes within its group's strings as far as that segment; a sealed store has none.
 
     In a live store the segment a flush is writing reads short until its one write ends:
-    a group with a torn segment is read again after :data:`~metacollect.store.segments.SETTLE`
+    a group with a torn segment is read again after :data:`~metacollect.store.streams.SETTLE`
     seconds (one wait for the whole store). A segment still torn then was cut short (its
     writer killed mid-write) or its write stalled that long; one begun since the first
     reading is a flush under way, not damage, and is left out.
@@ -145,7 +145,7 @@ def segment_problems(directory: str, root: zarrio.Group, schema: Schema, sealed:
             continue
         problems.extend(_group_segment_problems(group, found, root, schema, sealed))
     if again:
-        time.sleep(segments.SETTLE)
+        time.sleep(streams.SETTLE)
         for group, torn_before in again.items():
             found = segments.load(directory, group)
             found.torn = {f: why for f, why in found.torn.items() if f in torn_before}

@@ -341,7 +341,7 @@ class GroupWriter:
         at 5 s; on Lustre or GPFS each is an inode and a metadata-server call for every
         reader and for the seal). Each row is written again once a level, in the flush
         thread. Only this writer's own, consecutive segments merge, the group's fold claimed
-        meanwhile (:func:`~metacollect.store.segments.claim`: a run's seal folding it goes
+        meanwhile (:func:`~metacollect.store.streams.claim`: a run's seal folding it goes
         first, and the merge waits for a later flush); a group with tables in Zarr already
         (a fold cut short) is left to the seal as it is."""
         k = self._merge
@@ -373,10 +373,10 @@ class GroupWriter:
         segdir = self._segdir
         assert segdir is not None
         try:
-            if seg.claim(segdir, time.monotonic()) is not None:
+            if streams.claim(segdir, time.monotonic()) is not None:
                 return False  # the run's seal is folding the group: not now
             try:
-                if seg.tables_in_zarr(self.store.path, self.path, self.spec):  # a fold began
+                if streams.tables_in_zarr(self.store.path, self.path, self.spec):  # a fold began
                     self._merge = 0
                     return False
                 seqs = [w.seq for w in run]
@@ -386,7 +386,7 @@ class GroupWriter:
                 seg.merge(segdir, seqs, level, {w.seq: w.data for w in run if w.data})
                 return True
             finally:
-                seg.unclaim(segdir)
+                streams.unclaim(segdir)
         except Exception as e:
             self._merge = 0  # its segments stay as written (nothing lost) for the seal
             self.record_error("merge segments", e)
