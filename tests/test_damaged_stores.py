@@ -82,8 +82,15 @@ def coded_store(tmp_path_factory):
     """The same, sealed without compaction: codes into each group's strings table."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
-        # nor are the tables of the segments written sealed: appended, codes and all
+        # nor are the tables of the streams written sealed: appended, codes and all
         mp.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
+        mp.setattr(
+            seal_mod,
+            "_write_streamed",
+            lambda writer, spec, path, found, layouts, upto: seal_mod._append_streamed(
+                writer, spec, path, found, sorted(layouts), upto
+            ),
+        )
         return _collected(str(tmp_path_factory.mktemp("damage") / "coded.zarr"))
 
 

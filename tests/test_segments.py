@@ -66,7 +66,7 @@ def _flush_events(g, first: int, n: int) -> None:
 
 def _run(store: str) -> tuple[StoreWriter, object]:
     prepare_store(store)
-    w = StoreWriter(store)
+    w = StoreWriter(store, streams=False)
     init_root(w, "r1")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     return w, w.group("scheduler", cluster="c1")
@@ -160,7 +160,7 @@ def test_a_torn_last_segment_is_skipped_reported_and_the_rows_before_survive(sto
     problems = validate_store(store)
     assert any("segment 000000002.seg is torn" in p for p in problems), problems
     # a writer that starts the group again continues after it, codes included
-    w2 = StoreWriter(store)
+    w2 = StoreWriter(store, streams=False)
     g2 = w2.group("scheduler", cluster="c1")
     _flush_events(g2, 1000, 5)
     assert sorted(os.listdir(segdir))[-1] == segments.file_name(3)
@@ -253,7 +253,9 @@ def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, befor
         read = real_read_nodes(*args, **kwargs) if when == "after-the-read" else None
         if not flushed:
             worker = (
-                made[0] if made else StoreWriter(store).group("worker", cluster="c1", worker="w1")
+                made[0]
+                if made
+                else StoreWriter(store, streams=False).group("worker", cluster="c1", worker="w1")
             )
             worker.append(
                 "tasks",
@@ -686,7 +688,7 @@ _WRITER = textwrap.dedent(
     from metacollect.store.writer import GroupWriter, StoreWriter
 
     store = sys.argv[1]
-    w = StoreWriter(store)
+    w = StoreWriter(store, streams=False)
     init_root(w, "killed")
     w.group("cluster", attrs=json.loads(sys.argv[2]), cluster="c1")
     g = w.group("scheduler", cluster="c1")
@@ -1030,64 +1032,3 @@ def test_a_merged_segment_holds_its_parts_rows_bytes_joined_not_decoded(tmp_path
     assert tables["metrics"]["value"].tolist() == [[0, 1], [2, 3], [4, 5]]
     assert merged.may_hold_blank("strings", "value")
     assert not merged.may_hold_blank("events", "topic")
-
-
-def _inc(x):
-    return x + 1
-
-
-def test_real_collectors_merge_their_segments_during_a_run(tmp_path):
-    """A real LocalCluster's collectors (the scheduler's and each worker's, in their own
-    processes) flushing every 50 ms and merging every other segment: while the run goes, no
-    group holds more than a handful of segment files and merged ones are there to read; the
-    sealed store is complete, validates, and holds each of the 2,000 tasks the client ran
-    once, as the scheduler itself executed them."""
-    import threading
-
-    import dask.config
-    from distributed import Client, LocalCluster
-
-    from metacollect import collect
-
-    store = str(tmp_path / "run.zarr")
-    most: dict[str, int] = {}
-    levels: set[int] = set()
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            for group in segments.groups_with_segments(store):
-                found = segments.load(store, group, decoded=False)
-                most[group] = max(most.get(group, 0), len(found.segments))
-                levels.update(s.head.get("level", 0) for s in found.segments)
-            time.sleep(0.02)
-
-    keys = [f"inc-{i}" for i in range(2000)]
-    with (
-        dask.config.set({"metacollect.store.segment-merge": 2}),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-        collect(client, store, flush_interval="0.05s", flush_budget=1),
-    ):
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        try:
-            for b in range(40):
-                batch = keys[50 * b : 50 * (b + 1)]
-                client.gather(client.map(_inc, range(50 * b, 50 * (b + 1)), key=batch))
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            watcher.join()
-    workers = [g for g in most if "/workers/" in g]
-    assert len(workers) == 2 and any(g.endswith("/scheduler") for g in most), most
-    assert max(most.values()) <= 12, most  # a flush each 50 ms for seconds: ~80 unmerged
-    assert max(levels) >= 3, levels
-    run = open_run(store)
-    assert run.attrs["status"] == "complete", run.attrs.get("missing")
-    assert validate_store(store) == []
-    tasks = run.tasks()
-    ran = tasks[tasks.key.isin(keys)]
-    assert sorted(ran.key) == sorted(keys)

@@ -27,7 +27,7 @@ from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import chunkio, documents, segments, streams
 from metacollect.store.compact import compact, group_strings, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.seal import Folded, fold_segments, fold_streams, read_nodes, seal, trim
+from metacollect.store.seal import fold_segments, fold_streams, read_nodes, seal, trim
 from metacollect.store.text import column_values
 
 logger = logging.getLogger(__name__)
@@ -248,11 +248,15 @@ def finalize(
         # the flushes written as segments, folded into the tables (before anything reads
         # them): what the processes that wrote them did not seal themselves (seal.seal_own;
         # one still sealing has end-timeout to finish)
-        fold = fold_segments(store, groups=with_segments, wait=config.interval("end-timeout"))
-        streamed = fold_streams(store, groups=with_streams) if with_streams else None
+        wait = config.interval("end-timeout")
+        fold = fold_segments(store, groups=with_segments, wait=wait)
+        streamed = fold_streams(store, groups=with_streams, wait=wait) if with_streams else None
         # the temp files once those folds are over: a process folding its own groups (a
         # worker ending under Ctrl-C as the run seals) writes its tables through them
-        _remove_partials(store, partials, [g for g in with_segments if g not in fold.groups])
+        done = {*fold.groups, *(streamed.groups if streamed is not None else ())}
+        _remove_partials(
+            store, partials, [g for g in [*with_segments, *with_streams] if g not in done]
+        )
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
         ends = batch_job_ends(root, nodes)
@@ -275,12 +279,12 @@ def finalize(
         # the folded groups, and the workers' groups that had no segment at the fold: a
         # worker SIGTERMed with the run can write its only flush and its end while the seal
         # runs, and its end alone would pass unended_workers' check
-        unfolded = [] if _is_url(store) else _unfolded_workers(nodes, fold)
+        unfolded = [] if _is_url(store) else _unfolded_workers(nodes, done)
         late = {
             g: "segment " + ", ".join(segments.file_name(s) for s in seqs)
             for g, seqs in segments.written_since(store, [*fold.groups, *unfolded]).items()
         }
-        for group in streamed.groups if streamed is not None else ():
+        for group in [*(streamed.groups if streamed is not None else ()), *unfolded]:
             files = [p for found in streams.table_files(store, group).values() for p in found]
             if files:  # a flush after the seal wrote the group's streams: in a new file
                 late[group] = "stream " + ", ".join(os.path.basename(p) for p in files)
@@ -315,10 +319,10 @@ def _remove_partials(store: str, partials: Iterable[str], held: Iterable[str]) -
                 os.remove(os.path.join(store, partial))
 
 
-def _unfolded_workers(nodes: Mapping[str, Mapping[str, Any]], fold: Folded) -> list[str]:
-    """The worker groups (their paths) the fold had no segments of: a worker group says
-    whether it ended (its tables have the same ``kind``, not that)."""
-    folded = set(fold.groups)
+def _unfolded_workers(nodes: Mapping[str, Mapping[str, Any]], folded: set[str]) -> list[str]:
+    """The worker groups (their paths) the seal had no segments or streams of (``folded``:
+    those it had): a worker group says whether it ended (its tables have the same ``kind``,
+    not that)."""
     return [
         path
         for path, doc in nodes.items()

@@ -83,7 +83,7 @@ def fold_segments(
     for group in seg.groups_with_segments(path) if groups is None else groups:
         holder = streams.claim(seg.directory(path, group), deadline)
         if holder is not None:
-            lost.append(_still_folding(group, holder, path))
+            lost.append(_still_folding(group, holder, path, seg.directory(path, group)))
             continue
         spec = known.match(group)
         if spec is not None:
@@ -128,26 +128,29 @@ def seal_own(writer: StoreWriter) -> None:
 
 def _seal_own_streams(writer: StoreWriter) -> None:
     """:func:`seal_own` for a writer whose flushes went to streams: its streams closed, each
-    group whose streams are all its own written as its sealed tables; a group holding
-    another writer's streams too (one that may be torn, or still written) is left to the
-    run's seal, which names what it lost."""
+    group whose streams are all its own and whole written as its sealed tables; a group
+    holding another writer's streams too (one that may be torn, or still written), a torn
+    stream, or tables in Zarr already (rows appended: they need the compaction) is left to
+    the run's seal, which names what it lost."""
     mine = []
     for group, gw in sorted(writer.groups.items()):
         own = {s.path for s in (gw._streams or {}).values()}
         gw.close_streams()
         found = {p for files in streams.table_files(writer.path, group).values() for p in files}
-        if found and found <= own:
+        if found and found <= own and not streams.tables_in_zarr(writer.path, group, gw.spec):
             mine.append(group)
     if mine:
-        fold_streams(writer.path, writer.schema, groups=mine)
+        fold_streams(writer.path, writer.schema, groups=mine, keep_torn=True)
 
 
-def _still_folding(group: str, holder: dict[str, Any], path: str) -> str:
+def _still_folding(
+    group: str, holder: dict[str, Any], path: str, where: str, what: str = "segments"
+) -> str:
     who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
-    claim = os.path.join(seg.directory(path, group), streams.CLAIM)
+    claim = os.path.join(where, streams.CLAIM)
     return (
-        f"{group or '/'}: {who} was still folding its segments into tables when the store "
-        f"was sealed ({claim}): its rows are in the segments left, which `metacollect "
+        f"{group or '/'}: {who} was still folding its {what} into tables when the store "
+        f"was sealed ({claim}): its rows are in the {what} left, which `metacollect "
         f"doctor {path} -o NEW` salvages into a new store once that process is gone"
     )
 
@@ -278,53 +281,105 @@ def _write_sealed(
 
 
 def fold_streams(
-    path: str, schema: Schema | None = None, groups: Iterable[str] | None = None
+    path: str,
+    schema: Schema | None = None,
+    groups: Iterable[str] | None = None,
+    wait: float = 0.0,
+    keep_torn: bool = False,
 ) -> Folded:
     """Write every group's streams (:mod:`metacollect.store.streams`) as its sealed tables,
     then remove them; for a store no process writes any more. Returns the groups written,
     and one line per torn stream (a process killed while writing a flush: the rows of
-    that flush are lost) and per group the schema does not know or another process holds.
-    A group with tables in Zarr already is left as it is, and said so. ``groups``: those
-    with streams, when the caller has listed them."""
+    that flush are lost), per group another process was still sealing (:func:`seal_own`)
+    after ``wait`` seconds, and per group or table the schema does not know.
+
+    A group none of whose tables is in Zarr yet (the usual case) has each table written
+    once, already as the seal leaves it; otherwise (a seal cut short, a writer into a
+    sealed store) its stream rows are appended and the compaction rewrites the tables.
+    Either way a table holds, in :data:`STREAMS_FOLDED`, the batches of each stream file
+    it has: a seal cut short and run again writes nothing twice. ``groups``: those with
+    streams, when the caller has listed them; ``keep_torn``: a group with a torn stream
+    is left as it is (a process sealing its own groups leaves it to the run's seal)."""
     if "://" in path:
         return Folded([], [])
     known = schema or load_schema()
     lost: list[str] = []
     folded: list[str] = []
-    deadline = time.monotonic()
+    deadline = time.monotonic() + wait  # one wait for the whole seal, not one per group
     for group in streams.groups_with_streams(path) if groups is None else groups:
         where = streams.directory(path, group)
         holder = streams.claim(where, deadline)
         if holder is not None:
-            lost.append(_still_folding(group, holder, path))
+            lost.append(_still_folding(group, holder, path, where, "streams"))
             continue
         try:
             spec = known.match(group)
             if spec is None:
                 lost.append(f"{group or '/'}: streams of no group of this version's schema")
                 continue
-            if streams.tables_in_zarr(path, group, spec):
-                lost.append(f"{group or '/'}: streams beside tables in Zarr left as they are")
-                continue
             found = streams.load(path, group, spec.tables)
-            _write_streamed(_fold_writer(path, known), spec, group, found)
+            read = _fold_streamed(_fold_writer(path, known), spec, group, found, keep_torn)
+            if read is None:
+                continue
             lost += [
                 f"{group or '/'}: stream {os.path.basename(file)} is torn ({why}): the rows "
                 "of the flush a killed process was writing are lost"
                 for file, why in sorted(found.torn.items())
             ]
-            for files in found.files.values():
-                for file in files:
-                    count, end = found.read_to.get(file, (0, 0))
-                    if file not in found.torn and os.path.getsize(file) > end + 8:
-                        # its writer appended while the tables were written: those rows
-                        # go to a stream of their own, which the late-flush check names
-                        streams.move_tail(file, count)
-                    os.remove(file)
+            lost += [
+                f"{group or '/'}: stream {os.path.basename(file)} of no table of this "
+                "version's schema left as it is"
+                for table, files in found.files.items()
+                if table not in spec.tables
+                for file in files
+            ]
+            for file, (count, end) in read.items():
+                if file not in found.torn and os.path.getsize(file) > end + 8:
+                    # its writer appended while the tables were written: those rows
+                    # go to a stream of their own, which the late-flush check names
+                    streams.move_tail(file, count)
+                os.remove(file)
             folded.append(group)
         finally:
             streams.unclaim(where)
     return Folded(lost, folded)
+
+
+#: a table's attribute: ``{stream file name: batches}``, the batches of each stream file
+#: whose rows the table holds (a seal cut short and run again skips them)
+STREAMS_FOLDED = "streams_folded"
+
+
+def _fold_streamed(
+    writer: StoreWriter, spec: GroupSpec, path: str, found: streams.GroupStreams, keep_torn: bool
+) -> dict[str, tuple[int, int]] | None:
+    """Write a group's stream rows into its tables (see :func:`fold_streams`); returns,
+    per file read, its whole batches written and the bytes they end at (``None``: the
+    group has a torn stream and ``keep_torn``, nothing written). The batches written are
+    those the first pass (each table's layout) read: a flush appended meanwhile is not."""
+    names = sorted(set(found.files) & set(spec.tables) - {"strings"})
+    layouts = {table: found.layout(table) for table in names}
+    if keep_torn and found.torn:
+        return None
+    read = {f: found.read_to.get(f, (0, 0)) for t in names for f in found.files[t]}
+    upto = {f: count for f, (count, _) in read.items()}
+    if _tables_in_zarr(writer.path, path, spec):
+        _append_streamed(writer, spec, path, found, names, upto)
+    else:
+        _write_streamed(writer, spec, path, found, layouts, upto)
+    return read
+
+
+def _tables_in_zarr(store: str, group: str, spec: GroupSpec) -> bool:
+    """Whether a table of the group is in Zarr, after removing what a seal killed while it
+    wrote a table left (a table's directory without its ``zarr.json``, arrays no reader
+    counts, or one being written beside it)."""
+    directory = os.path.join(store, group)
+    for t in spec.tables:
+        shutil.rmtree(os.path.join(directory, t + NEW), ignore_errors=True)
+        if not os.path.exists(os.path.join(directory, t, "zarr.json")):
+            shutil.rmtree(os.path.join(directory, t), ignore_errors=True)
+    return streams.tables_in_zarr(store, group, spec)
 
 
 class _Decoded:
@@ -348,22 +403,34 @@ class _Decoded:
 
 
 def _write_streamed(
-    writer: StoreWriter, spec: GroupSpec, path: str, found: streams.GroupStreams
+    writer: StoreWriter,
+    spec: GroupSpec,
+    path: str,
+    found: streams.GroupStreams,
+    layouts: Mapping[str, dict[str, tuple[np.dtype[Any], tuple[int, ...]]] | None],
+    upto: Mapping[str, int],
 ) -> None:
     """Write a group's tables from its streams, in their sealed form, a batch at a time
-    (:func:`~metacollect.store.tablewrite.write_sealed_stream`): one pass for each table's
-    layout, one to write it; what is held is a batch and a few blocks of rows."""
-    names = sorted(set(found.files) & set(spec.tables) - {"strings"})
+    (:func:`~metacollect.store.tablewrite.write_sealed_stream`), each table with the
+    batches of each file it holds (``upto``, those ``layouts`` counted); what is held is a
+    batch and a few blocks of rows."""
     plan = {
-        table: SealedTable(spec.tables[table], writer.table_attributes(spec, table), layout)
-        for table in names
-        if (layout := found.layout(table)) is not None
+        table: SealedTable(
+            spec.tables[table],
+            {
+                **writer.table_attributes(spec, table),
+                STREAMS_FOLDED: {os.path.basename(f): upto[f] for f in found.files[table]},
+            },
+            layout,
+        )
+        for table, layout in layouts.items()
+        if layout is not None
     }
     blank = any(found.blank.get(t) for t in plan)
 
     def parts() -> Iterator[dict[str, dict[str, np.ndarray]]]:
         for table in plan:
-            for part in found.parts(table):
+            for part in found.parts(table, upto):
                 yield {table: part}
 
     def done(table: str) -> None:  # whole: its ``rows`` set; in its place
@@ -371,6 +438,49 @@ def _write_streamed(
         os.rename(base + NEW, base)
 
     zarrio.run(write_sealed_stream(writer.root, path, plan, parts, _Decoded(blank), _beside, done))
+
+
+def _append_streamed(
+    writer: StoreWriter,
+    spec: GroupSpec,
+    path: str,
+    found: streams.GroupStreams,
+    tables: list[str],
+    upto: Mapping[str, int],
+) -> None:
+    """Append a group's stream rows to its tables, some of which are in Zarr (a seal cut
+    short, a writer into a sealed store), for the compaction to rewrite: the batches a
+    table does not hold yet (its :data:`STREAMS_FOLDED`), a few at a time, each append
+    committed with the batches it holds."""
+    gw = GroupWriter(writer, spec, path, {})
+    if gw.group is None:  # could not make it: the store cannot be written
+        raise StoreError(f"cannot write the streams of {path or '/'} into {writer.path}")
+    for table in tables:
+        try:
+            held = gw.create()[table].attrs.get(STREAMS_FOLDED, {})
+        except KeyError:
+            held = {}
+        done = dict(held) if isinstance(held, dict) else {}
+        batch: list[tuple[int, dict[str, Any]]] = []
+        for file in found.files[table]:
+            name = os.path.basename(file)
+            for i, part in enumerate(found.file_parts(table, file, upto[file])):
+                if i < done.get(name, 0):
+                    continue
+                done[name] = i + 1
+                batch.append((len(next(iter(part.values()))), part))
+                if sum(n for n, _ in batch) >= FOLD_ROWS:
+                    _append_batch(gw, table, batch, done)
+                    batch = []
+        if batch:
+            _append_batch(gw, table, batch, done)
+
+
+def _append_batch(
+    gw: GroupWriter, table: str, batch: list[tuple[int, dict[str, Any]]], done: dict[str, int]
+) -> None:
+    gw._commit_attrs[table] = {STREAMS_FOLDED: dict(done)}
+    gw._write({table: batch})
 
 
 def _beside(table: str) -> str:

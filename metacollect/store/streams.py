@@ -1,10 +1,10 @@
 """Arrow IPC streams: a group's flushes while a run lasts, one stream file per table.
 
 A writer of a store on a filesystem appends each flush of a table as one record batch to
-that table's stream, ``<group>/.streams/<table>.<n>.arrows`` (``n``: the first number no
-other writer of the group took). The file is made at the table's first flush and kept open:
-later flushes create no file (on Lustre or GPFS a create is a call to a metadata server the
-whole machine shares). A flush's bytes go to the file in one ``write``.
+that table's stream, ``<group>/.streams/<table>.<n>.arrows`` (``n``: from the clock, the
+first number no other writer of the group took). The file is made at the table's first
+flush and kept open: later flushes create no file (on Lustre or GPFS a create is a call to
+a metadata server the whole machine shares). A flush's bytes go to the file in one ``write``.
 
 Columns are Arrow's: numbers as they are, strings as strings, a ``dim2`` variable as a list
 per row, and ``code`` variables (names that recur: task keys, workers, states) as
@@ -216,7 +216,12 @@ class TableStream:
 
     def _open(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        for n in range(10_000):
+        # numbered from the clock (microseconds), not from 0: a number is never taken again
+        # after the seal removed its file, since the sealed tables name the files they hold
+        # (a seal cut short and run again skips them), and the numbers keep the files in
+        # the order they were made
+        first = time.time_ns() // 1000
+        for n in range(first, first + 10_000):
             path = os.path.join(self.directory, f"{self.spec.name}.{n}{SUFFIX}")
             try:
                 self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -477,11 +482,22 @@ class GroupStreams:
     #: per file read to its end: its whole batches then, and the bytes they end at
     read_to: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def parts(self, table: str) -> Iterator[dict[str, np.ndarray]]:
+    def parts(
+        self, table: str, upto: Mapping[str, int] | None = None
+    ) -> Iterator[dict[str, np.ndarray]]:
         """A table's rows, one batch (a flush) at a time, as :func:`columns` gives them;
-        a torn file's whole batches, its tear noted in :attr:`torn`."""
+        a torn file's whole batches, its tear noted in :attr:`torn`. ``upto``: read at most
+        so many batches of each file (by path), those an earlier pass read."""
         tspec = self.spec[table]
-        for batch in self._batches(table):
+        for batch in self._batches(table, upto):
+            yield columns(batch, tspec)
+
+    def file_parts(
+        self, table: str, path: str, upto: int | None = None
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """:meth:`parts` of one of the table's files, its first ``upto`` batches."""
+        tspec = self.spec[table]
+        for batch in self._file_batches(table, path, upto):
             yield columns(batch, tspec)
 
     def rows(self, table: str) -> dict[str, np.ndarray] | None:
@@ -515,20 +531,34 @@ class GroupStreams:
             for v in tspec.variables.values()
         }
 
-    def _batches(self, table: str) -> Iterator[pa.RecordBatch]:
+    def _batches(
+        self, table: str, upto: Mapping[str, int] | None = None
+    ) -> Iterator[pa.RecordBatch]:
         for path in self.files.get(table, []):
-            found = batches(path)
-            while True:
-                try:
-                    item = next(found)
-                except StopIteration as end:
-                    self.read_to[path] = end.value
+            yield from self._file_batches(table, path, None if upto is None else upto[path])
+
+    def _file_batches(
+        self, table: str, path: str, upto: int | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        if upto == 0:
+            return
+        found = batches(path)
+        count = 0
+        while True:
+            try:
+                item = next(found)
+            except StopIteration as end:
+                self.read_to[path] = end.value
+                break
+            if isinstance(item, str):
+                self.torn[path] = item
+            else:
+                self.blank.setdefault(table, set()).update(item[1])
+                yield item[0]
+                count += 1
+                if count == upto:
+                    found.close()
                     break
-                if isinstance(item, str):
-                    self.torn[path] = item
-                else:
-                    self.blank.setdefault(table, set()).update(item[1])
-                    yield item[0]
 
     def check(self) -> dict[str, str]:
         """Every stream read through once: the torn ones (``{path: why}``)."""

@@ -4,10 +4,11 @@ Each process that collects owns a :class:`StoreWriter` and the groups it writes;
 processes never append to the same array, so no locking is needed on a shared filesystem.
 Collectors append rows to in-memory tables (cheap, :mod:`metacollect.store.buffers`);
 :meth:`GroupWriter.flush` turns them into arrays and writes them - from a thread or at the
-end, never on a hot path: into a store on a filesystem as one segment file per flush
-(:mod:`metacollect.store.segments`, folded into Zarr by the seal,
-:mod:`metacollect.store.seal`), elsewhere (fsspec URLs, and writers into a sealed store)
-appended to the Zarr arrays directly.
+end, never on a hot path: into a store on a filesystem as one record batch per table per
+flush appended to the table's Arrow stream (:mod:`metacollect.store.streams`, written into
+Zarr by the seal, :mod:`metacollect.store.seal`), elsewhere (fsspec URLs, and writers into
+a sealed store) appended to the Zarr arrays directly. ``StoreWriter(streams=False)``
+writes the segment files of before (:mod:`metacollect.store.segments`).
 """
 
 from __future__ import annotations
@@ -565,7 +566,7 @@ class StoreWriter:
         path: str | os.PathLike[str],
         schema: Schema | None = None,
         segments: bool | None = None,
-        streams: bool = False,
+        streams: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         #: flushes of a store on a filesystem, not sealed, appended to Arrow IPC streams
