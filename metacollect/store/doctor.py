@@ -145,7 +145,7 @@ def _copy_group(
         if name != "strings":  # the writer makes the new store's own
             found = _read_table(node, path, name, tspec, report)
             more = _segment_rows(node, name, tspec, later)
-            extra = streamed.rows(name) if streamed is not None else None
+            extra = streamed.rows(name, _held(node, name)) if streamed is not None else None
             if more is not None and extra is not None:
                 more = {v: np.concatenate([d, extra[v]]) for v, d in more.items() if v in extra}
             elif extra is not None:
@@ -173,6 +173,14 @@ def _copy_group(
             kept = {v: d[good] for v, d in columns.items()}
             gw.append(name, {v: list(d) if d.ndim > 1 else d for v, d in kept.items()})
     gw.flush()
+
+
+def _held(group: zarrio.Group, table: str) -> dict[str, int]:
+    """The stream batches a table holds in Zarr already (see streams.FOLDED)."""
+    try:
+        return streams.folded(zarrio.group_at(group, table).attrs)
+    except (KeyError, StoreError):
+        return {}
 
 
 def _segment_rows(

@@ -193,8 +193,8 @@ def consolidate(
     attrs: Mapping[str, Any] | None = None,
     fold: bool = True,
 ) -> None:
-    """Seal a store no process writes any more: fold its segments into its tables (unless
-    ``fold`` is false: the caller just did), compact its tables (see
+    """Seal a store no process writes any more: write its streams (and segments) into its
+    tables (unless ``fold`` is false: the caller just did), compact its tables (see
     :mod:`metacollect.store.compact`: large chunks, codes as strings, cut to their committed
     rows; an interrupted compaction is finished first), then write the root's metadata
     once - ``attrs`` added to its attributes, and the consolidated metadata of every node
@@ -208,6 +208,10 @@ def consolidate(
         for lost in fold_segments(directory).lost:  # finalize folds first, and says so
             logger.warning("metacollect: %s", lost)
         nodes = None  # the fold added tables and rows
+    if fold and directory is not None and streams.groups_with_streams(directory):
+        for lost in fold_streams(directory).lost:  # finalize seals first, and says so
+            logger.warning("metacollect: %s", lost)
+        nodes = None  # the seal added tables and rows
     if nodes is None:
         nodes = read_nodes(root)
     compact(root, nodes)  # tables in large chunks, codes as strings (local stores)

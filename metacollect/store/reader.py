@@ -236,7 +236,7 @@ class StoreReader:
             tg = None
         strings = _GroupStrings(self._open, group)  # read only if a code column needs it
         later = self._segment_frame(group, name, tspec, wanted, tg, strings)
-        streamed = self._stream_frame(group, name, tspec, wanted, strings)
+        streamed = self._stream_frame(group, name, tspec, wanted, tg, strings)
         if streamed is not None:
             later = streamed if later is None else pd.concat([later, streamed], ignore_index=True)
         if tg is None:
@@ -324,19 +324,26 @@ class StoreReader:
         return data_of, n, nones
 
     def _stream_frame(
-        self, group: str, name: str, tspec: Any, wanted: list[str], strings: _GroupStrings
+        self,
+        group: str,
+        name: str,
+        tspec: Any,
+        wanted: list[str],
+        tg: zarrio.Group | None,
+        strings: _GroupStrings,
     ) -> pd.DataFrame | None:
         """A table's rows that a store not sealed yet holds in its group's Arrow streams
-        (see :mod:`metacollect.store.streams`), whole batches only (``None``: none). A torn
-        stream's whole batches are read: ``metacollect validate`` names the tear. A sealed
-        store's record is its Zarr tables: a stream in it is not read."""
+        (see :mod:`metacollect.store.streams`) and not in its Zarr table ``tg`` (a seal cut
+        short), whole batches only (``None``: none). A torn stream's whole batches are
+        read: ``metacollect validate`` names the tear. A sealed store's record is its Zarr
+        tables: a stream in it is not read."""
         if "://" in self.path:
             return None
         files = streams.table_files(self.path, group).get(name)
         if not files or documents.sealed_docs(self.root) is not None:
             return None
         found = streams.GroupStreams(self.path, group, {name: tspec}, {name: files})
-        columns = found.rows(name)
+        columns = found.rows(name, streams.folded(tg.attrs) if tg is not None else None)
         if columns is None:
             return None
         n = len(next(iter(columns.values())))

@@ -296,8 +296,9 @@ def fold_streams(
     A group none of whose tables is in Zarr yet (the usual case) has each table written
     once, already as the seal leaves it; otherwise (a seal cut short, a writer into a
     sealed store) its stream rows are appended and the compaction rewrites the tables.
-    Either way a table holds, in :data:`STREAMS_FOLDED`, the batches of each stream file
-    it has: a seal cut short and run again writes nothing twice. ``groups``: those with
+    Either way a table names the batches of each stream file it holds
+    (:data:`~metacollect.store.streams.FOLDED`): a seal cut short and run again writes
+    nothing twice. ``groups``: those with
     streams, when the caller has listed them; ``keep_torn``: a group with a torn stream
     is left as it is (a process sealing its own groups leaves it to the run's seal)."""
     if "://" in path:
@@ -345,11 +346,6 @@ def fold_streams(
     return Folded(lost, folded)
 
 
-#: a table's attribute: ``{stream file name: batches}``, the batches of each stream file
-#: whose rows the table holds (a seal cut short and run again skips them)
-STREAMS_FOLDED = "streams_folded"
-
-
 def _fold_streamed(
     writer: StoreWriter, spec: GroupSpec, path: str, found: streams.GroupStreams, keep_torn: bool
 ) -> dict[str, tuple[int, int]] | None:
@@ -362,6 +358,8 @@ def _fold_streamed(
     if keep_torn and found.torn:
         return None
     read = {f: found.read_to.get(f, (0, 0)) for t in names for f in found.files[t]}
+    if not os.path.exists(os.path.join(writer.path, path, "zarr.json")):
+        writer.ensure_group(path, spec, {})  # its metadata lost (a damaged store): made again
     upto = {f: count for f, (count, _) in read.items()}
     if _tables_in_zarr(writer.path, path, spec):
         _append_streamed(writer, spec, path, found, names, upto)
@@ -419,7 +417,7 @@ def _write_streamed(
             spec.tables[table],
             {
                 **writer.table_attributes(spec, table),
-                STREAMS_FOLDED: {os.path.basename(f): upto[f] for f in found.files[table]},
+                streams.FOLDED: {os.path.basename(f): upto[f] for f in found.files[table]},
             },
             layout,
         )
@@ -450,17 +448,16 @@ def _append_streamed(
 ) -> None:
     """Append a group's stream rows to its tables, some of which are in Zarr (a seal cut
     short, a writer into a sealed store), for the compaction to rewrite: the batches a
-    table does not hold yet (its :data:`STREAMS_FOLDED`), a few at a time, each append
-    committed with the batches it holds."""
+    table does not hold yet (its :data:`~metacollect.store.streams.FOLDED`), a few at a
+    time, each append committed with the batches it holds."""
     gw = GroupWriter(writer, spec, path, {})
     if gw.group is None:  # could not make it: the store cannot be written
         raise StoreError(f"cannot write the streams of {path or '/'} into {writer.path}")
     for table in tables:
         try:
-            held = gw.create()[table].attrs.get(STREAMS_FOLDED, {})
+            done = streams.folded(gw.create()[table].attrs)
         except KeyError:
-            held = {}
-        done = dict(held) if isinstance(held, dict) else {}
+            done = {}
         batch: list[tuple[int, dict[str, Any]]] = []
         for file in found.files[table]:
             name = os.path.basename(file)
@@ -479,7 +476,7 @@ def _append_streamed(
 def _append_batch(
     gw: GroupWriter, table: str, batch: list[tuple[int, dict[str, Any]]], done: dict[str, int]
 ) -> None:
-    gw._commit_attrs[table] = {STREAMS_FOLDED: dict(done)}
+    gw._commit_attrs[table] = {streams.FOLDED: dict(done)}
     gw._write({table: batch})
 
 

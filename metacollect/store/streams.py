@@ -51,6 +51,10 @@ BLANK = "blank"
 #: seconds a reader of a live store gives a stream it found torn to become whole: a flush
 #: writes a batch with one ``write`` of at most a few MB, done within milliseconds
 SETTLE = 1.0
+#: a sealed table's attribute: ``{stream file name: batches}``, the first batches of each
+#: stream file whose rows the table holds (a seal cut short and run again, and readers
+#: meanwhile, skip them)
+FOLDED = "streams_folded"
 #: the end-of-stream marker of Arrow's IPC format (a continuation, then a length of 0)
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
@@ -500,9 +504,20 @@ class GroupStreams:
         for batch in self._file_batches(table, path, upto):
             yield columns(batch, tspec)
 
-    def rows(self, table: str) -> dict[str, np.ndarray] | None:
-        """A table's rows in its streams, each variable concatenated (``None``: no rows)."""
-        parts = list(self.parts(table))
+    def rows(
+        self, table: str, held: Mapping[str, int] | None = None
+    ) -> dict[str, np.ndarray] | None:
+        """A table's rows in its streams, each variable concatenated (``None``: no rows);
+        ``held``: the first batches of each file (by name) the table holds in Zarr already
+        (its :data:`FOLDED`), left out."""
+        tspec = self.spec[table]
+        parts = [
+            columns(batch, tspec)
+            for path in self.files.get(table, [])
+            for batch in self._file_batches(
+                table, path, None, (held or {}).get(os.path.basename(path), 0)
+            )
+        ]
         if not parts:
             return None
         return {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
@@ -538,7 +553,7 @@ class GroupStreams:
             yield from self._file_batches(table, path, None if upto is None else upto[path])
 
     def _file_batches(
-        self, table: str, path: str, upto: int | None = None
+        self, table: str, path: str, upto: int | None = None, skip: int = 0
     ) -> Iterator[pa.RecordBatch]:
         if upto == 0:
             return
@@ -554,7 +569,8 @@ class GroupStreams:
                 self.torn[path] = item
             else:
                 self.blank.setdefault(table, set()).update(item[1])
-                yield item[0]
+                if count >= skip:
+                    yield item[0]
                 count += 1
                 if count == upto:
                     found.close()
@@ -640,3 +656,9 @@ def unclaim(segdir: str) -> None:
         os.remove(os.path.join(segdir, CLAIM))
     with contextlib.suppress(OSError):  # not empty: a stream written meanwhile stays
         os.rmdir(segdir)
+
+
+def folded(attrs: Mapping[str, Any]) -> dict[str, int]:
+    """A table's :data:`FOLDED` from its attributes (``{}``: none)."""
+    found = attrs.get(FOLDED)
+    return dict(found) if isinstance(found, dict) else {}
