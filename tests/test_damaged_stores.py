@@ -83,7 +83,6 @@ def coded_store(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
         # nor are the tables of the streams written sealed: appended, codes and all
-        mp.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
         mp.setattr(
             seal_mod,
             "_write_streamed",
@@ -458,7 +457,7 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     from metacollect.store import validate as validate_mod
 
     path = str(tmp_path / "run.zarr")
-    w = writer_mod.StoreWriter(path, segments=False)
+    w = writer_mod.StoreWriter(path, streams=False)
     init_root(w, "bare")
     g = w.group("scheduler", cluster="c1")  # none of a scheduler's attributes
     g.append(

@@ -139,9 +139,9 @@ def test_the_sealed_store_has_no_strings_tables_and_large_chunks(collected):
         assert not any(d.endswith((compact.NEW, compact.OLD)) for d in dirs)
 
 
-def _many_flushes(store: str, flushes: int, rows: int, segments: bool = True) -> StoreWriter:
+def _many_flushes(store: str, flushes: int, rows: int, streams: bool = True) -> StoreWriter:
     prepare_store(store)
-    w = StoreWriter(store, segments=segments)
+    w = StoreWriter(store, streams=streams)
     init_root(w, "r1")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     g = w.group("scheduler", cluster="c1")
@@ -366,8 +366,8 @@ def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_docto
 ):
     store = str(tmp_path / "s.zarr")
     # appended to Zarr (as a writer after the seal or at an fsspec URL does): the seal
-    # rewrites the table beside itself and swaps it in (segments are written once instead)
-    _many_flushes(store, flushes=5, rows=100, segments=False)
+    # rewrites the table beside itself and swaps it in (streams are written once instead)
+    _many_flushes(store, flushes=5, rows=100, streams=False)
     expected = open_run(store).transitions()
 
     def killed(directory: str, path: str) -> None:
