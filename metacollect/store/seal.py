@@ -112,9 +112,9 @@ def fold_streams(
     sealed store) its stream rows are appended and the compaction rewrites the tables.
     Either way a table names the batches of each stream file it holds
     (:data:`~metacollect.store.streams.FOLDED`): a seal cut short and run again writes
-    nothing twice. ``groups``: those with
-    streams, when the caller has listed them; ``keep_torn``: a group with a torn stream
-    is left as it is (a process sealing its own groups leaves it to the run's seal)."""
+    nothing twice. ``groups``: those with streams, when the caller has listed them;
+    ``keep_torn``: a group with a torn stream is left as it is (a process sealing its own
+    groups leaves it to the run's seal)."""
     if "://" in path:
         return Folded([], [])
     known = schema or load_schema()
