@@ -28,11 +28,10 @@ does not exist; only the syscalls between two markers count towards that phase.
 Then, untraced, the CPU time of a flush (all the process's threads, ``process_time``) of a
 worker group with ``--cpu-tasks`` tasks' rows pending (100 tasks: 707 rows over 6 tables),
 median of ``--cpu-flushes`` flushes in one process. And a long run: one worker group
-flushed ``--long-flushes`` times (17,280: a day at the default 5 s), its segments merged
-(``store.segment-merge``, the default) or not: the segment files it holds before its end,
-its CPU per flush, merges included (CPU of the process: the kernel's share of each file
-made and removed counts, and on a VM's ext4 it moves by 2x from run to run), the same with
-its own seal's CPU spread over the flushes, and the wall time of that seal.
+flushed ``--long-flushes`` times (17,280: a day at the default 5 s): the stream files it
+holds before its end, its CPU per flush (CPU of the process: the kernel's share of each
+file write counts, and on a VM's ext4 it moves by 2x from run to run), the same with its
+own seal's CPU spread over the flushes, and the wall time of that seal.
 
     python benchmarks/metadata_ops.py [--processes 2 16 64] [--flushes 5] [--tasks 20]
         [--cpu-tasks 100] [--cpu-flushes 60] [--long-flushes 1000 17280]
@@ -186,7 +185,7 @@ def flush_cpu(workdir: str, flushes: int, tasks: int) -> dict[str, Any]:
             group.append(table, cols)
         c0 = time.process_time()
         group.flush()
-        if f:  # the first flush makes the group's first segment directory entry
+        if f:  # the first flush makes the group's stream files
             times.append(time.process_time() - c0)
     q = statistics.quantiles(times, n=4)
     return {
@@ -198,38 +197,32 @@ def flush_cpu(workdir: str, flushes: int, tasks: int) -> dict[str, Any]:
     }
 
 
-def long_run(workdir: str, flushes: int, tasks: int, merge: int) -> dict[str, Any]:
-    """One worker group flushed ``flushes`` times (untraced) with ``store.segment-merge`` =
-    ``merge`` (0: no merging): the segment files it holds before its end, the CPU of its
-    flushes (merges included) per flush, and the wall time of sealing it (``seal_own``)."""
-    import dask.config
-
+def long_run(workdir: str, flushes: int, tasks: int) -> dict[str, Any]:
+    """One worker group flushed ``flushes`` times (untraced): the stream files it holds
+    before its end, the CPU of its flushes per flush, and the wall time of sealing it
+    (``seal_own``)."""
     from metacollect.store.seal import seal_own
-    from metacollect.store.segments import directory
+    from metacollect.store.streams import directory
     from metacollect.store.writer import StoreWriter
 
-    store = os.path.join(workdir, f"long-{flushes}-{merge}.zarr")
-    with dask.config.set({"metacollect.store.segment-merge": merge}):
-        writer = StoreWriter(store)
-        group = writer.group(
-            "worker", attrs={"name": "0", "pid": os.getpid()}, cluster="b", worker="w"
-        )
-        cpu = 0.0
-        for f in range(flushes):
-            for table, cols in worker_rows(0, f, tasks).items():
-                group.append(table, cols)
-            c0 = time.process_time()
-            group.flush()
-            cpu += time.process_time() - c0
-        files = len(os.listdir(directory(store, group.path)))
-        t0, c0 = time.perf_counter(), time.process_time()
-        seal_own(writer)
-        seal, seal_cpu = time.perf_counter() - t0, time.process_time() - c0
+    store = os.path.join(workdir, f"long-{flushes}.zarr")
+    writer = StoreWriter(store)
+    group = writer.group("worker", attrs={"name": "0", "pid": os.getpid()}, cluster="b", worker="w")
+    cpu = 0.0
+    for f in range(flushes):
+        for table, cols in worker_rows(0, f, tasks).items():
+            group.append(table, cols)
+        c0 = time.process_time()
+        group.flush()
+        cpu += time.process_time() - c0
+    files = len(os.listdir(directory(store, group.path)))
+    t0, c0 = time.perf_counter(), time.process_time()
+    seal_own(writer)
+    seal, seal_cpu = time.perf_counter() - t0, time.process_time() - c0
     shutil.rmtree(store, ignore_errors=True)
     return {
         "flushes": flushes,
-        "merge": merge,
-        "segment_files": files,
+        "stream_files": files,
         "cpu_ms_per_flush": 1e3 * cpu / flushes,
         "own_seal_s": seal,
         "own_seal_cpu_s": seal_cpu,
@@ -536,13 +529,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(f"metadata_ops: {n} writer processes, {a.flushes} flushes each", file=sys.stderr)
             results.append(measure(n, a.flushes, a.tasks, workdir))
         cpu = flush_cpu(workdir, a.cpu_flushes, a.cpu_tasks)
-        from metacollect import config
-
-        default_merge = int(config.get("store.segment-merge"))
         long = []
         for n in a.long_flushes:
             print(f"metadata_ops: one group, {n} flushes", file=sys.stderr)
-            long += [long_run(workdir, n, a.tasks, m) for m in (0, default_merge)]
+            long.append(long_run(workdir, n, a.tasks))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(table(results))
@@ -555,14 +545,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     print()
     print(
-        "| flushes of one group | segments merged | segment files before its end "
+        "| flushes of one group | stream files before its end "
         "| CPU per flush (ms) | the same, its seal included (ms) | its seal, wall (s) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|")
     for r in long:
-        merged = f"every {r['merge']}" if r["merge"] > 1 else "no"
         print(
-            f"| {r['flushes']:,} | {merged} | {r['segment_files']:,} | "
+            f"| {r['flushes']:,} | {r['stream_files']:,} | "
             f"{r['cpu_ms_per_flush']:.2f} | {r['cpu_ms_per_flush_with_seal']:.2f} | "
             f"{r['own_seal_s']:.2f} |"
         )

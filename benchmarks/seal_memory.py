@@ -8,10 +8,8 @@ memory limit must have it to spare. Each size runs in its own processes: one tra
 peak, one untraced for the time (tracing slows allocation-heavy code).
 
 With ``--fold append`` the seal goes the way a seal cut short and run again goes: its
-segments appended to Zarr tables, a batch at a time (``FOLD_ROWS``), then compacted. With
-``--flush-rows`` smaller than the default 200,000 the writer's segments merge as a long
-run's do (``store.segment-merge``), into segments of up to ``MERGE_MAX_ROWS`` rows, and the
-seal holds the strings of those.
+streams appended to Zarr tables, a few batches at a time (``FOLD_ROWS``), then compacted.
+``--flush-rows``: the rows of each flush, a record batch of the group's stream.
 
     python benchmarks/seal_memory.py [--tasks 250000 1000000] [--fold append]
         [--flush-rows 200000]
@@ -39,7 +37,7 @@ def child(
 ) -> dict[str, Any]:
     """Write ``tasks`` tasks' transitions as the scheduler's collector does (a flush per
     ``flush_rows`` rows, tuple keys), then seal the store; the seal's traced peak or its
-    time, and the segment files it sealed."""
+    time, and the stream files it sealed."""
     from scale import transition_rows
 
     from metacollect.store import seal as seal_mod
@@ -47,7 +45,11 @@ def child(
     from metacollect.store.writer import StoreWriter
 
     if fold == "append":  # as when a table of the group is in Zarr already
-        seal_mod._write_sealed = seal_mod._append_folded
+        seal_mod._write_streamed = (  # type: ignore[assignment]
+            lambda writer, spec, path, found, layouts, upto: seal_mod._append_streamed(
+                writer, spec, path, found, sorted(layouts), upto
+            )
+        )
 
     rows = 4 * tasks
     data = transition_rows(rows)
@@ -58,9 +60,9 @@ def child(
         for i in range(0, rows, flush_rows):
             g.append("transitions", {k: v[i : i + flush_rows] for k, v in data.items()})
             g.flush()
-        files = len(os.listdir(os.path.join(w.path, g.path, ".segments")))
+        files = len(os.listdir(os.path.join(w.path, g.path, ".streams")))
         del data, g
-        segments = _common.du(w.path)
+        streamed = _common.du(w.path)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if traced:
             tracemalloc.start()
@@ -71,8 +73,8 @@ def child(
         out: dict[str, Any] = {
             "tasks": tasks,
             "transitions": rows,
-            "segments_mb": segments / 2**20,
-            "segment_files": files,
+            "streams_mb": streamed / 2**20,
+            "stream_files": files,
             "flush_rows": flush_rows,
             "fold": fold,
         }
@@ -124,14 +126,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _common.log(f"{tasks} tasks: {row}")
         out["sizes"].append(row)
     print(
-        "| tasks | transitions | rows a flush | segment files | segments (MB) | seal (s) "
+        "| tasks | transitions | rows a flush | stream files | streams (MB) | seal (s) "
         "| traced peak (MB) | RSS growth (MB) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in out["sizes"]:
         print(
             f"| {r['tasks']:,} | {r['transitions']:,} | {r['flush_rows']:,} "
-            f"| {r['segment_files']:,} | {r['segments_mb']:.0f} | {r['seal_s']:.1f} "
+            f"| {r['stream_files']:,} | {r['streams_mb']:.0f} | {r['seal_s']:.1f} "
             f"| {r['peak_traced_mb']:.0f} | {r['rss_growth_mb']:.0f} |"
         )
     key = "seal_memory" if a.fold == "sealed" else "seal_memory_append"

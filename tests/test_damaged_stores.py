@@ -82,8 +82,14 @@ def coded_store(tmp_path_factory):
     """The same, sealed without compaction: codes into each group's strings table."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
-        # nor are the tables of the segments written sealed: appended, codes and all
-        mp.setattr(seal_mod, "_write_sealed", seal_mod._append_folded)
+        # nor are the tables of the streams written sealed: appended, codes and all
+        mp.setattr(
+            seal_mod,
+            "_write_streamed",
+            lambda writer, spec, path, found, layouts, upto: seal_mod._append_streamed(
+                writer, spec, path, found, sorted(layouts), upto
+            ),
+        )
         return _collected(str(tmp_path_factory.mktemp("damage") / "coded.zarr"))
 
 
@@ -451,7 +457,7 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     from metacollect.store import validate as validate_mod
 
     path = str(tmp_path / "run.zarr")
-    w = writer_mod.StoreWriter(path, segments=False)
+    w = writer_mod.StoreWriter(path, streams=False)
     init_root(w, "bare")
     g = w.group("scheduler", cluster="c1")  # none of a scheduler's attributes
     g.append(

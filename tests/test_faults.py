@@ -255,7 +255,7 @@ def test_a_sigterm_as_a_retired_workers_end_begins_still_takes_its_final_flush(t
 
 @pytest.mark.parametrize("whose", ["worker", "scheduler"])
 def test_a_failed_final_flush_is_named(tmp_path, whose):
-    """A final flush that fails (the group's segment directory unusable: a filesystem that
+    """A final flush that fails (the group's stream directory unusable: a filesystem that
     broke under it) loses its rows: a worker's dies with its process, the scheduler's stay
     in a memory the seal cannot read. The worker's group must not say it ended and the seal
     names it; the scheduler's end names its group. Before, both went unsaid and the run
@@ -269,14 +269,14 @@ def test_a_failed_final_flush_is_named(tmp_path, whose):
         assert sum(client.gather(client.map(slow_inc, range(10), pure=False))) == 55
         groups = sorted(
             dirpath
-            for dirpath, dirs, _ in os.walk(os.path.join(store, "clusters"))
-            if ".segments" in dirs
+            for dirpath, _, files in os.walk(os.path.join(store, "clusters"))
+            if "zarr.json" in files
             and (os.path.basename(os.path.dirname(dirpath)) == "workers") == (whose == "worker")
             and (whose == "worker" or os.path.basename(dirpath) == "scheduler")
         )
-        victim = os.path.join(groups[0], ".segments")
-        os.rmdir(victim)
-        with open(victim, "w") as f:  # a file where its segments go
+        victim = os.path.join(groups[0], ".streams")
+        assert not os.path.exists(victim)  # no flush yet: the final one makes it
+        with open(victim, "w") as f:  # a file where its streams go
             f.write("not a directory")
     assert session.status == "incomplete"
     group = os.path.relpath(groups[0], store)
@@ -888,12 +888,12 @@ def test_a_kill_at_a_random_time_loses_at_most_what_the_durability_promise_says(
     print(f"kill at {wait:.2f} s: {len(missing)} of {len(happened)} lost, oldest {oldest:.2f} s")
     assert oldest <= window, f"seed {seed}: lost a transition {oldest:.2f} s old (> {window} s)"
     assert len(happened) - len(missing) > 100, f"seed {seed}"
-    # a kill mid-flush leaves at most one torn segment a group, which validate names (its rows
+    # a kill mid-flush leaves at most one torn stream a group, which validate names (its rows
     # are among those lost above, inside the window); nothing else may be wrong with the store
     problems = validate_store(store)
-    torn = [p for p in problems if re.match(r"^\S+: segment \d+\.seg is torn \(", p)]
+    torn = [p for p in problems if re.match(r"^\S+: stream \w+\.\d+\.arrows is torn \(", p)]
     assert problems == torn, f"seed {seed}: {problems}"
-    groups = [p.split(": segment ")[0] for p in torn]
+    groups = [p.split(": stream ")[0] for p in torn]
     assert len(groups) == len(set(groups)), f"seed {seed}: {torn}"
     assert main(["validate", "-q", store]) == (4 if torn else 0)
 

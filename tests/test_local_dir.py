@@ -19,7 +19,8 @@ from test_faults import _cluster, sigterm_a_worker_mid_run, slow_inc
 
 from metacollect import collect, open_run
 from metacollect.cli import main
-from metacollect.store import segments
+from metacollect.store import streams
+from metacollect.store.schema import load_schema
 
 
 def noted_inc(x, notes):
@@ -45,8 +46,9 @@ def _committed_tasks(node, address, least=3, timeout=60):
             with open(doc) as f:
                 if json.load(f)["attributes"].get("address") != address:
                     continue
-            # its flushes are segments until the seal folds them into Zarr
-            tasks = segments.load(os.path.dirname(doc), "").rows("tasks")
+            # its flushes are in its streams until the seal writes them into Zarr
+            spec = load_schema().groups["worker"].tables
+            tasks = streams.load(os.path.dirname(doc), "", spec).rows("tasks")
             rows = 0 if tasks is None else len(tasks["key"])
             if rows >= least:
                 return rows
@@ -69,7 +71,8 @@ def test_workers_write_node_local_and_gather_at_their_end(tmp_path, monkeypatch)
         local_stores = glob.glob(str(node / "mc" / "metacollect-*" / "*.zarr"))
         assert len(local_stores) == 2
         assert all(
-            glob.glob(os.path.join(s, "clusters/*/workers/*/.segments/*.seg")) for s in local_stores
+            glob.glob(os.path.join(s, "clusters/*/workers/*/.streams/*.arrows"))
+            for s in local_stores
         )
         placeholders = glob.glob(os.path.join(store, "clusters/*/workers/*/zarr.json"))
         assert len(placeholders) == 2

@@ -1,8 +1,8 @@
 """Each process seals its own groups at its end; the run's seal folds what is left.
 
-A worker's and the scheduler's collectors fold the segments of the groups they wrote into
+A worker's and the scheduler's collectors write the streams of the groups they wrote as
 their sealed tables as they finish (at the same time as each other), so the run's seal has
-only the client's groups left. A group's fold is claimed with a file in its segment
+only the client's groups left. A group's seal is claimed with a file in its stream
 directory: two processes never fold one group at once, the run's seal waits for a process
 still sealing its own, and names it if it never finishes.
 """
@@ -29,14 +29,14 @@ import metacollect.session.collection as collection
 from metacollect import collect, open_run
 from metacollect.steps.base import Recording
 from metacollect.steps.job import scheduler_identity
-from metacollect.store import lock, segments
+from metacollect.store import lock, streams
 from metacollect.store import seal as seal_mod
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize
 from metacollect.store.seal import seal_own
-from metacollect.store.segments import CLAIM
+from metacollect.store.streams import CLAIM
 from metacollect.store.validate import validate_store
-from tests.test_segments import GROUP, _flush_events, _run, _torn
+from tests.test_streams import GROUP, _flush_events, _run
 
 
 class _Transitions(SchedulerPlugin):
@@ -61,7 +61,7 @@ def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
     real_finalize = collection.finalize
 
     def finalize_seen(path, *args, **kwargs):
-        left_at_seal.append(segments.groups_with_segments(path))
+        left_at_seal.append(streams.groups_with_streams(path))
         return real_finalize(path, *args, **kwargs)
 
     monkeypatch.setattr(collection, "finalize", finalize_seen)
@@ -79,9 +79,9 @@ def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
                 operator.mul, range(200), range(200), key=[f"sq-{i}" for i in range(200)]
             )
             assert sum(client.gather(futures)) == sum(i * i for i in range(200))
-            time.sleep(0.5)  # a few flushes: the groups hold several segments each
+            time.sleep(0.5)  # a few flushes: the groups' streams hold several each
             if not node_local:
-                mid = segments.groups_with_segments(store)
+                mid = streams.groups_with_streams(store)
                 assert sum("/workers/" in g for g in mid) == 2
             del futures
         cluster.scheduler.remove_plugin("test-truth")
@@ -92,9 +92,9 @@ def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
         )
     assert session.status == "complete", session.missing
     (left,) = left_at_seal
-    # the run's seal found no worker's or scheduler's segments: their processes sealed them
+    # the run's seal found no worker's or scheduler's streams: their processes sealed them
     assert not [g for g in left if "/workers/" in g or g.endswith("/scheduler")], left
-    assert segments.groups_with_segments(store) == []
+    assert streams.groups_with_streams(store) == []
     run = open_run(store)
     assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
     executed = run.worker_table("tasks")
@@ -108,12 +108,12 @@ def test_workers_and_scheduler_seal_their_own_groups_and_nothing_is_lost(
 
 @contextlib.contextmanager
 def _holder(segdir: str, hold: float) -> Iterator[subprocess.Popen]:
-    """A process that claims the fold of ``segdir`` and holds it ``hold`` seconds."""
+    """A process that claims the seal of ``segdir`` and holds it ``hold`` seconds."""
     code = textwrap.dedent(
         f"""
         import os, sys, time
         from metacollect.store import lock
-        from metacollect.store.segments import CLAIM
+        from metacollect.store.streams import CLAIM
         assert lock.take(os.path.join({segdir!r}, CLAIM)) is None
         print("claimed", flush=True)
         time.sleep({hold})
@@ -131,12 +131,12 @@ def _holder(segdir: str, hold: float) -> Iterator[subprocess.Popen]:
 def test_the_run_seal_waits_for_a_process_sealing_its_own_group(store):
     _, g = _run(store)
     _flush_events(g, 0, 10)
-    with _holder(segments.directory(store, GROUP), 1.0):
+    with _holder(streams.directory(store, GROUP), 1.0):
         t0 = time.monotonic()
         assert finalize(store) == ("complete", [])
         assert time.monotonic() - t0 >= 0.8  # it waited for the claim to go
     assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
-    assert segments.groups_with_segments(store) == []
+    assert streams.groups_with_streams(store) == []
     assert validate_store(store) == []
 
 
@@ -152,8 +152,9 @@ def test_a_fold_still_claimed_when_the_wait_ends_is_named_and_its_rows_still_rea
     for partial in (in_flight, cut_short):
         with open(partial, "wb") as f:
             f.write(b"{")
+    held = streams.table_files(store, GROUP)
     with (
-        _holder(segments.directory(store, GROUP), 30.0) as proc,
+        _holder(streams.directory(store, GROUP), 30.0) as proc,
         dask.config.set({"metacollect.end-timeout": "0.3s"}),
     ):
         status, missing = finalize(store)
@@ -161,10 +162,10 @@ def test_a_fold_still_claimed_when_the_wait_ends_is_named_and_its_rows_still_rea
     assert status == "incomplete"
     (line,) = missing
     assert line.startswith(f"{GROUP}: pid {proc.pid} on ")
-    assert "was still folding its segments" in line
+    assert "was still folding its streams" in line
     assert f"metacollect doctor {store} -o NEW" in line
-    # nothing was folded or removed: the rows are in the segments, which doctor salvages
-    assert segments.seqs(segments.directory(store, GROUP)) == [0]
+    # nothing was sealed or removed: the rows are in the streams, which doctor salvages
+    assert streams.table_files(store, GROUP) == held
     salvage(store, store + "-salvaged")
     saved = open_run(store + "-salvaged").table(GROUP, "events")
     assert saved.msg.tolist() == [f"m{i}" for i in range(10)]
@@ -179,7 +180,7 @@ def test_a_claim_whose_process_is_gone_is_taken_over(store):
         text=True,
         check=True,
     )
-    claim = os.path.join(segments.directory(store, GROUP), CLAIM)
+    claim = os.path.join(streams.directory(store, GROUP), CLAIM)
     with open(claim, "w") as f:
         f.write(
             f'{{"host": "{os.uname().nodename}", "pid": {dead.stdout.strip()}, '
@@ -187,30 +188,35 @@ def test_a_claim_whose_process_is_gone_is_taken_over(store):
         )
     assert finalize(store) == ("complete", [])
     assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
-    assert not os.path.exists(segments.directory(store, GROUP))
+    assert not os.path.exists(streams.directory(store, GROUP))
 
 
-def test_own_seal_leaves_torn_segments_and_appended_tables_to_the_run_seal(store):
-    w, _, _ = _torn(store, flushes=2, seq=1, keep=100)
-    segdir = segments.directory(store, GROUP)
+def test_own_seal_leaves_torn_streams_and_appended_tables_to_the_run_seal(store):
+    w, g = _run(store)
+    for i in range(2):
+        _flush_events(g, 10 * i, 10)
+    (torn,) = streams.table_files(store, GROUP)["events"]
+    with open(torn, "r+b") as f:  # the second flush's batch cut short, as a kill leaves it
+        f.truncate(os.path.getsize(torn) - 100)
+    before = streams.table_files(store, GROUP)
     seal_own(w)
-    # the whole segment is in the sealed tables; the torn one is left, for the run's seal
-    assert os.listdir(segdir) == [segments.file_name(1)]
-    assert os.path.exists(os.path.join(store, GROUP, "events", "zarr.json"))
+    # a group with a torn stream is left whole to the run's seal, which names the tear
+    assert streams.table_files(store, GROUP) == before
+    assert not os.path.exists(os.path.join(store, GROUP, "events", "zarr.json"))
     status, missing = finalize(store)
     assert status == "incomplete"
-    assert [m for m in missing if "000000001.seg is torn" in m] == missing and len(missing) == 1
+    name = os.path.basename(torn)
+    assert [m for m in missing if f"{name} is torn" in m] == missing and len(missing) == 1
     assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
 
-    # a group whose tables are in Zarr already (a writer after a fold) needs the compaction
+    # a group whose tables are in Zarr already (a writer after a seal) needs the compaction
     other = store + "-appended"
     w2, g2 = _run(other)
     _flush_events(g2, 0, 10)
-    seal_mod.fold_segments(other)  # tables in Zarr; then more rows, as segments
-    os.makedirs(segments.directory(other, GROUP))  # its writer made it once
+    seal_mod.fold_streams(other)  # tables in Zarr; then more rows, in new streams
     _flush_events(g2, 10, 10)
     seal_own(w2)
-    assert segments.seqs(segments.directory(other, GROUP)), "left to the run's seal"
+    assert streams.table_files(other, GROUP), "left to the run's seal"
     assert finalize(other) == ("complete", [])
     assert open_run(other).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(20)]
 

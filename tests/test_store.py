@@ -254,51 +254,6 @@ def test_string_table_values_whose_str_changes_the_columns():
     assert sys.getrefcount(kept) == refs - 1
 
 
-def test_vlen_utf8_writes_the_bytes_numcodecs_writes():
-    """The segments' and the seal's strings are encoded by ``text.vlen_utf8``: its bytes
-    must be numcodecs' VLenUTF8 (Zarr's vlen-utf8) bytes, which every reader decodes, for
-    every kind of text: ASCII, other scripts, empty, NULs, surrogate pairs, ``None`` (an
-    empty string, as numcodecs writes it); and it refuses what numcodecs refuses, but for
-    a str subclass, which numcodecs refuses and it writes as its text."""
-    import numcodecs
-
-    from metacollect.store.text import vlen_utf8
-
-    texts = ["", "a", "released", "naïve", "日本語", "\0", "a\0b", "\U0001f600"]
-    texts += [f"('inc-{i:032x}', {i})" for i in range(2000)] + [None, "x" * 100_000]
-    vlen = numcodecs.VLenUTF8()
-    for values in (texts, texts[:1], [], np.array(texts, dtype=object), tuple(texts)):
-        expect = bytes(vlen.encode(np.array(values, dtype=object)))
-        assert vlen_utf8(values) == expect
-    decoded = vlen.decode(vlen_utf8(texts))
-    assert decoded.tolist() == ["" if t is None else str(t) for t in texts]
-    assert vlen_utf8(["a", _Named("sub")]) == vlen_utf8(["a", "sub"])
-    with pytest.raises(TypeError, match="Expected str, got int"):
-        vlen_utf8(["a", 3])
-    with pytest.raises(UnicodeEncodeError):
-        vlen_utf8(["\ud800"])  # a lone surrogate has no UTF-8
-    with pytest.raises(TypeError, match="Expected str, got int"):
-        vlen_utf8(7)
-
-
-def test_holds_blank_finds_empty_and_nul_only_strings():
-    """A segment marks the string columns that may hold an empty or NUL-only string (the
-    seal must tell those from no value): ``holds_blank`` says so exactly."""
-    from metacollect.store.text import holds_blank
-
-    for values, blank in [
-        (["a", "bc"], False),
-        ([], False),
-        (["a", ""], True),
-        ([None], True),
-        (["\0"], True),
-        (["\0\0\0\0\0"], True),
-        (["a\0", "\0b"], False),
-        (["x" * 300, "\x00\x01"], False),
-    ]:
-        assert holds_blank(np.array(values, dtype=object)) is blank, values
-
-
 CLUSTER_ATTRS = {
     "scheduler_id": "Scheduler-c1",
     "address": "tcp://x:1",
@@ -388,7 +343,7 @@ def test_roundtrip_tables_strings_and_datatree(store):
 def test_a_flush_encodes_the_names_of_all_its_tables_together(store, n):
     """A flush encodes the names of every table it writes in one pass (a task's key object
     in its transitions and its execution, a worker's address, states): each table reads
-    back what was appended to it, live from the segments and sealed, also across two
+    back what was appended to it, live from the streams and sealed, also across two
     appends of a table where a column is left out of one (its fill), with None and NaN
     for no value and objects that are not strings."""
     w = StoreWriter(store)
@@ -695,7 +650,7 @@ def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
     duplicated and every code still finds its string."""
     from zarr.storage import LocalStore
 
-    w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
+    w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     g.flush()
@@ -726,7 +681,7 @@ def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
 
 def _events_flushed_one_by_one(store: str, n: int) -> StoreWriter:
     """A run's store with ``n`` scheduler events, each appended by a flush of its own."""
-    w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
+    w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
     init_root(w, "r")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     g = w.group("scheduler", cluster="c1")
@@ -866,7 +821,7 @@ def test_a_failed_array_creation_is_made_again_by_the_next_flush(store, monkeypa
         return await real_make(*args, **kwargs)
 
     monkeypatch.setattr(zarrio, "new_array", fail_once)
-    w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
+    w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     assert g.flush() == 0 and g.tables["events"].pending == 1
@@ -902,7 +857,7 @@ def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(s
 
     from metacollect.store import zarrio
 
-    w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
+    w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
     g = w.group("scheduler", cluster="c1")
     real_make = zarrio.new_array
     outage = {"creates": 1}
@@ -950,7 +905,7 @@ def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
     them), codes past the committed strings read as missing, and ``distinct`` keeps one row
     per distinct value, also when a cache restart gave a string a second code."""
     with dask.config.set({"metacollect.strings.cache-size": 3000}):
-        w = StoreWriter(store, segments=False)  # Zarr appends (the fold)
+        w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
         g = w.group("scheduler", cluster="c1")
     n = 4000
     topics = ["a", "b", None, "a"] * (n // 4)
@@ -986,7 +941,7 @@ def test_a_live_stores_tables_are_opened_as_they_are_now(store):
     """A store not sealed yet changes under its reader: its tables are opened from the store
     at each read, not from the metadata read when it was opened (a table made since is read,
     with the rows appended since)."""
-    w = StoreWriter(store, segments=False)  # Zarr appends: the tables change in Zarr
+    w = StoreWriter(store, streams=False)  # Zarr appends: the tables change in Zarr
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m"]})
     g.flush()

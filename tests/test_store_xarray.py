@@ -22,7 +22,7 @@ import metacollect.store.layout as layout
 import metacollect.store.text as text
 from metacollect import collect, open_run
 from metacollect.session import init_root
-from metacollect.store import chunkio
+from metacollect.store import chunkio, streams
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.validate import validate_store
@@ -139,9 +139,9 @@ def test_the_sealed_store_has_no_strings_tables_and_large_chunks(collected):
         assert not any(d.endswith((compact.NEW, compact.OLD)) for d in dirs)
 
 
-def _many_flushes(store: str, flushes: int, rows: int, segments: bool = True) -> StoreWriter:
+def _many_flushes(store: str, flushes: int, rows: int, streams: bool = True) -> StoreWriter:
     prepare_store(store)
-    w = StoreWriter(store, segments=segments)
+    w = StoreWriter(store, streams=streams)
     init_root(w, "r1")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     g = w.group("scheduler", cluster="c1")
@@ -170,14 +170,15 @@ def test_files_of_a_sealed_table_grow_with_rows_not_flushes(tmp_path):
     store = str(tmp_path / "s.zarr")
     _many_flushes(store, flushes=200, rows=500)  # 100k rows: one chunk, none of it padding
     table = os.path.join(store, "clusters/c1/scheduler/transitions")
-    # during the run, one segment file per flush of the group, none in the table's arrays,
-    # and every 16 of them merged into one (store.segment-merge): 12 merged, 8 flushes
-    assert _files(os.path.join(store, "clusters/c1/scheduler/.segments")) == 200 // 16 + 200 % 16
+    # during the run, one stream file per table of the group (all its flushes), none in
+    # the table's arrays
+    (stream,) = streams.table_files(store, "clusters/c1/scheduler")["transitions"]
+    assert os.listdir(os.path.dirname(stream)) == [os.path.basename(stream)]
     finalize(store)
     arrays = 6
     assert _files(table) == 1 + arrays * (1 + 1)  # zarr.json of the table, each array's
     assert {a.chunks for _, a in zarr.open_group(table, mode="r").arrays()} == {(100_000,)}
-    assert not os.path.exists(os.path.join(store, "clusters/c1/scheduler/.segments"))
+    assert not os.path.exists(os.path.join(store, "clusters/c1/scheduler/.streams"))
     tr = open_run(store).transitions()
     assert len(tr) == 100_000
     # no value and an empty string stay apart through the seal
@@ -193,9 +194,9 @@ def _arrays(store: str, table: str) -> dict[str, np.ndarray]:
 
 def test_a_large_table_sealed_a_few_chunks_at_a_time_holds_what_was_appended(tmp_path, monkeypatch):
     """The seal writes a large table's arrays a block of chunks at a time, from its
-    segments' parts (never a whole column in memory): the rows read back are the rows
+    streams' batches (never a whole column in memory): the rows read back are the rows
     appended, and the arrays hold what the seal of the table in one piece writes."""
-    flushes, rows = 200, 37  # segments of 37 rows: parts that straddle every block
+    flushes, rows = 200, 37  # batches of 37 rows: parts that straddle every block
     whole, blocks = str(tmp_path / "whole.zarr"), str(tmp_path / "blocks.zarr")
     _many_flushes(whole, flushes, rows)
     finalize(whole)
@@ -365,8 +366,8 @@ def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_docto
 ):
     store = str(tmp_path / "s.zarr")
     # appended to Zarr (as a writer after the seal or at an fsspec URL does): the seal
-    # rewrites the table beside itself and swaps it in (segments are written once instead)
-    _many_flushes(store, flushes=5, rows=100, segments=False)
+    # rewrites the table beside itself and swaps it in (streams are written once instead)
+    _many_flushes(store, flushes=5, rows=100, streams=False)
     expected = open_run(store).transitions()
 
     def killed(directory: str, path: str) -> None:

@@ -21,7 +21,8 @@ from metacollect.errors import StoreError
 from metacollect.session import config_overrides
 from metacollect.steps import yappi as ystep
 from metacollect.steps.job import scheduler_identity
-from metacollect.store import segments
+from metacollect.store import streams
+from metacollect.store.schema import load_schema
 from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
 
@@ -310,8 +311,10 @@ def test_export_without_profile_says_how_to_get_one(tmp_path, module_client):
 
 def _unsealed_rows(store: str, group: str, table: str) -> dict[str, Any]:
     """A table's rows in a store not sealed yet: those its writers flushed, in the group's
-    segments until the seal folds them into Zarr (no columns: none yet)."""
-    found = segments.load(store, group).rows(table)
+    streams until the seal writes them into Zarr (no columns: none yet)."""
+    spec = load_schema().match(group)
+    assert spec is not None, group
+    found = streams.load(store, group, spec.tables).rows(table)
     return found if found is not None else {}
 
 

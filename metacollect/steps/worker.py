@@ -331,7 +331,7 @@ class WorkerCollector(WorkerPlugin):
         """The end of a process that a signal ends (:mod:`~metacollect.steps.terminate`, in a
         thread of its own while the loop is stopped): the final flush, marked with the signal,
         and the group gathered from node-local disk (which the batch system may wipe next).
-        No seal: the run's seal folds the segments."""
+        No seal: the run's seal writes the streams."""
         if not self._started:
             return
         self._started = False

@@ -54,13 +54,13 @@ class StringTable:
             # tuples, None) are turned into text and looked at one by one
             out = np.fromiter(map(codes.get, values, repeat(-2)), np.int32, len(values))
             missed = np.flatnonzero(out == -2)
-            texts = _texts([values[i] for i in missed.tolist()])
+            texts = texts_of([values[i] for i in missed.tolist()])
             if codes and len(codes) + len(texts) > self._size:  # it may have to restart
                 fresh = {t for t in texts if t is not None and t not in codes}
                 if len(codes) + len(fresh) > self._size:
                     codes.clear()  # restarts: rows never index a string from before
                     missed = np.arange(len(values))
-                    texts = _texts(values)
+                    texts = texts_of(values)
             out[missed] = self._codes_of(texts)
         return out
 
@@ -100,7 +100,7 @@ class StringTable:
             self._new = new + self._new
 
 
-def _texts(values: list[Any]) -> list[str | None]:
+def texts_of(values: list[Any]) -> list[str | None]:
     """Each value as the exact ``str`` it is encoded as (``None``: no value). A ``str``
     subclass becomes plain text, so that equal texts are one string whatever their hash."""
     out: list[str | None] = []

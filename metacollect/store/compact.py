@@ -1,6 +1,6 @@
 """Compaction at the seal: each table appended to Zarr rewritten in its sealed form.
 
-During a run a writer without segments (fsspec URLs, writers into a sealed store, a fold
+During a run a writer without streams (fsspec URLs, writers into a sealed store, a seal
 cut short) appends compact int32 codes in chunks of ``store.chunk-rows``: cheap appends.
 The seal rewrites each such table once in the layout :mod:`metacollect.store.layout`
 describes (large chunks, codes as strings, CF attributes;

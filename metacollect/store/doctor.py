@@ -19,7 +19,7 @@ import numpy as np
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, documents, streams
 from metacollect.store.compact import NEW, OLD, local_dir
 from metacollect.store.integrity import rows_problem, seal_problems
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
@@ -131,18 +131,15 @@ def _copy_group(
     node: zarrio.Group, path: str, spec: GroupSpec, gw: GroupWriter, report: Salvage
 ) -> None:
     """Append every table's rows that decode whole, and whose ids join, to ``gw``: those in
-    Zarr, then those of the group's segments (a store never sealed; a torn one is noted)."""
+    Zarr, then those of the group's streams (a store never sealed; a torn one is noted, its
+    whole flushes kept)."""
     directory = local_dir(node)
-    later = segments.load(directory, "") if directory is not None else segments.GroupSegments()
-    report.notes.extend(
-        f"{path or '/'}: segment {os.path.basename(f)} is torn ({why}); its rows are lost"
-        for f, why in sorted(later.torn.items())
-    )
+    streamed = streams.load(directory, "", spec.tables) if directory is not None else None
     tables: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
     for name, tspec in spec.tables.items():
         if name != "strings":  # the writer makes the new store's own
             found = _read_table(node, path, name, tspec, report)
-            more = _segment_rows(node, name, tspec, later)
+            more = streamed.rows(name, _held(node, name)) if streamed is not None else None
             if found is not None and more is not None:
                 columns, good = found
                 found = (
@@ -153,6 +150,11 @@ def _copy_group(
                 found = (more, np.ones(len(next(iter(more.values()))), bool))
             if found is not None:
                 tables[name] = found
+    report.notes.extend(
+        f"{path or '/'}: stream {os.path.basename(f)} is torn ({why}); the rows of the "
+        "flush it was cut in are lost"
+        for f, why in sorted(streamed.torn.items() if streamed is not None else ())
+    )
     _join(spec, path, tables, report)
     for name, (columns, good) in tables.items():
         where = f"{path}/{name}" if path else name
@@ -163,32 +165,12 @@ def _copy_group(
     gw.flush()
 
 
-def _segment_rows(
-    group: zarrio.Group, name: str, tspec: TableSpec, found: segments.GroupSegments
-) -> dict[str, np.ndarray] | None:
-    """A table's rows in the group's segments past those in Zarr, codes decoded with the
-    group's strings in Zarr and then in its segments (``None``: no such rows)."""
-    if not found.segments:
-        return None
-
-    def folded(table: str) -> int:
-        try:
-            at = zarrio.group_at(group, table).attrs.get(segments.FOLDED, -1)
-        except (KeyError, StoreError):
-            return -1
-        return at if isinstance(at, int) else -1
-
-    columns = found.rows(name, folded(name))
-    if columns is None:
-        return None
-    lookup = np.concatenate([_strings(group, ""), found.strings(folded("strings"))])
-    out = {}
-    for v, data in columns.items():
-        var = tspec.variables.get(v)
-        if var is None:
-            continue
-        out[v] = _decode(data, lookup)[0] if var.dtype == "code" else data
-    return out
+def _held(group: zarrio.Group, table: str) -> dict[str, int]:
+    """The stream batches a table holds in Zarr already (see streams.FOLDED)."""
+    try:
+        return streams.folded(zarrio.group_at(group, table).attrs)
+    except (KeyError, StoreError):
+        return {}
 
 
 def _join(

@@ -24,10 +24,10 @@ import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, documents, streams
 from metacollect.store.compact import compact, group_strings, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.seal import Folded, fold_segments, read_nodes, seal, trim
+from metacollect.store.seal import fold_streams, read_nodes, seal, trim
 from metacollect.store.text import column_values
 
 logger = logging.getLogger(__name__)
@@ -193,8 +193,8 @@ def consolidate(
     attrs: Mapping[str, Any] | None = None,
     fold: bool = True,
 ) -> None:
-    """Seal a store no process writes any more: fold its segments into its tables (unless
-    ``fold`` is false: the caller just did), compact its tables (see
+    """Seal a store no process writes any more: write its streams into its tables
+    (unless ``fold`` is false: the caller just did), compact its tables (see
     :mod:`metacollect.store.compact`: large chunks, codes as strings, cut to their committed
     rows; an interrupted compaction is finished first), then write the root's metadata
     once - ``attrs`` added to its attributes, and the consolidated metadata of every node
@@ -204,10 +204,10 @@ def consolidate(
     serves the caller and the seal)."""
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
     directory = local_dir(root)
-    if fold and directory is not None and segments.groups_with_segments(directory):
-        for lost in fold_segments(directory).lost:  # finalize folds first, and says so
+    if fold and directory is not None and streams.groups_with_streams(directory):
+        for lost in fold_streams(directory).lost:  # finalize seals first, and says so
             logger.warning("metacollect: %s", lost)
-        nodes = None  # the fold added tables and rows
+        nodes = None  # the seal added tables and rows
     if nodes is None:
         nodes = read_nodes(root)
     compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
@@ -235,25 +235,28 @@ def finalize(
     run (``metacollect ingest``) calls :func:`consolidate` again so it never goes stale.
     """
     try:
-        # one walk of the groups and tables: the groups with segments, and the temp files
+        # one walk of the groups and tables: the groups with streams, and the temp files
         # of writes cut short (a failed flush), which are not data
-        with_segments, partials = [], []
-        for path, dirs, files in [] if _is_url(store) else segments.walk_groups(store):
+        with_streams, partials = [], []
+        for path, dirs, files in [] if _is_url(store) else streams.walk_groups(store):
             partials += [os.path.join(path, f) for f in files if f.endswith(".partial")]
-            if segments.SEG_DIR in dirs:
-                with_segments.append(path)
+            if streams.STREAM_DIR in dirs:
+                with_streams.append(path)
         root = _run_root(store)
-        # the flushes written as segments, folded into the tables (before anything reads
-        # them): what the processes that wrote them did not seal themselves (seal.seal_own;
-        # one still sealing has end-timeout to finish)
-        fold = fold_segments(store, groups=with_segments, wait=config.interval("end-timeout"))
-        # the temp files once those folds are over: a process folding its own groups (a
+        # the flushes in streams, written into the tables (before anything reads them):
+        # what the processes that wrote them did not seal themselves (seal.seal_own; one
+        # still sealing has end-timeout to finish)
+        wait = config.interval("end-timeout")
+        streamed = fold_streams(store, groups=with_streams, wait=wait)
+        # the temp files once that seal is over: a process sealing its own groups (a
         # worker ending under Ctrl-C as the run seals) writes its tables through them
-        _remove_partials(store, partials, [g for g in with_segments if g not in fold.groups])
+        done = set(streamed.groups)
+        _remove_partials(store, partials, [g for g in with_streams if g not in done])
         # one read of the whole store serves the index, the trim and the seal
         nodes = read_nodes(root)
         ends = batch_job_ends(root, nodes)
-        missing = [*(missing or []), *ungathered(nodes), *unended_workers(nodes, ends), *fold.lost]
+        missing = [*(missing or []), *ungathered(nodes), *unended_workers(nodes, ends)]
+        missing += streamed.lost
         if missing and status in ("complete", "failed"):
             status = "incomplete"
         consolidate(
@@ -266,17 +269,21 @@ def finalize(
                 "ended": time.time(),
                 **extra,
             },
-            fold=False,  # folded above (a second walk of the whole store finds nothing)
+            fold=False,  # sealed above (a second walk of the whole store finds nothing)
         )
-        # the folded groups, and the workers' groups that had no segment at the fold: a
+        # the groups sealed, and the workers' groups that had no stream at the seal: a
         # worker SIGTERMed with the run can write its only flush and its end while the seal
         # runs, and its end alone would pass unended_workers' check
-        unfolded = [] if _is_url(store) else _unfolded_workers(nodes, fold)
-        late = segments.written_since(store, [*fold.groups, *unfolded])
+        unfolded = [] if _is_url(store) else _unfolded_workers(nodes, done)
+        late = {}
+        for group in [*streamed.groups, *unfolded]:
+            files = [p for found in streams.table_files(store, group).values() for p in found]
+            if files:  # a flush after the seal wrote the group's streams: in a new file
+                late[group] = "stream " + ", ".join(os.path.basename(p) for p in files)
         if late:  # a flush that ended during the seal, under the run's lock: say so
             missing = [
                 *_without_late_ends(root, nodes, missing, late, ends),
-                *(_late_flush(group, seqs) for group, seqs in late.items()),
+                *(_late_flush(group, what) for group, what in late.items()),
             ]
             status = "incomplete" if status in ("complete", "failed") else status
             consolidate(root, None, {"status": status, "missing": missing}, fold=False)
@@ -304,10 +311,10 @@ def _remove_partials(store: str, partials: Iterable[str], held: Iterable[str]) -
                 os.remove(os.path.join(store, partial))
 
 
-def _unfolded_workers(nodes: Mapping[str, Mapping[str, Any]], fold: Folded) -> list[str]:
-    """The worker groups (their paths) the fold had no segments of: a worker group says
-    whether it ended (its tables have the same ``kind``, not that)."""
-    folded = set(fold.groups)
+def _unfolded_workers(nodes: Mapping[str, Mapping[str, Any]], folded: set[str]) -> list[str]:
+    """The worker groups (their paths) the seal had no streams of (``folded``:
+    those it had): a worker group says whether it ended (its tables have the same ``kind``,
+    not that)."""
     return [
         path
         for path, doc in nodes.items()
@@ -336,10 +343,9 @@ def _without_late_ends(
     return [line for line in missing if line not in stale]
 
 
-def _late_flush(group: str, seqs: list[int]) -> str:
-    names = ", ".join(segments.file_name(s) for s in seqs)
+def _late_flush(group: str, what: str) -> str:
     return (
-        f"{group or '/'}: a flush ended while the store was being sealed (segment {names}): "
+        f"{group or '/'}: a flush ended while the store was being sealed ({what}): "
         "its rows are not in the sealed tables (`metacollect validate` reports the file)"
     )
 

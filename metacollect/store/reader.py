@@ -20,10 +20,10 @@ import xarray as xr
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, documents, streams
 from metacollect.store.integrity import check_codes, rows_within, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
-from metacollect.store.text import NONE_ATTR, codes_to_text, text_values
+from metacollect.store.text import NONE_ATTR, text_values
 
 
 class StoreReader:
@@ -36,8 +36,6 @@ class StoreReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        #: each group's segments as last read, by the sequence numbers then found
-        self._segment_cache: dict[str, tuple[tuple[int, ...], segments.GroupSegments]] = {}
         if "://" not in self.path and not os.path.isdir(self.path):
             raise NotAStoreError(
                 f"{self.path} does not exist or is not a directory; "
@@ -83,11 +81,11 @@ class StoreReader:
     @functools.cached_property
     def tree(self) -> xr.DataTree:
         """The whole run as an :class:`xarray.DataTree` (lazily loaded). Of a store not
-        sealed yet, only what is in Zarr: rows still in segments (see
-        :mod:`metacollect.store.segments`) are in the tables this reader reads, and in the
+        sealed yet, only what is in Zarr: rows still in streams (see
+        :mod:`metacollect.store.streams`) are in the tables this reader reads, and in the
         tree once the store is sealed."""
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=zarrio.UNRECOGNIZED)  # segments
+            warnings.filterwarnings("ignore", message=zarrio.UNRECOGNIZED)  # streams
             return xr.open_datatree(self.path, engine="zarr", consolidated=False, chunks=None)
 
     @functools.cached_property
@@ -235,7 +233,7 @@ class StoreReader:
         except KeyError:
             tg = None
         strings = _GroupStrings(self._open, group)  # read only if a code column needs it
-        later = self._segment_frame(group, name, tspec, wanted, tg, strings)
+        later = self._stream_frame(group, name, tspec, wanted, tg, strings)
         if tg is None:
             if later is not None:
                 return later
@@ -264,41 +262,6 @@ class StoreReader:
             return later
         return pd.concat([frame, later], ignore_index=True)
 
-    def _segment_frame(
-        self,
-        group: str,
-        name: str,
-        tspec: Any,
-        wanted: list[str],
-        tg: zarrio.Group | None,
-        strings: _GroupStrings,
-    ) -> pd.DataFrame | None:
-        """A table's rows that a store not sealed yet holds in its group's segments (see
-        :mod:`metacollect.store.segments`) and not in Zarr, decoded (``None``: none). Torn
-        segments are skipped: ``metacollect validate`` names them."""
-        if "://" in self.path:
-            return None
-        found = self._segments_of(group)
-        if found is None:
-            return None
-        folded = tg.attrs.get(segments.FOLDED, -1) if tg is not None else -1
-        columns = found.rows(name, folded if isinstance(folded, int) else -1)
-        if columns is None:
-            return None
-        n = len(next(iter(columns.values())))
-        lookup: np.ndarray | None = None
-        out = {}
-        for v in wanted:
-            vspec, data = tspec.variables[v], columns.get(v)
-            if data is not None and vspec.dtype == "code":
-                if lookup is None:  # the group's strings: in Zarr, then in its segments
-                    lookup = np.concatenate([strings.every(), found.strings(strings.folded())])
-                out[v] = pd.Series(codes_to_text(data, lookup), dtype=object, copy=False)
-            else:
-                where = f"{group}/{name}/{v}"
-                out[v] = self._column(vspec, data, n, strings, where)
-        return pd.DataFrame(out)
-
     @staticmethod
     def _read_columns(
         tg: zarrio.Group, nodes: documents.Nodes, tspec: Any, wanted: list[str], distinct: bool
@@ -320,20 +283,36 @@ class StoreReader:
         nones = {v: present[v].attrs.get(NONE_ATTR) for v in names}
         return data_of, n, nones
 
-    def _segments_of(self, group: str) -> segments.GroupSegments | None:
-        """A group's segments (``None``: it has none), read again only when its files
-        changed: a run's readers read several tables of a group, one after the other.
-
-        A sealed store's record is its Zarr tables: a segment in it was written after the
-        seal folded the others (a flush that outran the run's end; ``metacollect validate``
-        names it) and is not read."""
-        seqs = tuple(segments.seqs(segments.directory(self.path, group)))
-        if not seqs or documents.sealed_docs(self.root) is not None:
+    def _stream_frame(
+        self,
+        group: str,
+        name: str,
+        tspec: Any,
+        wanted: list[str],
+        tg: zarrio.Group | None,
+        strings: _GroupStrings,
+    ) -> pd.DataFrame | None:
+        """A table's rows that a store not sealed yet holds in its group's Arrow streams
+        (see :mod:`metacollect.store.streams`) and not in its Zarr table ``tg`` (a seal cut
+        short), whole batches only (``None``: none). A torn stream's whole batches are
+        read: ``metacollect validate`` names the tear. A sealed store's record is its Zarr
+        tables: a stream in it is not read."""
+        if "://" in self.path:
             return None
-        held = self._segment_cache.get(group)
-        if held is None or held[0] != seqs:
-            held = self._segment_cache[group] = (seqs, segments.load(self.path, group))
-        return held[1]
+        files = streams.table_files(self.path, group).get(name)
+        if not files or documents.sealed_docs(self.root) is not None:
+            return None
+        found = streams.GroupStreams(self.path, group, {name: tspec}, {name: files})
+        columns = found.rows(name, streams.folded(tg.attrs) if tg is not None else None)
+        if columns is None:
+            return None
+        n = len(next(iter(columns.values())))
+        return pd.DataFrame(
+            {
+                v: self._column(tspec.variables[v], columns.get(v), n, strings, f"{group}/{name}")
+                for v in wanted
+            }
+        )
 
     @staticmethod
     def _column(
@@ -495,15 +474,6 @@ class _GroupStrings:
         if self.all is None:
             self.all = np.asarray(chunkio.read_slice(self.value, 0, self.n), dtype=object)
         return self.all
-
-    def folded(self) -> int:
-        """The last segment whose strings are in Zarr (-1: none)."""
-        path = f"{self.group}/strings" if self.group else "strings"
-        try:
-            found = self.nodes.group(path).attrs.get(segments.FOLDED, -1)
-        except KeyError:
-            return -1
-        return found if isinstance(found, int) else -1
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """Strings at ``idx`` (valid, sorted codes); all of them are read once more than a

@@ -1,7 +1,7 @@
 """Writing tables in their sealed form (:mod:`metacollect.store.layout`), through Zarr's API.
 
-Two ways in: :func:`write_sealed_stream` writes a group's tables from its segments' rows
-in order (the fold at the seal, when none of the group's tables is in Zarr yet), and
+Two ways in: :func:`write_sealed_stream` writes a group's tables from its streams' rows
+in order (the seal, when none of the group's tables is in Zarr yet), and
 :func:`write_table` writes a table's stored columns again (the compaction of a table
 appended to Zarr). Either way a large table is written a block of chunks at a time
 (``array[lo:hi] = block``), so the seal's memory stays that of a few chunks however many
@@ -71,8 +71,8 @@ async def set_rows(arr: Any, lo: int, rows: np.ndarray) -> None:
 
 
 class StringSource(Protocol):
-    """The strings a stream of rows' codes index (see
-    :class:`~metacollect.store.segments.StringWindow`)."""
+    """The strings a stream of rows' codes index (rows read from Arrow streams carry their
+    strings: :class:`~metacollect.store.seal._Decoded`)."""
 
     def __len__(self) -> int: ...
 
@@ -120,7 +120,7 @@ async def write_sealed_stream(
     )
     sinks = dict(zip(tables, made, strict=True))
     if any(c.var.dtype == "code" for sink in sinks.values() for c in sink.columns.values()):
-        blanks = strings.blanks()  # from the segments' headers, but for a group that has some
+        blanks = strings.blanks()  # from the batches' metadata, but for a group that has some
         if blanks:
             await asyncio.to_thread(_held_blanks, sinks, parts(), strings, blanks)
     rows = parts()

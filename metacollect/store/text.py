@@ -14,42 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numcodecs
 import numpy as np
-
-_VLEN = numcodecs.VLenUTF8()
-
-
-def vlen_utf8(values: Any) -> bytes:
-    """``values`` (strings, ``None`` as ``""``) as numcodecs' VLenUTF8 bytes, Zarr's
-    ``vlen-utf8``; a ``str`` subclass is written as its text."""
-    arr = np.asarray(values, dtype=object).reshape(-1)
-    try:
-        return bytes(_VLEN.encode(arr))
-    except TypeError:
-        plain = [v if v is None or type(v) is str else _as_text(v) for v in arr]
-        return bytes(_VLEN.encode(np.array(plain, dtype=object)))
-
-
-def _as_text(v: Any) -> Any:
-    return str.__str__(v) if isinstance(v, str) else v
-
-
-def holds_blank(values: np.ndarray) -> bool:
-    """Whether a column of strings holds an empty or NUL-only string (or ``None``, which
-    VLenUTF8 writes as ``""``): the seal must tell those from no value."""
-    texts = values.ravel().tolist()
-    if not texts:
-        return False
-    if not all(texts):  # an empty string or None
-        return True
-    try:
-        if not min(texts).startswith("\0"):  # no string starts with a NUL: none is NULs only
-            return False
-    except TypeError:  # not all strings
-        pass
-    return any(isinstance(v, str) and not v.strip("\0") for v in texts)
-
 
 #: attribute of a string column made from codes: the string that stands for no value
 NONE_ATTR = "none_value"

@@ -13,7 +13,7 @@ import pandas as pd
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio, documents, segments
+from metacollect.store import chunkio, documents, streams
 from metacollect.store.compact import local_dir
 from metacollect.store.integrity import code_problem, rows_problem, seal_problems
 from metacollect.store.layout import COMPACTED
@@ -76,84 +76,50 @@ def validate_store(
     problems.extend(state.cross_problems())
     directory = local_dir(root)
     if directory is not None:
-        say("validating the segments")
-        problems.extend(segment_problems(directory, root, schema, state.sealed))
+        say("validating the streams")
+        problems.extend(stream_problems(directory, schema, state.sealed))
     return problems
 
 
-def segment_problems(directory: str, root: zarrio.Group, schema: Schema, sealed: bool) -> list[str]:
-    """The segments of a store not sealed yet (see :mod:`metacollect.store.segments`): each
-    whole (a torn one is a flush a killed process was writing), of tables the schema knows,
-    its codes within its group's strings as far as that segment; a sealed store has none.
+def stream_problems(directory: str, schema: Schema, sealed: bool) -> list[str]:
+    """The Arrow streams of a store not sealed yet (see :mod:`metacollect.store.streams`):
+    each read to its end by pyarrow's reader (a torn one: a flush a killed process was
+    writing), of groups and tables the schema knows; a sealed store has none.
 
-    In a live store the segment a flush is writing reads short until its one write ends:
-    a group with a torn segment is read again after :data:`~metacollect.store.segments.SETTLE`
-    seconds (one wait for the whole store). A segment still torn then was cut short (its
-    writer killed mid-write) or its write stalled that long; one begun since the first
-    reading is a flush under way, not damage, and is left out.
-    """
+    In a live store the flush being written reads short until its one write ends: a torn
+    stream is read again after :data:`~metacollect.store.streams.SETTLE` seconds (one
+    wait for the whole store), and named only if it is still torn then."""
     problems: list[str] = []
-    again: dict[str, set[str]] = {}
-    for group in segments.groups_with_segments(directory):
-        found = segments.load(directory, group)
-        if found.torn and not sealed:
-            again[group] = set(found.torn)
+    torn: dict[str, tuple[str, str]] = {}
+    for group in streams.groups_with_streams(directory):
+        where = group or "/"
+        files = streams.table_files(directory, group)
+        spec = schema.match(group)
+        if sealed and files:
+            problems.append(
+                f"{where}: {sum(map(len, files.values()))} stream(s) left in a sealed store, "
+                "written after its seal (a flush that outran the run's end): their rows "
+                "are not in the record, and readers skip them"
+            )
+        if spec is None:
+            problems.append(f"{where}: streams of a group not described by the schema")
             continue
-        problems.extend(_group_segment_problems(group, found, root, schema, sealed))
-    if again:
-        time.sleep(segments.SETTLE)
-        for group, torn_before in again.items():
-            found = segments.load(directory, group)
-            found.torn = {f: why for f, why in found.torn.items() if f in torn_before}
-            problems.extend(_group_segment_problems(group, found, root, schema, sealed))
-    return problems
-
-
-def _group_segment_problems(
-    group: str, found: segments.GroupSegments, root: zarrio.Group, schema: Schema, sealed: bool
-) -> list[str]:
-    """:func:`segment_problems` of one group's segments, as read."""
-    problems = []
-    where = group or "/"
-    if sealed and (found.segments or found.torn):
-        problems.append(
-            f"{where}: {len(found.segments) + len(found.torn)} segment(s) left in a sealed "
-            "store, written after its seal folded the others (a flush that outran the "
-            "run's end): their rows are not in the record, and readers skip them"
+        problems.extend(
+            f"{where}: streams of table {t!r}, not in the schema"
+            for t in files
+            if t not in spec.tables
         )
+        known = {t: f for t, f in files.items() if t in spec.tables}
+        found = streams.GroupStreams(directory, group, spec.tables, known)
+        torn.update((path, (where, why)) for path, why in found.check().items())
+    if torn and not sealed:
+        time.sleep(streams.SETTLE)
+        still = {path for path in torn if streams.read(path).torn is not None}
+        torn = {path: found for path, found in torn.items() if path in still}
     problems.extend(
-        f"{where}: segment {os.path.basename(f)} is torn ({why}); its rows are not read"
-        for f, why in sorted(found.torn.items())
+        f"{where}: stream {os.path.basename(path)} is torn ({why}); its whole flushes are read"
+        for path, (where, why) in sorted(torn.items())
     )
-    spec = schema.match(group)
-    if spec is None:
-        problems.append(f"{where}: segments of a group not described by the schema")
-        return problems
-    try:
-        attrs = dict(zarrio.group_at(root, f"{group}/strings" if group else "strings").attrs)
-    except KeyError:
-        attrs = {}
-    folded = attrs.get(segments.FOLDED, -1)
-    folded = folded if isinstance(folded, int) else -1
-    strings = attrs.get("rows", 0)
-    strings = strings if isinstance(strings, int) else 0
-    for s in found.segments:
-        if s.seq > folded and "strings" in s.tables:
-            strings += len(s.tables["strings"]["value"])
-        for table, columns in s.tables.items():
-            tspec = spec.tables.get(table)
-            if tspec is None:
-                problems.append(
-                    f"{where}: segment {s.seq} holds table {table!r}, not in the schema"
-                )
-                continue
-            for name, data in columns.items():
-                var = tspec.variables.get(name)
-                if var is None or var.dtype != "code" or not len(data):
-                    continue
-                problem = code_problem(int(data.min()), int(data.max()), strings)
-                if problem is not None:
-                    problems.append(f"{where}: segment {s.seq}, {table}/{name}: {problem}")
     return problems
 
 

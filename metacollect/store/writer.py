@@ -4,10 +4,10 @@ Each process that collects owns a :class:`StoreWriter` and the groups it writes;
 processes never append to the same array, so no locking is needed on a shared filesystem.
 Collectors append rows to in-memory tables (cheap, :mod:`metacollect.store.buffers`);
 :meth:`GroupWriter.flush` turns them into arrays and writes them - from a thread or at the
-end, never on a hot path: into a store on a filesystem as one segment file per flush
-(:mod:`metacollect.store.segments`, folded into Zarr by the seal,
-:mod:`metacollect.store.seal`), elsewhere (fsspec URLs, and writers into a sealed store)
-appended to the Zarr arrays directly.
+end, never on a hot path: into a store on a filesystem as one record batch per table per
+flush appended to the table's Arrow stream (:mod:`metacollect.store.streams`, written into
+Zarr by the seal, :mod:`metacollect.store.seal`), elsewhere (fsspec URLs, and writers into
+a sealed store) appended to the Zarr arrays directly.
 """
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio, documents, lock
-from metacollect.store import segments as seg
+from metacollect.store import chunkio, documents, lock, streams
 from metacollect.store.buffers import StringTable, Table
 from metacollect.store.integrity import committed_rows
 from metacollect.store.layout import variable_layout
 from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
+from metacollect.store.streams import TableStream
 from metacollect.store.text import NONE_ATTR
 
 logger = logging.getLogger(__name__)
@@ -41,21 +41,9 @@ logger = logging.getLogger(__name__)
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
 
-#: rows (all tables) a merge of a group's segments holds at most: their bytes, decompressed
-#: (~10-20 MB), for a moment in a worker's flush thread
-MERGE_MAX_ROWS = 262_144
 #: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
 UNRECOGNIZED = zarrio.UNRECOGNIZED
 open_root = zarrio.open_root
-
-
-class _Written(NamedTuple):
-    """One of a writer's own segments, as :meth:`GroupWriter._merge_tail` tracks them."""
-
-    seq: int
-    level: int  # merges that made it (0: a flush's)
-    rows: int
-    data: bytes | None = None  # a flush's bytes, kept until merged: not read back
 
 
 class GroupWriter:
@@ -82,14 +70,10 @@ class GroupWriter:
         #: per (table, variable): what appends to its array (holding its last chunk's rows)
         #: the group's attrs until it is made (then written on it)
         self._attrs = dict(attrs)
-        #: where this group's flushes go as segments (``None``: appended to Zarr), and the
-        #: ``seq`` of the next one
-        self._segdir: str | None = None
-        self._seq = 0
-        #: this writer's segments that may merge yet, oldest first (see _merge_tail), and
-        #: how many of one level make one of the next (0: none)
-        self._written: list[_Written] = []
-        self._merge = int(config.get("store.segment-merge"))
+        #: this group's Arrow streams by table, made at a table's first flush (``None``:
+        #: flushes are appended to Zarr)
+        self._streams: dict[str, TableStream] | None = None
+        self._streamed: set[str] = set()  # the tables the flush under way has written
         #: attributes a table's next commit writes with its rows (the fold's progress)
         self._commit_attrs: dict[str, dict[str, Any]] = {}
         self.group: zarrio.Group | None = None
@@ -115,32 +99,15 @@ class GroupWriter:
             self.group = self.store.ensure_group(self.path, self.spec, self._attrs)
             try:
                 # a group written before (by another writer): new codes continue its
-                # strings, those in Zarr, then those of its segments not folded into Zarr yet
+                # strings in Zarr
                 strings = self._rows_in_store("strings")
-                if self.store.segments:
-                    segdir = seg.directory(self.store.path, self.path)
-                    os.makedirs(segdir, exist_ok=True)
-                    found = seg.seqs(segdir)
-                    if found:
-                        after = self._folded("strings")
-                        found_segments = seg.load(self.store.path, self.path, decoded=False)
-                        strings += found_segments.string_count(after)
-                        self._seq = found[-1] + 1
-                    self._segdir = segdir
+                if self.store.streams:
+                    self._streams = {}
                 self.strings._next = strings
             except BaseException:  # made again, whole, by the next flush that can
                 self.group = None
                 raise
         return self.group
-
-    def _folded(self, table: str) -> int:
-        """The last segment whose rows of ``table`` are in Zarr (-1: none)."""
-        try:
-            tgroup = self.create()[table]
-        except KeyError:
-            return -1
-        found = tgroup.attrs.get(seg.FOLDED, -1)
-        return found if isinstance(found, int) else -1
 
     # -- collecting -------------------------------------------------------------------
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
@@ -200,8 +167,6 @@ class GroupWriter:
                         got = sum(n for n, _ in chunks)
                         left[name] = left[name] - got if got else 0
                     written += self._write(taken)
-                if written and self._segdir is not None:
-                    self._merge_tail()
             except Exception as e:
                 if not self._failed:
                     self._failed = True
@@ -237,6 +202,8 @@ class GroupWriter:
     def _write(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
         """Encode and append these rows (their new strings first); on failure put them
         all back, ahead of rows appended since, and raise."""
+        if self._streams is not None:
+            return self._write_streams(taken)
         new_strings: list[str] = []
         try:
             # encode first: it creates the new strings, which must land before the codes
@@ -255,88 +222,50 @@ class GroupWriter:
             raise
         return sum(n for chunks in taken.values() for n, _ in chunks)
 
-    def _write_segment(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        """Write these rows as the group's next segment: one file, made with one create and
-        one write (see :mod:`metacollect.store.segments`)."""
+    def _write_streams(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
+        """Append each table's rows to its stream, one record batch a table
+        (:meth:`_append_tables`); on failure put back the rows of the tables not written
+        (those written stay: each row once) and raise."""
+        columns = {
+            name: streams.chunk_columns(self.tables[name].spec, chunks)
+            for name, chunks in taken.items()
+            if chunks
+        }
+        self._streamed = set()
+        try:
+            self._append_tables(columns)
+        except Exception:
+            for name, chunks in taken.items():
+                if name not in self._streamed:
+                    self.tables[name].restore(chunks)
+            raise
+        return sum(n for chunks in taken.values() for n, _ in chunks)
+
+    def _append_streams(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
+        """Append each table's rows to its stream (made at its first flush), noting in
+        ``_streamed`` the tables written."""
+        assert self._streams is not None
         # a store removed under the run must fail the flush (rows kept, reported once)
         if not os.path.exists(os.path.join(self.store.path, "zarr.json")):
             raise self.store.removed()
         self.store.check_run_open()
-        assert self._segdir is not None
-        data = seg.encode(tables)
-        try:
-            self._seq = seg.write(self._segdir, self._seq, data) + 1
-        except FileNotFoundError:  # the run's seal folded the group and removed its empty
-            os.makedirs(self._segdir, exist_ok=True)  # directory: the seal names this flush
-            self._seq = seg.write(self._segdir, self._seq, data) + 1
-            self._written.clear()  # folded: not there to merge
-        rows = sum(len(next(iter(c.values()), ())) for c in tables.values())
-        # a flush's bytes are kept until merged if it can be (a few KB for most): the merge
-        # then reads none of its files back
-        mergeable = self._merge > 1 and rows * self._merge <= MERGE_MAX_ROWS
-        self._written.append(_Written(self._seq - 1, 0, rows, data if mergeable else None))
+        for name, columns in tables.items():
+            stream = self._streams.get(name)
+            if stream is None:
+                stream = self._streams[name] = TableStream(
+                    streams.directory(self.store.path, self.path),
+                    self.tables[name].spec,
+                    int(config.get("strings.cache-size")),
+                )
+            stream.write(columns)
+            self._streamed.add(name)
 
-    def _merge_tail(self) -> None:
-        """Merge this writer's last ``store.segment-merge`` (K) segments into one when they
-        are of one level, as a counter carries: K flushes make a segment of level 1, K of
-        those one of level 2, and so on. K segments holding more than
-        :data:`MERGE_MAX_ROWS` rows in all (a merge holds them in memory) do not merge; the
-        oldest of them that do fit under it become one segment that merges no more, and the
-        counter goes on with the rest. A group's directory then holds about K-1 segments a
-        level and one a :data:`MERGE_MAX_ROWS` rows, where it held one a flush (17,280 a day
-        at 5 s; on Lustre or GPFS each is an inode and a metadata-server call for every
-        reader and for the seal). Each row is written again once a level, in the flush
-        thread. Only this writer's own, consecutive segments merge, the group's fold claimed
-        meanwhile (:func:`~metacollect.store.segments.claim`: a run's seal folding it goes
-        first, and the merge waits for a later flush); a group with tables in Zarr already
-        (a fold cut short) is left to the seal as it is."""
-        k = self._merge
-        while k > 1 and len(self._written) >= k:
-            run = self._written[-k:]
-            level = run[0].level
-            if any(w.level != level for w in run):
-                return
-            fit, rows = 0, 0  # how many of the oldest fit under the limit, their rows
-            for w in run:
-                if rows + w.rows > MERGE_MAX_ROWS:
-                    break
-                fit, rows = fit + 1, rows + w.rows
-            if fit == k:
-                if not self._merge_run(run, level + 1):
-                    return
-                self._written[-k:] = [_Written(run[-1].seq, level + 1, rows)]
-                continue
-            # the oldest that fit become one, merged no more: so are all before them, which
-            # could only merge across it
-            if fit >= 2 and not self._merge_run(run[:fit], level + 1):
-                return
-            del self._written[: len(self._written) - k + max(fit, 1)]
-
-    def _merge_run(self, run: list[_Written], level: int) -> bool:
-        """Merge the segments ``run`` (see :func:`segments.merge`); whether it was done. A
-        failure is recorded once and ends this writer's merging: its segments stay as
-        written, nothing lost, only more files until the seal."""
-        segdir = self._segdir
-        assert segdir is not None
-        try:
-            if seg.claim(segdir, time.monotonic()) is not None:
-                return False  # the run's seal is folding the group: not now
-            try:
-                if seg.tables_in_zarr(self.store.path, self.path, self.spec):  # a fold began
-                    self._merge = 0
-                    return False
-                seqs = [w.seq for w in run]
-                if [s for s in seg.seqs(segdir) if seqs[0] <= s <= seqs[-1]] != seqs:
-                    self._written.clear()  # not all there, or another writer's between
-                    return False
-                seg.merge(segdir, seqs, level, {w.seq: w.data for w in run if w.data})
-                return True
-            finally:
-                seg.unclaim(segdir)
-        except Exception as e:
-            self._merge = 0  # its segments stay as written (nothing lost) for the seal
-            self.record_error("merge segments", e)
-            return False
+    def close_streams(self) -> None:
+        """Write the end of this group's streams and close their files."""
+        for stream in (self._streams or {}).values():
+            stream.close()
+        if self._streams is not None:
+            self._streams = {}
 
     def _write_errors_alone(self) -> None:
         """After a failed flush, try the errors table by itself: a failure that stays with
@@ -405,9 +334,9 @@ class GroupWriter:
         return committed_rows(tgroup)  # type: ignore[arg-type]
 
     def _append_tables(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        """Write these rows: as the group's next segment, or appended to Zarr."""
-        if self._segdir is not None:
-            self._write_segment(tables)
+        """Write these rows: appended to their streams, or to Zarr."""
+        if self._streams is not None:
+            self._append_streams(tables)
         else:
             self._append_zarr(tables)
 
@@ -508,12 +437,13 @@ class StoreWriter:
         self,
         path: str | os.PathLike[str],
         schema: Schema | None = None,
-        segments: bool | None = None,
+        streams: bool | None = None,
     ) -> None:
         self.path = os.fspath(path)
-        #: flushes written as segment files (see :mod:`metacollect.store.segments`): a store
-        #: on a filesystem that is not sealed yet (``None``: decided so when first needed)
-        self._segments = segments if "://" not in self.path else False
+        #: flushes appended to Arrow IPC streams (see :mod:`metacollect.store.streams`): a
+        #: store on a filesystem that is not sealed yet (``None``: decided so when first
+        #: needed); else appended to Zarr
+        self._streams = streams if "://" not in self.path else False
         self.schema = schema or load_schema()
         self._root: zarrio.Group | None = None
         #: the run held the store's lock when this writer started: it ends with the seal,
@@ -527,18 +457,18 @@ class StoreWriter:
         self._lock = threading.Lock()
 
     @property
-    def segments(self) -> bool:
-        """Whether this writer's flushes go to segment files: a store on a filesystem, not
+    def streams(self) -> bool:
+        """Whether this writer's flushes go to Arrow streams: a store on a filesystem, not
         sealed (a writer after the seal - ``metacollect ingest`` - appends to Zarr, and the
         seal it ends with is the same as before)."""
-        if self._segments is None:
+        if self._streams is None:
             try:
                 with open(os.path.join(self.path, "zarr.json"), "rb") as f:
                     doc = json.load(f)
             except (OSError, ValueError):
                 doc = {}
-            self._segments = not (isinstance(doc, dict) and doc.get("consolidated_metadata"))
-        return self._segments
+            self._streams = not (isinstance(doc, dict) and doc.get("consolidated_metadata"))
+        return self._streams
 
     @property
     def root(self) -> zarrio.Group:
