@@ -11,9 +11,10 @@ per row, and ``code`` variables (names that recur: task keys, workers, states) a
 dictionary-encoded strings. Each such column keeps its own dictionary of the strings it met
 (:class:`Dictionary`); a batch carries only the strings new since the last one (a *delta*
 dictionary, ``emit_dictionary_deltas``), and a dictionary past ``strings.cache-size``
-strings restarts, the stream then carrying a replacement dictionary - so neither the writer
-nor a reader ever holds more than one cache of a column's strings. Buffers are compressed
-with Zstandard (:data:`OPTIONS`).
+strings (or :data:`DICTIONARY_BYTES`) restarts, the stream then carrying a replacement
+dictionary - so neither the writer nor a reader ever holds more than one cache of a
+column's strings. Buffers are compressed with LZ4 (:data:`OPTIONS`): a stream lasts only
+until the seal, which compresses the tables it writes on its own.
 
 A process killed while it writes leaves its streams cut short: pyarrow's own reader reads
 each up to its last whole batch, and :func:`read` says where it was torn. Nothing here is a
@@ -26,10 +27,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -43,9 +44,23 @@ STREAM_DIR = ".streams"
 #: suffix of a stream file
 SUFFIX = ".arrows"
 #: how a stream is written: dictionaries as deltas, buffers compressed
-OPTIONS = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="zstd")
+#: (LZ4: a fifth of Zstandard's CPU; in the flushing thread: handing a batch's buffers to
+#: Arrow's threads costs more than compressing them)
+OPTIONS = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="lz4", use_threads=False)
 #: a batch's metadata key naming its ``code`` columns with a new blank string
 BLANK = "blank"
+#: text a ``code`` column's dictionary holds before it restarts (see :class:`Dictionary`)
+DICTIONARY_BYTES = 1 << 18
+#: values whose texts a :class:`Texts` remembers by identity
+MEMO_OBJECTS = 1 << 14
+#: what a value's text is before it is known
+_UNSEEN = object()
+#: the types of values that are their own text
+_TEXTS = frozenset({str, type(None)})
+_STR = frozenset({str})
+#: the types of values remembered by identity: immutable (their text does not change),
+#: and not ``str`` (a string is found as text)
+_BY_ID = frozenset({tuple, int, float, bytes})
 #: the end-of-stream marker of Arrow's IPC format (a continuation, then a length of 0)
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
@@ -76,16 +91,69 @@ def directory(store: str, group: str) -> str:
     return os.path.join(store, *[p for p in group.split("/") if p], STREAM_DIR)
 
 
+class Texts:
+    """The texts of values that are not strings (task keys: tuples), remembered by the
+    value's identity: a scheduler passes a task's key as the same object to most of its
+    transitions, and to its ``tasks`` row, so ``str()`` runs once per object, not once per
+    row, column or flush. One is shared by the dictionaries of a group's streams.
+
+    By identity, not equality, because equal keys can have other texts (``1 == 1.0 ==
+    True``, ``0.0 == -0.0``). Only values of immutable types are remembered, at most
+    :data:`MEMO_OBJECTS` of them, and they are held: an ``id`` names one object while it
+    is remembered."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, str] = {}  # id -> text
+        self._held: list[Any] = []  # the values whose ids are in known, kept alive
+
+    def of(self, values: list[Any]) -> list[str | None]:
+        """The text of each value, as :func:`texts_of` makes it, made once per object
+        not remembered (and remembered)."""
+        ids = list(map(id, values))
+        texts = list(map(self.known.get, ids))  # None: not remembered (or no text)
+        if None not in dict.fromkeys(texts):
+            return texts
+        rows = [i for i, t in enumerate(texts) if t is None]
+        unseen = dict(zip(map(ids.__getitem__, rows), map(values.__getitem__, rows), strict=True))
+        made = dict(zip(unseen, texts_of(list(unseen.values())), strict=True))
+        for i in rows:
+            texts[i] = made[ids[i]]
+        self._remember(made, unseen)
+        return texts
+
+    def _remember(self, made: dict[int, str | None], values: dict[int, Any]) -> None:
+        """Remember these texts (``{id: text}``) of these values (``{id: value}``): those
+        of immutable types that are not strings (a string is its own text)."""
+        keep = [type(v) in _BY_ID and made[i] is not None for i, v in values.items()]
+        if not any(keep):
+            return
+        if len(self._held) + len(keep) > MEMO_OBJECTS:
+            self.known.clear()
+            self._held = []
+        self.known.update(itertools.compress(made.items(), keep))  # type: ignore[arg-type]
+        self._held += itertools.compress(values.values(), keep)
+
+
 class Dictionary:
     """The dictionary of one ``code`` column: its strings in first-seen order, bounded.
 
-    Past ``size`` distinct strings it restarts (a string met again gets a new index), so a
-    writer holds at most one cache of a column's strings and the stream carries a
-    replacement dictionary, which readers take in place of the old one."""
+    Past ``size`` distinct strings, or :data:`DICTIONARY_BYTES` of text, it restarts (a
+    string met again gets a new index), so a writer holds at most one cache of a column's
+    strings and the stream carries a replacement dictionary, which readers take in place of
+    the old one. The bound in bytes keeps a flush's cost independent of the run's length:
+    each flush that adds strings makes the dictionary anew (``concat_arrays``), and the IPC
+    writer compares the one it sent last with the new one's start to find the delta.
 
-    def __init__(self, size: int) -> None:
+    A string is looked up as it is, a value of another type by its id in ``texts``
+    (:class:`Texts`) once the column has met such values."""
+
+    def __init__(self, size: int, texts: Texts | None = None) -> None:
         self._size = size
-        self._index: dict[str, int] = {}
+        self._texts = Texts() if texts is None else texts
+        # text -> index, and None (no value) -> -1
+        self._index: dict[Any, int] = {None: -1}
+        self._ids = False  # the values last learnt were not all strings: look up by id
+        self._bytes = 0
         self._values = _strings([])
         #: whether the last :meth:`encode` met a new string that is empty or only NULs
         self.blank = False
@@ -93,29 +161,55 @@ class Dictionary:
     def encode(self, values: Sequence[Any]) -> pa.DictionaryArray:
         """``values`` as a dictionary array (``None`` and NaN: null); a value that is not
         a string is encoded as its ``str()``."""
-        values = list(values)  # held: a value's ``str()`` may run code that empties the list
-        index = self._index
-        # a string met before is one lookup; the others (new strings, tuple keys, None) are
-        # turned into text one by one
-        codes = np.fromiter(map(index.get, values, repeat(-2)), np.int32, len(values))
+        values = list(values)  # held: an id names one of these objects while they live
+        self.blank = False
+        codes = self._lookup(values)
         missed = np.flatnonzero(codes == -2)
-        texts = texts_of([values[i] for i in missed.tolist()])
-        new = [t for t in dict.fromkeys(texts) if t is not None and t not in index]
-        if index and len(index) + len(new) > self._size:  # restart: rows index no string before
-            index.clear()
-            self._values = _strings([])
-            missed, texts = np.arange(len(values)), texts_of(values)
-            new = [t for t in dict.fromkeys(texts) if t is not None]
-        index.update(zip(new, range(len(index), len(index) + len(new)), strict=True))
-        get = cast(Callable[[Any, int], int], index.get)  # None: -1
-        codes[missed] = np.fromiter(map(get, texts, repeat(-1)), np.int32, len(texts))
-        # a blank string is empty or only NULs: the smallest string starts with a NUL then
-        self.blank = bool(new) and (
-            not all(new) or (min(new)[:1] == "\0" and any(not t.strip("\0") for t in new))
-        )
-        if new:
-            self._values = pa.concat_arrays([self._values, _strings(new)])
+        if missed.size:
+            rest = values
+            if len(missed) < len(values):
+                rest = list(map(values.__getitem__, missed.tolist()))
+            found = self._learn(rest)
+            if found is None:  # restarted: rows index no string from before
+                again = self._learn(values)
+                assert again is not None  # an empty dictionary does not restart
+                codes = again
+            else:
+                codes[missed] = found
         return pa.DictionaryArray.from_arrays(_numbers(codes, codes >= 0), self._values)
+
+    def _lookup(self, values: list[Any]) -> np.ndarray:
+        """The index of each value whose text is in the dictionary (-2: not): found as
+        text, or by its id when the values last learnt were not all strings."""
+        known = self._texts.known
+        texts = map(known.get, map(id, values), repeat(_UNSEEN)) if self._ids else values
+        return np.fromiter(map(self._index.get, texts, repeat(-2)), np.int32, len(values))
+
+    def _learn(self, values: list[Any]) -> np.ndarray | None:
+        """The indices of values whose text is not in the dictionary, their new strings
+        added to it; ``None`` when that would pass its bounds, which it restarts."""
+        index = self._index
+        self._ids = not set(map(type, values)) <= _TEXTS
+        texts = self._texts.of(values) if self._ids else values
+        new = [t for t in dict.fromkeys(texts) if t not in index]
+        size = len(new) + sum(map(len, new))
+        if len(index) > 1 and (
+            len(index) - 1 + len(new) > self._size or self._bytes + size > DICTIONARY_BYTES
+        ):
+            index.clear()
+            index[None] = -1
+            self._bytes, self._values = 0, _strings([])
+            return None
+        if new:
+            start = len(index) - 1
+            index.update(zip(new, range(start, start + len(new)), strict=True))
+            self._bytes += size
+            self._values = pa.concat_arrays([self._values, _strings(new)])
+            # a blank string is empty or only NULs: the smallest then starts with a NUL
+            self.blank = not all(new) or (
+                min(new)[:1] == "\0" and any(not t.strip("\0") for t in new)
+            )
+        return np.fromiter(map(index.__getitem__, texts), np.int32, len(texts))
 
 
 class _Sink:
@@ -145,7 +239,11 @@ class TableStream:
     """The stream of one table of a group, written by one process: made at its first
     :meth:`write`, kept open until :meth:`close`."""
 
-    def __init__(self, directory: str, spec: TableSpec, cache_size: int) -> None:
+    def __init__(
+        self, directory: str, spec: TableSpec, cache_size: int, texts: Texts | None = None
+    ) -> None:
+        """``texts``: the memo of texts the table's ``code`` columns share (see
+        :class:`Texts`; the streams of a group may share one too)."""
         self.directory = directory
         self.spec = spec
         self.schema = arrow_schema(spec)
@@ -153,8 +251,11 @@ class TableStream:
         self._fd: int | None = None
         self._sink = _Sink()
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        texts = Texts() if texts is None else texts
         self._dictionaries = {
-            v.name: Dictionary(cache_size) for v in spec.variables.values() if v.dtype == "code"
+            v.name: Dictionary(cache_size, texts)
+            for v in spec.variables.values()
+            if v.dtype == "code"
         }
 
     def batch(self, columns: Mapping[str, Any]) -> pa.RecordBatch:
@@ -167,7 +268,10 @@ class TableStream:
             elif var.dim2:
                 arrays.append(_lists(np.asarray(values, dtype=var.numpy_dtype), var))
             elif var.dtype == "str":  # no value: ""
-                arrays.append(_strings([t or "" for t in texts_of(list(values))]))
+                values = list(values)
+                if not set(map(type, values)) <= _STR:
+                    values = [t or "" for t in texts_of(values)]
+                arrays.append(_strings(values))
             else:
                 arrays.append(_numbers(np.asarray(values, dtype=var.numpy_dtype)))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
@@ -253,7 +357,7 @@ def chunk_columns(
             else:
                 parts.append(np.asarray(values, dtype=var.numpy_dtype))
         if var.dtype in ("code", "str"):
-            out[var.name] = [v for part in parts for v in part]
+            out[var.name] = parts[0] if len(parts) == 1 else list(itertools.chain(*parts))
         else:
             out[var.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return out
@@ -280,11 +384,15 @@ def _numbers(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
 
 def _strings(texts: Sequence[str]) -> pa.Array:
     """Strings as an Arrow string array (a lone surrogate, not UTF-8, written as "?")."""
-    encoded = [t.encode("utf-8", "replace") for t in texts]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
-    return pa.Array.from_buffers(pa.string(), len(encoded), buffers, null_count=0)
+    lengths = list(map(len, texts))
+    data = "".join(texts).encode("utf-8", "replace")
+    if len(data) != sum(lengths):  # not all ASCII: each string's own length in bytes
+        encoded = [t.encode("utf-8", "replace") for t in texts]
+        lengths, data = list(map(len, encoded)), b"".join(encoded)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.string(), len(lengths), buffers, null_count=0)
 
 
 def _lists(values: np.ndarray, var: VariableSpec) -> pa.Array:
