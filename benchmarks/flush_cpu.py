@@ -254,12 +254,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         out: dict[str, Any] = {"rows_per_flush": a.rows, "flushes": a.flushes, "modes": {}}
         for mode in modes:
             q = statistics.quantiles(mode.cpu, n=4)
+            pairs = zip(mode.cpu, modes[0].cpu, strict=True)
             out["modes"][mode.name] = {
+                "compression": mode.options.compression or "none",
                 "cpu_ms_median": 1e3 * statistics.median(mode.cpu),
                 "cpu_ms_q1": 1e3 * q[0],
                 "cpu_ms_q3": 1e3 * q[2],
+                # each flush's CPU over the same flush's before: paired, so less swayed
+                # by what else the machine runs meanwhile
+                "ratio_to_before": statistics.median(a / b for a, b in pairs),
                 "bytes_per_transition": mode.stream_bytes() / rows,
             }
+        out["load_avg_1min"] = os.getloadavg()[0]
         return out
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -268,14 +274,17 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 def table(out: dict[str, Any], before: str) -> str:
     lines = [
         f"CPU per flush of {out['rows_per_flush']} scheduler transitions, "
-        f"median of {out['flushes']} flushes (before: streams.py at {before})",
+        f"{out['flushes']} flushes a mode (before: streams.py at {before}); "
+        f"load average {out['load_avg_1min']:.1f} on {os.cpu_count()} CPUs",
         "",
-        "| mode | CPU ms/flush (median) | quartiles | stream B/transition |",
-        "|---|---|---|---|",
+        "| mode | compression | CPU ms/flush: median | quartiles | "
+        "median ratio to before | stream B/transition |",
+        "|---|---|---|---|---|---|",
     ]
     for name, m in out["modes"].items():
         lines.append(
-            f"| {name} | {m['cpu_ms_median']:.3f} | {m['cpu_ms_q1']:.3f}-{m['cpu_ms_q3']:.3f} "
+            f"| {name} | {m['compression']} | {m['cpu_ms_median']:.3f} "
+            f"| {m['cpu_ms_q1']:.3f}-{m['cpu_ms_q3']:.3f} | {m['ratio_to_before']:.2f} "
             f"| {m['bytes_per_transition']:.1f} |"
         )
     return "\n".join(lines)

@@ -111,7 +111,7 @@ class Texts:
         not remembered (and remembered)."""
         ids = list(map(id, values))
         texts = list(map(self.known.get, ids))  # None: not remembered (or no text)
-        if None not in dict.fromkeys(texts):
+        if None not in texts:
             return texts
         rows = [i for i, t in enumerate(texts) if t is None]
         unseen = dict(zip(map(ids.__getitem__, rows), map(values.__getitem__, rows), strict=True))
@@ -189,9 +189,16 @@ class Dictionary:
         """The indices of values whose text is not in the dictionary, their new strings
         added to it; ``None`` when that would pass its bounds, which it restarts."""
         index = self._index
-        self._ids = not set(map(type, values)) <= _TEXTS
+        if self._ids:
+            self._ids = not set(map(type, values)) <= _TEXTS
         texts = self._texts.of(values) if self._ids else values
         new = [t for t in dict.fromkeys(texts) if t not in index]
+        if not self._ids and not set(map(type, new)) <= _STR:
+            # a value that is not a string (a string found is its own text; another
+            # value is found as text only by its id): texts by object from now on
+            self._ids = True
+            texts = self._texts.of(values)
+            new = [t for t in dict.fromkeys(texts) if t not in index]
         size = len(new) + sum(map(len, new))
         if len(index) > 1 and (
             len(index) - 1 + len(new) > self._size or self._bytes + size > DICTIONARY_BYTES
@@ -205,9 +212,9 @@ class Dictionary:
             index.update(zip(new, range(start, start + len(new)), strict=True))
             self._bytes += size
             self._values = pa.concat_arrays([self._values, _strings(new)])
-            # a blank string is empty or only NULs: the smallest then starts with a NUL
+            # a blank string is empty or only NULs
             self.blank = not all(new) or (
-                min(new)[:1] == "\0" and any(not t.strip("\0") for t in new)
+                "\0" in "".join(new) and any(not t.strip("\0") for t in new)
             )
         return np.fromiter(map(index.__getitem__, texts), np.int32, len(texts))
 
@@ -384,11 +391,11 @@ def _numbers(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
 
 def _strings(texts: Sequence[str]) -> pa.Array:
     """Strings as an Arrow string array (a lone surrogate, not UTF-8, written as "?")."""
-    lengths = list(map(len, texts))
+    lengths = np.fromiter(map(len, texts), np.int32, len(texts))
     data = "".join(texts).encode("utf-8", "replace")
-    if len(data) != sum(lengths):  # not all ASCII: each string's own length in bytes
+    if len(data) != lengths.sum():  # not all ASCII: each string's own length in bytes
         encoded = [t.encode("utf-8", "replace") for t in texts]
-        lengths, data = list(map(len, encoded)), b"".join(encoded)
+        lengths, data = np.fromiter(map(len, encoded), np.int32, len(texts)), b"".join(encoded)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
