@@ -415,6 +415,21 @@ def test_a_dictionary_restarts_past_its_bytes_and_the_memo_stays_bounded(tmp_pat
     assert torn is None and got["key"] == expected
 
 
+@pytest.mark.parametrize("cache_size", [100_000, 500])
+def test_the_arrays_a_dictionary_gave_keep_their_strings_as_it_grows(cache_size):
+    """A column's dictionary grows in place, past its first buffers, and restarts when
+    full: every array it gave before (which the stream writer holds to find the next
+    delta) still reads as the values it was given."""
+    d = streams.Dictionary(cache_size)
+    given = []
+    for i in range(300):
+        values = [f"name-{i}-{j}" + "é" * (i % 3) for j in range(i % 13)] + ["", None, "x"]
+        given.append((values, d.encode(values)))
+    assert sum(len(v) for v, _ in given) > 1000
+    for values, array in given:
+        assert array.dictionary_decode().to_pylist() == values
+
+
 def test_a_batch_says_which_columns_met_an_empty_string(tmp_path):
     ts = streams.TableStream(str(tmp_path), TRANSITIONS, cache_size=1000)
     ts.write(_transitions(0, 5))

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import os
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -43,9 +44,9 @@ from metacollect.store.schema import FILL, TableSpec, VariableSpec
 STREAM_DIR = ".streams"
 #: suffix of a stream file
 SUFFIX = ".arrows"
-#: how a stream is written: dictionaries as deltas, buffers compressed
-#: (LZ4: a fifth of Zstandard's CPU; in the flushing thread: handing a batch's buffers to
-#: Arrow's threads costs more than compressing them)
+#: how a stream is written: dictionaries as deltas, buffers compressed with LZ4 (cheaper
+#: than Zstandard for bytes kept only until the seal), in the flushing thread (handing a
+#: batch's buffers to Arrow's threads costs more than compressing them)
 OPTIONS = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="lz4", use_threads=False)
 #: a batch's metadata key naming its ``code`` columns with a new blank string
 BLANK = "blank"
@@ -113,25 +114,25 @@ class Texts:
         texts = list(map(self.known.get, ids))  # None: not remembered (or no text)
         if None not in texts:
             return texts
-        rows = [i for i, t in enumerate(texts) if t is None]
-        unseen = dict(zip(map(ids.__getitem__, rows), map(values.__getitem__, rows), strict=True))
+        mask = list(map(operator.is_, texts, repeat(None)))
+        unseen = dict(zip(compress(ids, mask), compress(values, mask), strict=True))
         made = dict(zip(unseen, texts_of(list(unseen.values())), strict=True))
-        for i in rows:
-            texts[i] = made[ids[i]]
         self._remember(made, unseen)
-        return texts
+        return list(map(made.get, ids, texts))  # the remembered text where none was made
 
     def _remember(self, made: dict[int, str | None], values: dict[int, Any]) -> None:
         """Remember these texts (``{id: text}``) of these values (``{id: value}``): those
         of immutable types that are not strings (a string is its own text)."""
-        keep = [type(v) in _BY_ID and made[i] is not None for i, v in values.items()]
+        keep = list(map(_BY_ID.__contains__, map(type, values.values())))
+        if None in made.values():  # NaN: no text, found as such at each flush
+            keep = [k and t is not None for k, t in zip(keep, made.values(), strict=True)]
         if not any(keep):
             return
         if len(self._held) + len(keep) > MEMO_OBJECTS:
             self.known.clear()
             self._held = []
-        self.known.update(itertools.compress(made.items(), keep))  # type: ignore[arg-type]
-        self._held += itertools.compress(values.values(), keep)
+        self.known.update(compress(made.items(), keep))  # type: ignore[arg-type]
+        self._held += compress(values.values(), keep)
 
 
 class Dictionary:
@@ -154,7 +155,7 @@ class Dictionary:
         self._index: dict[Any, int] = {None: -1}
         self._ids = False  # the values last learnt were not all strings: look up by id
         self._bytes = 0
-        self._values = _strings([])
+        self._values = _Strings()
         #: whether the last :meth:`encode` met a new string that is empty or only NULs
         self.blank = False
 
@@ -176,7 +177,7 @@ class Dictionary:
                 codes = again
             else:
                 codes[missed] = found
-        return pa.DictionaryArray.from_arrays(_numbers(codes, codes >= 0), self._values)
+        return pa.DictionaryArray.from_arrays(_numbers(codes, codes >= 0), self._values.array)
 
     def _lookup(self, values: list[Any]) -> np.ndarray:
         """The index of each value whose text is in the dictionary (-2: not): found as
@@ -205,18 +206,54 @@ class Dictionary:
         ):
             index.clear()
             index[None] = -1
-            self._bytes, self._values = 0, _strings([])
+            self._bytes, self._values = 0, _Strings()
             return None
         if new:
             start = len(index) - 1
             index.update(zip(new, range(start, start + len(new)), strict=True))
             self._bytes += size
-            self._values = pa.concat_arrays([self._values, _strings(new)])
+            self._values.extend(new)
             # a blank string is empty or only NULs
             self.blank = not all(new) or (
                 "\0" in "".join(new) and any(not t.strip("\0") for t in new)
             )
         return np.fromiter(map(index.__getitem__, texts), np.int32, len(texts))
+
+
+class _Strings:
+    """A dictionary's strings as an Arrow array that grows in place: its buffers have room
+    for more, and each :meth:`extend` writes the new strings past the end and gives an
+    array over the longer prefix. Arrays given before still see their own prefix, which
+    no later write changes; a full buffer is copied into one twice its size."""
+
+    def __init__(self) -> None:
+        self._data = np.empty(1 << 12, np.uint8)
+        self._offsets = np.zeros(1 << 8, np.int32)
+        self._count = 0
+        self.array = _strings([])
+
+    def extend(self, texts: Sequence[str]) -> None:
+        lengths, data = _utf8(texts)
+        count, start = self._count, int(self._offsets[self._count])
+        end = start + len(data)
+        if end > len(self._data):
+            self._data = _grown(self._data, end, start)
+        if count + len(texts) + 1 > len(self._offsets):
+            self._offsets = _grown(self._offsets, count + len(texts) + 1, count + 1)
+        self._data[start:end] = np.frombuffer(data, np.uint8)
+        np.cumsum(lengths, out=self._offsets[count + 1 : count + 1 + len(texts)])
+        self._offsets[count + 1 : count + 1 + len(texts)] += start
+        self._count = count = count + len(texts)
+        buffers = [None, pa.py_buffer(self._offsets[: count + 1]), pa.py_buffer(self._data[:end])]
+        self.array = pa.Array.from_buffers(pa.string(), count, buffers, null_count=0)
+
+
+def _grown(array: np.ndarray, needed: int, used: int) -> np.ndarray:
+    """A new array of at least ``needed`` items, twice as large as ``array`` or more, with
+    its first ``used`` items."""
+    out = np.empty(max(needed, 2 * len(array)), array.dtype)
+    out[:used] = array[:used]
+    return out
 
 
 class _Sink:
@@ -391,15 +428,22 @@ def _numbers(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
 
 def _strings(texts: Sequence[str]) -> pa.Array:
     """Strings as an Arrow string array (a lone surrogate, not UTF-8, written as "?")."""
+    lengths, data = _utf8(texts)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.string(), len(lengths), buffers, null_count=0)
+
+
+def _utf8(texts: Sequence[str]) -> tuple[np.ndarray, bytes]:
+    """The UTF-8 length of each string, and their UTF-8 bytes joined (a lone surrogate,
+    not UTF-8, written as "?")."""
     lengths = np.fromiter(map(len, texts), np.int32, len(texts))
     data = "".join(texts).encode("utf-8", "replace")
     if len(data) != lengths.sum():  # not all ASCII: each string's own length in bytes
         encoded = [t.encode("utf-8", "replace") for t in texts]
         lengths, data = np.fromiter(map(len, encoded), np.int32, len(texts)), b"".join(encoded)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.string(), len(lengths), buffers, null_count=0)
+    return lengths, data
 
 
 def _lists(values: np.ndarray, var: VariableSpec) -> pa.Array:
