@@ -65,6 +65,12 @@ _BY_ID = frozenset({tuple, int, float, bytes})
 #: the end-of-stream marker of Arrow's IPC format (a continuation, then a length of 0)
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
+#: the Arrow type of each numpy type the writer meets (``pa.from_numpy_dtype`` for others)
+_KINDS = {
+    np.dtype(t): pa.from_numpy_dtype(np.dtype(t))
+    for t in (np.int32, np.int64, np.uint64, np.float64)
+}
+
 _ARROW = {
     "str": pa.string(),
     "code": pa.dictionary(pa.int32(), pa.string()),
@@ -177,7 +183,8 @@ class Dictionary:
                 codes = again
             else:
                 codes[missed] = found
-        return pa.DictionaryArray.from_arrays(_numbers(codes, codes >= 0), self._values.array)
+        valid = codes >= 0 if len(codes) and codes.min() < 0 else None  # -1: no value
+        return pa.DictionaryArray.from_arrays(_numbers(codes, valid), self._values.array)
 
     def _lookup(self, values: list[Any]) -> np.ndarray:
         """The index of each value whose text is in the dictionary (-2: not): found as
@@ -418,7 +425,8 @@ def _numbers(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
         data = pa.py_buffer(np.packbits(values, bitorder="little"))
         kind = pa.bool_()
     else:
-        data, kind = pa.py_buffer(values), pa.from_numpy_dtype(values.dtype)
+        kind = _KINDS.get(values.dtype) or pa.from_numpy_dtype(values.dtype)
+        data = pa.py_buffer(values)
     if valid is None or valid.all():
         return pa.Array.from_buffers(kind, len(values), [None, data], null_count=0)
     bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
