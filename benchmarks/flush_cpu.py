@@ -18,13 +18,18 @@ tables of the ``scheduler`` group of a ``StoreWriter(..., streams=True)``), then
 ``StoreWriter.flush()`` is timed in process CPU (``time.process_time``). Each mode has
 its own store and writer; flush ``i`` of every mode holds the same rows, and the modes
 take turns, the first of each round rotating. ``before``: ``metacollect/store/streams.py``
-at ``--before`` (a git revision) in place of this tree's for that writer; ``after``:
-this tree's, with each compression of ``--compressions`` (the stream's buffers). The
-table gives each mode's median and quartiles over ``--flushes`` flushes (the first of
-each, which makes the files, left out) and the stream bytes per transition.
+at ``--before`` (a git revision) in place of this tree's for that writer, with its own
+write options; ``after``: this tree's, with each compression of ``--compressions`` (the
+stream's buffers; Arrow's threads used as this tree's options say). The table gives each
+mode's median and quartiles over ``--flushes`` flushes (the first of each, which makes
+the files, left out), the median of its per-flush ratios to ``before`` (each pair of
+flushes held the same rows, moments apart: the ratio is less swayed by the machine's
+load than either), and the stream bytes per transition. The scheduler's ``TaskState``
+of a key (its prefix and group, read for the ``tasks`` rows) is one object per key, as
+a scheduler holds it.
 
     python benchmarks/flush_cpu.py [--flushes 200] [--rows 707] [--before a1af447]
-        [--compressions zstd lz4]
+        [--compressions zstd lz4] [--graph 2000] [--save]
 """
 
 from __future__ import annotations
@@ -155,12 +160,17 @@ def flushes(
 
 def module_at(revision: str) -> types.ModuleType:
     """``metacollect/store/streams.py`` as it is at ``revision``, imported on its own."""
-    source = subprocess.run(
+    found = subprocess.run(
         ["git", "-C", ROOT, "show", f"{revision}:metacollect/store/streams.py"],
-        check=True,
         capture_output=True,
         text=True,
-    ).stdout
+    )
+    if found.returncode:
+        raise SystemExit(
+            f"flush_cpu: no metacollect/store/streams.py at {revision!r} "
+            f"({found.stderr.strip()}); pass --before a revision that has it, e.g. a1af447"
+        )
+    source = found.stdout
     name = f"_streams_at_{revision.replace('/', '_')}"
     spec = importlib.util.spec_from_loader(name, loader=None)
     assert spec is not None
