@@ -148,11 +148,13 @@ class Dictionary:
     string met again gets a new index), so a writer holds at most one cache of a column's
     strings and the stream carries a replacement dictionary, which readers take in place of
     the old one. The bound in bytes keeps a flush's cost independent of the run's length:
-    each flush that adds strings makes the dictionary anew (``concat_arrays``), and the IPC
-    writer compares the one it sent last with the new one's start to find the delta.
+    the IPC writer compares the dictionary it sent last with the new one's start to find
+    the delta.
 
     A string is looked up as it is, a value of another type by its id in ``texts``
-    (:class:`Texts`) once the column has met such values."""
+    (:class:`Texts`) once the column has met such values. A column whose last values were
+    all new (a ``tasks`` table's keys, a graph's keys as it arrives) learns the next ones
+    without looking them up first."""
 
     def __init__(self, size: int, texts: Texts | None = None) -> None:
         self._size = size
@@ -160,6 +162,7 @@ class Dictionary:
         # text -> index, and None (no value) -> -1
         self._index: dict[Any, int] = {None: -1}
         self._ids = False  # the values last learnt were not all strings: look up by id
+        self._fresh = False  # the last values were all new: learn the next ones at once
         self._bytes = 0
         self._values = _Strings()
         #: whether the last :meth:`encode` met a new string that is empty or only NULs
@@ -170,43 +173,50 @@ class Dictionary:
         a string is encoded as its ``str()``."""
         values = list(values)  # held: an id names one of these objects while they live
         self.blank = False
-        codes = self._lookup(values)
-        missed = np.flatnonzero(codes == -2)
-        if missed.size:
-            rest = values
-            if len(missed) < len(values):
-                rest = list(map(values.__getitem__, missed.tolist()))
-            found = self._learn(rest)
-            if found is None:  # restarted: rows index no string from before
-                again = self._learn(values)
-                assert again is not None  # an empty dictionary does not restart
-                codes = again
-            else:
-                codes[missed] = found
+        codes = self._learn(values, fresh=True) if self._fresh else self._find(values)
+        if codes is None:  # restarted: rows index no string from before
+            codes = self._learn(values)
+            assert codes is not None  # an empty dictionary does not restart
         valid = codes >= 0 if len(codes) and codes.min() < 0 else None  # -1: no value
         return pa.DictionaryArray.from_arrays(_numbers(codes, valid), self._values.array)
 
-    def _lookup(self, values: list[Any]) -> np.ndarray:
-        """The index of each value whose text is in the dictionary (-2: not): found as
-        text, or by its id when the values last learnt were not all strings."""
+    def _find(self, values: list[Any]) -> np.ndarray | None:
+        """The index of each value: looked up, as text or by its id (when the values last
+        learnt were not all strings), and those not found learnt; ``None``: restarted."""
         known = self._texts.known
         texts = map(known.get, map(id, values), repeat(_UNSEEN)) if self._ids else values
-        return np.fromiter(map(self._index.get, texts, repeat(-2)), np.int32, len(values))
+        codes = np.fromiter(map(self._index.get, texts, repeat(-2)), np.int32, len(values))
+        missed = np.flatnonzero(codes == -2)
+        self._fresh = len(missed) == len(values) > 0
+        if not missed.size:
+            return codes
+        if len(missed) == len(values):
+            return self._learn(values)
+        found = self._learn(list(map(values.__getitem__, missed.tolist())))
+        if found is None:
+            return None
+        codes[missed] = found
+        return codes
 
-    def _learn(self, values: list[Any]) -> np.ndarray | None:
-        """The indices of values whose text is not in the dictionary, their new strings
-        added to it; ``None`` when that would pass its bounds, which it restarts."""
+    def _learn(self, values: list[Any], fresh: bool = False) -> np.ndarray | None:
+        """The indices of values whose text is not in the dictionary (``fresh``: of any
+        values, noting whether all were new), their new strings added to it; ``None``
+        when that would pass its bounds, which it restarts."""
         index = self._index
         if self._ids:
             self._ids = not set(map(type, values)) <= _TEXTS
         texts = self._texts.of(values) if self._ids else values
-        new = [t for t in dict.fromkeys(texts) if t not in index]
+        distinct = dict.fromkeys(texts)
+        new = [t for t in distinct if t not in index]
         if not self._ids and not set(map(type, new)) <= _STR:
             # a value that is not a string (a string found is its own text; another
             # value is found as text only by its id): texts by object from now on
             self._ids = True
             texts = self._texts.of(values)
-            new = [t for t in dict.fromkeys(texts) if t not in index]
+            distinct = dict.fromkeys(texts)
+            new = [t for t in distinct if t not in index]
+        if fresh:
+            self._fresh = len(new) + (None in distinct) == len(distinct)
         size = len(new) + sum(map(len, new))
         if len(index) > 1 and (
             len(index) - 1 + len(new) > self._size or self._bytes + size > DICTIONARY_BYTES
