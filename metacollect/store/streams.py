@@ -186,10 +186,11 @@ class Dictionary:
         known = self._texts.known
         texts = map(known.get, map(id, values), repeat(_UNSEEN)) if self._ids else values
         codes = np.fromiter(map(self._index.get, texts, repeat(-2)), np.int32, len(values))
-        missed = np.flatnonzero(codes == -2)
-        self._fresh = len(missed) == len(values) > 0
-        if not missed.size:
+        if not len(codes) or codes.min() > -2:  # all found (a column of names, mostly)
+            self._fresh = False
             return codes
+        missed = np.flatnonzero(codes == -2)
+        self._fresh = len(missed) == len(values)
         if len(missed) == len(values):
             return self._learn(values)
         found = self._learn(list(map(values.__getitem__, missed.tolist())))
