@@ -35,6 +35,7 @@ SCHEMA = load_schema()
 GROUP = "clusters/c1/scheduler"
 TRANSITIONS = SCHEMA.match("clusters/c1/scheduler").tables["transitions"]  # type: ignore[union-attr]
 POSIX = SCHEMA.match("clusters/c1/workers/w/process").tables["posix"]  # type: ignore[union-attr]
+TASKS = SCHEMA.match("clusters/c1/scheduler").tables["tasks"]  # type: ignore[union-attr]
 
 
 def _transitions(first: int, n: int) -> dict[str, object]:
@@ -254,6 +255,180 @@ def test_a_groups_streams_read_table_by_table_and_name_the_torn(tmp_path):
     found = streams.load(store, group, spec)
     assert found.count("transitions") == 30
     assert list(found.check()) == [second.path]
+
+
+class _Labelled:
+    """A value whose text is what the test says at the time: a code column takes a
+    value's text at each flush, never one remembered from an earlier flush."""
+
+    label = ""
+
+    def __str__(self) -> str:
+        return self.label
+
+
+class _Text(str):
+    pass
+
+
+def _every_kind_of_key() -> list[object]:
+    """Values a key column meets: Dask's key types, values equal to one another whose
+    texts differ, no value, blank strings, text beyond ASCII, numpy scalars."""
+    return [
+        ("x", 1),
+        ("x", 1.0),
+        ("x", True),
+        ("x", -0.0),
+        ("x", 0.0),
+        ("x", (1, 2)),
+        ("x",),
+        ("it's", 2),
+        1,
+        1.0,
+        True,
+        -0.0,
+        0.0,
+        2**70,
+        float("inf"),
+        b"k",
+        b"'\\",
+        "k",
+        "('x', 1)",
+        "1",
+        None,
+        float("nan"),
+        "",
+        "\0",
+        "\0\0",
+        "é",
+        "日本",
+        "\ud800",
+        "a\ud83d\ude00b",
+        np.int64(3),
+        np.float64(3.0),
+        _Text("sub"),
+    ]
+
+
+def _text(value: object) -> object:
+    """What a code column reads back for ``value``: its ``str()`` (a lone surrogate, not
+    UTF-8, as "?"), ``None`` for no value or NaN."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return str(value).encode("utf-8", "replace").decode()
+
+
+def test_code_values_of_every_type_read_back_as_their_text(tmp_path):
+    """Equal values of other types (``1``, ``1.0``, ``True``) keep their own texts, in one
+    flush and across flushes; the same objects again, copies of them, and the same objects
+    after the column's dictionary restarted read back the same; a value whose text
+    changes is read with the text it had at its flush."""
+    import pickle
+
+    values = _every_kind_of_key()
+    labelled = _Labelled()
+    ts = streams.TableStream(str(tmp_path), TRANSITIONS, cache_size=60)
+    flushes = [
+        values,
+        values[::-1],  # the same objects again: remembered
+        [pickle.loads(pickle.dumps(v)) for v in values[:-1]],  # equal objects, new
+        [("new", i) for i in range(50)],  # past the cache: the dictionary restarts
+        values + values,  # the same objects, after the restart
+    ]
+    expected: list[object] = []
+    for i, keys in enumerate(flushes):
+        labelled.label = f"label-{i}"
+        keys = [*keys, labelled]
+        rows = _transitions(0, len(keys))
+        rows["key"] = keys
+        rows["worker"] = keys[::-1]
+        ts.write(rows)
+        expected += [_text(k) for k in keys]
+    ts.close()
+    with pa.ipc.open_stream(pa.OSFile(ts.path)) as reader:
+        list(reader)
+        assert reader.stats.num_replaced_dictionaries > 0
+    got, torn = _read_all(ts.path)
+    assert torn is None
+    assert got["key"] == expected
+    n = 0
+    for keys in flushes:  # the worker column: each flush's keys the other way round
+        m = len(keys) + 1
+        assert got["worker"][n : n + m] == expected[n : n + m][::-1]
+        n += m
+
+
+def test_a_groups_streams_turn_each_key_object_into_text_once(tmp_path, monkeypatch):
+    """The streams of a group share their memo of texts: a task key passed as one object
+    to its transitions and its ``tasks`` row, over several flushes, is turned into text
+    once; the rows read back exact."""
+    made: list[object] = []
+    texts_of = streams.texts_of
+
+    def counted(values):
+        made.extend(v for v in values if isinstance(v, tuple))
+        return texts_of(values)
+
+    monkeypatch.setattr(streams, "texts_of", counted)
+    texts = streams.Texts()
+    transitions = streams.TableStream(str(tmp_path), TRANSITIONS, 1000, texts)
+    tasks = streams.TableStream(str(tmp_path), TASKS, 1000, texts)
+    keys = [("inc-0123456789abcdef", i) for i in range(40)]
+    for first in (0, 20):
+        rows = _transitions(0, 60)
+        rows["key"] = [k for k in keys[first : first + 20] for _ in range(3)]
+        transitions.write(rows)
+        tasks.write(streams.chunk_columns(TASKS, [(20, {"key": keys[first : first + 20]})]))
+    assert sorted(made, key=keys.index) == keys  # each object once
+    for ts in (transitions, tasks):
+        ts.close()
+    got, torn = _read_all(transitions.path)
+    assert torn is None and got["key"] == [str(k) for k in keys for _ in range(3)]
+    batches = streams.read(tasks.path).batches
+    assert [k for b in batches for k in streams.columns(b, TASKS)["key"]] == list(map(str, keys))
+
+
+def test_a_dictionary_restarts_past_its_bytes_and_the_memo_stays_bounded(tmp_path, monkeypatch):
+    """A column's dictionary restarts when its text passes ``DICTIONARY_BYTES`` (a
+    replacement dictionary in the stream, none larger than the bound), and the memo of
+    texts holds at most ``MEMO_OBJECTS`` objects; every row reads back as written."""
+    monkeypatch.setattr(streams, "DICTIONARY_BYTES", 2000)
+    monkeypatch.setattr(streams, "MEMO_OBJECTS", 64)
+    texts = streams.Texts()
+    ts = streams.TableStream(str(tmp_path), TRANSITIONS, 100_000, texts)
+    expected = []
+    for i in range(30):
+        keys = [(f"a-task-name-{i}", j) for j in range(30)]
+        rows = _transitions(0, 60)
+        rows["key"] = keys + keys[::-1]
+        ts.write(rows)
+        expected += list(map(str, rows["key"]))  # type: ignore[call-overload]
+        assert len(texts.known) <= 64
+    ts.close()
+    with pa.ipc.open_stream(pa.OSFile(ts.path)) as reader:
+        batches = list(reader)
+        assert reader.stats.num_replaced_dictionaries > 0
+        assert reader.stats.num_dictionary_deltas > 0
+    for batch in batches:
+        dictionary = batch.column("key").dictionary
+        assert len(dictionary) + len(dictionary.buffers()[2]) <= 2000
+    got, torn = _read_all(ts.path)
+    assert torn is None and got["key"] == expected
+
+
+@pytest.mark.parametrize("cache_size", [100_000, 500])
+def test_the_arrays_a_dictionary_gave_keep_their_strings_as_it_grows(cache_size):
+    """A column's dictionary grows in place, past its first buffers, and restarts when
+    full: every array it gave before (which the stream writer holds to find the next
+    delta) still reads as the values it was given."""
+    d = streams.Dictionary(cache_size)
+    given = []
+    for i in range(300):
+        values = [f"name-{i}-{j}" + "é" * (i % 3) for j in range(i % 13)] + ["", None, "x"]
+        given.append((values, d.encode(values)))
+    assert sum(len(v) for v, _ in given) > 1000
+    for values, array in given:
+        assert array.dictionary_decode().to_pylist() == values
 
 
 def test_a_batch_says_which_columns_met_an_empty_string(tmp_path):

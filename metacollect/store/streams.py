@@ -11,9 +11,10 @@ per row, and ``code`` variables (names that recur: task keys, workers, states) a
 dictionary-encoded strings. Each such column keeps its own dictionary of the strings it met
 (:class:`Dictionary`); a batch carries only the strings new since the last one (a *delta*
 dictionary, ``emit_dictionary_deltas``), and a dictionary past ``strings.cache-size``
-strings restarts, the stream then carrying a replacement dictionary - so neither the writer
-nor a reader ever holds more than one cache of a column's strings. Buffers are compressed
-with Zstandard (:data:`OPTIONS`).
+strings (or :data:`DICTIONARY_BYTES`) restarts, the stream then carrying a replacement
+dictionary - so neither the writer nor a reader ever holds more than one cache of a
+column's strings. Buffers are compressed with LZ4 (:data:`OPTIONS`): a stream lasts only
+until the seal, which compresses the tables it writes on its own.
 
 A process killed while it writes leaves its streams cut short: pyarrow's own reader reads
 each up to its last whole batch, and :func:`read` says where it was torn. Nothing here is a
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import os
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from typing import Any, cast
+from itertools import compress, repeat
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,8 +46,10 @@ from metacollect.store.schema import FILL, GroupSpec, TableSpec, VariableSpec, l
 STREAM_DIR = ".streams"
 #: suffix of a stream file
 SUFFIX = ".arrows"
-#: how a stream is written: dictionaries as deltas, buffers compressed
-OPTIONS = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="zstd")
+#: how a stream is written: dictionaries as deltas, buffers compressed with LZ4 (cheaper
+#: than Zstandard for bytes kept only until the seal), in the flushing thread (handing a
+#: batch's buffers to Arrow's threads costs more than compressing them)
+OPTIONS = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True, compression="lz4", use_threads=False)
 #: a batch's metadata key naming its ``code`` columns with a new blank string
 BLANK = "blank"
 #: seconds a reader of a live store gives a stream it found torn to become whole: a flush
@@ -55,8 +59,26 @@ SETTLE = 1.0
 #: stream file whose rows the table holds (a seal cut short and run again, and readers
 #: meanwhile, skip them)
 FOLDED = "streams_folded"
+#: text a ``code`` column's dictionary holds before it restarts (see :class:`Dictionary`)
+DICTIONARY_BYTES = 1 << 18
+#: values whose texts a :class:`Texts` remembers by identity
+MEMO_OBJECTS = 1 << 14
+#: what a value's text is before it is known
+_UNSEEN = object()
+#: the types of values that are their own text
+_TEXTS = frozenset({str, type(None)})
+_STR = frozenset({str})
+#: the types of values remembered by identity: immutable (their text does not change),
+#: and not ``str`` (a string is found as text)
+_BY_ID = frozenset({tuple, int, float, bytes})
 #: the end-of-stream marker of Arrow's IPC format (a continuation, then a length of 0)
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+#: the Arrow type of each numpy type the writer meets (``pa.from_numpy_dtype`` for others)
+_KINDS = {
+    np.dtype(t): pa.from_numpy_dtype(np.dtype(t))
+    for t in (np.int32, np.int64, np.uint64, np.float64)
+}
 
 _ARROW = {
     "str": pa.string(),
@@ -85,46 +107,180 @@ def directory(store: str, group: str) -> str:
     return os.path.join(store, *[p for p in group.split("/") if p], STREAM_DIR)
 
 
+class Texts:
+    """The texts of values that are not strings (task keys: tuples), remembered by the
+    value's identity: a scheduler passes a task's key as the same object to most of its
+    transitions, and to its ``tasks`` row, so ``str()`` runs once per object, not once per
+    row, column or flush. One is shared by the dictionaries of a group's streams.
+
+    By identity, not equality, because equal keys can have other texts (``1 == 1.0 ==
+    True``, ``0.0 == -0.0``). Only values of immutable types are remembered, at most
+    :data:`MEMO_OBJECTS` of them, and they are held: an ``id`` names one object while it
+    is remembered."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, str] = {}  # id -> text
+        self._held: list[Any] = []  # the values whose ids are in known, kept alive
+
+    def of(self, values: list[Any]) -> list[str | None]:
+        """The text of each value, as :func:`texts_of` makes it, made once per object
+        not remembered (and remembered)."""
+        ids = list(map(id, values))
+        texts = list(map(self.known.get, ids))  # None: not remembered (or no text)
+        if None not in texts:
+            return texts
+        mask = list(map(operator.is_, texts, repeat(None)))
+        unseen = dict(zip(compress(ids, mask), compress(values, mask), strict=True))
+        made = dict(zip(unseen, texts_of(list(unseen.values())), strict=True))
+        self._remember(made, unseen)
+        return list(map(made.get, ids, texts))  # the remembered text where none was made
+
+    def _remember(self, made: dict[int, str | None], values: dict[int, Any]) -> None:
+        """Remember these texts (``{id: text}``) of these values (``{id: value}``): those
+        of immutable types that are not strings (a string is its own text)."""
+        keep = list(map(_BY_ID.__contains__, map(type, values.values())))
+        if None in made.values():  # NaN: no text, found as such at each flush
+            keep = [k and t is not None for k, t in zip(keep, made.values(), strict=True)]
+        if not any(keep):
+            return
+        if len(self._held) + len(keep) > MEMO_OBJECTS:
+            self.known.clear()
+            self._held = []
+        self.known.update(compress(made.items(), keep))  # type: ignore[arg-type]
+        self._held += compress(values.values(), keep)
+
+
 class Dictionary:
     """The dictionary of one ``code`` column: its strings in first-seen order, bounded.
 
-    Past ``size`` distinct strings it restarts (a string met again gets a new index), so a
-    writer holds at most one cache of a column's strings and the stream carries a
-    replacement dictionary, which readers take in place of the old one."""
+    Past ``size`` distinct strings, or :data:`DICTIONARY_BYTES` of text, it restarts (a
+    string met again gets a new index), so a writer holds at most one cache of a column's
+    strings and the stream carries a replacement dictionary, which readers take in place of
+    the old one. The bound in bytes keeps a flush's cost independent of the run's length:
+    the IPC writer compares the dictionary it sent last with the new one's start to find
+    the delta.
 
-    def __init__(self, size: int) -> None:
+    A string is looked up as it is, a value of another type by its id in ``texts``
+    (:class:`Texts`) once the column has met such values. A column whose last values were
+    all new (a ``tasks`` table's keys, a graph's keys as it arrives) learns the next ones
+    without looking them up first."""
+
+    def __init__(self, size: int, texts: Texts | None = None) -> None:
         self._size = size
-        self._index: dict[str, int] = {}
-        self._values = _strings([])
+        self._texts = Texts() if texts is None else texts
+        # text -> index, and None (no value) -> -1
+        self._index: dict[Any, int] = {None: -1}
+        self._ids = False  # the values last learnt were not all strings: look up by id
+        self._fresh = False  # the last values were all new: learn the next ones at once
+        self._bytes = 0
+        self._values = _Strings()
         #: whether the last :meth:`encode` met a new string that is empty or only NULs
         self.blank = False
 
     def encode(self, values: Sequence[Any]) -> pa.DictionaryArray:
         """``values`` as a dictionary array (``None`` and NaN: null); a value that is not
         a string is encoded as its ``str()``."""
-        values = list(values)  # held: a value's ``str()`` may run code that empties the list
-        index = self._index
-        # a string met before is one lookup; the others (new strings, tuple keys, None) are
-        # turned into text one by one
-        codes = np.fromiter(map(index.get, values, repeat(-2)), np.int32, len(values))
+        values = list(values)  # held: an id names one of these objects while they live
+        self.blank = False
+        codes = self._learn(values, fresh=True) if self._fresh else self._find(values)
+        if codes is None:  # restarted: rows index no string from before
+            codes = self._learn(values)
+            assert codes is not None  # an empty dictionary does not restart
+        valid = codes >= 0 if len(codes) and codes.min() < 0 else None  # -1: no value
+        return pa.DictionaryArray.from_arrays(_numbers(codes, valid), self._values.array)
+
+    def _find(self, values: list[Any]) -> np.ndarray | None:
+        """The index of each value: looked up, as text or by its id (when the values last
+        learnt were not all strings), and those not found learnt; ``None``: restarted."""
+        known = self._texts.known
+        texts = map(known.get, map(id, values), repeat(_UNSEEN)) if self._ids else values
+        codes = np.fromiter(map(self._index.get, texts, repeat(-2)), np.int32, len(values))
+        if not len(codes) or codes.min() > -2:  # all found (a column of names, mostly)
+            self._fresh = False
+            return codes
         missed = np.flatnonzero(codes == -2)
-        texts = texts_of([values[i] for i in missed.tolist()])
-        new = [t for t in dict.fromkeys(texts) if t is not None and t not in index]
-        if index and len(index) + len(new) > self._size:  # restart: rows index no string before
+        self._fresh = len(missed) == len(values)
+        if len(missed) == len(values):
+            return self._learn(values)
+        found = self._learn(list(map(values.__getitem__, missed.tolist())))
+        if found is None:
+            return None
+        codes[missed] = found
+        return codes
+
+    def _learn(self, values: list[Any], fresh: bool = False) -> np.ndarray | None:
+        """The indices of values whose text is not in the dictionary (``fresh``: of any
+        values, noting whether all were new), their new strings added to it; ``None``
+        when that would pass its bounds, which it restarts."""
+        index = self._index
+        if self._ids:
+            self._ids = not set(map(type, values)) <= _TEXTS
+        texts = self._texts.of(values) if self._ids else values
+        distinct = dict.fromkeys(texts)
+        new = [t for t in distinct if t not in index]
+        if not self._ids and not set(map(type, new)) <= _STR:
+            # a value that is not a string (a string found is its own text; another
+            # value is found as text only by its id): texts by object from now on
+            self._ids = True
+            texts = self._texts.of(values)
+            distinct = dict.fromkeys(texts)
+            new = [t for t in distinct if t not in index]
+        if fresh:
+            self._fresh = len(new) + (None in distinct) == len(distinct)
+        size = len(new) + sum(map(len, new))
+        if len(index) > 1 and (
+            len(index) - 1 + len(new) > self._size or self._bytes + size > DICTIONARY_BYTES
+        ):
             index.clear()
-            self._values = _strings([])
-            missed, texts = np.arange(len(values)), texts_of(values)
-            new = [t for t in dict.fromkeys(texts) if t is not None]
-        index.update(zip(new, range(len(index), len(index) + len(new)), strict=True))
-        get = cast(Callable[[Any, int], int], index.get)  # None: -1
-        codes[missed] = np.fromiter(map(get, texts, repeat(-1)), np.int32, len(texts))
-        # a blank string is empty or only NULs: the smallest string starts with a NUL then
-        self.blank = bool(new) and (
-            not all(new) or (min(new)[:1] == "\0" and any(not t.strip("\0") for t in new))
-        )
+            index[None] = -1
+            self._bytes, self._values = 0, _Strings()
+            return None
         if new:
-            self._values = pa.concat_arrays([self._values, _strings(new)])
-        return pa.DictionaryArray.from_arrays(_numbers(codes, codes >= 0), self._values)
+            start = len(index) - 1
+            index.update(zip(new, range(start, start + len(new)), strict=True))
+            self._bytes += size
+            self._values.extend(new)
+            # a blank string is empty or only NULs
+            self.blank = not all(new) or (
+                "\0" in "".join(new) and any(not t.strip("\0") for t in new)
+            )
+        return np.fromiter(map(index.__getitem__, texts), np.int32, len(texts))
+
+
+class _Strings:
+    """A dictionary's strings as an Arrow array that grows in place: its buffers have room
+    for more, and each :meth:`extend` writes the new strings past the end and gives an
+    array over the longer prefix. Arrays given before still see their own prefix, which
+    no later write changes; a full buffer is copied into one twice its size."""
+
+    def __init__(self) -> None:
+        self._data = np.empty(1 << 12, np.uint8)
+        self._offsets = np.zeros(1 << 8, np.int32)
+        self._count = 0
+        self.array = _strings([])
+
+    def extend(self, texts: Sequence[str]) -> None:
+        lengths, data = _utf8(texts)
+        count, start = self._count, int(self._offsets[self._count])
+        end = start + len(data)
+        if end > len(self._data):
+            self._data = _grown(self._data, end, start)
+        if count + len(texts) + 1 > len(self._offsets):
+            self._offsets = _grown(self._offsets, count + len(texts) + 1, count + 1)
+        self._data[start:end] = np.frombuffer(data, np.uint8)
+        np.cumsum(lengths, out=self._offsets[count + 1 : count + 1 + len(texts)])
+        self._offsets[count + 1 : count + 1 + len(texts)] += start
+        self._count = count = count + len(texts)
+        buffers = [None, pa.py_buffer(self._offsets[: count + 1]), pa.py_buffer(self._data[:end])]
+        self.array = pa.Array.from_buffers(pa.string(), count, buffers, null_count=0)
+
+
+def _grown(array: np.ndarray, needed: int, used: int) -> np.ndarray:
+    """A new array of at least ``needed`` items, twice as large as ``array`` or more, with
+    its first ``used`` items."""
+    out = np.empty(max(needed, 2 * len(array)), array.dtype)
+    out[:used] = array[:used]
+    return out
 
 
 class _Sink:
@@ -154,7 +310,11 @@ class TableStream:
     """The stream of one table of a group, written by one process: made at its first
     :meth:`write`, kept open until :meth:`close`."""
 
-    def __init__(self, directory: str, spec: TableSpec, cache_size: int) -> None:
+    def __init__(
+        self, directory: str, spec: TableSpec, cache_size: int, texts: Texts | None = None
+    ) -> None:
+        """``texts``: the memo of texts the table's ``code`` columns share (see
+        :class:`Texts`; the streams of a group may share one too)."""
         self.directory = directory
         self.spec = spec
         self.schema = arrow_schema(spec)
@@ -162,8 +322,11 @@ class TableStream:
         self._fd: int | None = None
         self._sink = _Sink()
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        texts = Texts() if texts is None else texts
         self._dictionaries = {
-            v.name: Dictionary(cache_size) for v in spec.variables.values() if v.dtype == "code"
+            v.name: Dictionary(cache_size, texts)
+            for v in spec.variables.values()
+            if v.dtype == "code"
         }
 
     def batch(self, columns: Mapping[str, Any]) -> pa.RecordBatch:
@@ -176,7 +339,10 @@ class TableStream:
             elif var.dim2:
                 arrays.append(_lists(np.asarray(values, dtype=var.numpy_dtype), var))
             elif var.dtype == "str":  # no value: ""
-                arrays.append(_strings([t or "" for t in texts_of(list(values))]))
+                values = list(values)
+                if not set(map(type, values)) <= _STR:
+                    values = [t or "" for t in texts_of(values)]
+                arrays.append(_strings(values))
             else:
                 arrays.append(_numbers(np.asarray(values, dtype=var.numpy_dtype)))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
@@ -267,7 +433,7 @@ def chunk_columns(
             else:
                 parts.append(np.asarray(values, dtype=var.numpy_dtype))
         if var.dtype in ("code", "str"):
-            out[var.name] = [v for part in parts for v in part]
+            out[var.name] = parts[0] if len(parts) == 1 else list(itertools.chain(*parts))
         else:
             out[var.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return out
@@ -284,7 +450,8 @@ def _numbers(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
         data = pa.py_buffer(np.packbits(values, bitorder="little"))
         kind = pa.bool_()
     else:
-        data, kind = pa.py_buffer(values), pa.from_numpy_dtype(values.dtype)
+        kind = _KINDS.get(values.dtype) or pa.from_numpy_dtype(values.dtype)
+        data = pa.py_buffer(values)
     if valid is None or valid.all():
         return pa.Array.from_buffers(kind, len(values), [None, data], null_count=0)
     bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
@@ -294,11 +461,22 @@ def _numbers(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
 
 def _strings(texts: Sequence[str]) -> pa.Array:
     """Strings as an Arrow string array (a lone surrogate, not UTF-8, written as "?")."""
-    encoded = [t.encode("utf-8", "replace") for t in texts]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
-    return pa.Array.from_buffers(pa.string(), len(encoded), buffers, null_count=0)
+    lengths, data = _utf8(texts)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.string(), len(lengths), buffers, null_count=0)
+
+
+def _utf8(texts: Sequence[str]) -> tuple[np.ndarray, bytes]:
+    """The UTF-8 length of each string, and their UTF-8 bytes joined (a lone surrogate,
+    not UTF-8, written as "?")."""
+    lengths = np.fromiter(map(len, texts), np.int32, len(texts))
+    data = "".join(texts).encode("utf-8", "replace")
+    if len(data) != lengths.sum():  # not all ASCII: each string's own length in bytes
+        encoded = [t.encode("utf-8", "replace") for t in texts]
+        lengths, data = np.fromiter(map(len, encoded), np.int32, len(texts)), b"".join(encoded)
+    return lengths, data
 
 
 def _lists(values: np.ndarray, var: VariableSpec) -> pa.Array:

@@ -74,6 +74,7 @@ class GroupWriter:
         #: flushes are appended to Zarr)
         self._streams: dict[str, TableStream] | None = None
         self._streamed: set[str] = set()  # the tables the flush under way has written
+        self._texts = streams.Texts()  # its streams' texts of task keys, shared by its tables
         #: attributes a table's next commit writes with its rows (the fold's progress)
         self._commit_attrs: dict[str, dict[str, Any]] = {}
         self.group: zarrio.Group | None = None
@@ -256,6 +257,7 @@ class GroupWriter:
                     streams.directory(self.store.path, self.path),
                     self.tables[name].spec,
                     int(config.get("strings.cache-size")),
+                    self._texts,
                 )
             stream.write(columns)
             self._streamed.add(name)
