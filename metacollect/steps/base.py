@@ -114,7 +114,7 @@ class Recording:
 
     def _log_flushes(self, rows: dict[str, list[Any]], final: bool) -> None:
         """Each flush's own row into the collector's group (its ``flushes`` table), with the
-        next flush; the final flush's row written at once: one more small segment."""
+        next flush; the final flush's row written at once: one more small stream batch."""
         self.group.append("flushes", rows)
         if final:
             self.group.flush()
@@ -147,7 +147,7 @@ class Recording:
 
     def _seal(self) -> None:
         """Seal the writer's groups; a failure is recorded in the errors table and written
-        as one more segment: the run's seal folds whatever is left, so nothing is lost."""
+        as one more stream batch: the run's seal folds whatever is left, so nothing is lost."""
         assert self.writer is not None
         try:
             seal_own(self.writer)

@@ -102,7 +102,7 @@ async def write_sealed_stream(
     done: Callable[[str], None],
 ) -> dict[str, dict[str, Any]]:
     """Write tables the store does not hold yet straight in the form the seal leaves, from
-    ``parts()``: their rows in order, a part per segment (``{table: {variable: column}}``),
+    ``parts()``: their rows in order, a part per stream batch (``{table: {variable: column}}``),
     decoded in a thread as they are needed. Each variable's rows are written as soon as it
     has :data:`~metacollect.store.layout.BLOCK_CHUNKS` chunks of them: what is held is a few
     blocks and the strings of the recent parts (``strings``), whatever the number of rows. A
@@ -209,7 +209,7 @@ class _ColumnSink:
             if part.dtype.kind in "iu":
                 missing = (part < 0) | (part >= len(strings))  # what no string stands for
                 part = strings.take(part).reshape(part.shape)
-            else:  # strings already (not what a segment holds): not written over
+            else:  # strings already (a stream's): not written over
                 part = text_values(part, None).copy()
                 missing = no_value(part)
             if missing.any():

@@ -317,7 +317,7 @@ async def consolidate(where: Any, attrs: Mapping[str, Any]) -> None:
     if where.store.supports_consolidated_metadata:
         with warnings.catch_warnings():
             # that consolidated metadata is not part of the Zarr v3 specification yet, and
-            # the entries that are no node (the lock file, a segment directory)
+            # the entries that are no node (the lock file, a stream directory)
             warnings.filterwarnings("ignore", message="Consolidated metadata")
             warnings.filterwarnings("ignore", message=UNRECOGNIZED)
             await consolidate_metadata(where.store, path=where.path or None)
