@@ -60,7 +60,12 @@ def child(
         for i in range(0, rows, flush_rows):
             g.append("transitions", {k: v[i : i + flush_rows] for k, v in data.items()})
             g.flush()
-        files = len(os.listdir(os.path.join(w.path, g.path, ".streams")))
+        # the in-run files (``.segments`` in trees before the streams, for store_targets.py)
+        files = sum(
+            len(os.listdir(d))
+            for d in (os.path.join(w.path, g.path, n) for n in (".streams", ".segments"))
+            if os.path.isdir(d)
+        )
         del data, g
         streamed = _common.du(w.path)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
