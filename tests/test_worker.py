@@ -81,7 +81,10 @@ class _HeartbeatAtExecute:
     """A worker plugin, registered after the collector, that moves the worker's
     ``scheduler_delay`` to ``+jump`` or ``-jump`` (away from what it was) as each task
     begins executing: what a heartbeat answered between the collector's hook and
-    distributed's read of the delay does."""
+    distributed's read of the delay does. The collector sees the change as it sees a
+    heartbeat's, the moment it is made (its wrapped heartbeat's ``observe``): a change it
+    did not see, which distributed never makes, would be taken for one made at the next
+    real heartbeat."""
 
     name = "heartbeat-at-execute"
 
@@ -95,6 +98,10 @@ class _HeartbeatAtExecute:
         if finish == "executing":
             w = self.worker
             w.scheduler_delay = -self.jump if w.scheduler_delay > 0 else self.jump
+            for plugin in list(w.plugins.values()):
+                log = getattr(plugin, "delay_log", None)
+                if log is not None:
+                    log.observe()
 
 
 def _started_on_worker_clock(i):
