@@ -11,12 +11,9 @@ just calls the function, so the analysis API behaves the same with a plain :clas
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
-
-if TYPE_CHECKING:
-    from metacollect.analysis.run import Run
 
 T = TypeVar("T")
 
@@ -50,7 +47,8 @@ class Memo:
     """A read-through cache of a sealed :class:`Run`'s tables (the store is not written
     meanwhile); every call returns a copy, so callers may modify what they get."""
 
-    def __init__(self, run: Run) -> None:
+    # run: a Run, typed as Any so that this module stays below run.py, which imports its users
+    def __init__(self, run: Any) -> None:
         self._run = run
         self._cache: dict[tuple[Any, ...], pd.DataFrame] = {}
         self._derived: dict[tuple[Any, ...], Any] = {}
