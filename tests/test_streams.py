@@ -23,7 +23,7 @@ import xarray as xr
 
 from metacollect import open_run
 from metacollect.session import init_root
-from metacollect.store import streams
+from metacollect.store import arrowcols, streams
 from metacollect.store.lifecycle import finalize, prepare_store
 from metacollect.store.schema import load_schema
 from metacollect.store.seal import fold_streams, seal_own
@@ -180,7 +180,7 @@ def test_a_variable_with_a_second_dimension_reads_back_as_written(tmp_path):
 _KILLED_WRITER = textwrap.dedent(
     """
     import sys
-    from metacollect.store import streams
+    from metacollect.store import arrowcols, streams
     from tests.test_streams import TRANSITIONS, _transitions
 
     ts = streams.TableStream(sys.argv[1], TRANSITIONS, cache_size=100_000)
@@ -363,14 +363,14 @@ def test_a_groups_streams_turn_each_key_object_into_text_once(tmp_path, monkeypa
     to its transitions and its ``tasks`` row, over several flushes, is turned into text
     once; the rows read back exact."""
     made: list[object] = []
-    texts_of = streams.texts_of
+    texts_of = arrowcols.texts_of
 
     def counted(values):
         made.extend(v for v in values if isinstance(v, tuple))
         return texts_of(values)
 
-    monkeypatch.setattr(streams, "texts_of", counted)
-    texts = streams.Texts()
+    monkeypatch.setattr(arrowcols, "texts_of", counted)
+    texts = arrowcols.Texts()
     transitions = streams.TableStream(str(tmp_path), TRANSITIONS, 1000, texts)
     tasks = streams.TableStream(str(tmp_path), TASKS, 1000, texts)
     keys = [("inc-0123456789abcdef", i) for i in range(40)]
@@ -378,7 +378,7 @@ def test_a_groups_streams_turn_each_key_object_into_text_once(tmp_path, monkeypa
         rows = _transitions(0, 60)
         rows["key"] = [k for k in keys[first : first + 20] for _ in range(3)]
         transitions.write(rows)
-        tasks.write(streams.chunk_columns(TASKS, [(20, {"key": keys[first : first + 20]})]))
+        tasks.write(arrowcols.chunk_columns(TASKS, [(20, {"key": keys[first : first + 20]})]))
     assert sorted(made, key=keys.index) == keys  # each object once
     for ts in (transitions, tasks):
         ts.close()
@@ -392,9 +392,9 @@ def test_a_dictionary_restarts_past_its_bytes_and_the_memo_stays_bounded(tmp_pat
     """A column's dictionary restarts when its text passes ``DICTIONARY_BYTES`` (a
     replacement dictionary in the stream, none larger than the bound), and the memo of
     texts holds at most ``MEMO_OBJECTS`` objects; every row reads back as written."""
-    monkeypatch.setattr(streams, "DICTIONARY_BYTES", 2000)
-    monkeypatch.setattr(streams, "MEMO_OBJECTS", 64)
-    texts = streams.Texts()
+    monkeypatch.setattr(arrowcols, "DICTIONARY_BYTES", 2000)
+    monkeypatch.setattr(arrowcols, "MEMO_OBJECTS", 64)
+    texts = arrowcols.Texts()
     ts = streams.TableStream(str(tmp_path), TRANSITIONS, 100_000, texts)
     expected = []
     for i in range(30):
@@ -421,7 +421,7 @@ def test_the_arrays_a_dictionary_gave_keep_their_strings_as_it_grows(cache_size)
     """A column's dictionary grows in place, past its first buffers, and restarts when
     full: every array it gave before (which the stream writer holds to find the next
     delta) still reads as the values it was given."""
-    d = streams.Dictionary(cache_size)
+    d = arrowcols.Dictionary(cache_size)
     given = []
     for i in range(300):
         values = [f"name-{i}-{j}" + "é" * (i % 3) for j in range(i % 13)] + ["", None, "x"]

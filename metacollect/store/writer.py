@@ -27,7 +27,7 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import chunkio, documents, lock, streams
+from metacollect.store import arrowcols, chunkio, documents, lock, streams
 from metacollect.store.buffers import StringTable, Table
 from metacollect.store.integrity import committed_rows
 from metacollect.store.layout import variable_layout
@@ -74,7 +74,7 @@ class GroupWriter:
         #: flushes are appended to Zarr)
         self._streams: dict[str, TableStream] | None = None
         self._streamed: set[str] = set()  # the tables the flush under way has written
-        self._texts = streams.Texts()  # its streams' texts of task keys, shared by its tables
+        self._texts = arrowcols.Texts()  # its streams' texts of task keys, shared by its tables
         #: attributes a table's next commit writes with its rows (the fold's progress)
         self._commit_attrs: dict[str, dict[str, Any]] = {}
         self.group: zarrio.Group | None = None
@@ -228,7 +228,7 @@ class GroupWriter:
         (:meth:`_append_tables`); on failure put back the rows of the tables not written
         (those written stay: each row once) and raise."""
         columns = {
-            name: streams.chunk_columns(self.tables[name].spec, chunks)
+            name: arrowcols.chunk_columns(self.tables[name].spec, chunks)
             for name, chunks in taken.items()
             if chunks
         }
