@@ -6,14 +6,14 @@ first number no other writer of the group took). The file is made at the table's
 flush and kept open: later flushes create no file (on Lustre or GPFS a create is a call to
 a metadata server the whole machine shares). A flush's bytes go to the file in one ``write``.
 
-Columns are Arrow's: numbers as they are, strings as strings, a ``dim2`` variable as a list
-per row, and ``code`` variables (names that recur: task keys, workers, states) as
-dictionary-encoded strings. Each such column keeps its own dictionary of the strings it met
-(:class:`~metacollect.store.arrowcols.Dictionary`); a batch carries only the strings new since the last one (a *delta*
-dictionary, ``emit_dictionary_deltas``), and a dictionary past ``strings.cache-size``
-strings (or :data:`~metacollect.store.arrowcols.DICTIONARY_BYTES`) restarts, the stream then carrying a replacement
-dictionary - so neither the writer nor a reader ever holds more than one cache of a
-column's strings. Buffers are compressed with LZ4 (:data:`OPTIONS`): a stream lasts only
+Columns are Arrow's (:mod:`metacollect.store.arrowcols`): numbers as they are, strings as
+strings, a ``dim2`` variable as a list per row, and ``code`` variables (names that recur:
+task keys, workers, states) as dictionary-encoded strings. Each such column keeps its own
+dictionary of the strings it met; a batch carries only the strings new since the last one
+(a *delta* dictionary, ``emit_dictionary_deltas``), and a dictionary past
+``strings.cache-size`` strings (or ``DICTIONARY_BYTES`` of text) restarts, the stream then
+carrying a replacement dictionary - so neither the writer nor a reader ever holds more than
+one cache of a column's strings. Buffers are compressed with LZ4 (:data:`OPTIONS`): a stream lasts only
 until the seal, which compresses the tables it writes on its own.
 
 A process killed while it writes leaves its streams cut short: pyarrow's own reader reads
