@@ -13,8 +13,8 @@ dictionary of the strings it met; a batch carries only the strings new since the
 (a *delta* dictionary, ``emit_dictionary_deltas``), and a dictionary past
 ``strings.cache-size`` strings (or ``DICTIONARY_BYTES`` of text) restarts, the stream then
 carrying a replacement dictionary - so neither the writer nor a reader ever holds more than
-one cache of a column's strings. Buffers are compressed with LZ4 (:data:`OPTIONS`): a stream lasts only
-until the seal, which compresses the tables it writes on its own.
+one cache of a column's strings. Buffers are compressed with LZ4 (:data:`OPTIONS`): a
+stream lasts only until the seal, which compresses the tables it writes on its own.
 
 A process killed while it writes leaves its streams cut short: pyarrow's own reader reads
 each up to its last whole batch, and :func:`read` says where it was torn. Nothing here is a
