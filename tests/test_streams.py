@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -575,17 +576,22 @@ def _files(store: str) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("own_seal", [False, True])
-def test_a_writers_flushes_go_to_its_streams_read_live_and_sealed_as_plain_zarr(tmp_path, own_seal):
-    """A group's writer appends each flush to one stream a table: no file made after a
-    table's first flush; readers see the rows before the seal; the seal (the process's own,
-    or the run's) leaves plain Zarr, no stream, as many files as a store flushed once."""
+def _scheduler_group(tmp_path: Any) -> tuple[str, StoreWriter, GroupWriter]:
+    """A new store with run r1, a cluster c1 and its scheduler's group, written to streams."""
     store = str(tmp_path / "run.zarr")
     prepare_store(store)
     w = StoreWriter(store, streams=True)
     init_root(w, "r1")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
-    g = w.group("scheduler", cluster="c1")
+    return store, w, w.group("scheduler", cluster="c1")
+
+
+@pytest.mark.parametrize("own_seal", [False, True])
+def test_a_writers_flushes_go_to_its_streams_read_live_and_sealed_as_plain_zarr(tmp_path, own_seal):
+    """A group's writer appends each flush to one stream a table: no file made after a
+    table's first flush; readers see the rows before the seal; the seal (the process's own,
+    or the run's) leaves plain Zarr, no stream, as many files as a store flushed once."""
+    store, w, g = _scheduler_group(tmp_path)
     _flush_events(g, 0, 100)
     before = _files(store)
     assert {
@@ -703,12 +709,7 @@ def test_a_flush_that_ends_during_the_seal_makes_the_run_incomplete(tmp_path, mo
     from metacollect.store import lifecycle
     from metacollect.store import seal as seal_mod
 
-    store = str(tmp_path / "run.zarr")
-    prepare_store(store)
-    w = StoreWriter(store, streams=True)
-    init_root(w, "r1")
-    w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
-    g = w.group("scheduler", cluster="c1")
+    store, _, g = _scheduler_group(tmp_path)
     _flush_events(g, 0, 10)
     if during:
         real_write = seal_mod._write_streamed
