@@ -104,6 +104,48 @@ def test_a_second_writer_of_a_table_gets_a_file_of_its_own(tmp_path):
     ]
 
 
+def test_a_flush_landing_as_the_seal_removes_its_file_keeps_its_rows(tmp_path, monkeypatch):
+    """The seal removes a stream file its tables hold (``retire``) while its writer may be
+    flushing: the flush that passed its check that the file is still there is written
+    before the removal, which moves it to a file of its own, never into a removed file."""
+    import threading
+
+    where = str(tmp_path / ".streams")
+    ts = streams.TableStream(where, TRANSITIONS, cache_size=1000)
+    ts.write(_transitions(0, 5))
+    assert ts.path is not None
+    first = ts.path
+    counted = streams.batches(first)
+    while True:  # what the seal read and wrote into the tables: one batch
+        try:
+            next(counted)
+        except StopIteration as done:
+            held, end = done.value
+            break
+    assert held == 1
+    write_all = streams._write_all
+    sealing: list[threading.Thread] = []
+
+    def seal_meanwhile(fd: int, data: bytes) -> None:
+        # the seal comes as the flush is past its check and before its bytes land
+        sealing.append(threading.Thread(target=streams.retire, args=(first, held, end)))
+        sealing[0].start()
+        sealing[0].join(0.5)
+        write_all(fd, data)
+
+    monkeypatch.setattr(streams, "_write_all", seal_meanwhile)
+    ts.write(_transitions(5, 5))
+    monkeypatch.setattr(streams, "_write_all", write_all)
+    sealing[0].join()
+    assert not os.path.exists(first)
+    (late,) = os.listdir(where)
+    got, torn = _read_all(os.path.join(where, late))
+    assert torn is None and got == _expected(5, 5)
+    ts.write(_transitions(10, 5))  # the next flush: a file of its own, as after any seal
+    assert sorted(os.listdir(where)) == sorted([late, os.path.basename(ts.path)])
+    assert _read_all(ts.path)[0] == _expected(10, 5)
+
+
 def test_strings_go_as_delta_dictionaries_and_a_full_cache_restarts(tmp_path):
     ts = streams.TableStream(str(tmp_path), TRANSITIONS, cache_size=25)
     for i in range(6):

@@ -149,11 +149,10 @@ def fold_streams(
                 for file in files
             ]
             for file, (count, end) in read.items():
-                if file not in found.torn and os.path.getsize(file) > end + 8:
-                    # its writer appended while the tables were written: those rows
-                    # go to a stream of their own, which the late-flush check names
-                    streams.move_tail(file, count)
-                os.remove(file)
+                if file in found.torn:
+                    os.remove(file)
+                else:  # rows its writer appended meanwhile stay, for the late-flush check
+                    streams.retire(file, count, end)
             folded.append(group)
         finally:
             streams.unclaim(where)

@@ -25,6 +25,8 @@ The directory's name starts with a dot and holds no ``zarr.json``: Zarr's listin
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import itertools
 import os
 import time
@@ -121,11 +123,14 @@ class TableStream:
         for a new one too: the rows of a flush after the seal are in a file of their own,
         which ``validate`` names."""
         batch = self.batch(columns)
-        if self._fd is not None and os.fstat(self._fd).st_nlink == 0:
-            self._drop()
-        if self._writer is None:
-            self._open()
-        assert self._writer is not None and self._fd is not None
+        while True:  # the file, locked and still in its directory (see :func:`retire`)
+            if self._writer is None:
+                self._open()
+            assert self._writer is not None and self._fd is not None
+            _lock(self._fd)
+            if os.fstat(self._fd).st_nlink:
+                break
+            self._drop()  # its lock goes with it
         # the columns that met an empty (or NUL-only) string: the seal must tell it from
         # no value, and looks for it only in the columns said to have one
         blank = self.encoder.blank()
@@ -139,6 +144,7 @@ class TableStream:
                 os.ftruncate(self._fd, end)
             self._drop()
             raise
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
         return batch.num_rows
 
     def _drop(self) -> None:
@@ -176,6 +182,34 @@ class TableStream:
         finally:
             os.close(self._fd)
             self._writer, self._fd = None, None
+
+
+def _lock(fd: int) -> None:
+    """Lock the stream file open at ``fd`` for a write, or for its removal by the seal
+    (:func:`retire`). A filesystem without ``flock`` (Lustre mounted ``noflock``) leaves
+    it unlocked: the seal's size check is then all that tells a flush landing as it
+    removes the file."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+        if e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL):
+            raise
+
+
+def retire(path: str, held: int, end: int) -> None:
+    """Remove the stream file at ``path`` once its first ``held`` batches (ending at byte
+    ``end``) are in the tables; batches its writer appended since go to a file of their
+    own (:func:`move_tail`). Done under the lock each write takes: a flush lands before
+    (and is moved), or finds the file gone and starts a new one - never written into a
+    file already removed."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _lock(fd)
+        if os.fstat(fd).st_size > end + len(_EOS):
+            move_tail(path, held)
+        os.unlink(path)
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
