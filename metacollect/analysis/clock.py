@@ -183,28 +183,28 @@ def to_scheduler(
     ``delay``: the column of what Dask added to the times (its ``scheduler_delay``), taken
     back off before the offset is added; without it the times are the worker's own.
     """
-    df = df.copy()
     raw = "dask" if delay is not None else "worker"
     clock = np.full(len(df), raw, dtype=object)
-    for name in columns:
-        df[f"{name}{suffix}"] = df[name]
+    moved = {name: df[name].to_numpy(float, copy=True) for name in columns}
     if len(df):
+        known = ~np.isnan(df[delay].to_numpy(float)) if delay is not None else None
+        back = np.nan_to_num(df[delay].to_numpy(float)) if delay is not None else None
         codes, uniques = _pairs(df["cluster"], df["worker_group"])
         for i, k in enumerate(uniques):
             model = found.get(k)
             if model is None:
                 continue
             sel = codes == i
-            if delay is not None:  # a row whose delay is not known stays as Dask reported it
-                sel &= ~np.isnan(df[delay].to_numpy(float))
-            back = df[delay].to_numpy(float)[sel] if delay is not None else 0.0
+            if known is not None:  # a row whose delay is not known stays as Dask reported it
+                sel &= known
             for name in columns:
-                own = df[name].to_numpy(float)[sel] - np.nan_to_num(back)
-                df.loc[sel, name] = model.to_scheduler(own)
+                own = moved[name][sel] - (back[sel] if back is not None else 0.0)
+                moved[name][sel] = model.to_scheduler(own)
             clock[sel] = "scheduler"
-    df["clock"] = clock
-    df.attrs["clock"] = _clock_attr(clock, raw)
-    return df
+    # one new frame: the columns moved in place of the raw ones, which follow as suffixed
+    out = df.assign(**moved, **{f"{name}{suffix}": df[name] for name in columns}, clock=clock)
+    out.attrs["clock"] = _clock_attr(clock, raw)
+    return out
 
 
 def _pairs(a: pd.Series, b: pd.Series) -> tuple[np.ndarray, list[tuple[str, str]]]:
