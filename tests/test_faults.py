@@ -209,51 +209,6 @@ def test_a_worker_retired_mid_run_ends_its_record(tmp_path):
     assert (ran.worker_group == groups[victim].rsplit("/", 1)[-1]).any()
 
 
-async def _busy_loop(seconds: float) -> None:
-    """In the worker: hold its event loop (a loaded machine, a task holding the GIL)."""
-    time.sleep(seconds)
-
-
-def test_a_worker_scaled_down_while_busy_ends_its_record_before_its_nanny_kills_it(tmp_path):
-    """``cluster.adapt`` and ``cluster.scale`` retire a worker, then close its nanny, which
-    kills the worker process 4 s after asking it to stop, whether it has closed or not. A
-    worker that was just started, on a loaded machine, got there late: under
-    ``deploying-python.rst`` (scale(10), then adapt) its close first waited on its nanny,
-    which had stopped listening, and the kill came before its collector's final flush. Here
-    the worker's loop is held past the kill; the nanny must wait for its final flush."""
-    store = str(tmp_path / "scaled.zarr")
-    with (
-        _cluster(1) as cluster,
-        Client(cluster) as client,
-        collect(client, store, flush_interval="60s"),  # no flush but the final ones
-    ):
-        cluster.scale(2)
-        client.wait_for_workers(2, timeout=60)
-        # scale(1) retires the worker last added (SpecCluster drops the newest spec)
-        (victim,) = [a for a, w in client.scheduler_info()["workers"].items() if w["name"] == 1]
-        pid = client.run(os.getpid, workers=[victim])[victim]
-        # what it ran (its collector set up before its first task): the final flush's rows
-        futures = client.map(slow_inc, range(5), workers=[victim], pure=False)
-        assert client.gather(futures) == list(range(1, 6))
-        keys = {f.key for f in futures}
-        del futures
-        client.run(_busy_loop, 6.0, workers=[victim], wait=False)
-        cluster.scale(1)
-        deadline = time.time() + 60
-        while len(cluster.workers) > 1 and time.time() < deadline:
-            time.sleep(0.1)
-        assert list(cluster.workers) == [0], "the scaled-down worker's nanny did not close"
-    run = open_run(store)
-    assert run.attrs["status"] == "complete", run.attrs["missing"]
-    assert run.attrs["missing"] == []
-    groups = {a["address"]: p for p, a in run.worker_groups().items()}
-    assert run.groups[groups[victim]]["pid"] == pid
-    assert isinstance(run.groups[groups[victim]]["ended"], float)
-    ran = run.worker_table("tasks")
-    mine = ran[ran.worker_group == groups[victim].rsplit("/", 1)[-1]]
-    assert set(mine.key) == keys
-
-
 def _sigterm_as_the_end_begins(dask_worker) -> None:
     """In the worker: SIGTERM just before its collector's end holds the signal, as a
     ``scancel`` right after adapt retired the worker can land on a busy machine."""
