@@ -272,7 +272,7 @@ class WorkerCollector(WorkerPlugin):
             )
 
     async def teardown(self, worker: Worker) -> None:
-        # the worker's close, not the plugin's removal
+        # closing: the worker's close, not the plugin's removal as the collection ends
         await self._end_once(worker, closing=worker.status == Status.closing)
 
     async def _end_request(self) -> str:
