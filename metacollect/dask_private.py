@@ -17,12 +17,14 @@ from distributed.deploy.spec import SpecCluster
 from distributed.protocol.pickle import dumps
 
 if TYPE_CHECKING:
-    from distributed.diagnostics.plugin import WorkerPlugin
+    from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 
 __all__ = [
+    "add_nanny_plugin",
     "add_worker_plugin",
     "job_template",
     "process_instances",
+    "remove_nanny_plugin",
     "remove_worker_plugin",
     "removed_absent",
     "submit_scaled_jobs",
@@ -117,6 +119,34 @@ async def remove_worker_plugin(scheduler: Scheduler, name: str) -> dict[str, Any
     return dict(
         await scheduler.broadcast(msg={"op": "plugin-remove", "name": name}, on_error="return")
     )
+
+
+async def add_nanny_plugin(scheduler: Scheduler, plugin: NannyPlugin, name: str) -> Any:
+    """Register ``plugin`` on every nanny of ``scheduler``, now and to come (from the
+    scheduler's own process, as ``client.register_plugin(nanny=True)`` would from a client);
+    the nannies' replies by their workers' addresses. Nannies still starting their worker get
+    it first.
+
+    Relies on: ``Scheduler.register_nanny_plugin(comm, plugin, name, idempotent)``, the
+    handler of the client's RPC, called with no comm and the plugin pickled.
+    """
+    return await scheduler.register_nanny_plugin(None, dumps(plugin), name=name, idempotent=True)
+
+
+async def remove_nanny_plugin(scheduler: Scheduler, name: str) -> dict[str, Any] | None:
+    """Unregister the nanny plugin ``name`` on every nanny (``None``: the scheduler had none
+    such); each nanny's reply by its worker's address, a failure as an exception or error
+    message.
+    ``Scheduler.unregister_nanny_plugin`` raises at the first failing nanny instead.
+
+    Relies on: ``Scheduler.nanny_plugins`` (name -> pickled plugin, what new nannies get) and
+    the nannies' ``plugin_remove`` handler (``Nanny.plugin_remove``), broadcast with
+    ``Scheduler.broadcast(nanny=True, on_error="return")``.
+    """
+    if scheduler.nanny_plugins.pop(name, None) is None:
+        return None
+    msg = {"op": "plugin_remove", "name": name}
+    return dict(await scheduler.broadcast(msg=msg, nanny=True, on_error="return"))
 
 
 def removed_absent(reply: Mapping[str, Any], name: str) -> bool:

@@ -12,7 +12,7 @@ import dask_jobqueue
 import pytest
 from distributed import Client, LocalCluster, Scheduler
 from distributed.deploy.spec import SpecCluster
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 
 from metacollect import dask_private
 
@@ -22,6 +22,10 @@ class Marker(WorkerPlugin):
 
     def setup(self, worker):
         self.worker = worker
+
+
+class NannyMarker(NannyPlugin):
+    name = "metacollect-test-nanny-marker"
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +132,29 @@ def test_add_and_remove_worker_plugin_with_each_reply(cluster):
     assert all(r["status"] == "OK" for a, r in replies.items() if a != first.address)
     assert not any(name in w.plugins for w in local.workers.values())
     assert client.sync(remove) is None  # the scheduler holds none such any more
+
+
+def test_add_and_remove_nanny_plugin_with_each_reply():
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as local,
+        Client(local) as client,
+    ):
+        scheduler, name = local.scheduler, NannyMarker.name
+        nannies = list(local.workers.values())  # in this process, as the scheduler
+
+        async def add():
+            return await dask_private.add_nanny_plugin(scheduler, NannyMarker(), name)
+
+        async def remove():
+            return await dask_private.remove_nanny_plugin(scheduler, name)
+
+        replies = client.sync(add)  # by the address of each nanny's worker
+        assert set(replies) == {n.worker_address for n in nannies}
+        assert all(r["status"] == "OK" for r in replies.values())
+        assert all(name in n.plugins for n in nannies)
+        assert name in scheduler.nanny_plugins  # what a nanny to come gets
+        replies = client.sync(remove)
+        assert set(replies) == {n.worker_address for n in nannies}
+        assert all(r["status"] == "OK" for r in replies.values())
+        assert not any(name in n.plugins for n in nannies)
+        assert client.sync(remove) is None  # the scheduler holds none such any more

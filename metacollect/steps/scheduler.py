@@ -27,7 +27,7 @@ from distributed.utils import key_split_group
 
 import metacollect.config as config
 from metacollect.dask_private import add_worker_plugin, remove_worker_plugin, removed_absent
-from metacollect.steps import clock
+from metacollect.steps import clock, nanny
 from metacollect.steps.base import ErrorRecorder, Recording, encode_json, write_parts
 from metacollect.steps.client import GraphRecorder
 from metacollect.steps.spans import SpanRecorder
@@ -220,6 +220,8 @@ class SchedulerCollector(SchedulerPlugin):
         for address, reply in (replies or {}).items():
             if isinstance(reply, dict) and reply.get("status") == "error":
                 self._on_error(f"worker-setup {address}", RuntimeError(_reply_error(reply)))
+        # the nannies let a worker's collector end before they stop it (steps.nanny)
+        await nanny.attach(scheduler, self.store_path, self._on_error)
         # Dask adds a plugin to its plugins in the same step as its start returns: by the
         # next turn of the loop the scheduler holds it, before any request can remove it
         asyncio.get_running_loop().call_soon(self._see_held)
@@ -557,6 +559,7 @@ class SchedulerCollector(SchedulerPlugin):
         joined, not yet there): a note in the errors table. Whether its record has a gap is
         its group's own ``ended``, which the seal reads
         (:func:`~metacollect.store.lifecycle.unended_workers`)."""
+        await nanny.detach(scheduler, self.store_path, self._on_error)
         name = worker_plugin_name(self.store_path)
         replies = await remove_worker_plugin(scheduler, name)
         if replies is None:

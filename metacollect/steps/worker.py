@@ -57,6 +57,13 @@ def worker_plugin_name(store: str) -> str:
     return f"{NAME}:{store}"
 
 
+def end_op(store: str) -> str:
+    """The worker's handler that ends the collector writing into ``store`` (its final flush
+    and seal) and answers once that is done: what its nanny calls before it stops the worker
+    (:class:`~metacollect.steps.nanny.NannyEnd`)."""
+    return f"{worker_plugin_name(store)}:end"
+
+
 def worker_id(worker: Worker) -> str:
     """Store name of a worker: its name plus a short id, unique across restarts."""
     return f"{safe_name(worker.name)}-{worker.id.rsplit('-', 1)[-1][:8]}"
@@ -153,6 +160,8 @@ class WorkerCollector(WorkerPlugin):
         self.options = options or {}
         self.worker: Worker | None = None
         self._started = False  # set once setup has finished; teardown undoes only that
+        #: the end under way (teardown, or the nanny's request before it stops the worker)
+        self._ending: asyncio.Future[None] | None = None
         self._reported_missed = False
         #: readers of Dask's state whose last read failed (a later good read catches up)
         self._unread: set[str] = set()
@@ -168,6 +177,10 @@ class WorkerCollector(WorkerPlugin):
     def setup(self, worker: Worker) -> None:
         self._config_before = config.apply(self.options)
         self.worker = worker
+        # the nanny's request to end before it stops the worker (also when this setup fails:
+        # then nothing to end); left in place after the end (a request then answers at
+        # once), replaced by the next collector into the same store
+        worker.handlers[end_op(self.store_path)] = self._end_request
         self.id = worker_id(worker)
         self._init_buffers(worker)
         attrs = _group_attrs(worker)
@@ -259,7 +272,30 @@ class WorkerCollector(WorkerPlugin):
             )
 
     async def teardown(self, worker: Worker) -> None:
-        closing = worker.status == Status.closing  # the worker's close, not the plugin's removal
+        # closing: the worker's close, not the plugin's removal as the collection ends
+        await self._end_once(worker, closing=worker.status == Status.closing)
+
+    async def _end_request(self) -> str:
+        """Handler of :func:`end_op`: end now (the nanny is about to stop this worker, which
+        it kills a few seconds later, done or not) and answer "OK" once the final flush and
+        seal are done, or what went wrong. The end goes on if the request is dropped."""
+        if self.worker is None:
+            return "OK"
+        try:
+            await asyncio.shield(self._end_once(self.worker, closing=True))
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return "OK"
+
+    def _end_once(self, worker: Worker, closing: bool) -> asyncio.Future[None]:
+        """The collector's end, run once whoever asks first (the nanny's request, the
+        teardown); a later caller awaits the same end and gets its errors."""
+        if self._ending is None:
+            self._ending = asyncio.ensure_future(self._end(worker, closing))
+        return self._ending
+
+    async def _end(self, worker: Worker, closing: bool) -> None:
+        """Final flush, seal (and gathering from node-local disk); what went wrong raised."""
         if closing:
             _stop_heartbeats(worker)
         # a worker scaled down (adapt, scale) is closed as its job is cancelled: the SIGTERM
