@@ -1,12 +1,15 @@
-"""Chunk reads: the chunks of Zarr arrays read and decoded by their own codecs.
+"""Chunks of Zarr arrays read and decoded by their own codecs, and the seal's string chunks
+encoded as those codecs encode them.
 
 Zarr's reads are general: each chunk's codecs and file operations are handed to threads
 of their own. For the kinds of arrays metacollect writes (numbers through Blosc, strings
-through Zstandard, each chunk with a CRC32C checksum; Zarr writes them) the chunks are
-decoded here with numcodecs, as Zarr does, and read straight from a local directory,
-concurrently, on the store's I/O loop; any other array is read through Zarr.
-A chunk that does not decode (its checksum wrong) raises a :class:`StoreError` naming it.
-``benchmarks/own_code.py`` measures Zarr's own read against this one.
+through Zstandard, each chunk with a CRC32C checksum) the chunks are decoded here with
+numcodecs, as Zarr does, and read straight from a local directory, concurrently, on the
+store's I/O loop; any other array is read through Zarr. A chunk that does not decode (its
+checksum wrong) raises a :class:`StoreError` naming it. The seal's chunks of strings are
+encoded here from Arrow's buffers into the bytes Zarr's codecs make
+(:func:`text_chunk_encoder`): Zarr's own encode goes through numpy ``StringDType``.
+``benchmarks/own_code.py`` measures Zarr's own read and write against these.
 """
 
 from __future__ import annotations
