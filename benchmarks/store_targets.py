@@ -438,6 +438,22 @@ def rows(res: dict[str, Any], names: list[str], a: argparse.Namespace) -> list[l
         ".0f",
         _no_more(res, "seal_traced", ("peak_traced_mb",), names),
     )
+    add(
+        "  its peak in Arrow's memory pool (MB, which tracemalloc does not see)",
+        "(reference)",
+        "seal_traced",
+        ("arrow_peak_mb",),
+        ".0f",
+        None,
+    )
+    add(
+        "  its growth of the process's peak RSS (MB, untraced run)",
+        "(reference)",
+        "seal_timed",
+        ("rss_growth_mb",),
+        ".0f",
+        None,
+    )
     for key, label, limit in (
         ("overhead_array", f"overhead, array {a.array_size}² (>= 10 ms tasks)", 1.02),
         ("overhead_tiny", f"overhead, {a.tiny:,} tiny tasks", 1.03),

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -351,7 +352,7 @@ def test_a_long_groups_seal_goes_a_batch_at_a_time_through_restarted_dictionarie
     monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
     alive: list[int] = []
     most = [0]
-    real_columns = streams.columns
+    real_columns = streams.sealed_columns
 
     class _Part(dict):
         def __del__(self) -> None:
@@ -386,9 +387,9 @@ def test_a_long_groups_seal_goes_a_batch_at_a_time_through_restarted_dictionarie
         g.close_streams()
         appended = str(tmp_path / "appended.zarr")
         shutil.copytree(store, appended)
-        monkeypatch.setattr(streams, "columns", counted)
+        monkeypatch.setattr(streams, "sealed_columns", counted)
         finalize(store)
-        monkeypatch.setattr(streams, "columns", real_columns)
+        monkeypatch.setattr(streams, "sealed_columns", real_columns)
         with pytest.MonkeyPatch.context() as m:
             _append_instead(m)
             finalize(appended)
@@ -566,3 +567,64 @@ def test_the_seals_own_chunk_files_are_the_bytes_zarr_writes(store, tmp_path):
     run = open_run(store).transitions()
     assert run.worker.tolist()[:2] == [None, "tcp://w:1"]
     assert validate_store(store) == []
+
+
+def test_string_chunks_encoded_from_arrow_read_back_as_zarr_wrote_them(tmp_path):
+    """The seal encodes string chunks from Arrow's buffers itself
+    (``tablewrite.set_text_rows``): for strings with empty ones, NULs, non-ASCII and long
+    ones, a missing value (written as the ``none`` string), dictionary-encoded and plain,
+    across a chunk boundary and a last partial chunk, each chunk file is the bytes Zarr
+    writes for the same values, and zarr-python and ``xarray.open_datatree`` read back
+    exactly those values."""
+    import pyarrow as pa
+    from zarr.storage import LocalStore, StorePath
+
+    from metacollect.store import tablewrite, zarrio
+
+    texts = ["", "a", "\0", "h\u00e9llo w\u00f6rld \u2713", "x" * 1000, "\0\0", "tcp://w:1"]
+    values = [texts[i % len(texts)] if i % 11 else None for i in range(2_101)]
+    expected = np.asarray(["\0\0\0" if v is None else v for v in values], dtype=object)
+    plain = pa.array(values, pa.string())
+    coded = plain.dictionary_encode()
+
+    async def write(root: str, name: str) -> Any:
+        arr = await zarrio.new_array(
+            StorePath(LocalStore(root), name),
+            (len(values),),
+            (1_000,),
+            str,
+            zarrio.codecs("text", 8),
+            "",
+            {},
+            ["row"],
+        )
+        if name == "zarr":
+            arr_sync = zarr.Array(arr)
+            await asyncio.to_thread(arr_sync.__setitem__, slice(None), expected)
+        else:
+            rows = coded if name == "coded" else plain
+            # two writes, as the seal's blocks: two whole chunks, then the partial last
+            await tablewrite.set_text_rows(
+                arr, 0, pa.chunked_array([rows[:700], rows[700:2_000]]), "\0\0\0"
+            )
+            await tablewrite.set_text_rows(arr, 2_000, pa.chunked_array([rows[2_000:]]), "\0\0\0")
+        return arr
+
+    root = str(tmp_path / "s.zarr")
+    zarr.open_group(root, mode="w", zarr_format=3)
+    for name in ("zarr", "plain", "coded"):
+        zarrio.run(write(root, name))
+    zarrio.run(zarrio.consolidate(StorePath(LocalStore(root)), {}))  # xarray's one read
+    for name in ("plain", "coded"):
+        assert _files(os.path.join(root, name)) == _files(os.path.join(root, "zarr"))
+        for chunk in ("c.0", "c.1", "c.2"):
+            with (
+                open(os.path.join(root, name, chunk), "rb") as a,
+                open(os.path.join(root, "zarr", chunk), "rb") as b,
+            ):
+                assert a.read() == b.read(), f"{name}/{chunk}"
+        read = zarr.open_array(os.path.join(root, name), mode="r")[:]
+        assert read.tolist() == expected.tolist()
+    tree = xr.open_datatree(root, engine="zarr")
+    for name in ("plain", "coded"):
+        assert tree.to_dataset()[name].values.tolist() == expected.tolist()

@@ -1,12 +1,15 @@
-"""Chunk reads: the chunks of Zarr arrays read and decoded by their own codecs.
+"""Chunks of Zarr arrays read and decoded by their own codecs, and the seal's string chunks
+encoded as those codecs encode them.
 
 Zarr's reads are general: each chunk's codecs and file operations are handed to threads
 of their own. For the kinds of arrays metacollect writes (numbers through Blosc, strings
-through Zstandard, each chunk with a CRC32C checksum; Zarr writes them) the chunks are
-decoded here with numcodecs, as Zarr does, and read straight from a local directory,
-concurrently, on the store's I/O loop; any other array is read through Zarr.
-A chunk that does not decode (its checksum wrong) raises a :class:`StoreError` naming it.
-``benchmarks/own_code.py`` measures Zarr's own read against this one.
+through Zstandard, each chunk with a CRC32C checksum) the chunks are decoded here with
+numcodecs, as Zarr does, and read straight from a local directory, concurrently, on the
+store's I/O loop; any other array is read through Zarr. A chunk that does not decode (its
+checksum wrong) raises a :class:`StoreError` naming it. The seal's chunks of strings are
+encoded here from Arrow's buffers into the bytes Zarr's codecs make
+(:func:`text_chunk_encoder`): Zarr's own encode goes through numpy ``StringDType``.
+``benchmarks/own_code.py`` measures Zarr's own read and write against these.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Any
 import google_crc32c
 import numcodecs
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, VLenUTF8Codec, ZstdCodec
 
 import metacollect.store.zarrio as zarrio
@@ -160,6 +165,59 @@ def chunk_decoder(arr: Any) -> Callable[[bytes], np.ndarray] | None:
         return values(out)
 
     return decode
+
+
+def text_chunk_encoder(arr: Any) -> Callable[[pa.Array], bytes] | None:
+    """Strings (an Arrow string array without nulls, at most a chunk of them) to the bytes
+    Zarr stores for a chunk of the string array ``arr``, the chunk padded with ``""`` as
+    Zarr pads it: the same bytes Zarr's codecs make (variable-length UTF-8, Zstandard, a
+    CRC32C), from Arrow's buffers (Zarr's own encode hands numcodecs numpy ``StringDType``
+    chunks, several times slower; ``benchmarks/own_code.py``). ``None``: ``arr`` is not a
+    1-D array of those codecs (write it through Zarr)."""
+    codecs = arr.metadata.codecs
+    kinds = [type(c) for c in codecs]
+    if arr.ndim != 1 or kinds != [VLenUTF8Codec, ZstdCodec, Crc32cCodec] or codecs[1].checksum:
+        return None
+    zstd = numcodecs.Zstd(level=codecs[1].level)
+    rows = chunk_rows(arr)
+
+    def encode(strings: pa.Array) -> bytes:
+        body = zstd.encode(vlen_utf8(strings, rows))
+        return bytes(body) + google_crc32c.value(body).to_bytes(4, "little")
+
+    return encode
+
+
+def vlen_utf8(strings: pa.Array, rows: int) -> pa.Buffer | bytes:
+    """numcodecs' ``VLenUTF8`` encoding of ``strings`` padded with ``""`` to ``rows``: the
+    count, then each string's length (little-endian ``uint32``) and bytes. Made by Arrow in
+    one pass over the bytes (``binary_join_element_wise`` of each string's length before
+    it, the count before the first, the padding after the last)."""
+    n, pad = len(strings), rows - len(strings)
+    if strings.null_count or pad < 0:
+        raise ValueError(f"{n} strings, {strings.null_count} null, for a chunk of {rows}")
+    if not n:
+        return np.array([rows, *[0] * pad], "<u4").tobytes()
+    body = strings.cast(pa.binary())
+    offsets = np.frombuffer(body.buffers()[1], np.int32, n + 1, 4 * body.offset)
+    heads = np.empty(n + 1, "<u4")
+    heads[0], heads[1:] = rows, np.diff(offsets)
+    starts = np.arange(4, 4 * n + 5, 4, dtype=np.int32)  # the count goes with the first
+    starts[0] = 0
+    before = _binary(starts, pa.py_buffer(heads))
+    ends = np.zeros(n + 1, np.int32)
+    ends[-1] = 4 * pad
+    after = _binary(ends, pa.py_buffer(bytes(4 * pad)))
+    nothing = _binary(np.zeros(2, np.int32), pa.py_buffer(b""))[0]
+    joined = pc.binary_join_element_wise(before, body, after, nothing)
+    out = np.frombuffer(joined.buffers()[1], np.int32, n + 1, 4 * joined.offset)
+    return joined.buffers()[2].slice(int(out[0]), int(out[-1] - out[0]))
+
+
+def _binary(offsets: np.ndarray, data: pa.Buffer) -> pa.Array:
+    """A ``binary`` array of these ``int32`` offsets into ``data`` (built from buffers:
+    ``pa.array`` and ``pa.scalar`` import pandas)."""
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), data])
 
 
 def _strings(vlen: numcodecs.VLenUTF8, data: Any) -> np.ndarray:

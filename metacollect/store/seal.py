@@ -193,26 +193,6 @@ def _tables_in_zarr(store: str, group: str, spec: GroupSpec) -> bool:
     return streams.tables_in_zarr(store, group, spec)
 
 
-class _Decoded:
-    """The strings of a group's streams as :func:`write_sealed_stream` asks for them: the
-    rows carry their strings already, so only whether some column holds a blank one."""
-
-    def __init__(self, blank: bool) -> None:
-        self._blank = blank
-
-    def __len__(self) -> int:
-        return 0
-
-    def take(self, codes: np.ndarray) -> np.ndarray:
-        return np.full(len(codes), None, dtype=object)
-
-    def blanks(self) -> dict[int, str]:
-        return {-1: ""} if self._blank else {}  # a pass to see which columns hold them
-
-    def trim(self) -> None:
-        pass
-
-
 def _write_streamed(
     writer: StoreWriter,
     spec: GroupSpec,
@@ -239,16 +219,16 @@ def _write_streamed(
     }
     blank = any(found.blank.get(t) for t in plan)
 
-    def parts() -> Iterator[dict[str, dict[str, np.ndarray]]]:
+    def parts() -> Iterator[dict[str, dict[str, Any]]]:
         for table in plan:
-            for part in found.parts(table, upto):
+            for part in found.sealed_parts(table, upto):
                 yield {table: part}
 
     def done(table: str) -> None:  # whole: its ``rows`` set; in its place
         base = os.path.join(writer.path, *table.split("/"))
         os.rename(base + NEW, base)
 
-    zarrio.run(write_sealed_stream(writer.root, path, plan, parts, _Decoded(blank), _beside, done))
+    zarrio.run(write_sealed_stream(writer.root, path, plan, parts, blank, _beside, done))
 
 
 def _append_streamed(

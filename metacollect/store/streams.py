@@ -40,7 +40,7 @@ import pyarrow as pa
 from metacollect.errors import StoreError
 from metacollect.store import lock
 from metacollect.store.arrowcols import BatchEncoder, Texts
-from metacollect.store.schema import GroupSpec, TableSpec, load_schema
+from metacollect.store.schema import GroupSpec, TableSpec, VariableSpec, load_schema
 
 #: the directory of a group's streams, below the group's own
 STREAM_DIR = ".streams"
@@ -345,16 +345,40 @@ def columns(batch: pa.RecordBatch, spec: TableSpec) -> dict[str, np.ndarray]:
             continue
         col = batch.column(var.name)
         if var.dtype in ("code", "str"):
-            if isinstance(col, pa.DictionaryArray):
-                col = col.dictionary_decode()
-            out[var.name] = np.asarray(col.to_pylist(), dtype=object)
-        elif var.dim2:
-            flat = _to_numpy(col.flatten(), var.numpy_dtype)
-            width = len(flat) // len(col) if len(col) else 0
-            out[var.name] = flat.reshape(len(col), width)
+            out[var.name] = np.asarray(_strings(col).to_pylist(), dtype=object)
         else:
-            out[var.name] = _to_numpy(col, var.numpy_dtype)
+            out[var.name] = _numbers(col, var)
     return out
+
+
+def sealed_columns(batch: pa.RecordBatch, spec: TableSpec) -> dict[str, np.ndarray | pa.Array]:
+    """A batch's columns as the seal writes them: :func:`columns`, but strings as Arrow
+    arrays as read (a ``code`` variable's dictionary-encoded, a null its no value), never
+    Python objects (the seal decodes and encodes them a chunk at a time,
+    :func:`~metacollect.store.tablewrite.set_text_rows`)."""
+    return {
+        var.name: (
+            batch.column(var.name)
+            if var.dtype in ("code", "str")
+            else _numbers(batch.column(var.name), var)
+        )
+        for var in spec.variables.values()
+        if var.name in batch.schema.names
+    }
+
+
+def _strings(col: pa.Array) -> pa.Array:
+    """A string column as plain strings (a dictionary column decoded)."""
+    return col.dictionary_decode() if isinstance(col, pa.DictionaryArray) else col
+
+
+def _numbers(col: pa.Array, var: VariableSpec) -> np.ndarray:
+    """A column of numbers as numpy, a ``dim2`` variable's as a 2-D array."""
+    if not var.dim2:
+        return _to_numpy(col, var.numpy_dtype)
+    flat = _to_numpy(col.flatten(), var.numpy_dtype)
+    width = len(flat) // len(col) if len(col) else 0
+    return flat.reshape(len(col), width)
 
 
 def _to_numpy(arr: pa.Array, dtype: Any) -> np.ndarray:
@@ -398,6 +422,14 @@ class GroupStreams:
         tspec = self.spec[table]
         for batch in self._batches(table, upto):
             yield columns(batch, tspec)
+
+    def sealed_parts(
+        self, table: str, upto: Mapping[str, int] | None = None
+    ) -> Iterator[dict[str, np.ndarray | pa.Array]]:
+        """:meth:`parts` as the seal writes them (:func:`sealed_columns`: strings stay Arrow's)."""
+        tspec = self.spec[table]
+        for batch in self._batches(table, upto):
+            yield sealed_columns(batch, tspec)
 
     def file_parts(
         self, table: str, path: str, upto: int | None = None

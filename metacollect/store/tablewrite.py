@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from zarr.buffer import default_buffer_prototype
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
@@ -31,7 +34,7 @@ from metacollect.store.layout import (
     variable_layout,
 )
 from metacollect.store.schema import TableSpec, VariableSpec
-from metacollect.store.text import no_value, none_value, text_values
+from metacollect.store.text import none_value
 
 
 class StoredColumn:
@@ -70,17 +73,35 @@ async def set_rows(arr: Any, lo: int, rows: np.ndarray) -> None:
     )
 
 
-class StringSource(Protocol):
-    """The strings a stream of rows' codes index (rows read from Arrow streams carry their
-    strings: :class:`~metacollect.store.seal._Decoded`)."""
+async def set_text_rows(arr: Any, lo: int, rows: pa.ChunkedArray, none: str) -> None:
+    """Write strings ``rows`` (Arrow's, plain or dictionary-encoded; null: ``none``) from
+    row ``lo`` (a chunk's first row) of a string array: each chunk decoded and encoded from
+    Arrow's buffers into the bytes Zarr's codecs make
+    (:func:`~metacollect.store.chunkio.text_chunk_encoder`), in threads (Zstandard and
+    Arrow let go of the GIL), and stored under its key through Zarr's store; through Zarr's
+    ``setitem`` when the array's codecs are others."""
+    encode = chunkio.text_chunk_encoder(arr)
+    if encode is None:
+        await set_rows(arr, lo, np.asarray(_plain(rows, none).to_pylist(), dtype=object))
+        return
+    step = int(arr.chunks[0])
 
-    def __len__(self) -> int: ...
+    async def one(i: int) -> None:
+        data = await asyncio.to_thread(lambda: encode(_plain(rows.slice(i, step), none)))
+        key = arr.metadata.encode_chunk_key(((lo + i) // step,))
+        await (arr.store_path / key).set(default_buffer_prototype().buffer.from_bytes(data))
 
-    def take(self, codes: np.ndarray) -> np.ndarray: ...
+    await asyncio.gather(*(one(i) for i in range(0, len(rows), step)))
 
-    def blanks(self) -> dict[int, str]: ...
 
-    def trim(self) -> None: ...
+def _plain(rows: pa.ChunkedArray, none: str) -> pa.Array:
+    """Rows of strings as one plain string array, a null as ``none``: decoded a piece at a
+    time, so a column's rows are held by their codes until a chunk of them is written."""
+    pieces = [
+        c.dictionary_decode() if isinstance(c, pa.DictionaryArray) else c for c in rows.chunks
+    ]
+    out = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
+    return pc.fill_null(out, _text(none)) if out.null_count else out
 
 
 class SealedTable(NamedTuple):
@@ -92,25 +113,30 @@ class SealedTable(NamedTuple):
     layout: dict[str, tuple[np.dtype[Any], tuple[int, ...]]]
 
 
+#: a part of a group's rows: ``{table: {variable: column}}``, strings as Arrow arrays
+Part = Mapping[str, Mapping[str, np.ndarray | pa.Array]]
+
+
 async def write_sealed_stream(
     root: zarrio.Group,
     group: str,
     tables: Mapping[str, SealedTable],
-    parts: Callable[[], Iterator[Mapping[str, Mapping[str, np.ndarray]]]],
-    strings: StringSource,
+    parts: Callable[[], Iterator[Part]],
+    blank: bool,
     where: Callable[[str], str],
     done: Callable[[str], None],
 ) -> dict[str, dict[str, Any]]:
     """Write tables the store does not hold yet straight in the form the seal leaves, from
-    ``parts()``: their rows in order, a part per stream batch (``{table: {variable: column}}``),
-    decoded in a thread as they are needed. Each variable's rows are written as soon as it
-    has :data:`~metacollect.store.layout.BLOCK_CHUNKS` chunks of them: what is held is a few
-    blocks and the strings of the recent parts (``strings``), whatever the number of rows. A
-    ``code`` variable's missing value is written as the string :func:`none_value` picks among
-    the blank strings it holds (a group with blank strings, rare, is gone through once more
-    first, to see which variable holds which), and named in its attributes if the variable
-    had one. Table ``t`` is written at ``where(path of t)``, and ``done(path of t)`` called
-    once it is whole. Returns the documents written, by the paths of the tables."""
+    ``parts()``: their rows in order, a part per stream batch (``{table: {variable: column}}``,
+    strings as Arrow string arrays), read in a thread as they are needed. Each variable's
+    rows are written as soon as it has :data:`~metacollect.store.layout.BLOCK_CHUNKS`
+    chunks of them: what is held is a few blocks, whatever the number of rows. A ``code``
+    variable's missing value (null) is written as the string :func:`none_value` picks among
+    the blank strings it holds (``blank``: a column of the group holds one, rare; its
+    parts are then gone through once more first, to see which variable holds which), and
+    named in its attributes if the variable had one. Table ``t`` is written at ``where(path
+    of t)``, and ``done(path of t)`` called once it is whole. Returns the documents
+    written, by the paths of the tables."""
     level = int(config.get("store.compression-level"))
     made = await asyncio.gather(
         *(
@@ -119,26 +145,22 @@ async def write_sealed_stream(
         )
     )
     sinks = dict(zip(tables, made, strict=True))
-    if any(c.var.dtype == "code" for sink in sinks.values() for c in sink.columns.values()):
-        blanks = strings.blanks()  # from the batches' metadata, but for a group that has some
-        if blanks:
-            await asyncio.to_thread(_held_blanks, sinks, parts(), strings, blanks)
+    if blank and any(c.var.dtype == "code" for k in sinks.values() for c in k.columns.values()):
+        await asyncio.to_thread(_held_blanks, sinks, parts())
     rows = parts()
 
     def add_until_ready() -> bool:
         """The next parts' rows added to the tables', until a block of chunks is whole;
-        ``False`` once the parts are all added. A ``code`` variable's codes are turned into
-        strings as they come: a table held until the end must not hold its strings' window."""
+        ``False`` once the parts are all added."""
         while (part := next(rows, None)) is not None:
             for table, cols in part.items():
                 if table in sinks:
-                    sinks[table].add(cols, strings)
-            strings.trim()
+                    sinks[table].add(cols)
             if any(sink.ready for sink in sinks.values()):
                 return True
         return False
 
-    # the next parts are decoded and added while the blocks of the last are stored
+    # the next parts are read and added while the blocks of the last are stored
     more = await asyncio.to_thread(add_until_ready)
     while more:
         # the blocks taken now, before the thread adds to what they hold
@@ -153,32 +175,29 @@ async def write_sealed_stream(
     return out
 
 
-def _held_blanks(
-    sinks: Mapping[str, _TableSink],
-    parts: Iterator[Mapping[str, Mapping[str, np.ndarray]]],
-    strings: StringSource,
-    blanks: dict[int, str],
-) -> None:
-    """Set each ``code`` variable's :attr:`_ColumnSink.none` from the blank strings it holds
-    (``blanks``: those of the group, by code), as the compaction of its whole column would."""
-    codes = np.fromiter(blanks, dtype=np.int64, count=len(blanks))
+def _held_blanks(sinks: Mapping[str, _TableSink], parts: Iterator[Part]) -> None:
+    """Set each ``code`` variable's :attr:`_ColumnSink.none` from the blank strings (empty
+    or only NULs) it holds, as the compaction of its whole column would."""
     held: dict[tuple[str, str], set[str]] = {}
     for part in parts:
         for table, cols in part.items():
             if table not in sinks:
                 continue
             for name, column in sinks[table].columns.items():
-                if column.var.dtype != "code":
-                    continue
-                values = np.asarray(cols[name]).reshape(-1)
-                mine = held.setdefault((table, name), set())
-                if values.dtype.kind in "iu":
-                    mine.update(blanks[int(c)] for c in np.unique(values[np.isin(values, codes)]))
-                else:
-                    mine.update(v for v in values if isinstance(v, str) and not v.strip("\0"))
-        strings.trim()
+                if column.var.dtype == "code":
+                    held.setdefault((table, name), set()).update(_blanks(cols[name]))
     for (table, name), mine in held.items():
         sinks[table].columns[name].none = none_value(mine)
+
+
+def _blanks(strings: pa.Array) -> list[str]:
+    """The distinct blank strings (empty or only NULs) among ``strings``."""
+    if isinstance(strings, pa.DictionaryArray):
+        strings = strings.dictionary_decode()
+    left = pc.binary_length(pc.replace_substring(strings, pattern="\0", replacement=""))
+    zero = pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(np.zeros(1, np.int32))])
+    found: list[str] = strings.filter(pc.equal(left, zero[0])).unique().to_pylist()
+    return found
 
 
 class _ColumnSink:
@@ -195,26 +214,19 @@ class _ColumnSink:
         self.where, self.var, self.shape = where, var, shape
         self.dims, self.attrs = layout
         self.chunk = chunk_of(shape)[0]
+        self.text = var.dtype in ("code", "str")
         self.none = ""
         self.missing = False
         self.arr: Any = None
-        self._pending: list[np.ndarray] = []
+        self._pending: list[Any] = []
         self._count = 0
         self._written = 0
 
-    def add(self, part: np.ndarray, strings: StringSource) -> None:
+    def add(self, part: np.ndarray | pa.Array) -> None:
         if not len(part):
             return
-        if self.var.dtype == "code":
-            if part.dtype.kind in "iu":
-                missing = (part < 0) | (part >= len(strings))  # what no string stands for
-                part = strings.take(part).reshape(part.shape)
-            else:  # strings already (a stream's): not written over
-                part = text_values(part, None).copy()
-                missing = no_value(part)
-            if missing.any():
-                self.missing = True
-                part[missing] = self.none
+        if isinstance(part, pa.Array) and part.null_count:  # no value: see :meth:`empty`
+            self.missing = self.missing or self.var.dtype == "code"
         self._pending.append(part)
         self._count += len(part)
 
@@ -222,30 +234,44 @@ class _ColumnSink:
     def ready(self) -> bool:
         return self._count >= self.chunk * layout.BLOCK_CHUNKS
 
-    def take(self, final: bool) -> tuple[int, np.ndarray] | None:
+    def take(self, final: bool) -> tuple[int, Any] | None:
         """The next rows to store: whole blocks of chunks, or with ``final`` all that is
         left; with their first row."""
         block = self.chunk * layout.BLOCK_CHUNKS
         n = self._count if final else self._count // block * block
         if n == 0:
             return None
-        rows = self._pending[0] if len(self._pending) == 1 else np.concatenate(self._pending)
-        rest = rows[n:]
-        self._pending, self._count = ([rest] if len(rest) else []), self._count - n
+        pending = self._pending
+        if self.text:  # Arrow's arrays, sliced, not copied
+            held = pa.chunked_array(pending)
+            rows, rest = held.slice(0, n), held.slice(n)
+        else:
+            rows = pending[0] if len(pending) == 1 else np.concatenate(pending)
+            rows, rest = rows[:n], rows[n:]
+        self._pending = (rest.chunks if self.text else [rest]) if len(rest) else []
+        self._count -= n
         lo, self._written = self._written, self._written + n
-        return lo, rows[:n]
+        return lo, rows
+
+    @property
+    def empty(self) -> str:
+        """The string a null is written as: a ``code`` variable's ``none``, else ``""``."""
+        return self.none if self.var.dtype == "code" else ""
 
     def final_attrs(self) -> dict[str, Any]:
         return sealed_attrs(self.attrs, self.var, self.none if self.missing else None)
 
-    async def store(self, block: tuple[int, np.ndarray] | None, level: int, final: bool) -> None:
+    async def store(self, block: tuple[int, Any] | None, level: int, final: bool) -> None:
         """Write ``block`` (:meth:`take`), making its array first: with its final attributes
         when ``final`` (these are all its rows)."""
         if self.arr is None and (block is not None or final):
             attrs = self.final_attrs() if final else self.attrs
             self.arr = await create(self.where, self.var, self.shape, self.dims, attrs, level)
         if block is not None:
-            await set_rows(self.arr, *block)
+            if self.text:
+                await set_text_rows(self.arr, *block, self.empty)
+            else:
+                await set_rows(self.arr, *block)
 
     async def finish(self, level: int) -> dict[str, Any]:
         """Its last rows written and its attributes final; its array's document."""
@@ -255,6 +281,13 @@ class _ColumnSink:
         if made and self.arr.metadata.attributes != attrs:
             self.arr = await self.arr.update_attributes(attrs)
         return zarrio.array_doc(self.arr)
+
+
+def _text(value: str) -> pa.Scalar:
+    """``value`` as an Arrow string scalar (``pa.scalar`` imports pandas)."""
+    data = value.encode()
+    offsets = pa.py_buffer(np.array([0, len(data)], np.int32))
+    return pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)])[0]
 
 
 class _TableSink:
@@ -299,9 +332,9 @@ class _TableSink:
         await zarrio.new_group(at, _unfinished(group))
         return cls(at, path, group, columns, done, level)
 
-    def add(self, part: Mapping[str, np.ndarray], strings: StringSource) -> None:
+    def add(self, part: Mapping[str, np.ndarray | pa.Array]) -> None:
         for name, column in self.columns.items():
-            column.add(part[name], strings)
+            column.add(part[name])
 
     @property
     def ready(self) -> bool:
