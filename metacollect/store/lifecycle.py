@@ -18,17 +18,14 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
 import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import chunkio, documents, streams
-from metacollect.store.compact import compact, group_strings, local_dir
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
 from metacollect.store.seal import fold_streams, read_nodes, seal, trim
-from metacollect.store.text import column_values
+from metacollect.store.text import NONE_ATTR, text_values
 
 logger = logging.getLogger(__name__)
 
@@ -194,24 +191,22 @@ def consolidate(
     fold: bool = True,
 ) -> None:
     """Seal a store no process writes any more: write its streams into its tables
-    (unless ``fold`` is false: the caller just did), compact its tables (see
-    :mod:`metacollect.store.compact`: large chunks, codes as strings, cut to their committed
-    rows; an interrupted compaction is finished first), then write the root's metadata
-    once - ``attrs`` added to its attributes, and the consolidated metadata of every node
-    (after any write that adds groups), so plain Zarr and xarray readers see exactly the
-    rows written. ``store``: its path or root group; ``nodes``: its
+    (unless ``fold`` is false: the caller just did; see :mod:`metacollect.store.seal`), cut
+    its tables to their committed rows, then write the root's metadata once - ``attrs``
+    added to its attributes, and the consolidated metadata of every node (after any write
+    that adds groups), so plain Zarr and xarray readers see exactly the rows written.
+    ``store``: its path or root group; ``nodes``: its
     :func:`~metacollect.store.seal.read_nodes` when already read (one read of the store
     serves the caller and the seal)."""
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
-    directory = local_dir(root)
+    directory = zarrio.local_dir(root)
     if fold and directory is not None and streams.groups_with_streams(directory):
         for lost in fold_streams(directory).lost:  # finalize seals first, and says so
             logger.warning("metacollect: %s", lost)
         nodes = None  # the seal added tables and rows
     if nodes is None:
         nodes = read_nodes(root)
-    compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
-    trim(root, nodes)  # what compaction left (fsspec stores): cut to the rows written
+    trim(root, nodes)  # cut to the rows written
     seal(root, attrs or {})
 
 
@@ -420,7 +415,7 @@ def unended_workers(
         attrs = doc.get("attributes") or {}
         if attrs.get("kind") != "worker" or "ended" not in attrs or attrs["ended"] is not None:
             continue
-        if LOCAL_ATTR in attrs and GATHERED_ATTR not in attrs:
+        if LOCAL_ATTR in attrs and attrs.get(GATHERED_ATTR) is None:
             continue
         job = str(attrs.get("batch_job_id") or "")
         how = f" Its batch job {job} {ends[job]}." if ends and job in ends else ""
@@ -452,12 +447,9 @@ def batch_job_ends(root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]]) -
     try:
         arrays = [zarrio.array_at(root, f"{ENDS_TABLE}/{v}") for v in names]
         found = dict(zip(names, zarrio.run(chunkio.read_rows(arrays, rows)), strict=True))
-        strings = group_strings(root, nodes, ENDS_TABLE.rpartition("/")[0])
         text = {
-            v: column_values(
-                found[v],
-                nodes[f"{ENDS_TABLE}/{v}"].get("attributes") or {},
-                strings if strings is not None else np.empty(0, object),
+            v: text_values(
+                found[v], (nodes[f"{ENDS_TABLE}/{v}"].get("attributes") or {}).get(NONE_ATTR)
             )
             for v in names[:-1]
         }
@@ -502,7 +494,7 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
             path: doc["attributes"][LOCAL_ATTR].split(":", 1)[-1]
             for path, doc in nodes.items()
             if LOCAL_ATTR in (doc.get("attributes") or {})
-            and GATHERED_ATTR not in doc["attributes"]
+            and doc["attributes"].get(GATHERED_ATTR) is None
         }
         done = []
         for path, left_at in sorted(waiting.items()):

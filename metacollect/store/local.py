@@ -92,7 +92,7 @@ def ungathered(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     missing = []
     for path, doc in sorted(nodes.items()):
         attrs = doc.get("attributes") or {}
-        if LOCAL_ATTR in attrs and GATHERED_ATTR not in attrs:
+        if LOCAL_ATTR in attrs and attrs.get(GATHERED_ATTR) is None:
             missing.append(
                 f"{path}: its rows were written on node-local disk ({attrs[LOCAL_ATTR]}) and "
                 "never gathered into the store (the worker was killed or its node lost); if "

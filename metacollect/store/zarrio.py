@@ -233,6 +233,13 @@ def local_root(group: Group) -> str | None:
     return str(store.root) if isinstance(store, LocalStore) else None
 
 
+def local_dir(group: Group) -> str | None:
+    """The directory of a group of a store on a local filesystem (``None``: another kind
+    of store)."""
+    found = local_root(group)
+    return os.path.join(found, group.store_path.path) if found is not None else None
+
+
 def table_store(root: Group, path: str) -> Any:
     """Where to write a new table at ``path`` below ``root``: in a local store, a store of
     its own at its directory, so that Zarr's checks of each new array's parents stop at the
