@@ -302,7 +302,7 @@ class WorkerCollector(WorkerPlugin):
         its group's placeholder in the run's store, which says where the rows are until the
         worker gathers them (a worker that never does is named when the store is sealed)."""
         local_dir = config.get("store.local-dir")
-        if not local_dir:
+        if not local_dir or "://" in self.store_path:  # a URL store's writer spools there
             return None, None
         try:
             path = local.local_store_path(local_dir, self.store_path, f"{self.cluster}-{self.id}")

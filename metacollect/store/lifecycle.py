@@ -24,7 +24,7 @@ import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import chunkio, documents, streams
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.seal import fold_streams, read_nodes, seal, trim
+from metacollect.store.seal import fold_streams, read_nodes, seal, seal_spools, trim
 from metacollect.store.text import NONE_ATTR, text_values
 
 logger = logging.getLogger(__name__)
@@ -242,7 +242,10 @@ def finalize(
         # what the processes that wrote them did not seal themselves (seal.seal_own; one
         # still sealing has end-timeout to finish)
         wait = config.interval("end-timeout")
-        streamed = fold_streams(store, groups=with_streams, wait=wait)
+        if _is_url(store):  # in spools: those on this machine its processes left
+            streamed = seal_spools(root, store, wait)
+        else:
+            streamed = fold_streams(store, groups=with_streams, wait=wait)
         # the temp files once that seal is over: a process sealing its own groups (a
         # worker ending under Ctrl-C as the run seals) writes its tables through them
         done = set(streamed.groups)

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -35,7 +36,7 @@ import numpy as np
 import metacollect.store.zarrio as zarrio
 from metacollect.store import documents, streams
 from metacollect.store.layout import sealed_attrs
-from metacollect.store.local import GATHERED_ATTR
+from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
 from metacollect.store.schema import GroupSpec, Schema, TableSpec, load_schema
 from metacollect.store.tablewrite import SealedTable, write_sealed_stream
 from metacollect.store.text import NONE_ATTR, no_value, none_value, text_values
@@ -91,6 +92,33 @@ def seal_own(writer: StoreWriter) -> None:
             writer.groups[group].set_attrs(**{GATHERED_ATTR: time.time()})
         if not streams.groups_with_streams(writer.spool):
             shutil.rmtree(writer.spool, ignore_errors=True)
+
+
+def seal_spools(root: zarrio.Group, store: str, wait: float = 0.0) -> Folded:
+    """The run's seal of a store at an fsspec URL: each group whose rows wait in a spool
+    on this machine (``local_store``: a process that ended without sealing them, killed)
+    sealed from it, when it is still there, and marked ``gathered``. What no spool here
+    holds stays named by :func:`~metacollect.store.local.ungathered`."""
+    host = socket.gethostname()
+    lost: list[str] = []
+    done: list[str] = []
+    for path, doc in sorted(read_nodes(root).items()):
+        attrs = doc.get("attributes") or {}
+        where = attrs.get(LOCAL_ATTR)
+        if not isinstance(where, str) or attrs.get(GATHERED_ATTR) is not None:
+            continue
+        on, _, spool = where.partition(":")
+        if on != host or not streams.table_files(spool, path):
+            continue
+        folded = fold_streams(spool, groups=[path], wait=wait, into=store)
+        lost += folded.lost
+        for group in folded.groups:
+            at = root.store_path / group if group else root.store_path
+            zarrio.run(zarrio.set_group_attrs(at, {GATHERED_ATTR: time.time()}))
+            done.append(group)
+        if not streams.groups_with_streams(spool):
+            shutil.rmtree(spool, ignore_errors=True)
+    return Folded(lost, done)
 
 
 def _still_folding(group: str, holder: dict[str, Any], path: str, where: str) -> str:

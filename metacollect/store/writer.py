@@ -104,6 +104,8 @@ class GroupWriter:
             what, why = str(exc), ""
         what = config.redact_text(what)  # a message may quote a value: a URL, a token
         logger.warning("metacollect: %s failed: %s", where, what)
+        if "errors" not in self.tables:  # a group without one (the root): logged only
+            return
         self.tables["errors"].append(
             {"time": [time.time()], "where": [where], "what": [what], "why": [why]}
         )

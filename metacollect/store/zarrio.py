@@ -82,11 +82,14 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def open_group(store: str | os.PathLike[str], mode: str = "r") -> Group:
     """A store's root group, never through consolidated metadata (a writer after the seal,
     ``metacollect ingest``, must see the groups it adds itself); local paths or fsspec URLs."""
+    path = os.fspath(store)
     return zarr.open_group(
-        store=os.fspath(store),
+        store=path,
         mode=mode,  # type: ignore[arg-type]
         zarr_format=3,
         use_consolidated=False,
+        # fsspec's local filesystem makes no directory for a file it writes unless told
+        storage_options={"auto_mkdir": True} if path.startswith("file://") else None,
     )
 
 
