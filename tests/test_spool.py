@@ -18,6 +18,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
+from metacollect.cli import main
 from metacollect.store.lifecycle import finalize
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
 from metacollect.store.validate import validate_store
@@ -96,27 +97,35 @@ def _killed_writer(url: str, local_dir: str) -> str:
 
 
 @pytest.mark.parametrize("spool_left", [True, False])
-def test_a_spool_never_sealed_is_sealed_by_the_run_or_named_missing(tmp_path, spool_left):
+def test_a_spool_never_sealed_is_sealed_by_the_run_or_named_missing(tmp_path, spool_left, capsys):
     """A process killed before it sealed its spool: the run's seal, on the same machine,
     seals the spool it finds (every flushed row in the store, nothing missing); when the
-    spool is gone (its node lost), the group is named in ``missing`` with where its rows
-    were, never silently empty."""
+    spool is not where its group says (its node lost, the directory saved elsewhere), the
+    group is named in ``missing`` with where its rows were, never silently empty, and
+    ``metacollect gather STORE SPOOL`` seals it into the store afterwards."""
     url = "file://" + str(tmp_path / "run.zarr")
     spool = _killed_writer(url, str(tmp_path / "local"))
     assert spool.startswith(str(tmp_path / "local")) and os.path.isdir(spool)
+    saved = str(tmp_path / "saved" / os.path.basename(spool))
     if not spool_left:
-        shutil.rmtree(spool)
+        shutil.move(spool, saved)
     status, missing = finalize(url)
     run = open_run(url)
     events = run.table("clusters/c1/scheduler", "events")
+    assert run.attrs["missing"] == missing
     if spool_left:
         assert (status, missing) == ("complete", [])
         assert events.msg.tolist() == [f"m{i}" for i in range(5)]
         assert not os.path.exists(spool)
-    else:
-        assert status == "incomplete"
-        (line,) = missing
-        assert line.startswith("clusters/c1/scheduler: its rows were written on node-local")
-        assert spool in line
-        assert len(events) == 0
-    assert run.attrs["missing"] == missing
+        return
+    assert status == "incomplete"
+    (line,) = missing
+    assert line.startswith("clusters/c1/scheduler: its rows were written on node-local")
+    assert spool in line and "metacollect gather" in line
+    assert len(events) == 0
+    assert main(["gather", url, saved]) == 0
+    assert "1 group(s) gathered, status complete" in capsys.readouterr().out
+    run = open_run(url)
+    assert (run.attrs["status"], run.attrs["missing"]) == ("complete", [])
+    assert run.table("clusters/c1/scheduler", "events").msg.tolist() == [f"m{i}" for i in range(5)]
+    assert not os.path.exists(saved)

@@ -24,7 +24,14 @@ import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import chunkio, documents, streams
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.seal import fold_streams, read_nodes, seal, seal_spools, trim
+from metacollect.store.seal import (
+    fold_streams,
+    read_nodes,
+    seal,
+    seal_spool,
+    seal_spools,
+    trim,
+)
 from metacollect.store.text import NONE_ATTR, text_values
 
 logger = logging.getLogger(__name__)
@@ -484,12 +491,15 @@ def clusters_ended(store: str) -> bool:
 
 
 def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], str]:
-    """Add the groups that workers left on node-local disk (killed before they could gather
-    them) to a sealed ``store``, then seal it again: each gathered group leaves ``missing``
-    (but for what its worker did after its last flush, when it never took its final one),
-    and a run nothing else is missing from reads as it ended. Returns the groups gathered
-    and the status written."""
-    lock.acquire(store)  # a run still writing the store holds it: one line says so
+    """Add the groups that processes left on their machine's disk (killed before they could
+    gather them) to a sealed ``store``, then seal it again: a worker's node-local store
+    (``local_stores``: its directory) has its group copied, a spool of a store at an fsspec
+    URL (its directory) its streams sealed into the store. Each gathered group leaves
+    ``missing`` (but for what its worker did after its last flush, when it never took its
+    final one), and a run nothing else is missing from reads as it ended. Returns the groups
+    gathered and the status written."""
+    if not _is_url(store):
+        lock.acquire(store)  # a run still writing the store holds it: one line says so
     try:
         root = _run_root(store)
         nodes = read_nodes(root)
@@ -502,6 +512,10 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
         done = []
         for path, left_at in sorted(waiting.items()):
             source = next((s for s in local_stores if _same(s, left_at)), None)
+            if source is not None and not os.path.exists(os.path.join(source, "zarr.json")):
+                if seal_spool(root, store, source, path).groups:  # a spool: no store of its own
+                    done.append(path)
+                continue
             if source is None or not os.path.isdir(os.path.join(source, path)):
                 continue
             _mark_gathered(os.path.join(source, path))
@@ -522,7 +536,8 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
         consolidate(root, nodes, {"status": status, "missing": missing})
         return done, status
     finally:
-        lock.release(store)
+        if not _is_url(store):
+            lock.release(store)
 
 
 def _same(a: str, b: str) -> bool:

@@ -97,8 +97,8 @@ def seal_own(writer: StoreWriter) -> None:
 def seal_spools(root: zarrio.Group, store: str, wait: float = 0.0) -> Folded:
     """The run's seal of a store at an fsspec URL: each group whose rows wait in a spool
     on this machine (``local_store``: a process that ended without sealing them, killed)
-    sealed from it, when it is still there, and marked ``gathered``. What no spool here
-    holds stays named by :func:`~metacollect.store.local.ungathered`."""
+    sealed from it, when it is still there (:func:`seal_spool`). What no spool here holds
+    stays named by :func:`~metacollect.store.local.ungathered`."""
     host = socket.gethostname()
     lost: list[str] = []
     done: list[str] = []
@@ -108,17 +108,25 @@ def seal_spools(root: zarrio.Group, store: str, wait: float = 0.0) -> Folded:
         if not isinstance(where, str) or attrs.get(GATHERED_ATTR) is not None:
             continue
         on, _, spool = where.partition(":")
-        if on != host or not streams.table_files(spool, path):
-            continue
-        folded = fold_streams(spool, groups=[path], wait=wait, into=store)
-        lost += folded.lost
-        for group in folded.groups:
-            at = root.store_path / group if group else root.store_path
-            zarrio.run(zarrio.set_group_attrs(at, {GATHERED_ATTR: time.time()}))
-            done.append(group)
-        if not streams.groups_with_streams(spool):
-            shutil.rmtree(spool, ignore_errors=True)
+        if on == host:
+            folded = seal_spool(root, store, spool, path, wait)
+            lost, done = lost + folded.lost, done + folded.groups
     return Folded(lost, done)
+
+
+def seal_spool(root: zarrio.Group, store: str, spool: str, group: str, wait: float = 0.0) -> Folded:
+    """Seal ``group``'s streams from the local directory ``spool`` into the store at
+    ``store`` (``root``), mark it ``gathered``, and remove the spool once it holds no
+    stream (:func:`fold_streams`)."""
+    if not streams.table_files(spool, group):
+        return Folded([], [])
+    folded = fold_streams(spool, groups=[group], wait=wait, into=store)
+    for path in folded.groups:
+        at = root.store_path / path if path else root.store_path
+        zarrio.run(zarrio.set_group_attrs(at, {GATHERED_ATTR: time.time()}))
+    if not streams.groups_with_streams(spool):
+        shutil.rmtree(spool, ignore_errors=True)
+    return folded
 
 
 def _still_folding(group: str, holder: dict[str, Any], path: str, where: str) -> str:
