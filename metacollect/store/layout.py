@@ -62,12 +62,6 @@ def _base_rows(extra: Sequence[int]) -> int:
     return max(1024, COMPACT_ROWS // width) if width > 1 else COMPACT_ROWS
 
 
-def sealed_chunks(n: int, extra: list[int]) -> set[int]:
-    """The chunk lengths a sealed array of ``n`` rows may have: this seal's, and the base
-    length older versions' seals gave every large array (not sealed again for it)."""
-    return {_chunk(n, extra), min(max(1, n), _base_rows(extra))}
-
-
 def variable_layout(
     tspec: TableSpec, name: str, extra: tuple[int, ...]
 ) -> tuple[list[str], dict[str, Any]]:

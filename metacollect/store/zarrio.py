@@ -205,29 +205,10 @@ def walk(
             yield from walk(member, sub, on_error, None if depth is None else depth - 1)
 
 
-def async_group(group: Group) -> Any:
-    """The asynchronous handle of an open group (for writes batched in one coroutine)."""
-    return zarr.AsyncGroup.from_dict(group.store_path, group.metadata.to_dict())
-
-
 def array_config() -> Any:
     """The runtime config of the arrays metacollect writes: every chunk stored, one of fill
     values too (Zarr skips those by default; ``validate`` takes a missing chunk for damage)."""
     return {"write_empty_chunks": True}
-
-
-def async_arrays(group: Group) -> dict[str, Any]:
-    """The asynchronous handles of a group's arrays, by name, to append to: each chunk
-    written, one of fill values too (:func:`array_config`)."""
-    return {
-        n: zarr.AsyncArray(a.metadata, a.async_array.store_path, config=array_config())
-        for n, a in group.arrays()
-    }
-
-
-def sync_array(handle: Any) -> Array:
-    """The array of an asynchronous handle."""
-    return zarr.Array(handle)
 
 
 def local_root(group: Group) -> str | None:
