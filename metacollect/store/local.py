@@ -95,7 +95,8 @@ def ungathered(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
         if LOCAL_ATTR in attrs and attrs.get(GATHERED_ATTR) is None:
             missing.append(
                 f"{path}: its rows were written on node-local disk ({attrs[LOCAL_ATTR]}) and "
-                "never gathered into the store (the worker was killed or its node lost); if "
+                "never gathered into the store (the process that wrote them was killed or its "
+                "node lost); if "
                 f"that directory is still there, `metacollect gather STORE "
                 f"{attrs[LOCAL_ATTR].split(':', 1)[-1]}` adds them"
             )
