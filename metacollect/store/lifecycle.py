@@ -9,7 +9,6 @@ back to their committed rows, consolidated metadata for plain Zarr/xarray reader
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -23,7 +22,7 @@ import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import chunkio, documents, streams
-from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
+from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, ungathered
 from metacollect.store.seal import (
     fold_streams,
     read_nodes,
@@ -492,9 +491,9 @@ def clusters_ended(store: str) -> bool:
 
 def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], str]:
     """Add the groups that processes left on their machine's disk (killed before they could
-    gather them) to a sealed ``store``, then seal it again: a worker's node-local store
-    (``local_stores``: its directory) has its group copied, a spool of a store at an fsspec
-    URL (its directory) its streams sealed into the store. Each gathered group leaves
+    seal them) to a sealed ``store``, then seal it again: each spool (``local_stores``: a
+    worker's on its node, or a process's of a store at an fsspec URL) has its streams sealed
+    into the store. Each gathered group leaves
     ``missing`` (but for what its worker did after its last flush, when it never took its
     final one), and a run nothing else is missing from reads as it ended. Returns the groups
     gathered and the status written."""
@@ -512,15 +511,8 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
         done = []
         for path, left_at in sorted(waiting.items()):
             source = next((s for s in local_stores if _same(s, left_at)), None)
-            if source is not None and not os.path.exists(os.path.join(source, "zarr.json")):
-                if seal_spool(root, store, source, path).groups:  # a spool: no store of its own
-                    done.append(path)
-                continue
-            if source is None or not os.path.isdir(os.path.join(source, path)):
-                continue
-            _mark_gathered(os.path.join(source, path))
-            gather(source, store, path)
-            done.append(path)
+            if source is not None and seal_spool(root, store, source, path).groups:
+                done.append(path)
         attrs: dict[str, Any] = dict(root.attrs)
         missing = [str(m) for m in attrs.get("missing") or [] if not str(m).startswith(tuple(done))]
         # a group left behind by a killed worker holds its rows up to its last flush only
@@ -542,14 +534,3 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
 
 def _same(a: str, b: str) -> bool:
     return os.path.abspath(a) == os.path.abspath(b) or os.path.basename(a) == os.path.basename(b)
-
-
-def _mark_gathered(group_dir: str) -> None:
-    """Set the gathered attribute in a node-local group's ``zarr.json``."""
-    doc_path = os.path.join(group_dir, "zarr.json")
-    with open(doc_path) as f:
-        doc = json.load(f)
-    doc.setdefault("attributes", {})[GATHERED_ATTR] = time.time()
-    with open(doc_path + ".partial", "w") as f:
-        json.dump(doc, f)
-    os.replace(doc_path + ".partial", doc_path)

@@ -23,6 +23,7 @@ the store at its end: the same fold, from another directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -90,8 +91,7 @@ def seal_own(writer: StoreWriter) -> None:
     if writer.spooled:
         for group in folded.groups:
             writer.groups[group].set_attrs(**{GATHERED_ATTR: time.time()})
-        if not streams.groups_with_streams(writer.spool):
-            shutil.rmtree(writer.spool, ignore_errors=True)
+        _remove_spool(writer.spool)
 
 
 def seal_spools(root: zarrio.Group, store: str, wait: float = 0.0) -> Folded:
@@ -124,9 +124,20 @@ def seal_spool(root: zarrio.Group, store: str, spool: str, group: str, wait: flo
     for path in folded.groups:
         at = root.store_path / path if path else root.store_path
         zarrio.run(zarrio.set_group_attrs(at, {GATHERED_ATTR: time.time()}))
-    if not streams.groups_with_streams(spool):
-        shutil.rmtree(spool, ignore_errors=True)
+    _remove_spool(spool)
     return folded
+
+
+def _remove_spool(spool: str) -> None:
+    """Remove a spool that holds no stream any more, and the run's directory of a
+    node-local one (``metacollect-<run>``) once it is empty."""
+    if streams.groups_with_streams(spool):
+        return
+    shutil.rmtree(spool, ignore_errors=True)
+    parent = os.path.dirname(spool)
+    if os.path.basename(parent).startswith("metacollect-"):
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)
 
 
 def _still_folding(group: str, holder: dict[str, Any], path: str, where: str) -> str:

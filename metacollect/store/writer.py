@@ -249,7 +249,15 @@ class GroupWriter:
 class StoreWriter:
     """One process's writer of a store: it creates and appends only the groups it owns."""
 
-    def __init__(self, path: str | os.PathLike[str], schema: Schema | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        schema: Schema | None = None,
+        spool: str | None = None,
+    ) -> None:
+        """``spool``: a local directory for this writer's streams (a worker's on its node's
+        disk, ``metacollect.store.local-dir``), from which it seals its groups into the store
+        at its end; a store at an fsspec URL always has one (:func:`spool_dir`)."""
         self.path = os.fspath(path)
         self.schema = schema or load_schema()
         self._root: zarrio.Group | None = None
@@ -257,9 +265,9 @@ class StoreWriter:
         #: and a collector that outlives its run must not write into a sealed store
         self.in_locked_run = lock.held(self.path)
         #: whether this writer's streams are in a spool of its process (a store at an
-        #: fsspec URL), not in the store
-        self.spooled = "://" in self.path
-        self._spool: str | None = None if self.spooled else self.path
+        #: fsspec URL, a worker's node-local disk), not in the store
+        self.spooled = "://" in self.path or spool is not None
+        self._spool = spool if spool is not None else None if self.spooled else self.path
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
