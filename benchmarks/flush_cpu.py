@@ -14,7 +14,7 @@ interleaved as a scheduler's are while a graph runs.
 
 Each flush holds ``--rows`` transitions: they are appended the way
 ``SchedulerCollector._write_transitions`` appends them (``transitions`` and ``tasks``
-tables of the ``scheduler`` group of a ``StoreWriter(..., streams=True)``), then
+tables of the ``scheduler`` group of a ``StoreWriter(...)``), then
 ``StoreWriter.flush()`` is timed in process CPU (``time.process_time``). Each mode has
 its own store and writer; flush ``i`` of every mode holds the same rows, and the modes
 take turns, the first of each round rotating. ``before``: ``metacollect/store/streams.py``
@@ -200,7 +200,7 @@ class Mode:
         )
         self.store = os.path.join(workdir, f"{name}.zarr")
         prepare_store(self.store)
-        self.writer = StoreWriter(self.store, streams=True)
+        self.writer = StoreWriter(self.store)
         init_root(self.writer, "bench")
         self.writer.group("cluster", attrs=CLUSTER, cluster="c1")
         group = self.writer.group("scheduler", cluster="c1")

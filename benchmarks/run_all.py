@@ -233,7 +233,7 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "seal_memory",
             "4 the scheduler group's seal, peak memory by allocation (MB, tracemalloc)",
         ),
-        ("seal_memory_append", "4 the same seal cut short and run again (appended, compacted)"),
+        ("seal_memory_append", "4 the same rows appended to a sealed table (Array.append)"),
     ):
         sizes = res.get(key, {}).get("sizes", [])
         if sizes:

@@ -120,7 +120,7 @@ def transition_rows(rows: int) -> dict[str, list[Any]]:
 def writer_throughput(rows: int, repeats: int = 7) -> dict[str, Any]:
     """GroupWriter.append + flush of scheduler transitions (see :func:`transition_rows`),
     one flush per 200k rows, as the flush thread does on a busy scheduler; then the seal of
-    what it wrote (``consolidate``: streams written into Zarr, tables compacted), timed
+    what it wrote (``consolidate``: streams written into Zarr), timed
     apart, since a writer that defers work to the seal must show that work too. The rate
     is the median of ``repeats`` writers in one process, with its quartiles: on a shared VM
     the same code reads 1.3-2.2M records per CPU second from one run to the next."""

@@ -10,8 +10,9 @@ process needs at its end, on top of whatever it still holds: a scheduler job wit
 memory limit must have it to spare. Each size runs in its own processes: one traced for the
 peak, one untraced for the time (tracing slows allocation-heavy code).
 
-With ``--fold append`` the seal goes the way a seal cut short and run again goes: its
-streams appended to Zarr tables, a few batches at a time (``FOLD_ROWS``), then compacted.
+With ``--fold append`` the seal goes the way the seal after a writer into a sealed store
+goes: the first flush sealed first, the other flushes' streams appended to its Zarr tables
+(zarr's ``Array.append``), a few batches at a time (``FOLD_ROWS``).
 ``--flush-rows``: the rows of each flush, a record batch of the group's stream.
 
     python benchmarks/seal_memory.py [--tasks 250000 1000000] [--fold append]
@@ -44,16 +45,8 @@ def child(
     time, and the stream files it sealed."""
     from scale import transition_rows
 
-    from metacollect.store import seal as seal_mod
     from metacollect.store.lifecycle import consolidate
     from metacollect.store.writer import StoreWriter
-
-    if fold == "append":  # as when a table of the group is in Zarr already
-        seal_mod._write_streamed = (  # type: ignore[assignment]
-            lambda writer, spec, path, found, layouts, upto: seal_mod._append_streamed(
-                writer, spec, path, found, sorted(layouts), upto
-            )
-        )
 
     rows = 4 * tasks
     data = transition_rows(rows)
@@ -64,6 +57,9 @@ def child(
         for i in range(0, rows, flush_rows):
             g.append("transitions", {k: v[i : i + flush_rows] for k, v in data.items()})
             g.flush()
+            if fold == "append" and i == 0:  # the table in Zarr: the seal appends the rest
+                g.close_streams()
+                consolidate(w.path)
         # the in-run files (``.segments`` in trees before the streams, for store_targets.py)
         files = sum(
             len(os.listdir(d))

@@ -56,7 +56,7 @@ def test_defaults_are_registered_in_dask_config():
             "soon",
             r"metacollect.flush-interval = 'soon' is not a duration",
         ),
-        ("store.chunk-rows", 10, r"below the minimum 1024"),
+        ("strings.cache-size", 10, r"below the minimum 1000"),
         ("capture.events", "yes", r"wrong type; expected boolean"),
     ],
 )

@@ -1,12 +1,11 @@
 """Damaged stores: ``validate`` names the damage, or the readers return exactly the undamaged data.
 
-A real store of a small run, sealed as ``finalize`` seals it (compacted: codes as strings,
-see :mod:`metacollect.store.compact`) and sealed without compaction (codes and strings
-tables, as a run's store holds them until its seal, and as an fsspec store keeps them), is
-damaged in every way we found stores get damaged (a group, an array or a chunk deleted,
-garbage or flipped bytes in a compressed chunk, a strings table cut short, a ``rows`` commit
-point of -5 or past the arrays, a broken ``zarr.json``, codes outside the strings table, ids
-that do not join), then at random (seeded). For each damaged copy: ``validate`` reports a
+A real store of a small run, sealed as ``finalize`` seals it, and the same with rows
+appended after its seal (a writer into the sealed store, then sealed again: its arrays
+grown by zarr's ``Array.append``), is damaged in every way we found stores get damaged (a
+group, an array or a chunk deleted, garbage or flipped bytes in a compressed chunk, a
+``rows`` commit point of -5 or past the arrays, a broken ``zarr.json``, ids that do not
+join), then at random (seeded). For each damaged copy: ``validate`` reports a
 problem naming what is damaged, or every public reader returns exactly what it returned on
 the undamaged store; a reader that meets damage raises a :class:`StoreError`, never returns
 wrong data and never another exception.
@@ -32,7 +31,6 @@ from distributed import Client, LocalCluster
 from metacollect import collect, open_run
 from metacollect.errors import StoreError
 from metacollect.store import documents, lifecycle
-from metacollect.store import seal as seal_mod
 from metacollect.store import writer as writer_mod
 from metacollect.store.validate import validate_store
 
@@ -78,25 +76,40 @@ def good_data(good_store):
 
 
 @pytest.fixture(scope="module")
-def coded_store(tmp_path_factory):
-    """The same, sealed without compaction: codes into each group's strings table."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lifecycle, "compact", lambda root, nodes: 0)
-        # nor are the tables of the streams written sealed: appended, codes and all
-        mp.setattr(
-            seal_mod,
-            "_write_streamed",
-            lambda writer, spec, path, found, layouts, upto: seal_mod._append_streamed(
-                writer, spec, path, found, sorted(layouts), upto
-            ),
-        )
-        return _collected(str(tmp_path_factory.mktemp("damage") / "coded.zarr"))
+def appended_store(tmp_path_factory):
+    """The same, with rows appended after its seal to the scheduler's tables by a writer
+    into the sealed store, and sealed again (its arrays grown past their sealed chunks)."""
+    path = _collected(str(tmp_path_factory.mktemp("damage") / "appended.zarr"))
+    (cluster,) = open_run(path).clusters()
+    g = writer_mod.StoreWriter(path).group("scheduler", cluster=cluster)
+    n = 300
+    g.append(
+        "events",
+        {
+            "time": np.arange(n, dtype=float),
+            "topic": ["late"] * n,
+            "msg": [f"m{i}" for i in range(n)],
+        },
+    )
+    g.append(
+        "transitions",
+        {
+            "key": [f"late-{i}" for i in range(n)],
+            "start": ["released"] * n,
+            "finish": ["waiting"] * n,
+            "time": np.arange(n, dtype=float),
+        },
+    )
+    g.flush()
+    g.close_streams()
+    lifecycle.consolidate(path)
+    return path
 
 
 @pytest.fixture(scope="module")
-def coded_data(coded_store):
-    assert validate_store(coded_store) == []
-    return read_everything(coded_store)
+def appended_data(appended_store):
+    assert validate_store(appended_store) == []
+    return read_everything(appended_store)
 
 
 def read_everything(store: str) -> dict[str, Any]:
@@ -217,19 +230,6 @@ def set_rows(store: str, table: str, rows: Callable[[int], int]) -> str:
     return _rel(store, path)
 
 
-def truncate_strings(store: str, group: str, also: str | None = None) -> str:
-    """Cut a group's strings table (its ``rows`` and its array) to half, and with ``also``
-    that table of the group to half its rows too."""
-    strings = _one(store, f"{group}/strings")
-    arr = zarr.open_array(os.path.join(strings, "value"), mode="r+")
-    half = arr.shape[0] // 2
-    arr.resize((half,))
-    _edit_json(os.path.join(strings, "zarr.json"), lambda d: d["attributes"].update(rows=half))
-    if also is not None:
-        set_rows(store, f"{group}/{also}", lambda n: n // 2)
-    return _rel(store, strings)
-
-
 def edit_array_json(store: str, array: str, edit: Callable[[dict[str, Any]], None]) -> str:
     path = _one(store, array)
     _edit_json(os.path.join(path, "zarr.json"), edit)
@@ -251,18 +251,6 @@ def set_value(store: str, array: str, index: int, value: Callable[[Any, str], An
     return _rel(store, path)
 
 
-def _strings_len(array_path: str) -> int:
-    group = os.path.dirname(os.path.dirname(array_path))
-    return int(zarr.open_array(os.path.join(group, "strings", "value"), mode="r").shape[0])
-
-
-def _code_not_a_key(arr: Any, path: str) -> int:
-    """A valid code of the scheduler's strings that no transition has as its key."""
-    group = os.path.dirname(os.path.dirname(path))
-    keys = set(zarr.open_array(os.path.join(group, "transitions", "key"), mode="r")[:].tolist())
-    return next(c for c in range(_strings_len(path)) if c not in keys)
-
-
 S = "clusters/*/scheduler"
 C = "clusters/*/client"
 W = "clusters/*/workers/*"
@@ -272,19 +260,16 @@ DAMAGES: list[tuple[str, Callable[[str], str]]] = [
     ("delete worker group", lambda s: delete_group(s, W)),
     ("delete table group", lambda s: delete_group(s, f"{S}/tasks")),
     ("delete array", lambda s: delete_group(s, f"{S}/tasks/nbytes")),
-    ("delete strings group", lambda s: delete_group(s, f"{S}/strings")),
-    ("delete chunk (codes)", lambda s: delete_chunk(s, f"{S}/transitions/key")),
+    ("delete chunk (names)", lambda s: delete_chunk(s, f"{S}/transitions/key")),
     ("delete chunk (floats)", lambda s: delete_chunk(s, f"{S}/tasks/start")),
-    ("delete chunk (strings)", lambda s: delete_chunk(s, f"{S}/strings/value")),
+    ("delete chunk (appended)", lambda s: delete_chunk(s, f"{S}/events/time")),
     ("garbage chunk (blosc)", lambda s: garbage_chunk(s, f"{S}/tasks/start")),
-    ("garbage chunk (zstd)", lambda s: garbage_chunk(s, f"{C}/strings/value")),
+    ("garbage chunk (zstd)", lambda s: garbage_chunk(s, f"{C}/tasks/key")),
     ("flip bytes in blosc chunk", lambda s: flip_chunk(s, f"{S}/tasks/stop")),
-    ("flip bytes in blosc codes", lambda s: flip_chunk(s, f"{S}/transitions/key")),
-    ("flip bytes in zstd chunk", lambda s: flip_chunk(s, f"{S}/strings/value")),
+    ("flip bytes in zstd names", lambda s: flip_chunk(s, f"{S}/transitions/key")),
+    ("flip bytes in zstd chunk", lambda s: flip_chunk(s, f"{S}/transitions/stimulus_id")),
     ("flip bytes in str column", lambda s: flip_chunk(s, f"{S}/events/msg")),
     ("truncate chunk", lambda s: truncate_chunk(s, f"{S}/transitions/time")),
-    ("truncate strings table", lambda s: truncate_strings(s, S)),
-    ("truncate strings and codes", lambda s: truncate_strings(s, S, also="transitions")),
     ("rows -5", lambda s: set_rows(s, f"{S}/transitions", lambda n: -5)),
     ("rows past the arrays", lambda s: set_rows(s, f"{S}/tasks", lambda n: n + 100)),
     ("rows cut short", lambda s: set_rows(s, f"{S}/transitions", lambda n: n - 3)),
@@ -310,18 +295,12 @@ DAMAGES: list[tuple[str, Callable[[str], str]]] = [
         )[1],
     ),
     (
-        "codes past the strings",
-        lambda s: set_value(s, f"{S}/transitions/key", 2, lambda a, p: _strings_len(p) + 5),
-    ),
-    ("codes below -1", lambda s: set_value(s, f"{S}/tasks/worker", 0, lambda a, p: -7)),
-    ("task key not a transition", lambda s: set_value(s, f"{S}/tasks/key", 1, _code_not_a_key)),
-    (
-        "compacted task key not a transition",
+        "sealed task key not a transition",
         lambda s: set_value(s, f"{S}/tasks/key", 1, lambda a, p: "('no-such-key', 0)"),
     ),
-    ("compacted codes as ints", lambda s: edit_array_json(s, f"{S}/tasks/worker", _as_codes)),
+    ("names as ints", lambda s: edit_array_json(s, f"{S}/tasks/worker", _as_codes)),
     (
-        "compacted units gone",
+        "sealed units gone",
         lambda s: edit_array_json(s, f"{S}/tasks/start", lambda d: d["attributes"].pop("units")),
     ),
     ("graph id not a graph", lambda s: set_value(s, f"{C}/tasks/graph", 0, lambda a, p: 99)),
@@ -336,19 +315,15 @@ def _as_codes(doc: dict[str, Any]) -> None:
     doc.update(data_type="int32", fill_value=-1)
 
 
-#: damage to what only a store sealed without compaction holds (codes, strings tables)
-CODED = {
-    "delete strings group",
-    "delete chunk (codes)",
-    "delete chunk (strings)",
-    "garbage chunk (zstd)",
-    "flip bytes in blosc codes",
+#: damage done to the store with rows appended after its seal (its grown arrays)
+APPENDED = {
+    "delete chunk (names)",
+    "delete chunk (appended)",
+    "flip bytes in zstd names",
     "flip bytes in zstd chunk",
-    "truncate strings table",
-    "truncate strings and codes",
-    "codes past the strings",
-    "codes below -1",
-    "task key not a transition",
+    "flip bytes in str column",
+    "truncate chunk",
+    "rows cut short",
 }
 
 
@@ -361,8 +336,7 @@ def _rel_in(where: str, problems: list[str]) -> bool:
 #: damage only a check across tables finds: each value is valid on its own, and a reader of
 #: one table does not read the table it joins (``validate`` does)
 JOINS_ONLY = {
-    "task key not a transition",
-    "compacted task key not a transition",
+    "sealed task key not a transition",
     "graph id not a graph",
     "dependency graph not a graph",
 }
@@ -370,7 +344,7 @@ JOINS_ONLY = {
 
 @pytest.mark.parametrize("name, damage", DAMAGES, ids=[n for n, _ in DAMAGES])
 def test_damage_is_named(name, damage, request, tmp_path):
-    form = "coded" if name in CODED else "good"
+    form = "appended" if name in APPENDED else "good"
     good_store = request.getfixturevalue(f"{form}_store")
     good_data = request.getfixturevalue(f"{form}_data")
     store = str(tmp_path / "damaged.zarr")
@@ -419,7 +393,7 @@ FUZZ_CASES = 40
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form", ["good", "coded"])
+@pytest.mark.parametrize("form", ["good", "appended"])
 def test_fuzz_damage_caught_or_harmless(form, request, tmp_path):
     good_store = request.getfixturevalue(f"{form}_store")
     good_data = request.getfixturevalue(f"{form}_data")
@@ -457,7 +431,7 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     from metacollect.store import validate as validate_mod
 
     path = str(tmp_path / "run.zarr")
-    w = writer_mod.StoreWriter(path, streams=False)
+    w = writer_mod.StoreWriter(path)
     init_root(w, "bare")
     g = w.group("scheduler", cluster="c1")  # none of a scheduler's attributes
     g.append(

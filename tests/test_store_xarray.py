@@ -1,4 +1,4 @@
-"""A sealed store read by plain xarray (no metacollect), and the seal's compaction."""
+"""A sealed store read by plain xarray (no metacollect), and what the seal writes."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import zarr
 from distributed import Client, LocalCluster
 from test_store import CLUSTER_ATTRS
 
-import metacollect.store.compact as compact
 import metacollect.store.layout as layout
+import metacollect.store.seal as seal_mod
 import metacollect.store.text as text
 from metacollect import collect, open_run
 from metacollect.session import init_root
@@ -136,12 +136,12 @@ def test_a_collected_run_reads_with_plain_xarray(collected):
 def test_the_sealed_store_has_no_strings_tables_and_large_chunks(collected):
     for dirpath, dirs, _ in os.walk(collected):
         assert "strings" not in dirs, dirpath
-        assert not any(d.endswith((compact.NEW, compact.OLD)) for d in dirs)
+        assert not any(d.endswith(seal_mod.NEW) for d in dirs)
 
 
-def _many_flushes(store: str, flushes: int, rows: int, streams: bool = True) -> StoreWriter:
+def _many_flushes(store: str, flushes: int, rows: int) -> StoreWriter:
     prepare_store(store)
-    w = StoreWriter(store, streams=streams)
+    w = StoreWriter(store)
     init_root(w, "r1")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     g = w.group("scheduler", cluster="c1")
@@ -324,31 +324,32 @@ def test_numbers_read_off_their_chunk_files_are_what_zarr_reads(tmp_path, dtype)
         chunkio.read_slice(ours, 500, 2500)
 
 
-def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal():
-    """A code column holding "" and "\\0" writes no value as a string of NULs it does not
-    hold, and reads each back as it was, from codes or from strings (numpy's own strings
-    would find "\\0" equal to "")."""
-    from metacollect.store.schema import load_schema
+def _sealed_workers(store: str, workers: list) -> tuple[dict, list]:
+    """A store whose scheduler wrote ``workers`` as its transitions' worker column, sealed:
+    the column's array attributes and what the reader reads of it."""
+    prepare_store(store)
+    w = StoreWriter(store)
+    init_root(w, "r1")
+    g = w.group("scheduler", cluster="c1")
+    n = len(workers)
+    g.append("transitions", {"key": [f"k{i}" for i in range(n)], "worker": workers})
+    g.flush()
+    finalize(store)
+    attrs = dict(zarr.open_array(f"{store}/clusters/c1/scheduler/transitions/worker").attrs)
+    return attrs, open_run(store).transitions().worker.tolist()
 
-    var = load_schema().match("clusters/c1/scheduler").tables["transitions"].variables["worker"]
-    strings = np.array(["", "\0", "a"], dtype=object)
-    codes = np.array([0, -1, 1, 2, -1, 0])
+
+def test_empty_and_nul_strings_stay_apart_from_no_value_through_the_seal(tmp_path):
+    """A code column holding "" and "\0" writes no value as a string of NULs it does not
+    hold, and reads each back as it was (numpy's own strings would find "\0" equal to "");
+    without "" in the column, no value is "" itself, marked as CF's missing value."""
     expected = ["", None, "\0", "a", None, ""]
-    for data in (codes, np.array(expected, dtype=object)):
-        column = layout.SealedColumn.of("t/worker", var, data, {}, strings)
-        attrs = column.attrs
-        assert attrs[text.NONE_ATTR] == "\0\0" and "missing_value" not in attrs
-        sealed = column.rows(data)
-        assert text.text_values(sealed, attrs[text.NONE_ATTR]).tolist() == expected
-    # without "" in the column, no value is "" itself, marked as CF's missing value
-    column = layout.SealedColumn.of("t/worker", var, codes[codes != 0], {}, strings)
-    assert column.attrs[text.NONE_ATTR] == "" and column.attrs["missing_value"] == ""
-    assert text.text_values(column.rows(codes[codes != 0]), "").tolist() == [
-        None,
-        "\0",
-        "a",
-        None,
-    ]
+    attrs, got = _sealed_workers(str(tmp_path / "a.zarr"), expected)
+    assert attrs[text.NONE_ATTR] == "\0\0" and "missing_value" not in attrs
+    assert got == expected
+    attrs, got = _sealed_workers(str(tmp_path / "b.zarr"), [None, "\0", "a", None])
+    assert attrs[text.NONE_ATTR] == "" and attrs["missing_value"] == ""
+    assert got == [None, "\0", "a", None]
 
 
 def test_no_value_says_what_pandas_isna_says_of_strings():
@@ -361,43 +362,42 @@ def test_no_value_says_what_pandas_isna_says_of_strings():
         assert text.no_value(data).dtype == bool
 
 
-def test_a_compaction_killed_mid_swap_is_finished_by_the_next_seal_and_the_doctor(
-    tmp_path, monkeypatch
-):
+def test_a_seal_killed_mid_table_is_finished_by_the_next_seal_and_the_doctor(tmp_path, monkeypatch):
+    """A seal killed once a table was written beside its place, before it was renamed into
+    it: the doctor salvages the store (read only) whole from its streams, and sealing again
+    writes the table anew."""
     store = str(tmp_path / "s.zarr")
-    # appended to Zarr (as a writer after the seal or at an fsspec URL does): the seal
-    # rewrites the table beside itself and swaps it in (streams are written once instead)
-    _many_flushes(store, flushes=5, rows=100, streams=False)
+    _many_flushes(store, flushes=5, rows=100)
     expected = open_run(store).transitions()
+    real = seal_mod.write_sealed_stream
 
-    def killed(directory: str, path: str) -> None:
-        base = os.path.join(directory, *path.split("/"))
-        os.rename(base, base + compact.OLD)  # the first rename, then the process dies
-        raise KeyboardInterrupt
+    async def killed(root, group, tables, parts, strings, where, done):
+        def dies(table: str) -> None:  # the table whole beside its place; then the kill
+            raise RuntimeError("killed mid-seal")
 
-    monkeypatch.setattr(compact, "_swap", killed)
-    with pytest.raises(KeyboardInterrupt):
+        return await real(root, group, tables, parts, strings, where, dies)
+
+    monkeypatch.setattr(seal_mod, "write_sealed_stream", killed)
+    with pytest.raises(Exception, match="killed mid-seal"):
         finalize(store)
     monkeypatch.undo()
-    # the doctor salvages the half-swapped store (read only) whole
+    table = os.path.join(store, "clusters/c1/scheduler/transitions")
+    assert os.path.exists(table + seal_mod.NEW) and not os.path.exists(table)
+    # the doctor salvages the half-sealed store (read only) whole
     fixed = salvage(store, str(tmp_path / "fixed.zarr"))
     assert fixed.rows_dropped == 0
     pd.testing.assert_frame_equal(open_run(fixed.target).transitions(), expected)
     check_against_reader(fixed.target)
-    # sealing again finishes the swap
+    # sealing again writes the table
     finalize(store)
+    assert not os.path.exists(table + seal_mod.NEW)
     pd.testing.assert_frame_equal(open_run(store).transitions(), expected)
     assert validate_store(store) == []
     check_against_reader(store)
 
 
-def test_a_writer_after_the_seal_appends_strings_and_the_next_seal_compacts_them(tmp_path):
-    """``metacollect ingest`` writes into a sealed store: its codes land in columns the seal
-    turned into strings, and the seal it ends with compacts what it added."""
-    store = str(tmp_path / "s.zarr")
-    _many_flushes(store, flushes=2, rows=10)
-    finalize(store)
-    g = StoreWriter(store).group("scheduler", cluster="c1")
+def _late_rows(w: StoreWriter) -> None:
+    g = w.group("scheduler", cluster="c1")
     g.append(
         "transitions",
         {
@@ -410,7 +410,23 @@ def test_a_writer_after_the_seal_appends_strings_and_the_next_seal_compacts_them
         },
     )
     assert g.flush() == 2
+
+
+def test_a_writer_after_the_seal_appends_strings_and_the_next_seal_holds_them(tmp_path):
+    """``metacollect ingest`` writes into a sealed store: its rows go to streams, and the
+    seal it ends with appends them to the sealed arrays as strings (zarr's
+    ``Array.append``). Plain xarray reads it back exactly as a store that had all the
+    rows at its one seal."""
+    store = str(tmp_path / "s.zarr")
+    _many_flushes(store, flushes=2, rows=10)
     finalize(store)
+    _late_rows(StoreWriter(store))
+    finalize(store)
+    once = str(tmp_path / "once.zarr")
+    _late_rows(_many_flushes(once, flushes=2, rows=10))
+    finalize(once)
+    assert plain_xarray(store)["values"] == plain_xarray(once)["values"]
+    pd.testing.assert_frame_equal(open_run(store).transitions(), open_run(once).transitions())
     tail = open_run(store).transitions().tail(2)
     assert tail.key.tolist() == ["late", None] and tail.finish.tolist() == ["c", ""]
     assert tail.worker.tolist() == [None, ""]

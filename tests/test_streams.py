@@ -622,7 +622,7 @@ def _scheduler_group(tmp_path: Any) -> tuple[str, StoreWriter, GroupWriter]:
     """A new store with run r1, a cluster c1 and its scheduler's group, written to streams."""
     store = str(tmp_path / "run.zarr")
     prepare_store(store)
-    w = StoreWriter(store, streams=True)
+    w = StoreWriter(store)
     init_root(w, "r1")
     w.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     return store, w, w.group("scheduler", cluster="c1")
@@ -673,7 +673,7 @@ def test_a_writers_flushes_go_to_its_streams_read_live_and_sealed_as_plain_zarr(
     assert validate_store(store) == []
     one = str(tmp_path / "one.zarr")  # as many files as a store written in one flush
     prepare_store(one)
-    w1 = StoreWriter(one, streams=True)
+    w1 = StoreWriter(one)
     init_root(w1, "r1")
     w1.group("cluster", attrs=CLUSTER_ATTRS, cluster="c1")
     _flush_events(w1.group("scheduler", cluster="c1"), 0, 100 * flushes)
@@ -688,7 +688,7 @@ _FLUSHING_WRITER = textwrap.dedent(
     from metacollect.session import init_root
     from metacollect.store.writer import GroupWriter, StoreWriter
 
-    w = StoreWriter(sys.argv[1], streams=True)
+    w = StoreWriter(sys.argv[1])
     init_root(w, "killed")
     w.group("cluster", attrs=json.loads(sys.argv[2]), cluster="c1")
     g = w.group("scheduler", cluster="c1")

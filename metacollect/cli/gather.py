@@ -1,7 +1,8 @@
-"""``metacollect gather STORE LOCAL...``: add the worker groups a run left on node-local disk
-(``metacollect.store.local-dir``) to its store, when a worker was killed before it could copy
-them itself. LOCAL is a node-local store (``<dir>/metacollect-<run>/<worker>.zarr``) or the run's
-directory holding several; run it on the node that has them."""
+"""``metacollect gather STORE LOCAL...``: add the groups a run left on a machine's disk to its
+store, when a process was killed before it could add them itself. LOCAL is a worker's
+node-local store (``metacollect.store.local-dir``: ``<dir>/metacollect-<run>/<worker>.zarr``)
+or the run's directory holding several, or the spool of a process that wrote a store at an
+fsspec URL (the directory its ``missing`` line names); run it on the machine that has them."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from metacollect.analysis.campaign import keep_summary
     from metacollect.analysis.run import open_run
     from metacollect.store.lifecycle import gather_leftovers
+    from metacollect.store.streams import groups_with_streams
 
-    if not os.path.isdir(args.store):
+    if "://" not in args.store and not os.path.isdir(args.store):
         raise NotAStoreError(f"{args.store} does not exist; give the path of a metacollect store")
     open_run(args.store)  # a clear error when STORE is not a metacollect store
     local_stores = []
@@ -41,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
         found = (
             [path] if path.endswith(".zarr") else sorted(glob.glob(os.path.join(path, "*.zarr")))
         )
+        if not found and groups_with_streams(path):  # a spool
+            found = [path]
         if not found:
-            raise NotAStoreError(f"{path} holds no node-local store (*.zarr) to gather")
+            raise NotAStoreError(f"{path} holds no node-local store (*.zarr) or spool to gather")
         local_stores += found
     done, status = gather_leftovers(args.store, local_stores)
     for group in done:

@@ -168,7 +168,7 @@ def describe(store: str) -> list[str]:
                     continue
                 if t in JOINS and n:
                     tables.append(_joins(run, path, t))
-                elif t not in ("strings",) and (n or t != "errors"):
+                elif n or t != "errors":
                     tables.append(f"{t}={n}")
             lines.append(f"  [{level}] /{path}" + (f"  {' '.join(tables)}" if tables else ""))
     errors = run.errors()

@@ -24,8 +24,8 @@ def metadata_map(schema: Any = None) -> Figure:
     cells: dict[tuple[int, str], list[str]] = {}
     for g in schema.groups.values():
         if g.step in steps and g.level in levels:
-            # the workload's tables: not the collector's own (strings, errors, flushes)
-            tables = [t for t in g.tables if t not in ("strings", "errors", "flushes")]
+            # the workload's tables: not the collector's own (errors, flushes)
+            tables = [t for t in g.tables if t not in ("errors", "flushes")]
             text = f"{g.path or '/'}" + (f"\n  {', '.join(tables)}" if tables else "")
             cells.setdefault((g.step, g.level), []).append(text)
     cat_colours = {

@@ -30,6 +30,7 @@ from metacollect.steps.clock import DELAY_COLUMNS, ClockSampler, DelayLog
 from metacollect.store import local, lock
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
+from metacollect.store.seal import seal_spool
 from metacollect.store.writer import GroupWriter, StoreWriter
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ class WorkerCollector(WorkerPlugin):
         #: the run held its store's lock as this worker started: it must not gather into it
         #: once the run is sealed
         self._in_locked_run = lock.held(self.store_path)
-        self.writer = StoreWriter(self.local or self.store_path)
+        self.writer = StoreWriter(self.store_path, spool=self.local)
         self.group: GroupWriter = self.writer.group(
             "worker", attrs=attrs, cluster=self.cluster, worker=self.id
         )
@@ -338,7 +339,7 @@ class WorkerCollector(WorkerPlugin):
         its group's placeholder in the run's store, which says where the rows are until the
         worker gathers them (a worker that never does is named when the store is sealed)."""
         local_dir = config.get("store.local-dir")
-        if not local_dir:
+        if not local_dir or "://" in self.store_path:  # a URL store's writer spools there
             return None, None
         try:
             path = local.local_store_path(local_dir, self.store_path, f"{self.cluster}-{self.id}")
@@ -380,15 +381,15 @@ class WorkerCollector(WorkerPlugin):
             logger.error("metacollect: %s", failed)
 
     def _gather_now(self) -> RuntimeError | None:
-        """Copy this worker's group from node-local disk into the run's store (called off the
-        event loop: a long run's group is many files); the error to report if that failed."""
+        """Seal this worker's group from its spool on node-local disk into the run's store,
+        what its own seal left (called off the event loop); the error to report if that
+        failed."""
         assert self.local is not None
         try:
             if self._in_locked_run and not lock.held(self.store_path):
                 raise StoreError(f"the run into {self.store_path} has ended (its store is sealed)")
+            seal_spool(self.writer.root, self.store_path, self.local, self.group.path)
             self.group.set_attrs(**{local.GATHERED_ATTR: time.time()})
-            files = local.gather(self.local, self.store_path, self.group.path)
-            logger.debug("metacollect: worker %s gathered %d files", self.id, files)
             return None
         except Exception as e:
             return RuntimeError(

@@ -1,103 +1,18 @@
 """The rows a collector appends, held in memory until a flush takes them.
 
 :class:`Table` holds one table's pending rows as column chunks (bounded: the oldest are
-dropped past ``metacollect.buffer-limit``); :class:`StringTable` dictionary-encodes a
-group's repeated strings into the int32 codes its ``code`` variables hold. Appending is
-cheap (a hook's hot path); encoding and I/O happen in the flush
-(:class:`~metacollect.store.writer.GroupWriter`).
+dropped past ``metacollect.buffer-limit``); :func:`texts_of` is the text a value of a
+``code`` variable is written as. Appending is cheap (a hook's hot path); encoding and I/O
+happen in the flush (:class:`~metacollect.store.writer.GroupWriter`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from itertools import repeat
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from metacollect.store.schema import TableSpec
-
-
-class StringTable:
-    """Dictionary encoding of a group's repeated strings (task keys, states, workers, ...).
-
-    Codes are stable while the cache holds fewer than ``cache_size`` distinct values; past that
-    the cache restarts and a string seen again gets a new code (the store stays correct, a
-    string may then appear twice in the lookup table). This bounds memory on million-task runs.
-    """
-
-    def __init__(self, cache_size: int) -> None:
-        self._codes: dict[str, int] = {}
-        self._size = cache_size
-        self._next = 0
-        self._new: list[str] = []
-        self._lock = threading.Lock()
-
-    def encode(self, *columns: Sequence[Any]) -> np.ndarray:
-        """int32 codes of the values of ``columns``, one column after the other (``None``
-        and float NaN -> -1); non-strings are encoded as ``str(v)``. A flush hands over all
-        its columns at once: the same objects recur across them.
-
-        A value that is not a string is turned into its string (``str()``, a task key's
-        tuple); new strings get the next codes in first-seen order. The cache holds the
-        strings, never the caller's objects: a task key cached as the scheduler's own tuple
-        would outlive the task by the whole cache.
-        """
-        # the values held here: a value's ``str()`` runs code that may empty the caller's list
-        values = [v for column in columns for v in column]
-        if not values:
-            return np.empty(0, np.int32)
-        with self._lock:
-            codes = self._codes
-            # a string the cache holds is one lookup; the others (new strings, task keys'
-            # tuples, None) are turned into text and looked at one by one
-            out = np.fromiter(map(codes.get, values, repeat(-2)), np.int32, len(values))
-            missed = np.flatnonzero(out == -2)
-            texts = texts_of([values[i] for i in missed.tolist()])
-            if codes and len(codes) + len(texts) > self._size:  # it may have to restart
-                fresh = {t for t in texts if t is not None and t not in codes}
-                if len(codes) + len(fresh) > self._size:
-                    codes.clear()  # restarts: rows never index a string from before
-                    missed = np.arange(len(values))
-                    texts = texts_of(values)
-            out[missed] = self._codes_of(texts)
-        return out
-
-    def _codes_of(self, texts: list[str | None]) -> list[int]:
-        """The codes of ``texts`` (``None``: -1), a new string given the next code as it is
-        first seen (the lock held)."""
-        codes, new = self._codes, self._new
-        get = codes.get
-        out = []
-        for text in texts:
-            if text is None:
-                out.append(-1)
-                continue
-            code = get(text)
-            if code is None:
-                code = codes[text] = self._next
-                self._next += 1
-                new.append(text)
-            out.append(code)
-        return out
-
-    def strings_of(self, codes: np.ndarray) -> np.ndarray:
-        """The strings of codes this table gave out while its cache holds them (-1:
-        ``None``), for an array the seal turned into strings that a later writer appends to."""
-        with self._lock:
-            back = {c: text for text, c in self._codes.items()}
-        return np.array([back.get(int(c)) for c in codes], dtype=object)
-
-    def take_new(self) -> list[str]:
-        with self._lock:
-            new, self._new = self._new, []
-        return new
-
-    def restore(self, new: list[str]) -> None:
-        """Put back strings whose append failed, ahead of newer ones."""
-        with self._lock:
-            self._new = new + self._new
 
 
 def texts_of(values: list[Any]) -> list[str | None]:

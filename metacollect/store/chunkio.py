@@ -252,50 +252,14 @@ def read_slices(arrays: list[zarrio.Array], lo: int, hi: int) -> list[np.ndarray
     return out
 
 
-async def read_block(arr: zarrio.Array, lo: int, hi: int) -> np.ndarray:
-    """Rows ``lo:hi`` of an array, on the store's I/O loop (see :func:`read_rows`)."""
-    return await _rows(arr, lo, hi)
-
-
 def read_slice(arr: zarrio.Array, lo: int, hi: int) -> np.ndarray:
     """Rows ``lo:hi`` of an array (see :func:`read_rows`)."""
     return zarrio.run(_rows(arr, lo, hi))
 
 
-def read_picks(arr: zarrio.Array, idx: np.ndarray) -> np.ndarray:
-    """Rows ``idx`` (sorted) of a 1-D array, each chunk they need present and decoded."""
-    if not len(idx):
-        return np.asarray(arr[:0])
-
-    async def picks() -> np.ndarray:
-        gone = await missing_chunks(arr, int(idx[0]), int(idx[-1]) + 1)
-        need = {int(i) // chunk_rows(arr) for i in idx}
-        gone = [k for k in gone if _chunk_index(k) in need]
-        if gone:
-            raise StoreError(
-                f"array {arr.path} is damaged: its chunk {gone[0]} is missing; "
-                "restore the store from a copy"
-            )
-        try:
-            return np.asarray(await arr.async_array.get_orthogonal_selection((idx,)))
-        except Exception as e:
-            raise StoreError(
-                f"array {arr.path} is damaged: it does not decode ({type(e).__name__}: {e}); "
-                "restore the store from a copy"
-            ) from e
-
-    return zarrio.run(picks())
-
-
 def chunk_rows(arr: zarrio.Array) -> int:
     """Rows in each chunk of an array."""
     return int(arr.chunks[0])
-
-
-def _chunk_index(key: str) -> int:
-    """The index of a 1-D array's chunk from its key (``c/3`` or, with the ``.`` separator
-    the store's arrays use, ``c.3``)."""
-    return int(key.replace("/", ".").rsplit(".", 1)[-1])
 
 
 async def missing_chunks(arr: zarrio.Array, lo: int, hi: int) -> list[str]:

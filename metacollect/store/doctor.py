@@ -1,9 +1,9 @@
 """Salvage a damaged or unsealed store into a new, valid one (``metacollect doctor``).
 
 The source is only read. Every group the schema knows is copied with its attributes, and
-every table row by row through the normal writer: a row is kept when every column of it
-decodes (its chunks present and intact, its string codes within a strings table that itself
-decodes), and dropped otherwise - all its columns together, so a table's rows stay aligned.
+every table row by row through the normal writer (its streams, then the seal): a row is
+kept when every column of it decodes (its chunks present and intact), and dropped
+otherwise - all its columns together, so a table's rows stay aligned.
 What was dropped, and why, is counted per table; the new store's ``status`` is
 ``incomplete`` with those counts in ``missing`` and its source in ``salvaged_from``.
 """
@@ -20,7 +20,6 @@ import numpy as np
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import chunkio, documents, streams
-from metacollect.store.compact import NEW, OLD, local_dir
 from metacollect.store.integrity import rows_problem, seal_problems
 from metacollect.store.lifecycle import abandon, finalize, prepare_store
 from metacollect.store.schema import GroupSpec, TableSpec, load_schema
@@ -133,23 +132,22 @@ def _copy_group(
     """Append every table's rows that decode whole, and whose ids join, to ``gw``: those in
     Zarr, then those of the group's streams (a store never sealed; a torn one is noted, its
     whole flushes kept)."""
-    directory = local_dir(node)
+    directory = zarrio.local_dir(node)
     streamed = streams.load(directory, "", spec.tables) if directory is not None else None
     tables: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
     for name, tspec in spec.tables.items():
-        if name != "strings":  # the writer makes the new store's own
-            found = _read_table(node, path, name, tspec, report)
-            more = streamed.rows(name, _held(node, name)) if streamed is not None else None
-            if found is not None and more is not None:
-                columns, good = found
-                found = (
-                    {v: np.concatenate([d, more[v]]) for v, d in columns.items() if v in more},
-                    np.concatenate([good, np.ones(len(next(iter(more.values()))), bool)]),
-                )
-            elif more is not None:
-                found = (more, np.ones(len(next(iter(more.values()))), bool))
-            if found is not None:
-                tables[name] = found
+        found = _read_table(node, path, name, tspec, report)
+        more = streamed.rows(name, _held(node, name)) if streamed is not None else None
+        if found is not None and more is not None:
+            columns, good = found
+            found = (
+                {v: np.concatenate([d, more[v]]) for v, d in columns.items() if v in more},
+                np.concatenate([good, np.ones(len(next(iter(more.values()))), bool)]),
+            )
+        elif more is not None:
+            found = (more, np.ones(len(next(iter(more.values()))), bool))
+        if found is not None:
+            tables[name] = found
     report.notes.extend(
         f"{path or '/'}: stream {os.path.basename(f)} is torn ({why}); the rows of the "
         "flush it was cut in are lost"
@@ -200,7 +198,7 @@ def _read_table(
     """The decoded columns of one table and which rows decode whole (``None``: no table)."""
     where = f"{path}/{name}" if path else name
     try:
-        tg = _table_group(group, name)
+        tg = zarrio.group_at(group, name)
     except KeyError:
         if where in report.sealed:
             report.notes.append(f"table {where}: listed in the store's seal but gone")
@@ -213,34 +211,15 @@ def _read_table(
         return None
     n, why_short = _rows(tg, arrays, where, report)
     columns, good = _read_columns(arrays, n, report, where)
-    strings = (
-        _strings(group, path) if any(tspec.variables[v].dtype == "code" for v in arrays) else None
-    )
     for v, data in list(columns.items()):
-        if tspec.variables[v].dtype == "code" and data.dtype.kind not in "iu":  # compacted
+        if tspec.variables[v].dtype == "code":
             columns[v] = text_values(data, arrays[v].attrs.get(NONE_ATTR))
-        elif tspec.variables[v].dtype == "code":
-            columns[v], ok = _decode(data, strings)
-            _drop(report, where, good & ~ok, "string codes outside a readable strings table")
-            good &= ok
     if why_short:
         report.notes.append(f"{where}: {why_short}")
     if gone:  # a row without one of its columns is not a row of the run
         _drop(report, where, good, f"its column {', '.join(gone)} is gone or damaged")
         good[:] = False
     return columns, good
-
-
-def _table_group(group: zarrio.Group, name: str) -> zarrio.Group:
-    """A table's group; of a compaction a killed process left half-swapped (see
-    :func:`metacollect.store.compact.recover`), the new table when it was written whole,
-    else the old one (``KeyError``: none)."""
-    for candidate in (name, name + NEW, name + OLD):
-        try:
-            return zarrio.group_at(group, candidate)
-        except KeyError:
-            continue
-    raise KeyError(name)
 
 
 def _arrays(
@@ -314,33 +293,3 @@ def _drop(report: Salvage, where: str, rows: np.ndarray, why: str) -> None:
     n = int(np.count_nonzero(rows))
     if n:
         report.dropped.setdefault(where, collections.Counter())[why] += n
-
-
-def _strings(group: zarrio.Group, path: str) -> np.ndarray:
-    """A group's strings, as far as they decode (``None`` where a chunk does not)."""
-    try:
-        value = zarrio.array_at(zarrio.group_at(group, "strings"), "value")
-    except (KeyError, StoreError):
-        return np.empty(0, dtype=object)
-    n = value.shape[0]
-    out = np.empty(n, dtype=object)
-    step = int(value.chunks[0])
-    for lo in range(0, n, step):
-        (found,) = chunkio.read_slices([value], lo, min(lo + step, n))
-        if not isinstance(found, StoreError):
-            out[lo : lo + len(found)] = found
-    return out
-
-
-def _decode(codes: np.ndarray, strings: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Codes as strings, and which rows decoded (-1 is "no value" and decodes to None)."""
-    table = strings if strings is not None else np.empty(0, dtype=object)
-    codes = codes.astype(np.int64, copy=False)
-    ok = (codes >= -1) & (codes < len(table))
-    out = np.empty(len(codes), dtype=object)
-    inside = ok & (codes >= 0)
-    out[inside] = table[codes[inside]]
-    unread = np.fromiter((x is None for x in table), dtype=bool, count=len(table))
-    ok &= ~(inside & unread[np.clip(codes, 0, max(len(table) - 1, 0))]) if len(table) else ok
-    # (a code whose string's chunk did not decode is not a value)
-    return out, ok

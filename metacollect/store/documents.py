@@ -26,11 +26,6 @@ import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 
 
-def buffer(data: bytes) -> Any:
-    """``data`` as the buffer Zarr's stores take."""
-    return default_buffer_prototype().buffer.from_bytes(data)
-
-
 async def read_doc(where: Any) -> dict[str, Any] | None:
     """The metadata document (``zarr.json``) of the node at store path ``where``, if any."""
     found = await (where / "zarr.json").get(prototype=default_buffer_prototype())
@@ -43,13 +38,6 @@ async def read_doc(where: Any) -> dict[str, Any] | None:
 async def exists(where: Any) -> bool:
     """Whether a node's metadata document (``zarr.json``) is at store path ``where``."""
     return bool(await (where / "zarr.json").exists())
-
-
-async def write_doc(where: Any, doc: Mapping[str, Any]) -> None:
-    """Store a node's metadata document (its ``zarr.json``, as JSON without whitespace) at
-    store path ``where`` in one write: every ``zarr.json`` metacollect makes itself (tables,
-    arrays, the seal) goes through here."""
-    await (where / "zarr.json").set(buffer(doc_bytes(doc)))
 
 
 async def list_docs(
@@ -173,18 +161,6 @@ def group_doc(attributes: Mapping[str, Any]) -> dict[str, Any]:
         "consolidated_metadata": None,
         "node_type": "group",
     }
-
-
-def make_group(
-    root: zarrio.Group, path: str, attributes: Mapping[str, Any]
-) -> tuple[zarrio.Group, Any]:
-    """Create group ``path`` (its parent exists) with one write of its ``zarr.json``; returns
-    it and its asynchronous handle."""
-    where = root.store_path / path
-    doc = group_doc(attributes)
-    zarrio.run(write_doc(where, doc))
-    handle = zarr.AsyncGroup.from_dict(where, doc)
-    return zarr.Group(handle), handle
 
 
 def local_group(

@@ -4,7 +4,6 @@ A reader that meets damage raises a :class:`StoreError` naming what is damaged; 
 reports the same finding as one line. Checked here:
 
 - a table's ``rows`` commit point: an int, not negative, no more than its arrays hold;
-- codes: within the group's strings table (or -1, no value);
 - the seal: a sealed store (``finalize`` wrote the consolidated metadata of every node on its
   root) must still hold every node the seal lists, each as the seal recorded it - nothing
   writes a store after its seal without sealing it again (``metacollect ingest`` does).
@@ -15,8 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from metacollect.errors import StoreError
 
@@ -56,23 +53,6 @@ def rows_within(rows: Any, shapes: Iterable[int]) -> int:
     shortest of its arrays. Without the attribute (a store from before it), the shortest."""
     n = min(shapes, default=0)
     return min(n, int(rows)) if isinstance(rows, int) and not isinstance(rows, bool) else n
-
-
-def code_problem(lo: int, hi: int, strings: int) -> str | None:
-    """Whether codes between ``lo`` and ``hi`` (their minimum and maximum) all index a strings
-    table of ``strings`` rows (or are -1, no value)."""
-    if lo < -1 or hi >= strings:
-        return f"codes {lo}..{hi} outside its group's strings table (-1..{strings - 1})"
-    return None
-
-
-def check_codes(where: str, codes: np.ndarray, strings: int) -> None:
-    """A :class:`StoreError` naming array ``where`` if a code is outside the strings table."""
-    if not len(codes):
-        return
-    problem = code_problem(int(codes.min()), int(codes.max()), strings)
-    if problem is not None:
-        raise StoreError(f"array {where}: {problem}; {RESTORE}")
 
 
 def normal(doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,21 +11,18 @@ files in proportion to its data:
 - each array's CF attributes (``units``, ``long_name``, ``calendar``) from the schema.
 
 Arrays are made and written through Zarr's public API (:func:`create`).
-:class:`ColumnLook` takes the one look at a column that says how it is sealed
-(:class:`SealedColumn`): the string a missing value is written as, and its attributes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 import metacollect.store.zarrio as zarrio
-from metacollect.errors import StoreError
 from metacollect.store.schema import FILL, TableSpec, VariableSpec
-from metacollect.store.text import NONE_ATTR, codes_to_text, no_value, none_value, text_values
+from metacollect.store.text import NONE_ATTR
 
 #: fewest rows in a chunk of a large sealed table (see :func:`_chunk`)
 COMPACT_ROWS = 65_536
@@ -63,12 +60,6 @@ def _base_rows(extra: Sequence[int]) -> int:
     many values)."""
     width = int(np.prod(extra)) if extra else 1
     return max(1024, COMPACT_ROWS // width) if width > 1 else COMPACT_ROWS
-
-
-def sealed_chunks(n: int, extra: list[int]) -> set[int]:
-    """The chunk lengths a sealed array of ``n`` rows may have: this seal's, and the base
-    length older versions' seals gave every large array (not sealed again for it)."""
-    return {_chunk(n, extra), min(max(1, n), _base_rows(extra))}
 
 
 def variable_layout(
@@ -126,94 +117,3 @@ async def create(
         attrs,
         dims,
     )
-
-
-class SealedColumn(NamedTuple):
-    """How a column is sealed, from one look at all of it: its array's attributes, and for a
-    ``code`` variable the string a missing value is written as (``none``; ``None`` when no
-    value is missing). :meth:`rows` then turns any block of the column into what the
-    sealed array holds: codes (or strings) as strings, a missing value as ``none``."""
-
-    var: VariableSpec
-    attrs: dict[str, Any]
-    none: str | None
-    #: the ``none`` string of a column that is strings already (a compacted table's)
-    read_none: Any
-    strings: np.ndarray
-
-    @classmethod
-    def of(
-        cls,
-        where: str,
-        var: VariableSpec,
-        data: np.ndarray,
-        attrs: dict[str, Any],
-        strings: np.ndarray | None,
-    ) -> SealedColumn:
-        look = ColumnLook(where, var, attrs, strings)
-        look.add(data)
-        return look.sealed()
-
-    def rows(self, block: np.ndarray) -> np.ndarray:
-        """A block of the column's rows as the sealed array holds them."""
-        if self.var.dtype != "code":
-            return block
-        if block.dtype.kind in "iu":
-            out = codes_to_text(block, self.strings).reshape(block.shape)
-        else:
-            out = text_values(block, self.read_none)
-        if self.none is not None:
-            missing = no_value(out)
-            if missing.any():
-                out = out.copy()
-                out[missing] = self.none
-        return out
-
-
-class ColumnLook:
-    """The one look at all of a column that says how it is sealed (:class:`SealedColumn`),
-    taken a block of rows at a time (a large table's column is read from the store a block
-    at a time): for a ``code`` variable, which strings its codes use, whether a value is
-    missing, and the blank strings the ``none`` string must not be."""
-
-    def __init__(
-        self, where: str, var: VariableSpec, attrs: dict[str, Any], strings: np.ndarray | None
-    ) -> None:
-        self.where, self.var, self.attrs = where, var, attrs
-        self.strings = strings
-        self.lookup = np.asarray(strings if strings is not None else [], dtype=object)
-        self.read_none = attrs.get(NONE_ATTR)
-        self.used = np.zeros(len(self.lookup), bool)
-        self.blank: set[str] = set()
-        self.missing = False
-
-    def add(self, data: np.ndarray) -> None:
-        if self.var.dtype != "code":
-            return
-        if data.dtype.kind in "iu":
-            # one look at each distinct string, not at each row (a million-row column of a
-            # few workers)
-            codes = data.reshape(-1)
-            if self.strings is None and len(codes) and codes.max() >= 0:
-                raise StoreError(f"{self.where}: codes without a strings table that reads")
-            inside = (codes >= 0) & (codes < len(self.lookup))
-            self.used[codes[inside]] = True
-            self.missing = self.missing or not inside.all()
-        else:  # strings already (a compacted table's)
-            held = text_values(np.asarray(data), self.read_none).reshape(-1)
-            absent = no_value(held)
-            self.missing = self.missing or bool(absent.any())
-            self.blank.update(v for v in held[~absent] if not v.strip("\0"))
-
-    def sealed(self) -> SealedColumn:
-        if self.var.dtype != "code":
-            return SealedColumn(
-                self.var, sealed_attrs(self.attrs, self.var, None), None, None, self.lookup
-            )
-        held = self.lookup[self.used]
-        absent = no_value(held)
-        missing = self.missing or bool(absent.any())
-        none = none_value([*held[~absent], *self.blank]) if missing else None
-        return SealedColumn(
-            self.var, sealed_attrs(self.attrs, self.var, none), none, self.read_none, self.lookup
-        )

@@ -9,7 +9,6 @@ back to their committed rows, consolidated metadata for plain Zarr/xarray reader
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -18,17 +17,21 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
 import metacollect.config as config
 import metacollect.store.lock as lock
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError, StoreExistsError, StoreLockedError
 from metacollect.store import chunkio, documents, streams
-from metacollect.store.compact import compact, group_strings, local_dir
-from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, gather, ungathered
-from metacollect.store.seal import fold_streams, read_nodes, seal, trim
-from metacollect.store.text import column_values
+from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, ungathered
+from metacollect.store.seal import (
+    fold_streams,
+    read_nodes,
+    seal,
+    seal_spool,
+    seal_spools,
+    trim,
+)
+from metacollect.store.text import NONE_ATTR, text_values
 
 logger = logging.getLogger(__name__)
 
@@ -194,24 +197,22 @@ def consolidate(
     fold: bool = True,
 ) -> None:
     """Seal a store no process writes any more: write its streams into its tables
-    (unless ``fold`` is false: the caller just did), compact its tables (see
-    :mod:`metacollect.store.compact`: large chunks, codes as strings, cut to their committed
-    rows; an interrupted compaction is finished first), then write the root's metadata
-    once - ``attrs`` added to its attributes, and the consolidated metadata of every node
-    (after any write that adds groups), so plain Zarr and xarray readers see exactly the
-    rows written. ``store``: its path or root group; ``nodes``: its
+    (unless ``fold`` is false: the caller just did; see :mod:`metacollect.store.seal`), cut
+    its tables to their committed rows, then write the root's metadata once - ``attrs``
+    added to its attributes, and the consolidated metadata of every node (after any write
+    that adds groups), so plain Zarr and xarray readers see exactly the rows written.
+    ``store``: its path or root group; ``nodes``: its
     :func:`~metacollect.store.seal.read_nodes` when already read (one read of the store
     serves the caller and the seal)."""
     root = store if isinstance(store, zarrio.Group) else zarrio.open_group(store, mode="a")
-    directory = local_dir(root)
+    directory = zarrio.local_dir(root)
     if fold and directory is not None and streams.groups_with_streams(directory):
         for lost in fold_streams(directory).lost:  # finalize seals first, and says so
             logger.warning("metacollect: %s", lost)
         nodes = None  # the seal added tables and rows
     if nodes is None:
         nodes = read_nodes(root)
-    compact(root, nodes)  # tables in large chunks, codes as strings (local stores)
-    trim(root, nodes)  # what compaction left (fsspec stores): cut to the rows written
+    trim(root, nodes)  # cut to the rows written
     seal(root, attrs or {})
 
 
@@ -247,7 +248,10 @@ def finalize(
         # what the processes that wrote them did not seal themselves (seal.seal_own; one
         # still sealing has end-timeout to finish)
         wait = config.interval("end-timeout")
-        streamed = fold_streams(store, groups=with_streams, wait=wait)
+        if _is_url(store):  # in spools: those on this machine its processes left
+            streamed = seal_spools(root, store, wait)
+        else:
+            streamed = fold_streams(store, groups=with_streams, wait=wait)
         # the temp files once that seal is over: a process sealing its own groups (a
         # worker ending under Ctrl-C as the run seals) writes its tables through them
         done = set(streamed.groups)
@@ -420,7 +424,7 @@ def unended_workers(
         attrs = doc.get("attributes") or {}
         if attrs.get("kind") != "worker" or "ended" not in attrs or attrs["ended"] is not None:
             continue
-        if LOCAL_ATTR in attrs and GATHERED_ATTR not in attrs:
+        if LOCAL_ATTR in attrs and attrs.get(GATHERED_ATTR) is None:
             continue
         job = str(attrs.get("batch_job_id") or "")
         how = f" Its batch job {job} {ends[job]}." if ends and job in ends else ""
@@ -452,12 +456,9 @@ def batch_job_ends(root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]]) -
     try:
         arrays = [zarrio.array_at(root, f"{ENDS_TABLE}/{v}") for v in names]
         found = dict(zip(names, zarrio.run(chunkio.read_rows(arrays, rows)), strict=True))
-        strings = group_strings(root, nodes, ENDS_TABLE.rpartition("/")[0])
         text = {
-            v: column_values(
-                found[v],
-                nodes[f"{ENDS_TABLE}/{v}"].get("attributes") or {},
-                strings if strings is not None else np.empty(0, object),
+            v: text_values(
+                found[v], (nodes[f"{ENDS_TABLE}/{v}"].get("attributes") or {}).get(NONE_ATTR)
             )
             for v in names[:-1]
         }
@@ -489,12 +490,15 @@ def clusters_ended(store: str) -> bool:
 
 
 def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], str]:
-    """Add the groups that workers left on node-local disk (killed before they could gather
-    them) to a sealed ``store``, then seal it again: each gathered group leaves ``missing``
-    (but for what its worker did after its last flush, when it never took its final one),
-    and a run nothing else is missing from reads as it ended. Returns the groups gathered
-    and the status written."""
-    lock.acquire(store)  # a run still writing the store holds it: one line says so
+    """Add the groups that processes left on their machine's disk (killed before they could
+    seal them) to a sealed ``store``, then seal it again: each spool (``local_stores``: a
+    worker's on its node, or a process's of a store at an fsspec URL) has its streams sealed
+    into the store. Each gathered group leaves
+    ``missing`` (but for what its worker did after its last flush, when it never took its
+    final one), and a run nothing else is missing from reads as it ended. Returns the groups
+    gathered and the status written."""
+    if not _is_url(store):
+        lock.acquire(store)  # a run still writing the store holds it: one line says so
     try:
         root = _run_root(store)
         nodes = read_nodes(root)
@@ -502,16 +506,13 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
             path: doc["attributes"][LOCAL_ATTR].split(":", 1)[-1]
             for path, doc in nodes.items()
             if LOCAL_ATTR in (doc.get("attributes") or {})
-            and GATHERED_ATTR not in doc["attributes"]
+            and doc["attributes"].get(GATHERED_ATTR) is None
         }
         done = []
         for path, left_at in sorted(waiting.items()):
             source = next((s for s in local_stores if _same(s, left_at)), None)
-            if source is None or not os.path.isdir(os.path.join(source, path)):
-                continue
-            _mark_gathered(os.path.join(source, path))
-            gather(source, store, path)
-            done.append(path)
+            if source is not None and seal_spool(root, store, source, path).groups:
+                done.append(path)
         attrs: dict[str, Any] = dict(root.attrs)
         missing = [str(m) for m in attrs.get("missing") or [] if not str(m).startswith(tuple(done))]
         # a group left behind by a killed worker holds its rows up to its last flush only
@@ -527,19 +528,9 @@ def gather_leftovers(store: str, local_stores: list[str]) -> tuple[list[str], st
         consolidate(root, nodes, {"status": status, "missing": missing})
         return done, status
     finally:
-        lock.release(store)
+        if not _is_url(store):
+            lock.release(store)
 
 
 def _same(a: str, b: str) -> bool:
     return os.path.abspath(a) == os.path.abspath(b) or os.path.basename(a) == os.path.basename(b)
-
-
-def _mark_gathered(group_dir: str) -> None:
-    """Set the gathered attribute in a node-local group's ``zarr.json``."""
-    doc_path = os.path.join(group_dir, "zarr.json")
-    with open(doc_path) as f:
-        doc = json.load(f)
-    doc.setdefault("attributes", {})[GATHERED_ATTR] = time.time()
-    with open(doc_path + ".partial", "w") as f:
-        json.dump(doc, f)
-    os.replace(doc_path + ".partial", doc_path)

@@ -1,26 +1,24 @@
-"""Worker groups written to node-local disk during the run and gathered into the store at the end.
+"""Groups whose rows wait in a spool on a machine's disk until their process seals them.
 
 On Lustre or GPFS every file a flush creates is a round trip to a metadata server that the whole
 machine shares. With ``metacollect.store.local-dir`` set (e.g. ``$TMPDIR``, expanded on each
-node), a worker writes its group into a store of its own on that node's disk and, at its end,
-copies the group into the run's store - the way HPC tools stage I/O-heavy output. The run's
-store gets a placeholder for the group as the worker starts (``local_store``: where its rows
-are), so a worker that never gathers them - killed, its node lost - is named by the seal
-(:func:`ungathered`) instead of silently missing.
+node), a worker spools its group's streams on that node's disk (:func:`local_store_path`)
+and, at its end, seals the group from there into the run's store - the way HPC tools stage
+I/O-heavy output; every process writing a store at an fsspec URL spools the same way. The
+run's store has a placeholder for the group meanwhile (``local_store``: where its rows are),
+so a process that never seals them - killed, its node lost - is named by the seal
+(:func:`ungathered`) instead of silently missing, and ``metacollect gather`` seals them later.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import shutil
 import socket
 from collections.abc import Mapping
 from typing import Any
 
 from metacollect.errors import StoreError
-from metacollect.store import lock
 
 #: attribute of a worker group whose rows were written on node-local disk: ``host:path``
 LOCAL_ATTR = "local_store"
@@ -48,43 +46,6 @@ def local_store_path(local_dir: str, store: str, name: str) -> str:
     return os.path.join(base, f"metacollect-{run}", f"{name}.zarr")
 
 
-def gather(local: str, store: str, group: str) -> int:
-    """Copy ``group`` (and everything below it) from the node-local store ``local`` into the
-    run's ``store``, then remove ``local``; returns the files copied.
-
-    Chunks go first and each node's ``zarr.json`` after everything below it, so a copy cut
-    short leaves tables whose committed ``rows`` never point past the chunks that landed
-    (readers stop at ``rows``), never the other way round.
-    """
-    if lock.held(local) or not os.path.isdir(os.path.join(local, group)):
-        raise StoreError(f"no node-local group {group} in {local} to gather")
-    if not os.path.isdir(store):
-        raise StoreError(f"store {store} is gone: node-local rows in {local} were not gathered")
-    source = os.path.join(local, group)
-    target = os.path.join(store, group)
-    metadata: list[tuple[str, str]] = []
-    copied = 0
-    for dirpath, _dirs, files in os.walk(source, topdown=False):
-        dest = os.path.join(target, os.path.relpath(dirpath, source))
-        os.makedirs(dest, exist_ok=True)
-        for f in files:
-            if f == "zarr.json":
-                metadata.append((os.path.join(dirpath, f), os.path.join(dest, f)))
-            elif not f.endswith(".partial"):  # a write cut short is not data
-                shutil.copyfile(os.path.join(dirpath, f), os.path.join(dest, f))
-                copied += 1
-    # deepest first: a table's zarr.json (its rows) lands after its arrays' and chunks
-    for src, dest in sorted(metadata, key=lambda m: -m[0].count(os.sep)):
-        tmp = dest + ".partial"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-        copied += 1
-    shutil.rmtree(local, ignore_errors=True)
-    with contextlib.suppress(OSError):  # the run's directory, once its last store is gathered
-        os.rmdir(os.path.dirname(local))
-    return copied
-
-
 def ungathered(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """What the store misses because a process kept its rows on node-local disk and never
     gathered them: one line per such group (``nodes``: the store's nodes as the seal reads
@@ -92,10 +53,11 @@ def ungathered(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     missing = []
     for path, doc in sorted(nodes.items()):
         attrs = doc.get("attributes") or {}
-        if LOCAL_ATTR in attrs and GATHERED_ATTR not in attrs:
+        if LOCAL_ATTR in attrs and attrs.get(GATHERED_ATTR) is None:
             missing.append(
                 f"{path}: its rows were written on node-local disk ({attrs[LOCAL_ATTR]}) and "
-                "never gathered into the store (the worker was killed or its node lost); if "
+                "never gathered into the store (the process that wrote them was killed or its "
+                "node lost); if "
                 f"that directory is still there, `metacollect gather STORE "
                 f"{attrs[LOCAL_ATTR].split(':', 1)[-1]}` adds them"
             )

@@ -21,7 +21,7 @@ import xarray as xr
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import NotAStoreError, SchemaVersionError, StoreError
 from metacollect.store import chunkio, documents, streams
-from metacollect.store.integrity import check_codes, rows_within, seal_problems, table_rows
+from metacollect.store.integrity import rows_within, seal_problems, table_rows
 from metacollect.store.schema import FILL, Schema, load_schema
 from metacollect.store.text import NONE_ATTR, text_values
 
@@ -212,13 +212,10 @@ class StoreReader:
         columns: Iterable[str] | None = None,
         distinct: bool = False,
     ) -> pd.DataFrame:
-        """One table of one group, codes decoded to strings; empty if never written.
+        """One table of one group; empty if never written.
 
         ``columns`` limits the read to those variables (a large table reads much faster).
-        ``distinct`` drops repeated rows before decoding, comparing codes (a few distinct
-        pairs out of a million rows decode in no time); rows whose strings are equal under
-        different codes may remain, so callers that need exactly distinct rows still
-        ``drop_duplicates`` the (small) result.
+        ``distinct`` drops repeated rows as read.
         String columns keep ``object`` dtype: converting millions of strings to pandas' Arrow
         strings costs more than reading them.
         """
@@ -232,8 +229,7 @@ class StoreReader:
             tg = self._open.group(f"{group}/{name}" if group else name)
         except KeyError:
             tg = None
-        strings = _GroupStrings(self._open, group)  # read only if a code column needs it
-        later = self._stream_frame(group, name, tspec, wanted, tg, strings)
+        later = self._stream_frame(group, name, tspec, wanted, tg)
         if tg is None:
             if later is not None:
                 return later
@@ -243,10 +239,7 @@ class StoreReader:
         try:
             data_of, n, nones = self._read_columns(tg, self._open, tspec, wanted, distinct)
             arrays = {
-                v: self._column(
-                    tspec.variables[v], data_of.get(v), n, strings, f"{tg.path}/{v}", nones.get(v)
-                )
-                for v in wanted
+                v: self._column(tspec.variables[v], data_of.get(v), n, nones.get(v)) for v in wanted
             }
         except StoreError:
             raise
@@ -268,7 +261,7 @@ class StoreReader:
     ) -> tuple[dict[str, np.ndarray], int, dict[str, Any]]:
         """The committed rows of the wanted variables the table holds, all in one batch of
         Zarr reads (they decode side by side); with ``distinct``, repeated rows dropped; and
-        the string that stands for no value in each compacted ``code`` column."""
+        the string that stands for no value in each ``code`` column."""
         present = {v: a for v, a in nodes.arrays(tg) if v in tspec.variables}
         n = table_rows(tg.path, tg.attrs.get("rows"), {v: a.shape[0] for v, a in present.items()})
         names = [v for v in wanted if v in present]
@@ -290,7 +283,6 @@ class StoreReader:
         tspec: Any,
         wanted: list[str],
         tg: zarrio.Group | None,
-        strings: _GroupStrings,
     ) -> pd.DataFrame | None:
         """A table's rows that a store not sealed yet holds in its group's Arrow streams
         (see :mod:`metacollect.store.streams`) and not in its Zarr table ``tg`` (a seal cut
@@ -308,32 +300,19 @@ class StoreReader:
             return None
         n = len(next(iter(columns.values())))
         return pd.DataFrame(
-            {
-                v: self._column(tspec.variables[v], columns.get(v), n, strings, f"{group}/{name}")
-                for v in wanted
-            }
+            {v: self._column(tspec.variables[v], columns.get(v), n) for v in wanted}
         )
 
     @staticmethod
-    def _column(
-        vspec: Any,
-        data: np.ndarray | None,
-        n: int,
-        strings: _GroupStrings,
-        where: str,
-        none: Any = None,
-    ) -> Any:
-        """One variable as a DataFrame column: codes decoded (a sealed store holds them as
-        strings already, ``none`` standing for no value), strings as objects, a variable the
-        table lacks (added by a newer schema) as ``n`` fill values."""
+    def _column(vspec: Any, data: np.ndarray | None, n: int, none: Any = None) -> Any:
+        """One variable as a DataFrame column: strings as objects (in a ``code`` column,
+        ``none`` standing for no value), a variable the table lacks (added by a newer
+        schema) as ``n`` fill values."""
         if data is None:
             fill = None if vspec.dtype in ("str", "code") else FILL[vspec.dtype]
             return pd.Series(np.full(n, fill, dtype=_pandas_dtype(vspec.dtype)))
-        if vspec.dtype == "code" and data.dtype.kind not in "iu":
+        if vspec.dtype == "code":
             data = text_values(data, none)
-        elif vspec.dtype == "code":
-            check_codes(where, data, strings.n)
-            data = _decode(strings, data)
         elif vspec.dtype == "str":
             data = np.asarray(data, dtype=object)
         if data.dtype == object:
@@ -439,78 +418,6 @@ class StoreReader:
                 d = d.setdefault(p, {})
             d[leaf] = json.loads(value)
         return out
-
-
-class _GroupStrings:
-    """A group's strings table, as one table read needs it: the few chunks a column of a
-    handful of codes uses (a column of task prefixes must not read a million task keys), or
-    all of it at most once (task keys), then shared by the table's other columns."""
-
-    def __init__(self, nodes: documents.Nodes, group: str) -> None:
-        self.nodes, self.group = nodes, group
-        self.value: zarrio.Array | None = None
-        self.all: np.ndarray | None = None
-        self._n: int | None = None
-
-    @property
-    def n(self) -> int:
-        """Committed strings (read on first use: a table without codes never opens them)."""
-        if self._n is None:
-            path = f"{self.group}/strings" if self.group else "strings"
-            try:
-                strings = self.nodes.group(path)
-                self.value = self.nodes.array(f"{path}/value")
-            except KeyError:
-                self._n = 0
-            else:
-                shapes = {"value": self.value.shape[0]}
-                self._n = table_rows(strings.path, strings.attrs.get("rows"), shapes)
-        return self._n
-
-    def every(self) -> np.ndarray:
-        """All the committed strings in Zarr."""
-        if self.n == 0 or self.value is None:
-            return np.empty(0, dtype=object)
-        if self.all is None:
-            self.all = np.asarray(chunkio.read_slice(self.value, 0, self.n), dtype=object)
-        return self.all
-
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        """Strings at ``idx`` (valid, sorted codes); all of them are read once more than a
-        quarter is wanted."""
-        if self.value is None:  # codes are in range only when strings exist
-            raise StoreError("codes refer to a strings table the store does not hold")
-        if self.all is None and len(idx) > self.n // 4:
-            self.all = np.asarray(chunkio.read_slice(self.value, 0, self.n), dtype=object)
-        if self.all is not None:
-            return self.all[idx]
-        return np.asarray(chunkio.read_picks(self.value, idx), dtype=object)
-
-
-def _decode(strings: _GroupStrings, codes: np.ndarray) -> np.ndarray:
-    """Strings of ``codes`` (-1 or out of range: ``None``).
-
-    Linear in the rows: the codes used are marked in a table as long as the strings (no
-    sort of a million codes), and once every string is in memory a code indexes it directly.
-    """
-    codes = np.asarray(codes, dtype=np.int64).reshape(-1)
-    valid = (codes >= 0) & (codes < strings.n)
-    if not valid.any():
-        return np.full(len(codes), None, dtype=object)
-    if strings.all is None:
-        marked = np.zeros(strings.n, bool)
-        marked[codes[valid]] = True
-        used = np.flatnonzero(marked)
-        found = strings.take(used)
-        if strings.all is None:  # a few strings, read on their own
-            out = np.full(len(codes), None, dtype=object)
-            out[valid] = found[np.searchsorted(used, codes[valid])]
-            return out
-    every = strings.all if strings.all is not None else strings.take(np.arange(strings.n))
-    out = every[np.where(valid, codes, 0)]
-    if not valid.all():
-        out[~valid] = None
-    return out
 
 
 def _as_column(data: np.ndarray) -> Any:

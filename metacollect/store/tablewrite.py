@@ -1,13 +1,11 @@
 """Writing tables in their sealed form (:mod:`metacollect.store.layout`), through Zarr's API.
 
-Two ways in: :func:`write_sealed_stream` writes a group's tables from its streams' rows
-in order (the seal, when none of the group's tables is in Zarr yet), and
-:func:`write_table` writes a table's stored columns again (the compaction of a table
-appended to Zarr). Either way a large table is written a block of chunks at a time
+:func:`write_sealed_stream` writes a group's tables from its streams' rows in order (the
+seal of the tables not in Zarr yet). A large table is written a block of chunks at a time
 (``array[lo:hi] = block``), so the seal's memory stays that of a few chunks however many
-rows a table has. A table is written at a path of its own (``<table>.compacting``), its
-group made first without ``rows`` and given its ``rows`` last, then renamed in place by the
-caller: a table cut short by a kill has no ``rows`` and is written again.
+rows a table has. A table is written where the caller says (in a local store beside its
+place, then renamed into it), its group made first without ``rows`` and given its ``rows``
+last: a table cut short by a kill has no ``rows`` and is written again.
 """
 
 from __future__ import annotations
@@ -23,41 +21,10 @@ from zarr.buffer import default_buffer_prototype
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
-from metacollect.store import chunkio, layout
-from metacollect.store.layout import (
-    COMPACTED,
-    ColumnLook,
-    SealedColumn,
-    chunk_of,
-    create,
-    sealed_attrs,
-    variable_layout,
-)
+from metacollect.store import layout
+from metacollect.store.layout import COMPACTED, chunk_of, create, sealed_attrs, variable_layout
 from metacollect.store.schema import TableSpec, VariableSpec
 from metacollect.store.text import none_value
-
-
-class StoredColumn:
-    """The first ``rows`` rows of an array in the store, read a block at a time
-    (:meth:`read`, on the store's I/O loop): a column of a large table being compacted."""
-
-    def __init__(self, arr: Any, rows: int) -> None:
-        self.arr = arr
-        self.shape = (rows, *arr.shape[1:])
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    async def read(self, lo: int, hi: int) -> np.ndarray:
-        return await chunkio.read_block(self.arr, lo, min(hi, len(self)))
-
-
-async def _read_block(column: np.ndarray | StoredColumn, lo: int, hi: int) -> np.ndarray:
-    """Rows ``lo:hi`` of a column, read on the store's I/O loop when it is in the store (a
-    thread that waited on that loop for them could take the threads its reads need)."""
-    if isinstance(column, StoredColumn):
-        return await column.read(lo, hi)
-    return column[lo:hi]
 
 
 async def set_rows(arr: Any, lo: int, rows: np.ndarray) -> None:
@@ -354,73 +321,3 @@ def _unfinished(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """A table group's attributes until all its arrays are written: no ``rows``, which
     readers and the seal take for a table whole."""
     return {k: v for k, v in attrs.items() if k != "rows"}
-
-
-async def write_table(
-    where: Any,
-    path: str,
-    group: dict[str, Any],
-    tspec: TableSpec,
-    columns: Mapping[str, np.ndarray | StoredColumn],
-    layouts: dict[str, tuple[Any, dict[str, Any]]],
-    strings: np.ndarray | None,
-    level: int,
-) -> dict[str, dict[str, Any]]:
-    """Write a table's columns at ``where`` in their sealed form, its group's attributes
-    (``group``) complete last; returns the documents by the paths of ``path``'s table
-    (``layouts``: each variable's dimension names and attributes). Its arrays are written
-    side by side, each :data:`~metacollect.store.layout.BLOCK_CHUNKS` chunks at a time, so
-    its memory stays that of a few chunks however many rows it has."""
-    await zarrio.new_group(where, _unfinished(group["attributes"]))
-    names = [n for n in layouts if n in columns]
-    table = _ColumnsWrite(where, path, tspec, columns, layouts, strings)
-    out: dict[str, dict[str, Any]] = {}
-    # every write to its end before a failure goes up: the caller removes what they wrote
-    for docs in await asyncio.gather(
-        *(table.stream(n, level) for n in names), return_exceptions=True
-    ):
-        if isinstance(docs, BaseException):
-            raise docs
-        out.update(docs)
-    out[path] = await zarrio.set_group_attrs(where, group["attributes"])
-    return out
-
-
-class _ColumnsWrite:
-    """The columns of one table being written in their sealed form by :func:`write_table`."""
-
-    def __init__(
-        self,
-        where: Any,
-        path: str,
-        tspec: TableSpec,
-        columns: Mapping[str, np.ndarray | StoredColumn],
-        layouts: dict[str, tuple[Any, dict[str, Any]]],
-        strings: np.ndarray | None,
-    ) -> None:
-        self.where, self.path, self.tspec = where, path, tspec
-        self.columns, self.layouts, self.strings = columns, layouts, strings
-
-    def look(self, name: str) -> ColumnLook:
-        var = self.tspec.variables[name]
-        return ColumnLook(f"{self.path}/{name}", var, self.layouts[name][1], self.strings)
-
-    async def stream(self, name: str, level: int) -> dict[str, dict[str, Any]]:
-        """An array, a block of chunks at a time: its strings are never all in memory at
-        once; looked at once, then written."""
-        column = self.columns[name]
-        shape = tuple(np.shape(column)) if not isinstance(column, StoredColumn) else column.shape
-        step = chunk_of(shape)[0] * layout.BLOCK_CHUNKS
-        starts = range(0, len(column), step)
-        seen = self.look(name)
-        for lo in starts if self.tspec.variables[name].dtype == "code" else ():
-            await asyncio.to_thread(seen.add, await _read_block(column, lo, lo + step))
-        sealed: SealedColumn = seen.sealed()
-        arr = await create(
-            self.where / name, sealed.var, shape, self.layouts[name][0], sealed.attrs, level
-        )
-        for lo in starts:
-            rows = await _read_block(column, lo, lo + step)
-            block = await asyncio.to_thread(sealed.rows, rows)
-            await set_rows(arr, lo, block)
-        return {f"{self.path}/{name}": zarrio.array_doc(arr)}

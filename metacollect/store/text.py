@@ -1,10 +1,7 @@
-"""A ``code`` column's values as text, whichever form its array holds.
+"""A sealed ``code`` column's values as text.
 
-During a run writers append compact int32 codes (``code`` variables index their group's
-``strings`` table); the seal turns each ``code`` variable into variable-length strings
-(:mod:`metacollect.store.compact`). Readers read both forms.
-
-A code of no value (-1) becomes the column's :data:`NONE_ATTR` string: ``""`` with CF's
+A ``code`` variable (names that recur: task keys, workers, states) is stored as
+variable-length strings. No value becomes the column's :data:`NONE_ATTR` string: ``""`` with CF's
 ``missing_value`` (xarray masks it) when the column holds no genuine ``""``, else a string
 it does not hold (:func:`none_value`). :func:`text_values` reads it back to ``None``.
 """
@@ -16,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-#: attribute of a string column made from codes: the string that stands for no value
+#: attribute of a ``code`` column: the string that stands for no value
 NONE_ATTR = "none_value"
 
 
 def text_values(data: np.ndarray, none: Any) -> np.ndarray:
-    """A compacted ``code`` column's strings as objects, its ``none`` string back to
+    """A sealed ``code`` column's strings as objects, its ``none`` string back to
     ``None`` (``none``: the array's :data:`NONE_ATTR`, ``None`` when it has none)."""
     out = np.asarray(data, dtype=object)
     if isinstance(none, str) and len(out):
@@ -48,25 +45,6 @@ def no_value(values: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=object)
     nothing = np.empty((), dtype=object)  # None, as an array (what numpy's typing asks)
     return np.asarray(np.equal(values, nothing) | np.not_equal(values, values), dtype=bool)
-
-
-def codes_to_text(codes: np.ndarray, strings: np.ndarray) -> np.ndarray:
-    """The strings ``codes`` index (-1 or out of range: ``None``). The strings table is not
-    copied: the seal calls this for every block of a column, with a group's ~2M strings."""
-    codes = np.asarray(codes).reshape(-1)
-    strings = np.asarray(strings, dtype=object)
-    inside = (codes >= 0) & (codes < len(strings))
-    out: np.ndarray = np.empty(len(codes), dtype=object)  # None: no string
-    out[inside] = strings[codes[inside]]
-    return out
-
-
-def column_values(data: np.ndarray, attrs: Any, strings: np.ndarray) -> np.ndarray:
-    """A ``code`` variable's values as strings (``None``: no value), whichever form its
-    array holds: compacted strings, or codes into ``strings`` (the group's strings table)."""
-    if np.asarray(data).dtype.kind in "iu":
-        return codes_to_text(data, strings)
-    return text_values(data, dict(attrs).get(NONE_ATTR))
 
 
 def none_value(values: Iterable[Any]) -> str:

@@ -1,4 +1,4 @@
-"""Check a store against the schema: groups, attrs, tables, dtypes, dimensions, codes."""
+"""Check a store against the schema: groups, attrs, tables, dtypes, dimensions, joins."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pandas as pd
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import chunkio, documents, streams
-from metacollect.store.compact import local_dir
-from metacollect.store.integrity import code_problem, rows_problem, seal_problems
+from metacollect.store.integrity import rows_problem, seal_problems
 from metacollect.store.layout import COMPACTED
 from metacollect.store.schema import DTYPES, GroupSpec, Schema, VariableSpec, load_schema
 from metacollect.store.text import NONE_ATTR, text_values
@@ -41,9 +40,9 @@ def validate_store(
 
     Beyond the metadata (groups, attrs, variables, dtypes, dimensions) every array is decoded
     up to its table's committed rows, a slice at a time, and the tables are checked against
-    each other: ``rows`` commit points, codes within their group's strings table, ids that
-    join (``joins`` in the schema), and a sealed store against its seal. ``progress`` is
-    called with what is being checked now (the CLI shows it on a terminal).
+    each other: ``rows`` commit points, ids that join (``joins`` in the schema), and a
+    sealed store against its seal. ``progress`` is called with what is being checked now
+    (the CLI shows it on a terminal).
     """
     say = progress or (lambda text: None)
     schema = schema or load_schema()
@@ -72,9 +71,9 @@ def validate_store(
             problems.append(f"{path}: group not described by the schema")
             continue
         _check_group(path, member, spec, schema, problems)
-    say("validating the codes and ids across tables")
+    say("validating the ids across tables")
     problems.extend(state.cross_problems())
-    directory = local_dir(root)
+    directory = zarrio.local_dir(root)
     if directory is not None:
         say("validating the streams")
         problems.extend(stream_problems(directory, schema, state.sealed))
@@ -246,8 +245,8 @@ def _check_table(
 def _variable_problems(
     where: str, arr: zarrio.Array, var: Any, dim: str, compacted: Any = False
 ) -> list[str]:
-    """A variable's first dimension and dtype against the schema; in a table the seal
-    compacted, codes as strings and the CF attributes (``units``, ``long_name``, the
+    """A variable's first dimension and dtype against the schema; in a sealed table,
+    the CF attributes (``units``, ``long_name``, the
     ``calendar`` of times) that let plain xarray read it."""
     problems = []
     dims = zarrio.dimension_names(arr)
@@ -261,9 +260,9 @@ def _variable_problems(
             if attrs.get(k) != v
         )
     expected = np.dtype(DTYPES[var.dtype])
-    if var.dtype == "code" and (compacted or chunkio.holds_text(arr)):
+    if var.dtype == "code":
         if not chunkio.holds_text(arr):
-            problems.append(f"{where}: codes in a compacted table; it should hold strings")
+            problems.append(f"{where}: dtype {arr.dtype} should be a variable-length string")
     elif var.dtype != "str":
         if np.dtype(arr.dtype) != expected:
             problems.append(f"{where}: dtype {arr.dtype} should be {expected}")
@@ -322,19 +321,11 @@ class _Facts:
     nodes: documents.Nodes
     #: committed rows of each table, by path
     rows: dict[str, int] = field(default_factory=dict)
-    #: (group, smallest, largest) code of each code array, by path
-    codes: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     #: distinct values of the variables that join or are joined, by array path
     ids: dict[str, np.ndarray] = field(default_factory=dict)
     #: (array, the array it joins)
     joins: list[tuple[str, str]] = field(default_factory=list)
     _parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    #: path of each group's strings array (codes join by the strings they stand for: a
-    #: writer whose cache restarted gives a string seen again a new code)
-    strings: dict[str, str] = field(default_factory=dict)
-    _text_of: dict[str, np.ndarray] = field(default_factory=dict)
-    #: ``code`` arrays a seal compacted to strings
-    text: set[str] = field(default_factory=set)
     #: told which rows of a large table are being decoded
     progress: Callable[[str], None] = lambda text: None
 
@@ -346,7 +337,7 @@ class _Facts:
         problems: list[str],
     ) -> None:
         """Decode the first ``n`` rows of a table's arrays, a slice of them all at a time;
-        keep what the checks across tables need (code ranges, distinct ids)."""
+        keep what the checks across tables need (distinct ids)."""
         if not arrays:
             return
         group, _, name = table.rpartition("/")
@@ -366,8 +357,7 @@ class _Facts:
                     problems.append(str(data))
                     del todo[var]
                     continue
-                if var.dtype == "code" and data.dtype.kind not in "iu":  # compacted
-                    self.text.add(f"{table}/{var.name}")
+                if var.dtype == "code":
                     data = text_values(data, arrays[var].attrs.get(NONE_ATTR))
                     data = np.array([v for v in data if v is not None], dtype=str)
                 self._note(f"{table}/{var.name}", var, name, group, data)
@@ -376,30 +366,18 @@ class _Facts:
 
     def _note(self, where: str, var: VariableSpec, table: str, group: str, data: Any) -> None:
         """What the checks across tables need of one slice of an array."""
-        if table == "strings":
-            self.strings[group] = where
-        if var.dtype == "code" and where not in self.text and len(data):
-            _, lo, hi = self.codes.get(where, (group, 0, -1))
-            self.codes[where] = (group, min(lo, int(data.min())), max(hi, int(data.max())))
         if var.joins is not None or f"{table}.{var.name}" in self.targets:
             self._parts.setdefault(where, []).append(np.unique(data))
 
     def _settle(self, where: str, var: VariableSpec, table: str, group: str) -> None:
-        """An array decoded whole: its code range and distinct ids are final."""
-        if var.dtype == "code" and where not in self.text:
-            self.codes.setdefault(where, (group, 0, -1))
+        """An array decoded whole: its distinct ids are final."""
         parts = self._parts.pop(where, None)
         if var.joins is not None or f"{table}.{var.name}" in self.targets:
             self.ids[where] = np.unique(np.concatenate(parts)) if parts else np.array([])
 
     def cross_problems(self) -> list[str]:
-        """Codes outside their strings table; ids that do not join (a whole record only)."""
+        """Ids that do not join (a whole record only)."""
         out = []
-        for where, (group, lo, hi) in self.codes.items():
-            strings = self.rows.get(f"{group}/strings" if group else "strings", 0)
-            problem = code_problem(lo, hi, strings)
-            if problem is not None:
-                out.append(f"{where}: {problem}")
         for source, target in self.joins if self.whole else ():
             stray = self._stray(source, target)
             if len(stray):
@@ -410,26 +388,9 @@ class _Facts:
         return out
 
     def _stray(self, source: str, target: str) -> np.ndarray:
-        """Values of ``source`` not in ``target`` (-1, no value, aside for codes)."""
+        """Values of ``source`` not in ``target``."""
         values = self.ids.get(source)
         if values is None:  # not decoded: its own problem is reported
             return np.array([])
         known = self.ids.get(target, np.array([], values.dtype))
-        group = source.rsplit("/", 2)[0]
-        if source in self.codes:  # codes join by the strings they stand for
-            values = self._text(group, values)
-        if target in self.codes:
-            known = self._text(group, known)
         return np.asarray(pd.Index(values).difference(pd.Index(known)))
-
-    def _text(self, group: str, codes: np.ndarray) -> np.ndarray:
-        """The strings of a group's (distinct, sorted) codes; -1 (no value) left out."""
-        codes = codes[(codes >= 0) & (codes < self.rows.get(f"{group}/strings", 0))]
-        path = self.strings.get(group)
-        if path is None or not len(codes):
-            return np.array([], dtype=object)
-        if group not in self._text_of:  # the whole table once: far faster than picking
-            arr = self.nodes.array(path)
-            n = self.rows.get(f"{group}/strings", 0)
-            self._text_of[group] = np.asarray(chunkio.read_slice(arr, 0, n), dtype=object)
-        return self._text_of[group][codes]

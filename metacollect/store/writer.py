@@ -1,21 +1,25 @@
 """The live writer: a process's rows flushed into the store, driven by the schema.
 
 Each process that collects owns a :class:`StoreWriter` and the groups it writes; distinct
-processes never append to the same array, so no locking is needed on a shared filesystem.
+processes never append to the same file, so no locking is needed on a shared filesystem.
 Collectors append rows to in-memory tables (cheap, :mod:`metacollect.store.buffers`);
-:meth:`GroupWriter.flush` turns them into arrays and writes them - from a thread or at the
-end, never on a hot path: into a store on a filesystem as one record batch per table per
-flush appended to the table's Arrow stream (:mod:`metacollect.store.streams`, written into
-Zarr by the seal, :mod:`metacollect.store.seal`), elsewhere (fsspec URLs, and writers into
-a sealed store) appended to the Zarr arrays directly.
+:meth:`GroupWriter.flush` appends them - from a thread or at the end, never on a hot
+path - as one record batch per table per flush to the table's Arrow stream
+(:mod:`metacollect.store.streams`), which the seal writes into Zarr
+(:mod:`metacollect.store.seal`). The streams of a store on a filesystem are in the store;
+those of a store at an fsspec URL in a spool directory on this machine
+(:attr:`StoreWriter.spool`), from which the process seals its groups into the store at its
+end: until then each of its groups says where its rows are (``local_store``), so a spool
+never sealed is named by the run's seal.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
+import hashlib
 import logging
 import os
+import socket
+import tempfile
 import threading
 import time
 import traceback
@@ -27,13 +31,11 @@ import numpy as np
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
-from metacollect.store import arrowcols, chunkio, documents, lock, streams
-from metacollect.store.buffers import StringTable, Table
-from metacollect.store.integrity import committed_rows
-from metacollect.store.layout import variable_layout
-from metacollect.store.schema import FILL, GroupSpec, Schema, TableSpec, load_schema
+from metacollect.store import arrowcols, documents, lock, streams
+from metacollect.store.buffers import Table
+from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
+from metacollect.store.schema import GroupSpec, Schema, load_schema
 from metacollect.store.streams import TableStream
-from metacollect.store.text import NONE_ATTR
 
 logger = logging.getLogger(__name__)
 
@@ -56,27 +58,16 @@ class GroupWriter:
         self.spec = spec
         self.path = path
         limit = int(config.get("buffer-limit"))
-        self.strings = StringTable(int(config.get("strings.cache-size")))
         self.tables = {name: Table(t, limit) for name, t in spec.tables.items()}
         self._flush_lock = threading.Lock()
         self._failed = False
         self._last_failure = ""  # type of the last flush failure (logged once per kind)
-        #: rows of each table known to be whole in the store (appends that failed half-way
-        #: are cut back to this before the next append, so codes and rows never shift)
-        self._committed: dict[str, int] = {}
-        #: per table: its zarr group and arrays (async handles), cached once known
-        self._tgroups: dict[str, Any] = {}
-        self._arrays: dict[str, dict[str, Any]] = {}
-        #: per (table, variable): what appends to its array (holding its last chunk's rows)
         #: the group's attrs until it is made (then written on it)
         self._attrs = dict(attrs)
-        #: this group's Arrow streams by table, made at a table's first flush (``None``:
-        #: flushes are appended to Zarr)
-        self._streams: dict[str, TableStream] | None = None
+        #: this group's Arrow streams by table, made at a table's first flush
+        self._streams: dict[str, TableStream] = {}
         self._streamed: set[str] = set()  # the tables the flush under way has written
         self._texts = arrowcols.Texts()  # its streams' texts of task keys, shared by its tables
-        #: attributes a table's next commit writes with its rows (the fold's progress)
-        self._commit_attrs: dict[str, dict[str, Any]] = {}
         self.group: zarrio.Group | None = None
         try:
             self.create()
@@ -98,16 +89,6 @@ class GroupWriter:
         it; raises when the store cannot be written."""
         if self.group is None:
             self.group = self.store.ensure_group(self.path, self.spec, self._attrs)
-            try:
-                # a group written before (by another writer): new codes continue its
-                # strings in Zarr
-                strings = self._rows_in_store("strings")
-                if self.store.streams:
-                    self._streams = {}
-                self.strings._next = strings
-            except BaseException:  # made again, whole, by the next flush that can
-                self.group = None
-                raise
         return self.group
 
     # -- collecting -------------------------------------------------------------------
@@ -123,6 +104,8 @@ class GroupWriter:
             what, why = str(exc), ""
         what = config.redact_text(what)  # a message may quote a value: a URL, a token
         logger.warning("metacollect: %s failed: %s", where, what)
+        if "errors" not in self.tables:  # a group without one (the root): logged only
+            return
         self.tables["errors"].append(
             {"time": [time.time()], "where": [where], "what": [what], "why": [why]}
         )
@@ -201,32 +184,9 @@ class GroupWriter:
             return written
 
     def _write(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
-        """Encode and append these rows (their new strings first); on failure put them
-        all back, ahead of rows appended since, and raise."""
-        if self._streams is not None:
-            return self._write_streams(taken)
-        new_strings: list[str] = []
-        try:
-            # encode first: it creates the new strings, which must land before the codes
-            columns = self._columns({name: chunks for name, chunks in taken.items() if chunks})
-            new_strings = self.strings.take_new()
-            if new_strings:  # committed first: the other tables' codes refer to them
-                columns = {
-                    "strings": {"value": np.array(new_strings, dtype=object)},
-                    **columns,
-                }
-            self._append_tables(columns)
-        except Exception:
-            self.strings.restore(new_strings)
-            for name, chunks in taken.items():
-                self.tables[name].restore(chunks)
-            raise
-        return sum(n for chunks in taken.values() for n, _ in chunks)
-
-    def _write_streams(self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]) -> int:
-        """Append each table's rows to its stream, one record batch a table
-        (:meth:`_append_tables`); on failure put back the rows of the tables not written
-        (those written stay: each row once) and raise."""
+        """Append each table's rows to its stream, one record batch a table; on failure
+        put back the rows of the tables not written (those written stay: each row once)
+        and raise."""
         columns = {
             name: arrowcols.chunk_columns(self.tables[name].spec, chunks)
             for name, chunks in taken.items()
@@ -242,19 +202,25 @@ class GroupWriter:
             raise
         return sum(n for chunks in taken.values() for n, _ in chunks)
 
-    def _append_streams(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
+    def _append_tables(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
         """Append each table's rows to its stream (made at its first flush), noting in
         ``_streamed`` the tables written."""
-        assert self._streams is not None
         # a store removed under the run must fail the flush (rows kept, reported once)
-        if not os.path.exists(os.path.join(self.store.path, "zarr.json")):
+        if not self.store.spooled and not os.path.exists(
+            os.path.join(self.store.path, "zarr.json")
+        ):
             raise self.store.removed()
         self.store.check_run_open()
         for name, columns in tables.items():
             stream = self._streams.get(name)
             if stream is None:
+                if self.store.spooled and not self._streams:
+                    # where its rows are until this process seals them (and said again
+                    # after a seal of it: a spool of another process may have been sealed)
+                    where = f"{socket.gethostname()}:{self.store.spool}"
+                    self.set_attrs(**{LOCAL_ATTR: where, GATHERED_ATTR: None})
                 stream = self._streams[name] = TableStream(
-                    streams.directory(self.store.path, self.path),
+                    streams.directory(self.store.spool, self.path),
                     self.tables[name].spec,
                     int(config.get("strings.cache-size")),
                     self._texts,
@@ -264,10 +230,9 @@ class GroupWriter:
 
     def close_streams(self) -> None:
         """Write the end of this group's streams and close their files."""
-        for stream in (self._streams or {}).values():
+        for stream in self._streams.values():
             stream.close()
-        if self._streams is not None:
-            self._streams = {}
+        self._streams = {}
 
     def _write_errors_alone(self) -> None:
         """After a failed flush, try the errors table by itself: a failure that stays with
@@ -280,157 +245,6 @@ class GroupWriter:
         except Exception as e:  # the same outage: already reported, the rows are kept
             logger.debug("metacollect: errors of %s not written either: %r", self.path, e)
 
-    def _columns(
-        self, taken: Mapping[str, list[tuple[int, dict[str, Any]]]]
-    ) -> dict[str, dict[str, np.ndarray]]:
-        """The arrays of the rows taken from each table, the values of every ``code``
-        variable of every table encoded in one :meth:`StringTable.encode`: the same objects
-        recur across a flush's columns and tables (a task's key in its transitions and in
-        its execution, a worker's address, a state as both start and finish), and each
-        distinct one is then turned into its string and looked up once, not once a column."""
-        coded = [
-            values
-            for name, chunks in taken.items()
-            for var in self.tables[name].spec.variables.values()
-            if var.dtype == "code"
-            for _, cols in chunks
-            if (values := cols.get(var.name)) is not None
-        ]
-        codes = self.strings.encode(*coded)
-        pieces = iter(np.split(codes, np.cumsum([len(v) for v in coded[:-1]])))
-        out: dict[str, dict[str, np.ndarray]] = {}
-        for name, chunks in taken.items():
-            arrays = out[name] = {}
-            for var in self.tables[name].spec.variables.values():
-                parts = []
-                for n, cols in chunks:
-                    values = cols.get(var.name)
-                    if values is None:
-                        parts.append(
-                            np.full(
-                                n,
-                                FILL[var.dtype],
-                                dtype=var.numpy_dtype if var.dtype != "str" else object,
-                            )
-                        )
-                    elif var.dtype == "code":
-                        parts.append(next(pieces))
-                    elif var.dtype == "str":
-                        arr = np.empty(len(values), dtype=object)
-                        arr[:] = [
-                            v if type(v) is str else ("" if v is None else str(v)) for v in values
-                        ]
-                        parts.append(arr)
-                    else:
-                        parts.append(np.asarray(values, dtype=var.numpy_dtype))
-                arrays[var.name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return out
-
-    def _rows_in_store(self, table: str) -> int:
-        """Whole rows of a table already in the store (see
-        :func:`~metacollect.store.integrity.committed_rows`)."""
-        try:
-            tgroup = self.create()[table]
-        except KeyError:
-            return 0
-        return committed_rows(tgroup)  # type: ignore[arg-type]
-
-    def _append_tables(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        """Write these rows: appended to their streams, or to Zarr."""
-        if self._streams is not None:
-            self._append_streams(tables)
-        else:
-            self._append_zarr(tables)
-
-    def _append_zarr(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        """Append rows to every variable of these tables in one batch of Zarr writes.
-
-        Zarr's cost is per array written (its async machinery, one chunk encoded, metadata
-        rewritten), not per row, so a flush hands all its arrays to Zarr's event loop at once
-        - creating those that do not exist yet - instead of one blocking call each. A table's
-        append is all or nothing as far as readers see: an append that failed half-way is cut
-        back before the next one, so codes and rows never shift.
-        """
-        for table in tables:
-            if table not in self._committed:
-                self._committed[table] = self._rows_in_store(table)
-            if table not in self._arrays:  # its group, and the arrays an earlier writer made
-                self.store.check_exists()  # a new table's group must not remake a removed store
-                tgroup = self.store.ensure_table(self, table)
-                self._tgroups[table] = zarrio.async_group(tgroup)
-                self._arrays[table] = zarrio.async_arrays(tgroup)
-        zarrio.run(self._append_all(tables))
-        for table, columns in tables.items():
-            self._committed[table] += len(next(iter(columns.values())))
-
-    async def _append_all(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        # a store removed under the run must fail the flush (rows kept, reported once), not
-        # be recreated piecemeal by the appends: Zarr makes missing directories on write
-        if not await documents.exists(self.store.root.store_path):
-            raise self.store.removed()
-        self.store.check_run_open()
-
-        async def one(table: str, name: str, data: np.ndarray) -> None:
-            arr = await self._array(table, name, data)
-            # rows past the commit point are free: a failed append's are written over
-            start = self._committed[table]
-            end = start + len(data)
-            if arr.shape[0] < end:
-                await arr.resize((_capacity(end, arr.shape[0], arr.chunks[0]), *arr.shape[1:]))
-            if data.dtype.kind in "iu" and chunkio.holds_text(arr):  # codes, into a column
-                # the seal turned into strings (a writer after it: ``metacollect ingest``)
-                text = self.strings.strings_of(data)
-                none = arr.metadata.attributes.get(NONE_ATTR)
-                missing = np.fromiter((v is None for v in text), bool, len(text))
-                if none is None and missing.any():  # its first "no value": a string that
-                    # stands for it, which the column's other strings (names) do not hold
-                    none = "\0"
-                    arr = await arr.update_attributes({NONE_ATTR: none})
-                    self._arrays[table][name] = arr
-                text[missing] = none
-                data = text
-            await arr.setitem(slice(start, end), data)
-
-        async def commit(table: str, n: int) -> None:
-            await self._tgroups[table].update_attributes(
-                {"rows": self._committed[table] + n, **self._commit_attrs.get(table, {})}
-            )
-
-        raise_first(
-            await asyncio.gather(
-                *(
-                    one(table, name, data)
-                    for table, columns in tables.items()
-                    for name, data in columns.items()
-                ),
-                return_exceptions=True,
-            )
-        )
-        # a table's rows count for readers only once all its data is written (its ``rows``
-        # attribute): a process killed mid-append leaves rows past it, the strings first
-        rows = {t: len(next(iter(c.values()))) for t, c in tables.items()}
-        if "strings" in rows:
-            await commit("strings", rows.pop("strings"))
-        raise_first(
-            await asyncio.gather(*(commit(t, n) for t, n in rows.items()), return_exceptions=True)
-        )
-
-    async def _array(self, table: str, name: str, sample: np.ndarray) -> Any:
-        """The (async) array of a variable, created on first use; cached, since opening one
-        reads its metadata. A new one is as long as the rows already committed (a variable
-        that joins a table later, e.g. one a newer schema added)."""
-        arrays = self._arrays[table]
-        arr = arrays.get(name)
-        if arr is None:
-            arr = arrays[name] = await self.store.create_array(
-                self._tgroups[table],
-                self.spec.tables[table],
-                name,
-                sample,
-                self._committed[table] + len(sample),
-            )
-        return arr
-
 
 class StoreWriter:
     """One process's writer of a store: it creates and appends only the groups it owns."""
@@ -439,38 +253,31 @@ class StoreWriter:
         self,
         path: str | os.PathLike[str],
         schema: Schema | None = None,
-        streams: bool | None = None,
+        spool: str | None = None,
     ) -> None:
+        """``spool``: a local directory for this writer's streams (a worker's on its node's
+        disk, ``metacollect.store.local-dir``), from which it seals its groups into the store
+        at its end; a store at an fsspec URL always has one (:func:`spool_dir`)."""
         self.path = os.fspath(path)
-        #: flushes appended to Arrow IPC streams (see :mod:`metacollect.store.streams`): a
-        #: store on a filesystem that is not sealed yet (``None``: decided so when first
-        #: needed); else appended to Zarr
-        self._streams = streams if "://" not in self.path else False
         self.schema = schema or load_schema()
         self._root: zarrio.Group | None = None
         #: the run held the store's lock when this writer started: it ends with the seal,
         #: and a collector that outlives its run must not write into a sealed store
         self.in_locked_run = lock.held(self.path)
-        self.chunk_rows = int(config.get("store.chunk-rows"))
-        level = int(config.get("store.compression-level"))
-        self._numeric = zarrio.codecs("numeric", level)
-        self._text = zarrio.codecs("text", level)
+        #: whether this writer's streams are in a spool of its process (a store at an
+        #: fsspec URL, a worker's node-local disk), not in the store
+        self.spooled = "://" in self.path or spool is not None
+        self._spool = spool if spool is not None else None if self.spooled else self.path
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
     @property
-    def streams(self) -> bool:
-        """Whether this writer's flushes go to Arrow streams: a store on a filesystem, not
-        sealed (a writer after the seal - ``metacollect ingest`` - appends to Zarr, and the
-        seal it ends with is the same as before)."""
-        if self._streams is None:
-            try:
-                with open(os.path.join(self.path, "zarr.json"), "rb") as f:
-                    doc = json.load(f)
-            except (OSError, ValueError):
-                doc = {}
-            self._streams = not (isinstance(doc, dict) and doc.get("consolidated_metadata"))
-        return self._streams
+    def spool(self) -> str:
+        """The local directory of this writer's streams: the store's own, or for a store at
+        an fsspec URL a spool of this process (:func:`spool_dir`), made at its first use."""
+        if self._spool is None:
+            self._spool = spool_dir(self.path)
+        return self._spool
 
     @property
     def root(self) -> zarrio.Group:
@@ -538,15 +345,6 @@ class StoreWriter:
                 g.update_attributes(wanted)
         return g
 
-    def ensure_table(self, gw: GroupWriter, table: str) -> zarrio.Group:
-        """A table's group, created with one write of its ``zarr.json`` if it is new (its
-        parent, the writer's own group, exists; no other process writes the table)."""
-        key = f"{gw.path}/{table}" if gw.path else table
-        try:
-            return self.root[key]  # type: ignore[return-value]
-        except KeyError:
-            return documents.make_group(self.root, key, self.table_attributes(gw.spec, table))[0]
-
     def table_attributes(self, spec: GroupSpec, table: str) -> dict[str, Any]:
         """The attributes of a new table's group (no rows yet)."""
         t = spec.tables[table]
@@ -557,34 +355,6 @@ class StoreWriter:
             "description": t.description,
             "rows": 0,
         }
-
-    async def create_array(
-        self, tgroup: Any, spec: TableSpec, name: str, sample: np.ndarray, rows: int
-    ) -> Any:
-        """A variable's array, exactly ``rows`` long: room ahead comes with its first growth
-        (:func:`_capacity`), so a table written once - most of a short run's, all of a final
-        flush's - is never resized, not even to be cut back when the store is sealed."""
-        var = spec.variables[name]
-        is_str = var.dtype == "str"
-        extra = tuple(sample.shape[1:])
-        dims, attrs = variable_layout(spec, name, extra)
-        # a 2-D variable (e.g. Darshan's counter axis) keeps chunks about as big as a 1-D one's:
-        # 65536 rows x 71 counters would make every read and write (de)compress 37 MB
-        width = int(np.prod(extra)) if extra else 1
-        chunk = max(1024, self.chunk_rows // width) if width > 1 else self.chunk_rows
-        # written over if there (an earlier flush that failed after creating it): no other
-        # writer makes this table's arrays, and rows past the commit point are free
-        return await zarrio.new_array(
-            tgroup.store_path / name,
-            (rows, *extra),
-            (chunk, *extra),
-            str if is_str else var.numpy_dtype,
-            self._text if is_str else self._numeric,
-            "" if is_str else FILL[var.dtype],
-            attrs,
-            list(dims),
-            overwrite=True,
-        )
 
     def flush(self) -> int:
         return sum(g.flush() for g in list(self.groups.values()))
@@ -618,12 +388,17 @@ class StoreWriter:
         )
 
 
-def _capacity(needed: int, current: int, chunk: int) -> int:
-    """Rows to give an array that must hold ``needed``: at least double what it has, in
-    whole chunks. Growing an array rewrites its metadata; growing it geometrically keeps
-    that to a few dozen times in a run instead of once per flush."""
-    want = max(needed, 2 * current)
-    return max(chunk, -(-want // chunk) * chunk)
+def spool_dir(store: str) -> str:
+    """A spool directory of this process for the streams of the store at URL ``store``:
+    below ``metacollect.store.local-dir`` when set (environment variables expanded), else
+    in a temporary directory of the process; one per run and process."""
+    run = hashlib.sha1(store.encode()).hexdigest()[:12]
+    local = config.get("store.local-dir")
+    base = os.path.expanduser(os.path.expandvars(local)) if local else None
+    if base is None or "$" in base:
+        return tempfile.mkdtemp(prefix=f"metacollect-{run}-")
+    os.makedirs(base, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"metacollect-{run}-", dir=base)
 
 
 def raise_first(results: Iterable[Any]) -> None:

@@ -82,11 +82,14 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def open_group(store: str | os.PathLike[str], mode: str = "r") -> Group:
     """A store's root group, never through consolidated metadata (a writer after the seal,
     ``metacollect ingest``, must see the groups it adds itself); local paths or fsspec URLs."""
+    path = os.fspath(store)
     return zarr.open_group(
-        store=os.fspath(store),
+        store=path,
         mode=mode,  # type: ignore[arg-type]
         zarr_format=3,
         use_consolidated=False,
+        # fsspec's local filesystem makes no directory for a file it writes unless told
+        storage_options={"auto_mkdir": True} if path.startswith("file://") else None,
     )
 
 
@@ -202,35 +205,23 @@ def walk(
             yield from walk(member, sub, on_error, None if depth is None else depth - 1)
 
 
-def async_group(group: Group) -> Any:
-    """The asynchronous handle of an open group (for writes batched in one coroutine)."""
-    return zarr.AsyncGroup.from_dict(group.store_path, group.metadata.to_dict())
-
-
 def array_config() -> Any:
     """The runtime config of the arrays metacollect writes: every chunk stored, one of fill
     values too (Zarr skips those by default; ``validate`` takes a missing chunk for damage)."""
     return {"write_empty_chunks": True}
 
 
-def async_arrays(group: Group) -> dict[str, Any]:
-    """The asynchronous handles of a group's arrays, by name, to append to: each chunk
-    written, one of fill values too (:func:`array_config`)."""
-    return {
-        n: zarr.AsyncArray(a.metadata, a.async_array.store_path, config=array_config())
-        for n, a in group.arrays()
-    }
-
-
-def sync_array(handle: Any) -> Array:
-    """The array of an asynchronous handle."""
-    return zarr.Array(handle)
-
-
 def local_root(group: Group) -> str | None:
     """The directory of a group's store when it is a local one (``None``: any other)."""
     store = group.store_path.store
     return str(store.root) if isinstance(store, LocalStore) else None
+
+
+def local_dir(group: Group) -> str | None:
+    """The directory of a group of a store on a local filesystem (``None``: another kind
+    of store)."""
+    found = local_root(group)
+    return os.path.join(found, group.store_path.path) if found is not None else None
 
 
 def table_store(root: Group, path: str) -> Any:

@@ -13,7 +13,7 @@ import numpy as np
 from metacollect.steps.darshan.logs import LogFile
 from metacollect.store.integrity import committed_rows
 from metacollect.store.schema import load_schema
-from metacollect.store.text import column_values
+from metacollect.store.text import NONE_ATTR, text_values
 from metacollect.store.zarrio import Group, open_group, subgroups
 
 
@@ -46,21 +46,16 @@ def _pid_of(attrs: Mapping[str, Any]) -> int | None:
 
 def table_columns(root: Group, table: str, columns: Sequence[str]) -> list[np.ndarray]:
     """The committed rows of ``columns`` of the ``darshan/<table>`` table, ``code`` columns
-    as strings (``None``: no value) whether the seal compacted them or not (``KeyError``
-    when the table is missing)."""
+    as strings (``None``: no value; ``KeyError`` when the table is missing)."""
     tgroup: Any = root[f"darshan/{table}"]
     spec = load_schema().groups["darshan"].tables[table]
     data = [np.asarray(tgroup[c][:]) for c in columns]
     n = committed_rows(tgroup, (len(d) for d in data))  # no half-landed append
-    strings: np.ndarray | None = None
     out = []
     for c, d in zip(columns, data, strict=True):
         d = d[:n]
         if spec.variables[c].dtype == "code":
-            if strings is None and d.dtype.kind in "iu":
-                value: Any = root["darshan/strings/value"]
-                strings = np.asarray(value[:], dtype=object)
-            d = column_values(d, tgroup[c].attrs, strings if strings is not None else d[:0])
+            d = text_values(d, tgroup[c].attrs.get(NONE_ATTR))
         out.append(d)
     return out
 

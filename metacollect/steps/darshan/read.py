@@ -15,7 +15,7 @@ from metacollect.steps.darshan.attribution import SCOPES, attribute_segments, fi
 from metacollect.steps.darshan.conffile import interpreter_paths
 from metacollect.steps.darshan.log_reader import DESCRIPTOR_NAMED, RECORD_TABLES, unverified_names
 from metacollect.store.integrity import committed_rows
-from metacollect.store.text import codes_to_text, column_values
+from metacollect.store.text import NONE_ATTR, text_values
 
 if TYPE_CHECKING:
     from metacollect.store.reader import StoreReader as Run
@@ -110,12 +110,9 @@ def _array(root: Any, path: str) -> np.ndarray | None:
 
 
 def _file_names(root: Any, path: str, codes: np.ndarray, where: str) -> np.ndarray:
-    """The file names of a process group's ``file`` column ``where``, codes or (in a
-    sealed store) strings (``None`` for a code that names no string)."""
-    if np.asarray(codes).dtype.kind in "iu":
-        strings = _array(root, f"{path}/strings/value")
-        return codes_to_text(codes, strings if strings is not None else np.empty(0, object))
-    return column_values(codes, root[where].attrs, np.empty(0, object))
+    """The file names of a process group's ``file`` column ``where`` (``None``: no
+    value)."""
+    return text_values(codes, root[where].attrs.get(NONE_ATTR))
 
 
 def read_records(run: Run, path: str, module: str) -> pd.DataFrame | None:
