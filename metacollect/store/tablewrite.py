@@ -21,7 +21,7 @@ from zarr.buffer import default_buffer_prototype
 
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
-from metacollect.store import layout
+from metacollect.store import chunkio, layout
 from metacollect.store.layout import COMPACTED, chunk_of, create, sealed_attrs, variable_layout
 from metacollect.store.schema import TableSpec, VariableSpec
 from metacollect.store.text import none_value
