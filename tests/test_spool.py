@@ -129,3 +129,33 @@ def test_a_spool_never_sealed_is_sealed_by_the_run_or_named_missing(tmp_path, sp
     assert (run.attrs["status"], run.attrs["missing"]) == ("complete", [])
     assert run.table("clusters/c1/scheduler", "events").msg.tolist() == [f"m{i}" for i in range(5)]
     assert not os.path.exists(saved)
+
+
+def test_a_loss_in_a_spool_its_own_process_seals_is_named_by_the_run(tmp_path):
+    """A process sealing its own spool into a URL store (its end) that finds a stream torn
+    there (a flush cut short by a fault) seals the whole batches and records the loss on
+    its group: the run's seal names it in ``missing``, never only in a log line."""
+    from metacollect.session import init_root
+    from metacollect.store.seal import seal_own
+    from metacollect.store.streams import table_files
+    from metacollect.store.writer import StoreWriter
+
+    url = "file://" + str(tmp_path / "run.zarr")
+    with dask.config.set({"metacollect.store.local-dir": str(tmp_path / "local")}):
+        w = StoreWriter(url)
+        init_root(w, "r1")
+        g = w.group("scheduler", cluster="c1")
+        for i in range(3):
+            g.append("events", {"time": [float(i)], "topic": ["t"], "msg": [f"m{i}"]})
+            g.flush()
+        (stream,) = table_files(w.spool, "clusters/c1/scheduler")["events"]
+        g.close_streams()
+        with open(stream, "r+b") as f:  # the last flush cut short within its batch
+            f.truncate(os.path.getsize(stream) - 20)
+        seal_own(w)
+    status, missing = finalize(url)
+    assert status == "incomplete"
+    (line,) = missing
+    assert line.startswith("clusters/c1/scheduler: stream events.") and "is torn" in line
+    events = open_run(url).table("clusters/c1/scheduler", "events")
+    assert events.msg.tolist() == ["m0", "m1"]

@@ -24,6 +24,8 @@ from metacollect.errors import StoreError
 LOCAL_ATTR = "local_store"
 #: attribute set on such a group once its rows are in the run's store (epoch seconds)
 GATHERED_ATTR = "gathered"
+#: attribute of such a group whose own seal lost rows of its spool: one line per loss
+SPOOL_LOST_ATTR = "spool_lost"
 
 
 def local_store_path(local_dir: str, store: str, name: str) -> str:
@@ -48,11 +50,12 @@ def local_store_path(local_dir: str, store: str, name: str) -> str:
 
 def ungathered(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """What the store misses because a process kept its rows on node-local disk and never
-    gathered them: one line per such group (``nodes``: the store's nodes as the seal reads
-    them, path -> zarr.json)."""
+    gathered them: one line per such group, and each loss the seal of a spool met
+    (``nodes``: the store's nodes as the seal reads them, path -> zarr.json)."""
     missing = []
     for path, doc in sorted(nodes.items()):
         attrs = doc.get("attributes") or {}
+        missing += [str(line) for line in attrs.get(SPOOL_LOST_ATTR) or []]
         if LOCAL_ATTR in attrs and attrs.get(GATHERED_ATTR) is None:
             missing.append(
                 f"{path}: its rows were written on node-local disk ({attrs[LOCAL_ATTR]}) and "

@@ -37,7 +37,7 @@ import numpy as np
 import metacollect.store.zarrio as zarrio
 from metacollect.store import documents, streams
 from metacollect.store.layout import sealed_attrs
-from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
+from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, SPOOL_LOST_ATTR
 from metacollect.store.schema import GroupSpec, Schema, TableSpec, load_schema
 from metacollect.store.tablewrite import SealedTable, write_sealed_stream
 from metacollect.store.text import NONE_ATTR, no_value, none_value, text_values
@@ -88,9 +88,14 @@ def seal_own(writer: StoreWriter) -> None:
     )
     for lost in folded.lost:
         logger.warning("metacollect: %s", lost)
-    if writer.spooled:
-        for group in folded.groups:
-            writer.groups[group].set_attrs(**{GATHERED_ATTR: time.time()})
+    if writer.spooled:  # what its seal lost goes with the group, for the run's ``missing``
+        for group in mine:
+            attrs: dict[str, Any] = {GATHERED_ATTR: time.time()} if group in folded.groups else {}
+            lines = [line for line in folded.lost if line.startswith(f"{group or '/'}: ")]
+            if lines:
+                attrs[SPOOL_LOST_ATTR] = lines
+            if attrs:
+                writer.groups[group].set_attrs(**attrs)
         _remove_spool(writer.spool)
 
 
