@@ -348,9 +348,7 @@ def _append_table(
     tgroup = zarrio.group_at(root, f"{group}/{tspec.name}" if group else tspec.name)
     rows = int(attrs["rows"])
     done = streams.folded(attrs)
-    arrays = {
-        n: a.with_config(zarrio.array_config()) for n, a in tgroup.arrays() if n in tspec.variables
-    }
+    arrays = {n: zarrio.configured(a) for n, a in tgroup.arrays() if n in tspec.variables}
     for arr in arrays.values():
         if arr.shape[0] != rows:
             arr.resize((rows, *arr.shape[1:]))

@@ -211,6 +211,12 @@ def array_config() -> Any:
     return {"write_empty_chunks": True}
 
 
+def configured(arr: Array) -> Array:
+    """``arr`` with :func:`array_config` (``Array.with_config``, which older zarr 3.1
+    releases lack)."""
+    return zarr.Array(zarr.AsyncArray(arr.metadata, arr.store_path, config=array_config()))
+
+
 def local_root(group: Group) -> str | None:
     """The directory of a group's store when it is a local one (``None``: any other)."""
     store = group.store_path.store
