@@ -18,10 +18,10 @@ import pytest
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
+from metacollect.check.validate import validate_store
 from metacollect.cli import main
-from metacollect.store.lifecycle import finalize
+from metacollect.session.end import finalize
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
-from metacollect.store.validate import validate_store
 
 
 def _inc(x: int) -> int:

@@ -14,7 +14,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
@@ -130,7 +130,7 @@ def _group_attrs(worker: Worker) -> dict[str, Any]:
         "memory_limit": worker.memory_manager.memory_limit,
         "started": time.time(),
         # set by its final flush (teardown): a group still without it when the store is
-        # sealed lost what its worker did after its last flush (lifecycle.unended_workers)
+        # sealed lost what its worker did after its last flush (unended_workers, below)
         "ended": None,
         "profile_interval": dask_profile.profile_interval(),
         # the batch job it runs in, said by the worker itself: the client's looks at its
@@ -682,3 +682,34 @@ def _stop_heartbeats(worker: Worker) -> None:
     callback = worker.periodic_callbacks.get("heartbeat")
     if callback is not None:
         callback.stop()
+
+
+def unended_workers(
+    nodes: Mapping[str, Mapping[str, Any]], ends: Mapping[str, str] | None = None
+) -> list[str]:
+    """What the store misses because a worker's collector never took its final flush (the
+    worker was killed, or its process died), one line per worker group (``nodes``: the
+    store's nodes as the seal reads them), with how its batch job ended when ``ends`` (see
+    :func:`~metacollect.steps.batch.batch_job_ends`) has it: a walltime or an
+    out-of-memory kill is most often why.
+    A group written before workers recorded their end has no ``ended`` at all and is not
+    named; one kept on node-local disk and never gathered is named by
+    :func:`~metacollect.store.local.ungathered`."""
+    missing = []
+    for path, doc in sorted(nodes.items()):
+        attrs = doc.get("attributes") or {}
+        if attrs.get("kind") != "worker" or "ended" not in attrs or attrs["ended"] is not None:
+            continue
+        if local.LOCAL_ATTR in attrs and attrs.get(local.GATHERED_ATTR) is None:
+            continue
+        job = str(attrs.get("batch_job_id") or "")
+        how = f" Its batch job {job} {ends[job]}." if ends and job in ends else ""
+        missing.append(
+            f"{path}: worker {attrs.get('address')} (host {attrs.get('host')}, pid "
+            f"{attrs.get('pid')}) never took its final flush (it was killed, its process "
+            "died, or that flush failed): what it did after its last flush (up to "
+            "metacollect.flush-interval, longer "
+            "if the interval was stretched) is not in its group; the scheduler's record of "
+            f"its tasks is.{how}"
+        )
+    return missing
