@@ -31,7 +31,7 @@ from metacollect.store import local, lock
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
 from metacollect.store.seal import seal_spool
-from metacollect.store.writer import GroupWriter, StoreWriter
+from metacollect.store.writer import GroupWriter, StoreWriter, spool_dir
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -192,7 +192,10 @@ class WorkerCollector(WorkerPlugin):
         #: the run held its store's lock as this worker started: it must not gather into it
         #: once the run is sealed
         self._in_locked_run = lock.held(self.store_path)
-        self.writer = StoreWriter(self.store_path, spool=self.local)
+        spool = self.local
+        if local_failed is not None and "://" in self.store_path:
+            spool = spool_dir(self.store_path)  # local-dir unusable here: said in its group
+        self.writer = StoreWriter(self.store_path, spool=spool)
         self.group: GroupWriter = self.writer.group(
             "worker", attrs=attrs, cluster=self.cluster, worker=self.id
         )
@@ -337,9 +340,17 @@ class WorkerCollector(WorkerPlugin):
     def _local_store(self, attrs: dict[str, Any]) -> tuple[str | None, Exception | None]:
         """With ``metacollect.store.local-dir``: the node-local store this worker writes, and
         its group's placeholder in the run's store, which says where the rows are until the
-        worker gathers them (a worker that never does is named when the store is sealed)."""
+        worker gathers them (a worker that never does is named when the store is sealed);
+        and the error that keeps this worker from using local-dir, recorded in its group."""
         local_dir = config.get("store.local-dir")
-        if not local_dir or "://" in self.store_path:  # a URL store's writer spools there
+        if not local_dir:
+            return None, None
+        if "://" in self.store_path:  # a URL store's writer spools there, if it can
+            try:
+                local.local_dir_path(local_dir)
+            except StoreError as e:  # its writer spools in the system's temp instead
+                logger.warning("metacollect: worker %s spools in a temp directory: %s", self.id, e)
+                return None, e
             return None, None
         try:
             path = local.local_store_path(local_dir, self.store_path, f"{self.cluster}-{self.id}")
