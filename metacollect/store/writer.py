@@ -43,10 +43,6 @@ logger = logging.getLogger(__name__)
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
 
-#: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
-UNRECOGNIZED = zarrio.UNRECOGNIZED
-open_root = zarrio.open_root
-
 
 class GroupWriter:
     """Writer of one group of the store (and its tables), as the schema describes it."""
@@ -291,7 +287,7 @@ class StoreWriter:
         cannot be written (a worker joining then) is made all the same, and fails its
         flushes until the store is back."""
         if self._root is None:
-            self._root = open_root(self.path)
+            self._root = zarrio.open_root(self.path)
         return self._root
 
     def group(self, kind: str, attrs: Mapping[str, Any] | None = None, **parts: Any) -> GroupWriter:
@@ -423,16 +419,6 @@ def jsonable(obj: Any) -> Any:
             return None
         return obj
     return str(obj)
-
-
-def rows(records: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str, list[Any]]:
-    """Columns from an iterable of dict rows (for small, non-hot tables)."""
-    names = list(names)
-    cols: dict[str, list[Any]] = {n: [] for n in names}
-    for r in records:
-        for n in names:
-            cols[n].append(r.get(n))
-    return cols
 
 
 def columns(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Sequence[Any]]:
