@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "abandon",
-    "annotate",
     "check_store",
     "consolidate",
     "is_url",
@@ -205,10 +204,3 @@ def consolidate(
         nodes = read_nodes(root)
     trim(root, nodes)  # cut to the rows written
     seal(root, attrs or {})
-
-
-def annotate(store: str | os.PathLike[str], **attrs: Any) -> None:
-    """Add ``attrs`` to a sealed store's root attributes (a summary computed after the seal):
-    zarr opens the root through its consolidated metadata and writes it back unchanged, so
-    only the root's own attributes change."""
-    zarrio.update_root_attributes(os.fspath(store), attrs)
