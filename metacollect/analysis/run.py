@@ -22,6 +22,7 @@ from metacollect.analysis.diff import RunDiff, diff
 from metacollect.analysis.pstats import write as write_pstats
 from metacollect.analysis.spans import fine_metrics, span_summary, spans
 from metacollect.errors import StoreError
+from metacollect.store import zarrio
 from metacollect.store.reader import StoreReader
 
 __all__ = ["Run", "open_run"]
@@ -49,6 +50,26 @@ def open_run(path: str | os.PathLike[str]) -> Run:
 
 class Run(StoreReader):
     """One collected run. Every table method returns a pandas DataFrame."""
+
+    def __repr__(self) -> str:
+        a = self.attrs
+        return (
+            f"<Run {a.get('run_id')} status={a.get('status')} "
+            f"clusters={len(self.clusters())} path={self.path}>"
+        )
+
+    def clusters(self) -> list[str]:
+        """Cluster ids (one per scheduler), in start order."""
+        try:
+            g = zarrio.group_at(self.root, "clusters")
+        except KeyError:
+            return []
+        items = [
+            (dict(m.attrs).get("started", 0.0), name)
+            for name, m in zarrio.walk(g, "clusters", depth=1)
+            if zarrio.is_group(m)
+        ]
+        return [name for _, name in sorted(items)]
 
     def tasks(self) -> pd.DataFrame:
         """One row per execution of a task, as the scheduler learnt it (a task recomputed after

@@ -64,13 +64,6 @@ class StoreReader:
                 f"{self.schema.version}: upgrade metacollect (pip install -U metacollect)"
             )
 
-    def __repr__(self) -> str:
-        a = self.attrs
-        return (
-            f"<Run {a.get('run_id')} status={a.get('status')} "
-            f"clusters={len(self.clusters())} path={self.path}>"
-        )
-
     # -- structure -------------------------------------------------------------------------------
     @property
     def attrs(self) -> dict[str, Any]:
@@ -180,19 +173,6 @@ class StoreReader:
         if not isinstance(node, xr.DataTree):
             raise StoreError(f"{path} is a variable of the store, not a group")
         return node
-
-    def clusters(self) -> list[str]:
-        """Cluster ids (one per scheduler), in start order."""
-        try:
-            g = zarrio.group_at(self.root, "clusters")
-        except KeyError:
-            return []
-        items = [
-            (dict(m.attrs).get("started", 0.0), name)
-            for name, m in zarrio.walk(g, "clusters", depth=1)
-            if zarrio.is_group(m)
-        ]
-        return [name for _, name in sorted(items)]
 
     def worker_groups(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
         """``{group path: attrs}`` of the worker groups."""
