@@ -44,7 +44,8 @@ def finalize(
 
     Consolidated metadata lets ``xarray.open_datatree(path, engine="zarr")`` open the run in one
     read; metacollect's own readers ignore it (they read the truth), and any writer after the
-    run (``metacollect ingest``) calls :func:`consolidate` again so it never goes stale.
+    run (``metacollect ingest``) calls :func:`~metacollect.store.lifecycle.consolidate` again,
+    so it never goes stale.
     """
     try:
         # one walk of the groups and tables: the groups with streams, and the temp files
@@ -146,9 +147,10 @@ def _without_late_ends(
     late: Iterable[str],
     ends: Mapping[str, str],
 ) -> list[str]:
-    """``missing`` without the :func:`unended_workers` line of each worker group among
-    ``late`` that has recorded its end since the seal read ``nodes``: its final flush came
-    during the seal, which its late-flush line says, not never (as the line said)."""
+    """``missing`` without the :func:`~metacollect.steps.worker.unended_workers` line of
+    each worker group among ``late`` that has recorded its end since the seal read
+    ``nodes``: its final flush came during the seal, which its late-flush line says, not
+    never (as the line said)."""
     since = {}
     for group in (g for g in late if g in nodes):
         doc = zarrio.run(documents.read_doc(root.store_path / group)) or {}
