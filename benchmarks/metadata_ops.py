@@ -8,7 +8,7 @@ processes. Each writer is what a worker's collector is to the store: a process w
 between flushes (transitions, tasks, startstops, a metrics sample, fine metrics, Dask
 profile nodes) and flushing ``--flushes`` times, then sealing its own group
 (``seal.seal_own``, as a collector's end does). Then one process seals the run
-(``lifecycle.finalize``), as the client does at the end of ``collect``: what is left.
+(``session.end.finalize``), as the client does at the end of ``collect``: what is left.
 
 How it counts: the writers are forked from one traced parent that imported everything
 first (``strace -f``, threads mapped to their process), so imports are not counted. Each
@@ -231,7 +231,7 @@ def long_run(workdir: str, flushes: int, tasks: int) -> dict[str, Any]:
 
 
 def seal_process(store: str) -> None:
-    from metacollect.store.lifecycle import finalize
+    from metacollect.session.end import finalize
 
     _mark("seal-start")
     finalize(store, "complete")

@@ -30,9 +30,9 @@ import metadata_ops
 
 import metacollect.store.zarrio as zarrio
 from metacollect.analysis.run import Run
+from metacollect.check.validate import validate_store
 from metacollect.cli.info import describe
 from metacollect.store import documents
-from metacollect.store.validate import validate_store
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> float:

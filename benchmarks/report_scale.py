@@ -32,7 +32,7 @@ THREADS = 4
 
 def synthetic_store(path: str, n: int, seed: int = 0) -> None:
     from metacollect.session import init_root
-    from metacollect.store.lifecycle import finalize
+    from metacollect.session.end import finalize
     from metacollect.store.writer import StoreWriter
 
     rng = np.random.default_rng(seed)

@@ -170,7 +170,7 @@ def synthetic_store(path: str, n: int) -> None:
     StoreWriter/GroupWriter and schema (as the scheduler collector would write them), for
     timing ``open_run(...).tasks()`` at a size this box cannot run end to end in time."""
     from metacollect.session import init_root
-    from metacollect.store.lifecycle import finalize
+    from metacollect.session.end import finalize
     from metacollect.store.writer import StoreWriter
 
     w = StoreWriter(path)

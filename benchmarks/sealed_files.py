@@ -63,7 +63,8 @@ def collected_run(tasks: int, workdir: str) -> dict[str, Any]:
 
 def synthetic_seal(rows: int, flushes: int, workdir: str) -> dict[str, Any]:
     """A scheduler's transitions table of ``rows`` rows in ``flushes`` appends, sealed."""
-    from metacollect.store.lifecycle import finalize, prepare_store
+    from metacollect.session.end import finalize
+    from metacollect.store.lifecycle import prepare_store
     from metacollect.store.writer import StoreWriter
 
     store = prepare_store(os.path.join(workdir, "synthetic.zarr"))

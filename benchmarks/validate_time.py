@@ -22,7 +22,7 @@ import numpy as np
 def synthetic_store(path: str, n: int) -> None:
     """``n`` tasks in one graph, each with its transitions processing and memory."""
     from metacollect.session import init_root
-    from metacollect.store.lifecycle import finalize
+    from metacollect.session.end import finalize
     from metacollect.store.writer import StoreWriter
 
     w = StoreWriter(path)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--store", help="time this store instead of making one")
     args = p.parse_args(argv)
     from metacollect import open_run
-    from metacollect.store.validate import validate_store
+    from metacollect.check.validate import validate_store
 
     tmp = None
     store = args.store

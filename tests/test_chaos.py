@@ -19,8 +19,8 @@ import pytest
 from distributed import Client
 
 from metacollect import open_run
+from metacollect.check.validate import validate_store
 from metacollect.steps.job import scheduler_identity
-from metacollect.store.validate import validate_store
 
 pytestmark = pytest.mark.slow  # a scheduler, workers and a client killed, in real processes
 

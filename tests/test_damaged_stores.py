@@ -29,10 +29,11 @@ import zarr
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
+from metacollect.check.validate import validate_store
 from metacollect.errors import StoreError
+from metacollect.session import end
 from metacollect.store import documents, lifecycle
 from metacollect.store import writer as writer_mod
-from metacollect.store.validate import validate_store
 
 #: the public readers of a run that return tables (and ``config``)
 READERS = (
@@ -427,8 +428,8 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     without the attributes the schema needs) gets the same
     problems, in the same order, as through Zarr; a store whose nodes are unlike its seal
     is walked through Zarr."""
+    from metacollect.check import validate as validate_mod
     from metacollect.session import init_root
-    from metacollect.store import validate as validate_mod
 
     path = str(tmp_path / "run.zarr")
     w = writer_mod.StoreWriter(path)
@@ -439,7 +440,7 @@ def test_validate_of_a_sealed_store_from_its_documents_finds_what_zarr_finds(tmp
     )
     g.append("events", {"time": [1.0], "topic": ["t"], "msg": ["m"]})
     g.flush()
-    lifecycle.finalize(path)
+    end.finalize(path)
     opened = []
     check_seal = validate_mod._check_seal
 

@@ -45,12 +45,12 @@ from distributed import Client, LocalCluster
 from terminal import on_a_terminal
 
 from metacollect import collect, open_run
+from metacollect.check.validate import validate_store
 from metacollect.cli import main
 from metacollect.session import init_root
+from metacollect.session.end import finalize
 from metacollect.steps import darshan as dsh
 from metacollect.steps.job import scheduler_identity
-from metacollect.store.lifecycle import finalize
-from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
 
 # pydarshan closes logs from __del__; a first access to the accessor from a garbage

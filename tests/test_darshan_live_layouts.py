@@ -34,8 +34,8 @@ from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.session import init_root
+from metacollect.session.end import finalize
 from metacollect.steps import darshan as dsh
-from metacollect.store.lifecycle import finalize
 from metacollect.store.writer import StoreWriter
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/

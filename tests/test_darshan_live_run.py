@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from metacollect import open_run
+from metacollect.check.validate import validate_store
 from metacollect.cli import main
-from metacollect.store.validate import validate_store
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.darshan  # the real runtime: /opt/darshan, built by .ci/run

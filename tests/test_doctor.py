@@ -19,9 +19,9 @@ from test_damaged_stores import (  # noqa: F401 - fixtures
 from test_faults import _start_and_kill
 
 from metacollect import open_run
+from metacollect.check.doctor import salvage
+from metacollect.check.validate import validate_store
 from metacollect.cli import main
-from metacollect.store.doctor import salvage
-from metacollect.store.validate import validate_store
 
 
 def _digest(store):

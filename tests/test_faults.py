@@ -26,15 +26,14 @@ import pytest
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
+from metacollect.check.validate import validate_store
 from metacollect.cli import main
 from metacollect.cli.info import describe
 from metacollect.errors import MetacollectError
 from metacollect.steps.job import scheduler_identity
 from metacollect.steps.scheduler import SchedulerCollector, collectors
-from metacollect.steps.worker import WorkerCollector
-from metacollect.store.lifecycle import unended_workers
+from metacollect.steps.worker import WorkerCollector, unended_workers
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
-from metacollect.store.validate import validate_store
 
 
 def slow_inc(x, delay=0.05):
@@ -318,7 +317,8 @@ def test_an_unended_worker_is_named_with_how_its_batch_job_ended(tmp_path):
     job ended, as the run recorded it (``job/batch``'s ends): a walltime or an out-of-memory
     kill is most often why. A worker whose job has no recorded end is named as before."""
     from metacollect.session import init_root
-    from metacollect.store.lifecycle import finalize, prepare_store
+    from metacollect.session.end import finalize
+    from metacollect.store.lifecycle import prepare_store
     from metacollect.store.writer import StoreWriter
     from tests.test_store import CLUSTER_ATTRS
 

@@ -26,6 +26,7 @@ from metacollect.batch import batch_system, jobs_in_queue
 from metacollect.batch.commands import _epoch
 from metacollect.batch.pbs import parse_qstat
 from metacollect.batch.slurm import _FIELD, ENDED_STATES, scontrol_job, scontrol_script
+from metacollect.check.validate import validate_store
 from metacollect.cli.info import describe
 from metacollect.launch import runner
 from metacollect.launch.batch import jobqueue_cluster
@@ -33,7 +34,6 @@ from metacollect.report import views
 from metacollect.steps import terminate
 from metacollect.steps.batch import job_row
 from metacollect.steps.job import scheduler_identity
-from metacollect.store.validate import validate_store
 
 KW = {
     "cores": 1,

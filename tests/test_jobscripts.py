@@ -19,8 +19,8 @@ import pytest
 from pbs_site import pbs_site_path
 
 from metacollect import open_run
+from metacollect.check.validate import validate_store
 from metacollect.cli import main
-from metacollect.store.validate import validate_store
 
 WORKFLOW = """\
 import sys, time

@@ -108,10 +108,11 @@ def test_a_run_that_fails_to_start_leaves_no_store_and_no_lock(tmp_path, client)
 def test_a_writer_that_outlives_its_run_writes_nothing_into_the_sealed_store(tmp_path, caplog):
     """A collector still flushing after its run was sealed (a worker whose scheduler was lost,
     a late flush thread) fails its flush with one message and leaves the store as sealed."""
+    from metacollect.check.validate import validate_store
+    from metacollect.session.end import finalize
     from metacollect.session.start import init_root
     from metacollect.steps.job import JobInfo, write_job
-    from metacollect.store.lifecycle import finalize, prepare_store
-    from metacollect.store.validate import validate_store
+    from metacollect.store.lifecycle import prepare_store
     from metacollect.store.writer import StoreWriter
 
     store = prepare_store(str(tmp_path / "sealed.zarr"), None)

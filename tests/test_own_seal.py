@@ -27,15 +27,15 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 import metacollect.session.collection as collection
 from metacollect import collect, open_run
+from metacollect.check.doctor import salvage
+from metacollect.check.validate import validate_store
+from metacollect.session.end import finalize
 from metacollect.steps.base import Recording
 from metacollect.steps.job import scheduler_identity
 from metacollect.store import lock, streams
 from metacollect.store import seal as seal_mod
-from metacollect.store.doctor import salvage
-from metacollect.store.lifecycle import finalize
 from metacollect.store.seal import seal_own
 from metacollect.store.streams import CLAIM
-from metacollect.store.validate import validate_store
 from tests.test_streams import GROUP, _flush_events, _run
 
 

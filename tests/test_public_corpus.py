@@ -20,7 +20,7 @@ import public_corpus
 import pytest
 
 from metacollect import open_run
-from metacollect.store.validate import validate_store
+from metacollect.check.validate import validate_store
 
 pytestmark = pytest.mark.slow  # whole documentation pages under metacollect run
 

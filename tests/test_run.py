@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from metacollect import open_run
+from metacollect.check.validate import validate_store
 from metacollect.cli import main
-from metacollect.store.validate import validate_store
 
 SCRIPTS = {
     "bare_client": """

@@ -25,9 +25,9 @@ from scaling_work import MB, STEP_S, STEPS, WORK, WORK_S, step, work
 import metacollect
 from metacollect import analysis, plot
 from metacollect.analysis.campaign import SUMMARY_ATTR, stored_summary, write_summary
+from metacollect.check.doctor import salvage
 from metacollect.cli import main
 from metacollect.errors import UsageError
-from metacollect.store.doctor import salvage
 
 SIZES = (1, 2, 4)
 

@@ -13,8 +13,8 @@ from distributed import wait
 from reference import TransitionRecorder, recorded_log, wait_idle
 
 from metacollect import collect, open_run
+from metacollect.check.validate import validate_store
 from metacollect.steps.scheduler import collectors
-from metacollect.store.validate import validate_store
 
 
 def boom(x):

@@ -22,8 +22,8 @@ import groundtruth
 import pytest
 
 from metacollect import open_run
+from metacollect.check.validate import validate_store
 from metacollect.launch.runner import CHILD, NO_DISTRIBUTED
-from metacollect.store.validate import validate_store
 from tests.test_darshan_live import darshan_library  # noqa: F401  (the fixture)
 
 #: name -> (source, exit code, status)

@@ -22,11 +22,11 @@ import xarray as xr
 import zarr
 
 from metacollect import open_run
+from metacollect.check.doctor import salvage
+from metacollect.check.validate import validate_store
+from metacollect.session.end import finalize
 from metacollect.store import seal as seal_mod
 from metacollect.store import streams
-from metacollect.store.doctor import salvage
-from metacollect.store.lifecycle import finalize
-from metacollect.store.validate import validate_store
 from metacollect.store.writer import GroupWriter, StoreWriter
 from tests.test_streams import GROUP, _flush_events, _run
 
@@ -105,7 +105,7 @@ def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, befor
     the flush is written into new streams, and the seal names it. When the flush and the
     end land after the seal has read the store's nodes, the worker is named for its late
     flush only: it was also named as one that never took its final flush, which it did."""
-    from metacollect.store import lifecycle
+    from metacollect.session import end
 
     w, g = _run(store)
     _flush_events(g, 0, 10)
@@ -128,7 +128,7 @@ def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, befor
         made = [w.group("worker", attrs=attrs, cluster="c1", worker="w1")]
         made[0].flush()
         assert streams.table_files(store, "clusters/c1/workers/w1") == {}
-    real_read_nodes = lifecycle.read_nodes
+    real_read_nodes = end.read_nodes
     flushed: list[int] = []
 
     def a_final_flush_after_the_seal(*args, **kwargs):
@@ -154,7 +154,7 @@ def test_a_workers_only_flush_during_the_seal_is_named(store, monkeypatch, befor
             worker.set_attrs(ended=time.time(), terminated="SIGTERM")
         return real_read_nodes(*args, **kwargs) if read is None else read
 
-    monkeypatch.setattr(lifecycle, "read_nodes", a_final_flush_after_the_seal)
+    monkeypatch.setattr(end, "read_nodes", a_final_flush_after_the_seal)
     status, missing = finalize(store, "complete")
     assert flushed == [5] and status == "incomplete"
     (line,) = missing

@@ -9,9 +9,9 @@ from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
 from metacollect.errors import ConfigError, StoreExistsError
+from metacollect.session.end import finalize
 from metacollect.session.start import start_run
 from metacollect.steps.job import JobInfo
-from metacollect.store.lifecycle import finalize
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,9 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from views_runs import spin
 
 from metacollect import collect, open_run
+from metacollect.check.validate import validate_store
 from metacollect.steps.finemetrics import CONTEXTS_WITH_SPAN
 from metacollect.steps.job import scheduler_identity
-from metacollect.store.validate import validate_store
 
 
 class SpanTruth(SchedulerPlugin):

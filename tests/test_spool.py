@@ -18,10 +18,11 @@ import pytest
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
+from metacollect.check.validate import validate_store
 from metacollect.cli import main
-from metacollect.store.lifecycle import finalize
+from metacollect.errors import StoreError
+from metacollect.session.end import finalize
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
-from metacollect.store.validate import validate_store
 
 
 def _inc(x: int) -> int:
@@ -159,3 +160,57 @@ def test_a_loss_in_a_spool_its_own_process_seals_is_named_by_the_run(tmp_path):
     assert line.startswith("clusters/c1/scheduler: stream events.") and "is torn" in line
     events = open_run(url).table("clusters/c1/scheduler", "events")
     assert events.msg.tolist() == ["m0", "m1"]
+
+
+def test_a_url_store_with_local_dir_naming_an_unset_variable_fails_at_its_start(tmp_path):
+    """Every process of a run into a URL store spools below ``store.local-dir``: one that
+    names a variable the collecting process does not set fails the collection as it starts,
+    before any row is held, with the line a filesystem store's worker gives for it; no
+    spool is made and the store records no run."""
+    url = "file://" + str(tmp_path / "run.zarr")
+    os.environ.pop("NO_SUCH_SCRATCH_VAR", None)
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        with (
+            pytest.raises(
+                StoreError,
+                match=r"local-dir '\$NO_SUCH_SCRATCH_VAR/x' names an environment variable "
+                r"this node \(.+\) does not set; set it or give a path$",
+            ),
+            collect(client, url, local_dir="$NO_SUCH_SCRATCH_VAR/x"),
+        ):
+            pass
+        assert client.submit(_inc, 1).result() == 2  # the cluster is left as it was
+    assert not os.path.exists(tmp_path / "run.zarr")
+
+
+@pytest.mark.slow
+def test_a_worker_without_the_local_dir_variable_keeps_its_rows_and_says_so(tmp_path, monkeypatch):
+    """The variable set where the run starts but not on a worker's node (its process
+    started before it was set): that worker spools in its temporary directory, seals its
+    group from there as any worker does, and records why in its errors table; no row of
+    it is lost."""
+    url = "file://" + str(tmp_path / "run.zarr")
+    keys = [f"inc-{i}" for i in range(20)]
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        monkeypatch.setenv("SCRATCH_ONLY_HERE", str(tmp_path / "spool"))
+        with collect(client, url, local_dir="$SCRATCH_ONLY_HERE", flush_interval="0.2s"):
+            futures = [client.submit(_inc, i, key=k) for i, k in enumerate(keys)]
+            assert client.gather(futures) == [i + 1 for i in range(20)]
+    run = open_run(url)
+    assert (run.attrs["status"], run.attrs["missing"]) == ("complete", [])
+    assert sorted(run.worker_table("tasks").key) == sorted(keys)
+    errors = run.errors()
+    said = errors[errors["where"].str.contains("node-local")].what
+    assert len(said) == 2
+    assert all("SCRATCH_ONLY_HERE" in w and "does not set" in w for w in said)
+    assert validate_store(url) == []

@@ -12,12 +12,12 @@ import xarray as xr
 import zarr
 
 from metacollect import open_run
+from metacollect.check.validate import validate_store
 from metacollect.session import init_root
+from metacollect.session.end import finalize
 from metacollect.steps.job import JobInfo, write_job
 from metacollect.store import documents
-from metacollect.store.lifecycle import finalize
 from metacollect.store.schema import load_schema
-from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
 from metacollect.store.zarrio import walk
 

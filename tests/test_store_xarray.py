@@ -21,11 +21,12 @@ import metacollect.store.layout as layout
 import metacollect.store.seal as seal_mod
 import metacollect.store.text as text
 from metacollect import collect, open_run
+from metacollect.check.doctor import salvage
+from metacollect.check.validate import validate_store
 from metacollect.session import init_root
+from metacollect.session.end import finalize
 from metacollect.store import chunkio, streams
-from metacollect.store.doctor import salvage
-from metacollect.store.lifecycle import finalize, prepare_store
-from metacollect.store.validate import validate_store
+from metacollect.store.lifecycle import prepare_store
 from metacollect.store.writer import StoreWriter
 
 #: run in a fresh interpreter: what a user without metacollect sees of a store

@@ -23,12 +23,13 @@ import pytest
 import xarray as xr
 
 from metacollect import open_run
+from metacollect.check.validate import validate_store
 from metacollect.session import init_root
+from metacollect.session.end import finalize
 from metacollect.store import arrowcols, streams
-from metacollect.store.lifecycle import finalize, prepare_store
+from metacollect.store.lifecycle import prepare_store
 from metacollect.store.schema import load_schema
 from metacollect.store.seal import fold_streams, seal_own
-from metacollect.store.validate import validate_store
 from metacollect.store.writer import GroupWriter, StoreWriter
 from tests.test_store import CLUSTER_ATTRS
 
@@ -748,7 +749,7 @@ def test_a_flush_that_ends_during_the_seal_makes_the_run_incomplete(tmp_path, mo
     streams goes to new streams, its rows are not in the sealed tables, and the run says
     so; and so does a flush that lands while the seal writes the tables from what it read:
     the seal moves the batches past those into a stream of their own."""
-    from metacollect.store import lifecycle
+    from metacollect.session import end
     from metacollect.store import seal as seal_mod
 
     store, _, g = _scheduler_group(tmp_path)
@@ -762,14 +763,14 @@ def test_a_flush_that_ends_during_the_seal_makes_the_run_incomplete(tmp_path, mo
 
         monkeypatch.setattr(seal_mod, "_write_streamed", write_then_a_late_flush)
     else:
-        real = lifecycle.fold_streams
+        real = end.fold_streams
 
         def fold_then_a_late_flush(*args, **kwargs):
             done = real(*args, **kwargs)
             _flush_events(g, 100, 5)  # after the seal wrote and removed the group's streams
             return done
 
-        monkeypatch.setattr(lifecycle, "fold_streams", fold_then_a_late_flush)
+        monkeypatch.setattr(end, "fold_streams", fold_then_a_late_flush)
     status, missing = finalize(store, "complete")
     assert status == "incomplete"
     (line,) = missing

@@ -17,13 +17,13 @@ import zarr
 from distributed import Client, LocalCluster
 
 from metacollect import collect, open_run
+from metacollect.check.validate import validate_store
 from metacollect.errors import StoreError
 from metacollect.session import config_overrides
 from metacollect.steps import yappi as ystep
 from metacollect.steps.job import scheduler_identity
 from metacollect.store import streams
 from metacollect.store.schema import load_schema
-from metacollect.store.validate import validate_store
 from metacollect.store.writer import StoreWriter
 
 PROBE = "_metacollect_probe_target_7f3a"

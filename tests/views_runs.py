@@ -188,7 +188,7 @@ def _chain_store(n: int, skew: float) -> str:
     import numpy as np
 
     from metacollect.session import init_root
-    from metacollect.store.lifecycle import finalize
+    from metacollect.session.end import finalize
     from metacollect.store.writer import StoreWriter
 
     path = f"{_tmp()}/chain-{n}-{skew}.zarr"

@@ -24,7 +24,7 @@ from metacollect.analysis.memo import Memo
 from metacollect.analysis.run import open_run
 from metacollect.analysis.tasks import prefix_summary
 from metacollect.errors import UsageError
-from metacollect.store.lifecycle import annotate
+from metacollect.store import zarrio
 
 __all__ = [
     "SUMMARY_ATTR",
@@ -108,7 +108,7 @@ def write_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     # copied) or a summary of another version is not read as this store's
     row["version"], row["sealed"] = SUMMARY_VERSION, run.attrs.get("ended")
     row["started"] = run.attrs.get("started")  # the epoch as stored, read back the same
-    annotate(path, **{SUMMARY_ATTR: row})
+    zarrio.update_root_attributes(path, {SUMMARY_ATTR: row})
     return row
 
 

@@ -58,7 +58,7 @@ def events(run: StoreReader) -> pd.DataFrame:
     than ``"all"``, or ``"all"``), ``worker`` (the worker it is about, if any), ``action``
     (the message's, if any) and ``fields`` (the other values of the message, decoded:
     ``name=value``; bytes such as pickled call arguments as their length only)."""
-    ev = run.scheduler_table("events")
+    ev = run.concat("scheduler", "events")
     columns = ["time", "topic", "worker", "action", "fields"]
     if not len(ev):
         return pd.DataFrame({c: pd.Series(dtype=float if c == "time" else object) for c in columns})

@@ -51,7 +51,7 @@ def losses(run: StoreReader) -> pd.DataFrame:
     w = w[w["removed"].notna()] if "removed" in w else w.iloc[:0]
     if not len(w):
         return pd.DataFrame({c: [] for c in cols})
-    tr = run.transitions()
+    tr = run.concat("scheduler", "transitions")
     tr = tr[tr["start"].isin(["memory", "processing"])].drop(columns=["worker"])
     m = tr.merge(
         w[["cluster", "address", "removed", "removal_stimulus"]],
@@ -183,7 +183,7 @@ def _graph_of(run: StoreReader, df: pd.DataFrame, submitted: pd.DataFrame) -> np
         m = df[["cluster", "group"]].merge(pairs, on=["cluster", "group"], how="left")
         return m["graph"].fillna(-1).to_numpy(dtype=np.int64)
     gt = run.concat("client", "tasks", columns=["graph", "key"])
-    g = run.graphs()[["cluster", "graph", "time"]]
+    g = run.concat("client", "graphs")[["cluster", "graph", "time"]]
     gt = gt.merge(g, on=["cluster", "graph"], how="left")
     left = df[["cluster", "key", "time"]].reset_index().sort_values("time", kind="stable")
     before = left.groupby(["cluster", "key"], sort=False)["time"].shift(1)

@@ -9,6 +9,7 @@ log records and events (:mod:`metacollect.analysis.logs`), what collecting cost
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -21,6 +22,7 @@ from metacollect.analysis.diff import RunDiff, diff
 from metacollect.analysis.pstats import write as write_pstats
 from metacollect.analysis.spans import fine_metrics, span_summary, spans
 from metacollect.errors import StoreError
+from metacollect.store import zarrio
 from metacollect.store.reader import StoreReader
 
 __all__ = ["Run", "open_run"]
@@ -48,6 +50,26 @@ def open_run(path: str | os.PathLike[str]) -> Run:
 
 class Run(StoreReader):
     """One collected run. Every table method returns a pandas DataFrame."""
+
+    def __repr__(self) -> str:
+        a = self.attrs
+        return (
+            f"<Run {a.get('run_id')} status={a.get('status')} "
+            f"clusters={len(self.clusters())} path={self.path}>"
+        )
+
+    def clusters(self) -> list[str]:
+        """Cluster ids (one per scheduler), in start order."""
+        try:
+            g = zarrio.group_at(self.root, "clusters")
+        except KeyError:
+            return []
+        items = [
+            (dict(m.attrs).get("started", 0.0), name)
+            for name, m in zarrio.walk(g, "clusters", depth=1)
+            if zarrio.is_group(m)
+        ]
+        return [name for _, name in sorted(items)]
 
     def tasks(self) -> pd.DataFrame:
         """One row per execution of a task, as the scheduler learnt it (a task recomputed after
@@ -126,6 +148,47 @@ class Run(StoreReader):
         """
         return clock_offsets(self)
 
+    def transitions(self) -> pd.DataFrame:
+        """One row per scheduler transition: key, start, finish, time, stimulus_id, worker."""
+        return self.concat("scheduler", "transitions")
+
+    def graphs(self) -> pd.DataFrame:
+        """One row per submitted graph: client, time, n_tasks, n_keys, n_dependencies, ..."""
+        return self.concat("client", "graphs")
+
+    def graph_tasks(self) -> pd.DataFrame:
+        """One row per task of each submitted graph: key, prefix, group, priority, ..."""
+        return self.concat("client", "tasks")
+
+    def dependencies(self) -> pd.DataFrame:
+        """Dependency edges of the submitted graphs (key depends on dependency)."""
+        return self.concat("client", "dependencies")
+
+    def events(self) -> pd.DataFrame:
+        """Structured scheduler events of every topic (msg as JSON text)."""
+        return self.concat("scheduler", "events")
+
+    def worker_states(self) -> pd.DataFrame:
+        """WorkerState samples over time (processing, occupancy, memory, ...)."""
+        return self.concat("scheduler", "worker_states")
+
+    def scheduler_table(self, table: str) -> pd.DataFrame:
+        """A step-3 table (transitions, tasks, workers, spans, span_ends, ...) of every
+        cluster's scheduler."""
+        return self.concat("scheduler", table)
+
+    def config(self) -> dict[str, Any]:
+        """The effective dask config of the run, as a nested dict."""
+        entries = self.table("config", "entries")
+        out: dict[str, Any] = {}
+        for key, value in zip(entries["key"], entries["value"], strict=False):
+            d = out
+            *parents, leaf = key.split(".")
+            for p in parents:
+                d = d.setdefault(p, {})
+            d[leaf] = json.loads(value)
+        return out
+
     def worker_table(self, table: str, clock: str = "stored") -> pd.DataFrame:
         """A step-4 table of every worker, its times as stored (``clock="stored"``: tasks
         and startstops on Dask's clock, transitions and metrics on the worker's own), or
@@ -137,7 +200,7 @@ class Run(StoreReader):
         delay Dask added was found, :mod:`metacollect.analysis.dask_clock`); ``clock`` then
         says per row which clock they are on (``"scheduler"``, or the stored times where the
         worker has no round trips)."""
-        df = super().worker_table(table)
+        df = self.concat("worker", table)
         if clock == "stored":
             return df
         if clock != "scheduler":

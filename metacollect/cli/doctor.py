@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     # imported here, off the CLI's start-up: the store's Zarr layer
     import metacollect.store.zarrio as zarrio
     from metacollect.analysis.campaign import keep_summary
-    from metacollect.store.doctor import salvage
+    from metacollect.check.doctor import salvage
 
     if not os.path.isdir(args.store):
         raise NotAStoreError(f"{args.store} does not exist; give the path of a metacollect store")

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     # imported here, off the CLI's start-up: the store reader (xarray, pandas)
     from metacollect.analysis.campaign import keep_summary
     from metacollect.analysis.run import open_run
-    from metacollect.store.lifecycle import gather_leftovers
+    from metacollect.session.end import gather_leftovers
     from metacollect.store.streams import groups_with_streams
 
     if "://" not in args.store and not os.path.isdir(args.store):

@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # imported here, off the CLI's start-up: the store reader (xarray, pandas)
     from metacollect.analysis.run import open_run
-    from metacollect.store.validate import validate_store
+    from metacollect.check.validate import validate_store
 
     if not os.path.exists(args.store) and "://" not in args.store:
         raise NotAStoreError(f"{args.store} does not exist; give the path of a metacollect store")

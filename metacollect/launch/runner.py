@@ -36,12 +36,13 @@ from metacollect.launch.batch import jobqueue_cluster
 from metacollect.launch.child import SIGNALS_FD, Outcome
 from metacollect.launch.preload import attach_environment
 from metacollect.session.collection import Collection
+from metacollect.session.end import cluster_ends, finalize, unended_clusters
 from metacollect.session.start import prepare_run, start_run
 from metacollect.steps import terminate
 from metacollect.steps.darshan.logs import ReaderPool
 from metacollect.steps.darshan.script import finish_script, script_environment
 from metacollect.steps.job import JobInfo
-from metacollect.store.lifecycle import abandon, cluster_ends, finalize, unended_clusters
+from metacollect.store.lifecycle import abandon
 from metacollect.store.writer import StoreWriter
 
 

@@ -24,13 +24,14 @@ import dask.config
 
 import metacollect.config as config
 from metacollect.errors import UsageError
+from metacollect.session.end import finalize
 from metacollect.session.shutdown import end_through, retire_and_wait, retire_batch
 from metacollect.session.start import start_run
 from metacollect.steps import darshan, terminate, yappi
 from metacollect.steps.batch import BatchRecorder
 from metacollect.steps.job import JobInfo, scheduler_identity
 from metacollect.steps.scheduler import SchedulerCollector, active_stores
-from metacollect.store.lifecycle import abandon, finalize
+from metacollect.store.lifecycle import abandon
 from metacollect.store.writer import StoreWriter
 
 if TYPE_CHECKING:

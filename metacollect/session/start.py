@@ -20,7 +20,7 @@ __all__ = ["init_root", "prepare_run", "start_run"]
 
 def init_root(writer: StoreWriter, run_id: str) -> None:
     """Root attrs of a new run, status incomplete until
-    :func:`~metacollect.store.lifecycle.finalize`."""
+    :func:`~metacollect.session.end.finalize`."""
     writer.group(
         "root",
         attrs={

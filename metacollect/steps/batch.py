@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import math
 import os
 import re
@@ -37,13 +38,18 @@ from metacollect.batch import (
     job_number,
 )
 from metacollect.dask_private import job_template
+from metacollect.errors import StoreError
 from metacollect.steps import terminate
 from metacollect.steps.job import scheduler_identity
+from metacollect.store import chunkio, zarrio
+from metacollect.store.text import NONE_ATTR, text_values
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from metacollect.store.writer import StoreWriter
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BatchRecorder",
@@ -669,3 +675,39 @@ def _memory(value: Any) -> str | None:
     if value is None:
         return None
     return format_bytes(int(value)) if isinstance(value, int | float) else str(value)
+
+
+#: the table of how a run's batch jobs ended (see schema/step1-job.yaml)
+ENDS_TABLE = "job/batch/ends"
+
+
+def batch_job_ends(root: zarrio.Group, nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """How each batch job of the run ended, by id, in words for a ``missing`` line ("ended
+    TIMEOUT (TimeLimit) at YYYY-MM-DD HH:MM:SS, exit code 0:15"), from the store's
+    ``job/batch`` ends; empty when it has none (not a batch run), or when that table does
+    not read (the line then says less; the table itself is what ``validate`` checks)."""
+    doc = nodes.get(ENDS_TABLE)
+    names = ("job_id", "state", "reason", "exit_code", "end_time")
+    if doc is None or any(f"{ENDS_TABLE}/{v}" not in nodes for v in names):
+        return {}
+    rows = int((doc.get("attributes") or {}).get("rows", 0))
+    try:
+        arrays = [zarrio.array_at(root, f"{ENDS_TABLE}/{v}") for v in names]
+        found = dict(zip(names, zarrio.run(chunkio.read_rows(arrays, rows)), strict=True))
+        text = {
+            v: text_values(
+                found[v], (nodes[f"{ENDS_TABLE}/{v}"].get("attributes") or {}).get(NONE_ATTR)
+            )
+            for v in names[:-1]
+        }
+    except (StoreError, KeyError) as e:
+        logger.warning("metacollect: how the batch jobs ended does not read (%s)", e)
+        return {}
+    out = {}
+    for i in range(rows):  # the last row of a job, if written twice
+        reason = f" ({text['reason'][i]})" if text["reason"][i] not in (None, "", "None") else ""
+        when = float(found["end_time"][i])
+        at = "" if when != when else time.strftime(" at %Y-%m-%d %H:%M:%S", time.localtime(when))
+        code = f", exit code {text['exit_code'][i]}" if text["exit_code"][i] else ""
+        out[str(text["job_id"][i])] = f"ended {text['state'][i]}{reason}{at}{code}"
+    return out

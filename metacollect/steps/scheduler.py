@@ -558,7 +558,7 @@ class SchedulerCollector(SchedulerPlugin):
         flush as it goes. It cannot be reached, or its collector is gone already (or, one just
         joined, not yet there): a note in the errors table. Whether its record has a gap is
         its group's own ``ended``, which the seal reads
-        (:func:`~metacollect.store.lifecycle.unended_workers`)."""
+        (:func:`~metacollect.steps.worker.unended_workers`)."""
         await nanny.detach(scheduler, self.store_path, self._on_error)
         name = worker_plugin_name(self.store_path)
         replies = await remove_worker_plugin(scheduler, name)

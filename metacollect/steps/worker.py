@@ -14,7 +14,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from distributed.core import Status
@@ -31,7 +31,7 @@ from metacollect.store import local, lock
 from metacollect.store.flush import take, take_rows
 from metacollect.store.schema import safe_name
 from metacollect.store.seal import seal_spool
-from metacollect.store.writer import GroupWriter, StoreWriter
+from metacollect.store.writer import GroupWriter, StoreWriter, spool_dir
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -130,7 +130,7 @@ def _group_attrs(worker: Worker) -> dict[str, Any]:
         "memory_limit": worker.memory_manager.memory_limit,
         "started": time.time(),
         # set by its final flush (teardown): a group still without it when the store is
-        # sealed lost what its worker did after its last flush (lifecycle.unended_workers)
+        # sealed lost what its worker did after its last flush (unended_workers, below)
         "ended": None,
         "profile_interval": dask_profile.profile_interval(),
         # the batch job it runs in, said by the worker itself: the client's looks at its
@@ -192,7 +192,10 @@ class WorkerCollector(WorkerPlugin):
         #: the run held its store's lock as this worker started: it must not gather into it
         #: once the run is sealed
         self._in_locked_run = lock.held(self.store_path)
-        self.writer = StoreWriter(self.store_path, spool=self.local)
+        spool = self.local
+        if local_failed is not None and "://" in self.store_path:
+            spool = spool_dir(self.store_path)  # local-dir unusable here: said in its group
+        self.writer = StoreWriter(self.store_path, spool=spool)
         self.group: GroupWriter = self.writer.group(
             "worker", attrs=attrs, cluster=self.cluster, worker=self.id
         )
@@ -337,9 +340,17 @@ class WorkerCollector(WorkerPlugin):
     def _local_store(self, attrs: dict[str, Any]) -> tuple[str | None, Exception | None]:
         """With ``metacollect.store.local-dir``: the node-local store this worker writes, and
         its group's placeholder in the run's store, which says where the rows are until the
-        worker gathers them (a worker that never does is named when the store is sealed)."""
+        worker gathers them (a worker that never does is named when the store is sealed);
+        and the error that keeps this worker from using local-dir, recorded in its group."""
         local_dir = config.get("store.local-dir")
-        if not local_dir or "://" in self.store_path:  # a URL store's writer spools there
+        if not local_dir:
+            return None, None
+        if "://" in self.store_path:  # a URL store's writer spools there, if it can
+            try:
+                local.local_dir_path(local_dir)
+            except StoreError as e:  # its writer spools in the system's temp instead
+                logger.warning("metacollect: worker %s spools in a temp directory: %s", self.id, e)
+                return None, e
             return None, None
         try:
             path = local.local_store_path(local_dir, self.store_path, f"{self.cluster}-{self.id}")
@@ -682,3 +693,34 @@ def _stop_heartbeats(worker: Worker) -> None:
     callback = worker.periodic_callbacks.get("heartbeat")
     if callback is not None:
         callback.stop()
+
+
+def unended_workers(
+    nodes: Mapping[str, Mapping[str, Any]], ends: Mapping[str, str] | None = None
+) -> list[str]:
+    """What the store misses because a worker's collector never took its final flush (the
+    worker was killed, or its process died), one line per worker group (``nodes``: the
+    store's nodes as the seal reads them), with how its batch job ended when ``ends`` (see
+    :func:`~metacollect.steps.batch.batch_job_ends`) has it: a walltime or an
+    out-of-memory kill is most often why.
+    A group written before workers recorded their end has no ``ended`` at all and is not
+    named; one kept on node-local disk and never gathered is named by
+    :func:`~metacollect.store.local.ungathered`."""
+    missing = []
+    for path, doc in sorted(nodes.items()):
+        attrs = doc.get("attributes") or {}
+        if attrs.get("kind") != "worker" or "ended" not in attrs or attrs["ended"] is not None:
+            continue
+        if local.LOCAL_ATTR in attrs and attrs.get(local.GATHERED_ATTR) is None:
+            continue
+        job = str(attrs.get("batch_job_id") or "")
+        how = f" Its batch job {job} {ends[job]}." if ends and job in ends else ""
+        missing.append(
+            f"{path}: worker {attrs.get('address')} (host {attrs.get('host')}, pid "
+            f"{attrs.get('pid')}) never took its final flush (it was killed, its process "
+            "died, or that flush failed): what it did after its last flush (up to "
+            "metacollect.flush-interval, longer "
+            "if the interval was stretched) is not in its group; the scheduler's record of "
+            f"its tasks is.{how}"
+        )
+    return missing

@@ -28,17 +28,24 @@ GATHERED_ATTR = "gathered"
 SPOOL_LOST_ATTR = "spool_lost"
 
 
-def local_store_path(local_dir: str, store: str, name: str) -> str:
-    """Where a process of the run into ``store`` keeps its group on this node: one directory
-    per run (named by the store's path, so two runs never share one) and one store per
-    process. ``local_dir`` may name environment variables (``$TMPDIR``), expanded here, on
-    the node that writes."""
+def local_dir_path(local_dir: str) -> str:
+    """``metacollect.store.local-dir`` on this node: its environment variables (``$TMPDIR``)
+    and ``~`` expanded here, on the node that writes; a one-line :class:`StoreError` when it
+    names a variable this node does not set (a spool elsewhere would hide where rows are)."""
     base = os.path.expanduser(os.path.expandvars(local_dir))
     if "$" in base:
         raise StoreError(
             f"metacollect.store.local-dir {local_dir!r} names an environment variable this "
             f"node ({socket.gethostname()}) does not set; set it or give a path"
         )
+    return base
+
+
+def local_store_path(local_dir: str, store: str, name: str) -> str:
+    """Where a process of the run into ``store`` keeps its group on this node: one directory
+    per run (named by the store's path, so two runs never share one) and one store per
+    process, below :func:`local_dir_path`."""
+    base = local_dir_path(local_dir)
     if "://" in store:
         raise StoreError(
             f"metacollect.store.local-dir is for stores on a filesystem; {store!r} is a URL: "

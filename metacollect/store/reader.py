@@ -8,7 +8,6 @@ Opening a store never executes code from it: it holds no pickles, only arrays an
 from __future__ import annotations
 
 import functools
-import json
 import os
 import warnings
 from collections.abc import Iterable
@@ -64,13 +63,6 @@ class StoreReader:
                 f"{self.path} has schema version {version!r}; this metacollect reads up to "
                 f"{self.schema.version}: upgrade metacollect (pip install -U metacollect)"
             )
-
-    def __repr__(self) -> str:
-        a = self.attrs
-        return (
-            f"<Run {a.get('run_id')} status={a.get('status')} "
-            f"clusters={len(self.clusters())} path={self.path}>"
-        )
 
     # -- structure -------------------------------------------------------------------------------
     @property
@@ -181,19 +173,6 @@ class StoreReader:
         if not isinstance(node, xr.DataTree):
             raise StoreError(f"{path} is a variable of the store, not a group")
         return node
-
-    def clusters(self) -> list[str]:
-        """Cluster ids (one per scheduler), in start order."""
-        try:
-            g = zarrio.group_at(self.root, "clusters")
-        except KeyError:
-            return []
-        items = [
-            (dict(m.attrs).get("started", 0.0), name)
-            for name, m in zarrio.walk(g, "clusters", depth=1)
-            if zarrio.is_group(m)
-        ]
-        return [name for _, name in sorted(items)]
 
     def worker_groups(self, cluster: str | None = None) -> dict[str, dict[str, Any]]:
         """``{group path: attrs}`` of the worker groups."""
@@ -360,39 +339,6 @@ class StoreReader:
             return pd.DataFrame(cols)
         return pd.concat(frames, ignore_index=True)
 
-    def transitions(self) -> pd.DataFrame:
-        """One row per scheduler transition: key, start, finish, time, stimulus_id, worker."""
-        return self.concat("scheduler", "transitions")
-
-    def graphs(self) -> pd.DataFrame:
-        """One row per submitted graph: client, time, n_tasks, n_keys, n_dependencies, ..."""
-        return self.concat("client", "graphs")
-
-    def graph_tasks(self) -> pd.DataFrame:
-        """One row per task of each submitted graph: key, prefix, group, priority, ..."""
-        return self.concat("client", "tasks")
-
-    def dependencies(self) -> pd.DataFrame:
-        """Dependency edges of the submitted graphs (key depends on dependency)."""
-        return self.concat("client", "dependencies")
-
-    def events(self) -> pd.DataFrame:
-        """Structured scheduler events of every topic (msg as JSON text)."""
-        return self.concat("scheduler", "events")
-
-    def worker_states(self) -> pd.DataFrame:
-        """WorkerState samples over time (processing, occupancy, memory, ...)."""
-        return self.concat("scheduler", "worker_states")
-
-    def scheduler_table(self, table: str) -> pd.DataFrame:
-        """A step-3 table (transitions, tasks, workers, spans, span_ends, ...) of every
-        cluster's scheduler."""
-        return self.concat("scheduler", table)
-
-    def worker_table(self, table: str) -> pd.DataFrame:
-        """A step-4 table (tasks, startstops, transitions, transfers, metrics) of every worker."""
-        return self.concat("worker", table)
-
     def errors(self) -> pd.DataFrame:
         """Every collector failure recorded in the store, with the group it belongs to."""
         frames = []
@@ -406,18 +352,6 @@ class StoreReader:
         if not frames:
             return pd.DataFrame({"group": [], "time": [], "where": [], "what": [], "why": []})
         return pd.concat(frames, ignore_index=True).sort_values("time", ignore_index=True)
-
-    def config(self) -> dict[str, Any]:
-        """The effective dask config of the run, as a nested dict."""
-        entries = self.table("config", "entries")
-        out: dict[str, Any] = {}
-        for key, value in zip(entries["key"], entries["value"], strict=False):
-            d = out
-            *parents, leaf = key.split(".")
-            for p in parents:
-                d = d.setdefault(p, {})
-            d[leaf] = json.loads(value)
-        return out
 
 
 def _as_column(data: np.ndarray) -> Any:

@@ -33,7 +33,7 @@ import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
 from metacollect.store import arrowcols, documents, lock, streams
 from metacollect.store.buffers import Table
-from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR
+from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, local_dir_path
 from metacollect.store.schema import GroupSpec, Schema, load_schema
 from metacollect.store.streams import TableStream
 
@@ -42,10 +42,6 @@ logger = logging.getLogger(__name__)
 
 #: rows of a table encoded and appended at a time by a flush (bounds its memory)
 FLUSH_ROWS = 131_072
-
-#: see :data:`metacollect.store.zarrio.UNRECOGNIZED`
-UNRECOGNIZED = zarrio.UNRECOGNIZED
-open_root = zarrio.open_root
 
 
 class GroupWriter:
@@ -257,7 +253,10 @@ class StoreWriter:
     ) -> None:
         """``spool``: a local directory for this writer's streams (a worker's on its node's
         disk, ``metacollect.store.local-dir``), from which it seals its groups into the store
-        at its end; a store at an fsspec URL always has one (:func:`spool_dir`)."""
+        at its end; a store at an fsspec URL always has one (:func:`spool_dir`), below
+        ``local-dir`` when set, which is checked here: one naming a variable this node does
+        not set fails the writer's start (:func:`~metacollect.store.local.local_dir_path`),
+        before it holds any row."""
         self.path = os.fspath(path)
         self.schema = schema or load_schema()
         self._root: zarrio.Group | None = None
@@ -268,6 +267,9 @@ class StoreWriter:
         #: fsspec URL, a worker's node-local disk), not in the store
         self.spooled = "://" in self.path or spool is not None
         self._spool = spool if spool is not None else None if self.spooled else self.path
+        local_dir = config.get("store.local-dir") if self._spool is None else None
+        #: the directory below which a URL store's spool is made (None: the system's temp)
+        self._spool_base = local_dir_path(local_dir) if local_dir else None
         self.groups: dict[str, GroupWriter] = {}
         self._lock = threading.Lock()
 
@@ -276,7 +278,7 @@ class StoreWriter:
         """The local directory of this writer's streams: the store's own, or for a store at
         an fsspec URL a spool of this process (:func:`spool_dir`), made at its first use."""
         if self._spool is None:
-            self._spool = spool_dir(self.path)
+            self._spool = spool_dir(self.path, self._spool_base)
         return self._spool
 
     @property
@@ -285,7 +287,7 @@ class StoreWriter:
         cannot be written (a worker joining then) is made all the same, and fails its
         flushes until the store is back."""
         if self._root is None:
-            self._root = open_root(self.path)
+            self._root = zarrio.open_root(self.path)
         return self._root
 
     def group(self, kind: str, attrs: Mapping[str, Any] | None = None, **parts: Any) -> GroupWriter:
@@ -388,16 +390,13 @@ class StoreWriter:
         )
 
 
-def spool_dir(store: str) -> str:
-    """A spool directory of this process for the streams of the store at URL ``store``:
-    below ``metacollect.store.local-dir`` when set (environment variables expanded), else
-    in a temporary directory of the process; one per run and process."""
+def spool_dir(store: str, base: str | None = None) -> str:
+    """A new spool directory of this process for the streams of the store at URL ``store``,
+    below ``base`` (a :func:`~metacollect.store.local.local_dir_path`), else in the system's
+    temporary directory; one per run and process."""
     run = hashlib.sha1(store.encode()).hexdigest()[:12]
-    local = config.get("store.local-dir")
-    base = os.path.expanduser(os.path.expandvars(local)) if local else None
-    if base is None or "$" in base:
-        return tempfile.mkdtemp(prefix=f"metacollect-{run}-")
-    os.makedirs(base, exist_ok=True)
+    if base is not None:
+        os.makedirs(base, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"metacollect-{run}-", dir=base)
 
 
@@ -420,16 +419,6 @@ def jsonable(obj: Any) -> Any:
             return None
         return obj
     return str(obj)
-
-
-def rows(records: Iterable[Mapping[str, Any]], names: Iterable[str]) -> dict[str, list[Any]]:
-    """Columns from an iterable of dict rows (for small, non-hot tables)."""
-    names = list(names)
-    cols: dict[str, list[Any]] = {n: [] for n in names}
-    for r in records:
-        for n in names:
-            cols[n].append(r.get(n))
-    return cols
 
 
 def columns(names: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Sequence[Any]]:

@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from metacollect.errors import StoreError
+from metacollect.session.end import finalize, unended_clusters, workers_ended
 from metacollect.store import zarrio
-from metacollect.store.lifecycle import finalize, unended_clusters, workers_ended
 
 __all__ = ["batch_finalize", "running", "wait_cluster_end", "wait_pids"]
 

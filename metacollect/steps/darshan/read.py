@@ -484,7 +484,7 @@ def _attribute_tasks(run: Run, seg: pd.DataFrame) -> None:
     seg["key"] = None
     seg["n_candidates"] = 0
     seg["candidates"] = [()] * len(seg)
-    tasks = run.worker_table("tasks")
+    tasks = run.concat("worker", "tasks")
     groups = seg.groupby(["cluster", "worker_group"], dropna=True).groups if len(seg) else {}
     for (cluster, wgroup), idx in groups.items():
         t = tasks[(tasks["cluster"] == cluster) & (tasks["worker_group"] == wgroup)]

@@ -19,9 +19,10 @@ import numpy as np
 
 import metacollect.store.zarrio as zarrio
 from metacollect.errors import StoreError
+from metacollect.session.end import finalize
 from metacollect.store import chunkio, documents, streams
 from metacollect.store.integrity import rows_problem, seal_problems
-from metacollect.store.lifecycle import abandon, finalize, prepare_store
+from metacollect.store.lifecycle import abandon, prepare_store
 from metacollect.store.schema import GroupSpec, TableSpec, load_schema
 from metacollect.store.text import NONE_ATTR, text_values
 from metacollect.store.writer import GroupWriter, StoreWriter
