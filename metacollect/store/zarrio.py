@@ -309,7 +309,8 @@ class Templates:
     hundreds of arrays. The documents are those ``create_array`` writes (tested)."""
 
     def __init__(self) -> None:
-        self._made: dict[Any, Any] = {}
+        #: each kind's metadata, being made or made (callers side by side share one)
+        self._made: dict[Any, asyncio.Future[Any]] = {}
 
     async def array(
         self,
@@ -323,19 +324,20 @@ class Templates:
     ) -> Any:
         """The metadata of an array :func:`new_array` would make with these arguments."""
         key = (repr(dtype), len(shape), repr(compressors), repr(fill))
-        made = self._made.get(key)
-        if made is None:
+        if key not in self._made:
             one = (1,) * len(shape)
-            arr = await create_array(
-                StorePath(MemoryStore()),
-                shape=one,
-                chunks=one,
-                dtype=dtype,
-                compressors=compressors,
-                fill_value=fill,
-                chunk_key_encoding=CHUNK_KEYS,
+            self._made[key] = asyncio.ensure_future(
+                create_array(
+                    StorePath(MemoryStore()),
+                    shape=one,
+                    chunks=one,
+                    dtype=dtype,
+                    compressors=compressors,
+                    fill_value=fill,
+                    chunk_key_encoding=CHUNK_KEYS,
+                )
             )
-            made = self._made[key] = arr.metadata
+        made = (await self._made[key]).metadata
         grid = {"name": "regular", "configuration": {"chunk_shape": list(chunks)}}
         return dataclasses.replace(
             made,
@@ -347,11 +349,11 @@ class Templates:
 
     async def group(self, attrs: Mapping[str, Any]) -> Any:
         """The metadata of a group :func:`new_group` would make with ``attrs``."""
-        made = self._made.get("group")
-        if made is None:
-            made = self._made["group"] = (
-                await create_group(store=StorePath(MemoryStore()))
-            ).metadata
+        if "group" not in self._made:
+            self._made["group"] = asyncio.ensure_future(
+                create_group(store=StorePath(MemoryStore()))
+            )
+        made = (await self._made["group"]).metadata
         return dataclasses.replace(made, attributes=dict(attrs))
 
 
