@@ -319,7 +319,9 @@ class _TableSink:
         if not self.renamed:
             await zarrio.new_nodes(self.at, group, {})
             group = None
-        made = await zarrio.new_nodes(self.at, group, arrays)
+        # a table renamed into place is written in a directory of its own, the seal's
+        # alone (one a seal cut short left was removed): nothing to read there first
+        made = await zarrio.new_nodes(self.at, group, arrays, overwrite=self.renamed)
         for name, column in self.columns.items():
             column.arr = made[name]
         self._made = True

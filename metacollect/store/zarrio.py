@@ -357,17 +357,20 @@ class Templates:
         return dataclasses.replace(made, attributes=dict(attrs))
 
 
-async def new_nodes(where: Any, group: Any | None, arrays: Mapping[str, Any]) -> dict[str, Any]:
+async def new_nodes(
+    where: Any, group: Any | None, arrays: Mapping[str, Any], overwrite: bool = False
+) -> dict[str, Any]:
     """A new group at store path ``where`` (its metadata ``group``; ``None``: it is there
     already) and new arrays below it (``{name: metadata}``, :class:`Templates`), their
-    documents written side by side through Zarr's ``create_hierarchy`` (which fails on a
-    node that is there already); the arrays' handles, by name, writing every chunk
-    (:func:`array_config`)."""
+    documents written side by side through Zarr's ``create_hierarchy``; the arrays'
+    handles, by name, writing every chunk (:func:`array_config`). ``overwrite``: in place
+    of what is there (Zarr removes each node's directory first, a ``stat`` in a local
+    store), else Zarr reads each node first and fails on one that is there already."""
     prefix = where.path
     nodes = {f"{prefix}/{n}" if prefix else n: meta for n, meta in arrays.items()}
     if group is not None:
         nodes[prefix] = group
-    async for _ in create_hierarchy(store=where.store, nodes=nodes):
+    async for _ in create_hierarchy(store=where.store, nodes=nodes, overwrite=overwrite):
         pass
     return {
         n: zarr.AsyncArray(meta, where / n, config=array_config()) for n, meta in arrays.items()
