@@ -528,3 +528,35 @@ def test_nodes_made_from_templates_are_those_zarrs_create_array_makes(tmp_path):
     assert os.path.exists(os.path.join(root, "ours", "a2", "c.0"))
     group = zarr.open_group(os.path.join(root, "ours"), mode="r")
     assert np.isnan(group["a2"][:]).all() and group.attrs["rows"] == 3
+
+
+def test_a_table_made_whole_and_killed_before_its_chunks_is_not_read_as_whole(store, monkeypatch):
+    """A short table's group is made with its ``rows`` at once, beside its place (its
+    arrays' final attributes known): a seal killed before its chunks are written leaves that
+    directory, which readers do not take for the table (they read the rows from the
+    streams), the doctor salvages around, and the next seal writes over."""
+    from metacollect.store import tablewrite
+
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    expected = open_run(store).table(GROUP, "events")
+
+    async def killed(self, block):
+        raise RuntimeError("killed before its chunks")
+
+    monkeypatch.setattr(tablewrite._ColumnSink, "store", killed)
+    with pytest.raises(Exception, match="killed before its chunks"):
+        finalize(store)
+    monkeypatch.undo()
+    beside = os.path.join(store, *GROUP.split("/"), "events" + seal_mod.NEW)
+    with open(os.path.join(beside, "zarr.json")) as f:
+        assert json.load(f)["attributes"]["rows"] == 10
+    assert not os.path.exists(os.path.join(store, *GROUP.split("/"), "events"))
+    assert open_run(store).table(GROUP, "events").equals(expected)
+    fixed = salvage(store, store + ".fixed")
+    assert fixed.rows_dropped == 0
+    assert open_run(fixed.target).table(GROUP, "events").equals(expected)
+    assert finalize(store) == ("complete", [])
+    assert not os.path.exists(beside)
+    assert open_run(store).table(GROUP, "events").equals(expected)
+    assert validate_store(store) == []
