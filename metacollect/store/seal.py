@@ -313,7 +313,7 @@ def _write_streamed(
     }
     if not plan:
         return
-    blank = any(found.blank.get(t) for t in plan)
+    blank = {t: found.blank[t] for t in plan if found.blank.get(t)}
     local = not writer.spooled
 
     def parts() -> Iterator[dict[str, dict[str, Any]]]:

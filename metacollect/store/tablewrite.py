@@ -13,7 +13,7 @@ documents side by side through Zarr's ``create_hierarchy``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -97,7 +97,7 @@ async def write_sealed_stream(
     group: str,
     tables: Mapping[str, SealedTable],
     parts: Callable[[], Iterator[Part]],
-    blank: bool,
+    blank: Mapping[str, Set[str]],
     where: Callable[[str], str],
     done: Callable[[str], None],
     renamed: bool = False,
@@ -108,8 +108,8 @@ async def write_sealed_stream(
     rows are written as soon as it has :data:`~metacollect.store.layout.BLOCK_CHUNKS`
     chunks of them: what is held is a few blocks, whatever the number of rows. A ``code``
     variable's missing value (null) is written as the string :func:`none_value` picks among
-    the blank strings it holds (``blank``: a column of the group holds one, rare; its
-    parts are then gone through once more first, to see which variable holds which), and
+    the blank strings it holds (``blank``: per table, the variables its streams say met
+    one, rare; the parts are then gone through once more first, for those), and
     named in its attributes if the variable had one. Table ``t`` is written at ``where(path
     of t)``, and ``done(path of t)`` called once it is whole; ``renamed``: ``done`` renames
     it into its place (a local store), so its group is made with its ``rows`` (else they
@@ -127,8 +127,14 @@ async def write_sealed_stream(
         )
         for table, t in tables.items()
     }
-    if blank and any(c.var.dtype == "code" for k in sinks.values() for c in k.columns.values()):
-        await asyncio.to_thread(_held_blanks, sinks, parts())
+    held = {
+        (t, n): c
+        for t, sink in sinks.items()
+        for n, c in sink.columns.items()
+        if c.var.dtype == "code" and n in blank.get(t, ())
+    }
+    if held:  # the others hold no blank string: their ``none`` is ""
+        await asyncio.to_thread(_held_blanks, held, parts())
     rows = parts()
 
     def add_until_ready() -> bool:
@@ -156,19 +162,17 @@ async def write_sealed_stream(
     await asyncio.gather(*(sink.finish() for sink in sinks.values()))
 
 
-def _held_blanks(sinks: Mapping[str, _TableSink], parts: Iterator[Part]) -> None:
-    """Set each ``code`` variable's :attr:`_ColumnSink.none` from the blank strings (empty
-    or only NULs) it holds, as the compaction of its whole column would."""
-    held: dict[tuple[str, str], set[str]] = {}
+def _held_blanks(columns: Mapping[tuple[str, str], _ColumnSink], parts: Iterator[Part]) -> None:
+    """Set the :attr:`_ColumnSink.none` of these ``code`` variables (by table and name)
+    from the blank strings (empty or only NULs) each holds, as the compaction of its whole
+    column would."""
+    held: dict[tuple[str, str], set[str]] = {key: set() for key in columns}
     for part in parts:
-        for table, cols in part.items():
-            if table not in sinks:
-                continue
-            for name, column in sinks[table].columns.items():
-                if column.var.dtype == "code":
-                    held.setdefault((table, name), set()).update(_blanks(cols[name]))
-    for (table, name), mine in held.items():
-        sinks[table].columns[name].none = none_value(mine)
+        for (table, name), mine in held.items():
+            if table in part:
+                mine.update(_blanks(part[table][name]))
+    for key, mine in held.items():
+        columns[key].none = none_value(mine)
 
 
 def _blanks(strings: pa.Array) -> list[str]:
