@@ -479,3 +479,84 @@ def test_string_chunks_encoded_from_arrow_read_back_as_zarr_wrote_them(tmp_path)
     tree = xr.open_datatree(root, engine="zarr")
     for name in ("plain", "coded"):
         assert tree.to_dataset()[name].values.tolist() == expected.tolist()
+
+
+def test_nodes_made_from_templates_are_those_zarrs_create_array_makes(tmp_path):
+    """The seal makes a table's group and arrays from metadata made once per kind of array
+    (``zarrio.Templates``) through Zarr's ``create_hierarchy``: each document (``zarr.json``)
+    is the bytes Zarr's ``create_array`` and ``create_group`` write for the same arguments,
+    for strings, numbers with a NaN fill, 2-D arrays and several sizes from one template;
+    the arrays write every chunk, as those ``create_array`` makes."""
+    from zarr.storage import LocalStore, StorePath
+
+    from metacollect.store import zarrio
+
+    kinds = [
+        ((10,), (10,), str, zarrio.codecs("text", 8), "", ["row"]),
+        ((70_000,), (35_000,), str, zarrio.codecs("text", 8), "", ["row"]),
+        ((5,), (5,), np.float64, zarrio.codecs("numeric", 5), np.nan, ["row"]),
+        ((9, 3), (9, 3), np.int64, zarrio.codecs("numeric", 5), -1, ["row", "col"]),
+        ((4, 2), (4, 2), np.int64, zarrio.codecs("numeric", 5), -1, ["row", "col"]),
+    ]
+    attrs = {"units": "1", "description": "d\u00e9j\u00e0", "rows": [1, 2]}
+
+    async def by_zarr(where: Any) -> None:
+        await zarrio.new_group(where, {"table": "t", "rows": 3})
+        for i, (shape, chunks, dtype, codecs, fill, dims) in enumerate(kinds):
+            await zarrio.new_array(where / f"a{i}", shape, chunks, dtype, codecs, fill, attrs, dims)
+
+    async def by_templates(where: Any) -> dict[str, Any]:
+        made = zarrio.Templates()
+        group = await made.group({"table": "t", "rows": 3})
+        arrays = {
+            f"a{i}": await made.array(shape, chunks, dtype, codecs, fill, attrs, dims)
+            for i, (shape, chunks, dtype, codecs, fill, dims) in enumerate(kinds)
+        }
+        return await zarrio.new_nodes(where, group, arrays)
+
+    root = str(tmp_path / "s.zarr")
+    zarrio.run(by_zarr(StorePath(LocalStore(os.path.join(root, "zarr")))))
+    made = zarrio.run(by_templates(StorePath(LocalStore(os.path.join(root, "ours")))))
+    assert _files(os.path.join(root, "ours")) == _files(os.path.join(root, "zarr"))
+    for name in sorted(_files(os.path.join(root, "zarr"))):
+        with (
+            open(os.path.join(root, "ours", name), "rb") as a,
+            open(os.path.join(root, "zarr", name), "rb") as b,
+        ):
+            assert a.read() == b.read(), name
+    zarrio.run(made["a2"].setitem(slice(None), np.full(5, np.nan)))  # all fill: still stored
+    assert os.path.exists(os.path.join(root, "ours", "a2", "c.0"))
+    group = zarr.open_group(os.path.join(root, "ours"), mode="r")
+    assert np.isnan(group["a2"][:]).all() and group.attrs["rows"] == 3
+
+
+def test_a_table_made_whole_and_killed_before_its_chunks_is_not_read_as_whole(store, monkeypatch):
+    """A short table's group is made with its ``rows`` at once, beside its place (its
+    arrays' final attributes known): a seal killed before its chunks are written leaves that
+    directory, which readers do not take for the table (they read the rows from the
+    streams), the doctor salvages around, and the next seal writes over."""
+    from metacollect.store import tablewrite
+
+    _, g = _run(store)
+    _flush_events(g, 0, 10)
+    expected = open_run(store).table(GROUP, "events")
+
+    async def killed(self, block):
+        raise RuntimeError("killed before its chunks")
+
+    monkeypatch.setattr(tablewrite._ColumnSink, "store", killed)
+    with pytest.raises(Exception, match="killed before its chunks"):
+        finalize(store)
+    monkeypatch.undo()
+    beside = os.path.join(store, *GROUP.split("/"), "events" + seal_mod.NEW)
+    with open(os.path.join(beside, "zarr.json")) as f:
+        assert json.load(f)["attributes"]["rows"] == 10
+    assert not os.path.exists(os.path.join(store, *GROUP.split("/"), "events"))
+    assert open_run(store).table(GROUP, "events").equals(expected)
+    fixed = salvage(store, store + ".fixed")
+    assert fixed.rows_dropped == 0
+    assert open_run(fixed.target).table(GROUP, "events").equals(expected)
+    assert finalize(store) == ("complete", [])
+    assert not os.path.exists(beside)
+    assert open_run(store).table(GROUP, "events").equals(expected)
+    assert validate_store(store) == []

@@ -372,11 +372,11 @@ def test_a_seal_killed_mid_table_is_finished_by_the_next_seal_and_the_doctor(tmp
     expected = open_run(store).transitions()
     real = seal_mod.write_sealed_stream
 
-    async def killed(root, group, tables, parts, strings, where, done):
+    async def killed(root, group, tables, parts, strings, where, done, **kwargs):
         def dies(table: str) -> None:  # the table whole beside its place; then the kill
             raise RuntimeError("killed mid-seal")
 
-        return await real(root, group, tables, parts, strings, where, dies)
+        return await real(root, group, tables, parts, strings, where, dies, **kwargs)
 
     monkeypatch.setattr(seal_mod, "write_sealed_stream", killed)
     with pytest.raises(Exception, match="killed mid-seal"):

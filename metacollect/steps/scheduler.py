@@ -559,9 +559,12 @@ class SchedulerCollector(SchedulerPlugin):
         joined, not yet there): a note in the errors table. Whether its record has a gap is
         its group's own ``ended``, which the seal reads
         (:func:`~metacollect.steps.worker.unended_workers`)."""
-        await nanny.detach(scheduler, self.store_path, self._on_error)
         name = worker_plugin_name(self.store_path)
-        replies = await remove_worker_plugin(scheduler, name)
+        # the nannies' part only acts on a nanny closing its worker: taken off meanwhile
+        _, replies = await asyncio.gather(
+            nanny.detach(scheduler, self.store_path, self._on_error),
+            remove_worker_plugin(scheduler, name),
+        )
         if replies is None:
             return []
         problems = []

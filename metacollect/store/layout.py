@@ -10,7 +10,7 @@ files in proportion to its data:
   repetition the codes saved), so ``xarray.open_datatree`` shows names, not numbers;
 - each array's CF attributes (``units``, ``long_name``, ``calendar``) from the schema.
 
-Arrays are made and written through Zarr's public API (:func:`create`).
+Arrays are made and written through Zarr's public API (:func:`array_args`).
 """
 
 from __future__ import annotations
@@ -92,21 +92,19 @@ def chunk_of(shape: Sequence[int]) -> list[int]:
     return [_chunk(shape[0], list(shape[1:])), *shape[1:]]
 
 
-async def create(
-    where: Any,
+def array_args(
     var: VariableSpec,
     shape: Sequence[int],
     dims: list[str],
     attrs: Mapping[str, Any],
     level: int,
-) -> Any:
-    """A sealed array at store path ``where``, through Zarr's ``create_array``: chunks of
-    :func:`chunk_of`, strings (and codes, written as strings) with Zstandard at
-    :data:`SEAL_TEXT_LEVEL` at least, numbers with Blosc at the store's level (its highest
-    levels are many times slower for little less on numbers)."""
+) -> tuple[Any, ...]:
+    """The arguments of a sealed array for :func:`~metacollect.store.zarrio.new_array`
+    (``where`` aside): chunks of :func:`chunk_of`, strings (and codes, written as strings)
+    with Zstandard at :data:`SEAL_TEXT_LEVEL` at least, numbers with Blosc at the store's
+    level (its highest levels are many times slower for little less on numbers)."""
     is_str = var.dtype in ("str", "code")
-    return await zarrio.new_array(
-        where,
+    return (
         tuple(shape),
         tuple(chunk_of(shape)),
         str if is_str else var.numpy_dtype,

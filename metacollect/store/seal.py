@@ -1,6 +1,6 @@
 """The seal: a store no process writes any more made final, in one home.
 
-At a run's end (:func:`~metacollect.store.lifecycle.finalize`; ``metacollect gather`` and
+At a run's end (:func:`~metacollect.session.end.finalize`; ``metacollect gather`` and
 ``doctor`` after a kill) the seal
 
 1. writes every group's Arrow streams (:mod:`metacollect.store.streams`, one file a table
@@ -313,7 +313,7 @@ def _write_streamed(
     }
     if not plan:
         return
-    blank = any(found.blank.get(t) for t in plan)
+    blank = {t: found.blank[t] for t in plan if found.blank.get(t)}
     local = not writer.spooled
 
     def parts() -> Iterator[dict[str, dict[str, Any]]]:
@@ -329,7 +329,9 @@ def _write_streamed(
             base = os.path.join(writer.path, *table.split("/"))
             os.rename(base + NEW, base)
 
-    zarrio.run(write_sealed_stream(writer.root, path, plan, parts, blank, where, done))
+    zarrio.run(
+        write_sealed_stream(writer.root, path, plan, parts, blank, where, done, renamed=local)
+    )
 
 
 def _append_table(
@@ -353,15 +355,14 @@ def _append_table(
         if arr.shape[0] != rows:
             arr.resize((rows, *arr.shape[1:]))
     batch: list[dict[str, np.ndarray]] = []
+    held = 0  # the rows in ``batch``
 
-    def commit() -> int:
-        n = sum(len(next(iter(p.values()))) for p in batch)
+    def commit() -> None:
         for name, arr in arrays.items():
             data = np.concatenate([p[name] for p in batch])
             arr.append(_as_stored(arr, tspec, name, data, rows))
-        tgroup.update_attributes({"rows": rows + n, streams.FOLDED: dict(done)})
+        tgroup.update_attributes({"rows": rows + held, streams.FOLDED: dict(done)})
         batch.clear()
-        return n
 
     for file in found.files.get(tspec.name, []):
         name = os.path.basename(file)
@@ -370,8 +371,10 @@ def _append_table(
                 continue
             done[name] = i + 1
             batch.append(part)
-            if sum(len(next(iter(p.values()))) for p in batch) >= FOLD_ROWS:
-                rows += commit()
+            held += len(next(iter(part.values())))
+            if held >= FOLD_ROWS:
+                commit()
+                rows, held = rows + held, 0
     if batch:
         commit()
 

@@ -4,14 +4,16 @@
 seal of the tables not in Zarr yet). A large table is written a block of chunks at a time
 (``array[lo:hi] = block``), so the seal's memory stays that of a few chunks however many
 rows a table has. A table is written where the caller says (in a local store beside its
-place, then renamed into it), its group made first without ``rows`` and given its ``rows``
-last: a table cut short by a kill has no ``rows`` and is written again.
+place, then renamed into it: the rename makes it whole at once), elsewhere its group made
+first without ``rows`` and given its ``rows`` last: a table cut short by a kill has no
+``rows`` and is written again. A table's group and arrays are made together, their
+documents side by side through Zarr's ``create_hierarchy``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,7 +24,13 @@ from zarr.buffer import default_buffer_prototype
 import metacollect.config as config
 import metacollect.store.zarrio as zarrio
 from metacollect.store import chunkio, layout
-from metacollect.store.layout import COMPACTED, chunk_of, create, sealed_attrs, variable_layout
+from metacollect.store.layout import (
+    COMPACTED,
+    array_args,
+    chunk_of,
+    sealed_attrs,
+    variable_layout,
+)
 from metacollect.store.schema import TableSpec, VariableSpec
 from metacollect.store.text import none_value
 
@@ -89,31 +97,44 @@ async def write_sealed_stream(
     group: str,
     tables: Mapping[str, SealedTable],
     parts: Callable[[], Iterator[Part]],
-    blank: bool,
+    blank: Mapping[str, Set[str]],
     where: Callable[[str], str],
     done: Callable[[str], None],
-) -> dict[str, dict[str, Any]]:
+    renamed: bool = False,
+) -> None:
     """Write tables the store does not hold yet straight in the form the seal leaves, from
     ``parts()``: their rows in order, a part per stream batch (``{table: {variable: column}}``,
     strings as Arrow string arrays), read in a thread as they are needed. Each variable's
     rows are written as soon as it has :data:`~metacollect.store.layout.BLOCK_CHUNKS`
     chunks of them: what is held is a few blocks, whatever the number of rows. A ``code``
     variable's missing value (null) is written as the string :func:`none_value` picks among
-    the blank strings it holds (``blank``: a column of the group holds one, rare; its
-    parts are then gone through once more first, to see which variable holds which), and
+    the blank strings it holds (``blank``: per table, the variables its streams say met
+    one, rare; the parts are then gone through once more first, for those), and
     named in its attributes if the variable had one. Table ``t`` is written at ``where(path
-    of t)``, and ``done(path of t)`` called once it is whole. Returns the documents
-    written, by the paths of the tables."""
+    of t)``, and ``done(path of t)`` called once it is whole; ``renamed``: ``done`` renames
+    it into its place (a local store), so its group is made with its ``rows`` (else they
+    are written last: a table without them is one cut short).
+
+    A table's group and arrays are made together (:func:`~metacollect.store.zarrio.
+    new_nodes`): a table whose rows are all read by then (most tables: all of a short
+    run's) with its arrays' final attributes, at its end; a longer one as its first block
+    is stored."""
     level = int(config.get("store.compression-level"))
-    made = await asyncio.gather(
-        *(
-            _TableSink.make(root, f"{group}/{table}" if group else table, t, where, done, level)
-            for table, t in tables.items()
+    made = zarrio.Templates()
+    sinks = {
+        table: _TableSink(
+            root, f"{group}/{table}" if group else table, t, (where, done), level, made, renamed
         )
-    )
-    sinks = dict(zip(tables, made, strict=True))
-    if blank and any(c.var.dtype == "code" for k in sinks.values() for c in k.columns.values()):
-        await asyncio.to_thread(_held_blanks, sinks, parts())
+        for table, t in tables.items()
+    }
+    held = {
+        (t, n): c
+        for t, sink in sinks.items()
+        for n, c in sink.columns.items()
+        if c.var.dtype == "code" and n in blank.get(t, ())
+    }
+    if held:  # the others hold no blank string: their ``none`` is ""
+        await asyncio.to_thread(_held_blanks, held, parts())
     rows = parts()
 
     def add_until_ready() -> bool:
@@ -131,30 +152,27 @@ async def write_sealed_stream(
     more = await asyncio.to_thread(add_until_ready)
     while more:
         # the blocks taken now, before the thread adds to what they hold
-        blocks = [(c, c.take(final=False)) for k in sinks.values() for c in k.columns.values()]
+        blocks = {
+            t: [(c, c.take(final=False)) for c in k.columns.values()] for t, k in sinks.items()
+        }
         more, *_ = await asyncio.gather(  # type: ignore[assignment]
             asyncio.to_thread(add_until_ready),
-            *(c.store(block, level, final=False) for c, block in blocks if block is not None),
+            *(sinks[t].store(b) for t, b in blocks.items() if any(x is not None for _, x in b)),
         )
-    out: dict[str, dict[str, Any]] = {}
-    for docs in await asyncio.gather(*(sink.finish() for sink in sinks.values())):
-        out.update(docs)
-    return out
+    await asyncio.gather(*(sink.finish() for sink in sinks.values()))
 
 
-def _held_blanks(sinks: Mapping[str, _TableSink], parts: Iterator[Part]) -> None:
-    """Set each ``code`` variable's :attr:`_ColumnSink.none` from the blank strings (empty
-    or only NULs) it holds, as the compaction of its whole column would."""
-    held: dict[tuple[str, str], set[str]] = {}
+def _held_blanks(columns: Mapping[tuple[str, str], _ColumnSink], parts: Iterator[Part]) -> None:
+    """Set the :attr:`_ColumnSink.none` of these ``code`` variables (by table and name)
+    from the blank strings (empty or only NULs) each holds, as the compaction of its whole
+    column would."""
+    held: dict[tuple[str, str], set[str]] = {key: set() for key in columns}
     for part in parts:
-        for table, cols in part.items():
-            if table not in sinks:
-                continue
-            for name, column in sinks[table].columns.items():
-                if column.var.dtype == "code":
-                    held.setdefault((table, name), set()).update(_blanks(cols[name]))
-    for (table, name), mine in held.items():
-        sinks[table].columns[name].none = none_value(mine)
+        for (table, name), mine in held.items():
+            if table in part:
+                mine.update(_blanks(part[table][name]))
+    for key, mine in held.items():
+        columns[key].none = none_value(mine)
 
 
 def _blanks(strings: pa.Array) -> list[str]:
@@ -173,12 +191,11 @@ class _ColumnSink:
 
     def __init__(
         self,
-        where: Any,
         var: VariableSpec,
         shape: tuple[int, ...],
         layout: tuple[list[str], dict[str, Any]],
     ) -> None:
-        self.where, self.var, self.shape = where, var, shape
+        self.var, self.shape = var, shape
         self.dims, self.attrs = layout
         self.chunk = chunk_of(shape)[0]
         self.text = var.dtype in ("code", "str")
@@ -228,26 +245,20 @@ class _ColumnSink:
     def final_attrs(self) -> dict[str, Any]:
         return sealed_attrs(self.attrs, self.var, self.none if self.missing else None)
 
-    async def store(self, block: tuple[int, Any] | None, level: int, final: bool) -> None:
-        """Write ``block`` (:meth:`take`), making its array first: with its final attributes
-        when ``final`` (these are all its rows)."""
-        if self.arr is None and (block is not None or final):
-            attrs = self.final_attrs() if final else self.attrs
-            self.arr = await create(self.where, self.var, self.shape, self.dims, attrs, level)
-        if block is not None:
-            if self.text:
-                await set_text_rows(self.arr, *block, self.empty)
-            else:
-                await set_rows(self.arr, *block)
+    async def metadata(self, made: zarrio.Templates, level: int, final: bool) -> Any:
+        """Its array's metadata: with its final attributes when ``final`` (all its rows
+        are in hand)."""
+        attrs = self.final_attrs() if final else self.attrs
+        return await made.array(*array_args(self.var, self.shape, self.dims, attrs, level))
 
-    async def finish(self, level: int) -> dict[str, Any]:
-        """Its last rows written and its attributes final; its array's document."""
-        made = self.arr is not None
-        await self.store(self.take(final=True), level, final=True)
-        attrs = self.final_attrs()
-        if made and self.arr.metadata.attributes != attrs:
-            self.arr = await self.arr.update_attributes(attrs)
-        return zarrio.array_doc(self.arr)
+    async def store(self, block: tuple[int, Any] | None) -> None:
+        """Write ``block`` (:meth:`take`) into its array."""
+        if block is None:
+            return
+        if self.text:
+            await set_text_rows(self.arr, *block, self.empty)
+        else:
+            await set_rows(self.arr, *block)
 
 
 def _text(value: str) -> pa.Scalar:
@@ -262,31 +273,22 @@ class _TableSink:
 
     def __init__(
         self,
-        where: Any,
-        path: str,
-        group: dict[str, Any],
-        columns: dict[str, _ColumnSink],
-        done: Callable[[str], None],
-        level: int,
-    ) -> None:
-        self.where, self.path, self.group, self.columns = where, path, group, columns
-        self.done, self.level = done, level
-
-    @classmethod
-    async def make(
-        cls,
         root: zarrio.Group,
         path: str,
         table: SealedTable,
-        where: Callable[[str], str],
-        done: Callable[[str], None],
+        place: tuple[Callable[[str], str], Callable[[str], None]],
         level: int,
-    ) -> _TableSink:
+        templates: zarrio.Templates,
+        renamed: bool,
+    ) -> None:
         tspec = table.tspec
-        at = zarrio.table_store(root, where(path))
-        columns = {
+        where, self.done = place
+        self.at = zarrio.table_store(root, where(path))
+        self.path, self.level, self.templates = path, level, templates
+        #: ``done`` renames the table into its place (see :func:`write_sealed_stream`)
+        self.renamed = renamed
+        self.columns = {
             n: _ColumnSink(
-                at / n,
                 tspec.variables[n],
                 table.layout[n][1],
                 variable_layout(tspec, n, table.layout[n][1][1:]),
@@ -295,9 +297,8 @@ class _TableSink:
             if n in tspec.variables
         }
         n = next(iter(table.layout.values()))[1][0] if table.layout else 0
-        group = {**table.attributes, "rows": n, COMPACTED: True}
-        await zarrio.new_group(at, _unfinished(group))
-        return cls(at, path, group, columns, done, level)
+        self.group = {**table.attributes, "rows": n, COMPACTED: True}
+        self._made = False
 
     def add(self, part: Mapping[str, np.ndarray | pa.Array]) -> None:
         for name, column in self.columns.items():
@@ -308,13 +309,55 @@ class _TableSink:
         """Whether a variable has a block of chunks to store."""
         return any(c.ready for c in self.columns.values())
 
-    async def finish(self) -> dict[str, dict[str, Any]]:
-        """The arrays' last rows, then the table's ``rows``; the documents, by path."""
-        docs = await asyncio.gather(*(c.finish(self.level) for c in self.columns.values()))
-        out = {f"{self.path}/{n}": d for n, d in zip(self.columns, docs, strict=True)}
-        out[self.path] = await zarrio.set_group_attrs(self.where, self.group)
+    async def make(self, final: bool) -> None:
+        """Its group and arrays (see :func:`write_sealed_stream`): the group with its
+        ``rows`` when ``final`` and it is renamed into its place once whole, else without
+        them; where it is not renamed, the group first (a table's arrays without it are no
+        table to the seal that comes next, which writes it anew)."""
+        metas = await asyncio.gather(
+            *(c.metadata(self.templates, self.level, final) for c in self.columns.values())
+        )
+        arrays = dict(zip(self.columns, metas, strict=True))
+        attrs = self.group if final and self.renamed else _unfinished(self.group)
+        group = await self.templates.group(attrs)
+        if not self.renamed:
+            await zarrio.new_nodes(self.at, group, {})
+            group = None
+        # a table renamed into place is written in a directory of its own, the seal's
+        # alone (one a seal cut short left was removed): nothing to read there first
+        made = await zarrio.new_nodes(self.at, group, arrays, overwrite=self.renamed)
+        for name, column in self.columns.items():
+            column.arr = made[name]
+        self._made = True
+
+    async def store(self, blocks: list[tuple[_ColumnSink, tuple[int, Any] | None]]) -> None:
+        """Its arrays' next blocks (:meth:`_ColumnSink.take`), its nodes made first."""
+        if not self._made:
+            await self.make(final=False)
+        await asyncio.gather(*(column.store(block) for column, block in blocks))
+
+    async def finish(self) -> None:
+        """The arrays' last rows and their final attributes, then the table's ``rows``;
+        then ``done``."""
+        final = not self._made
+        if final:  # every row in hand: its nodes made as the seal leaves them
+            await self.make(final=True)
+        await asyncio.gather(*(c.store(c.take(final=True)) for c in self.columns.values()))
+        if not final:
+            await asyncio.gather(
+                *(
+                    _set_array_attrs(c)
+                    for c in self.columns.values()
+                    if c.arr.metadata.attributes != c.final_attrs()
+                )
+            )
+        if not (final and self.renamed):
+            await zarrio.set_group_attrs(self.at, self.group)
         await asyncio.to_thread(self.done, self.path)
-        return out
+
+
+async def _set_array_attrs(column: _ColumnSink) -> None:
+    column.arr = await column.arr.update_attributes(column.final_attrs())
 
 
 def _unfinished(attrs: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,18 +15,24 @@ executors may be gone).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 import warnings
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeGuard, TypeVar
 
 import zarr
-from zarr.api.asynchronous import consolidate_metadata, create_array, create_group
+from zarr.api.asynchronous import (
+    consolidate_metadata,
+    create_array,
+    create_group,
+    create_hierarchy,
+)
 from zarr.api.asynchronous import open_group as open_async_group
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.errors import ContainsGroupError
-from zarr.storage import LocalStore, StorePath
+from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from metacollect.errors import StoreError
 
@@ -290,6 +296,85 @@ async def new_array(
         config=array_config(),
         overwrite=overwrite,
     )
+
+
+class Templates:
+    """The metadata of new arrays and groups, for :func:`new_nodes`: made through Zarr's
+    ``create_array`` (``create_group``) once per kind of array (dtype, dimensions, codecs,
+    fill value), in a store in memory, and copied per node with its own shape, chunks,
+    attributes and dimension names (``dataclasses.replace``, as Zarr's own
+    ``update_shape`` and ``update_attributes`` copy an array's metadata). What Zarr's
+    ``create_array`` spends on each array beyond writing its document (parsing its dtype
+    and codecs, checking its place) is spent once a kind: one seal holds a few kinds and
+    hundreds of arrays. The documents are those ``create_array`` writes (tested)."""
+
+    def __init__(self) -> None:
+        #: each kind's metadata, being made or made (callers side by side share one)
+        self._made: dict[Any, asyncio.Future[Any]] = {}
+
+    async def array(
+        self,
+        shape: Sequence[int],
+        chunks: Sequence[int],
+        dtype: Any,
+        compressors: list[Any],
+        fill: Any,
+        attrs: Mapping[str, Any],
+        dims: Sequence[str],
+    ) -> Any:
+        """The metadata of an array :func:`new_array` would make with these arguments."""
+        key = (repr(dtype), len(shape), repr(compressors), repr(fill))
+        if key not in self._made:
+            one = (1,) * len(shape)
+            self._made[key] = asyncio.ensure_future(
+                create_array(
+                    StorePath(MemoryStore()),
+                    shape=one,
+                    chunks=one,
+                    dtype=dtype,
+                    compressors=compressors,
+                    fill_value=fill,
+                    chunk_key_encoding=CHUNK_KEYS,
+                )
+            )
+        made = (await self._made[key]).metadata
+        grid = {"name": "regular", "configuration": {"chunk_shape": list(chunks)}}
+        return dataclasses.replace(
+            made,
+            shape=tuple(shape),
+            chunk_grid=grid,
+            attributes=dict(attrs),
+            dimension_names=tuple(dims),
+        )
+
+    async def group(self, attrs: Mapping[str, Any]) -> Any:
+        """The metadata of a group :func:`new_group` would make with ``attrs``."""
+        if "group" not in self._made:
+            self._made["group"] = asyncio.ensure_future(
+                create_group(store=StorePath(MemoryStore()))
+            )
+        made = (await self._made["group"]).metadata
+        return dataclasses.replace(made, attributes=dict(attrs))
+
+
+async def new_nodes(
+    where: Any, group: Any | None, arrays: Mapping[str, Any], overwrite: bool = False
+) -> dict[str, Any]:
+    """A new group at store path ``where`` (its metadata ``group``; ``None``: it is there
+    already) and new arrays below it (``{name: metadata}``, :class:`Templates`), their
+    documents written side by side through Zarr's ``create_hierarchy``; the arrays'
+    handles, by name, writing every chunk (:func:`array_config`). ``overwrite``: in place
+    of what is there (Zarr removes each node's directory first, a ``stat`` in a local
+    store), else Zarr reads each node first and fails on one that is there already."""
+    prefix = where.path
+    nodes = {f"{prefix}/{n}" if prefix else n: meta for n, meta in arrays.items()}
+    if group is not None:
+        nodes[prefix] = group
+    async for _ in create_hierarchy(store=where.store, nodes=nodes, overwrite=overwrite):
+        pass
+    return {
+        n: zarr.AsyncArray(meta, where / n, config=array_config()) for n, meta in arrays.items()
+    }
 
 
 async def new_group(where: Any, attrs: Mapping[str, Any]) -> Any:
