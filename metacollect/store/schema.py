@@ -18,7 +18,8 @@ import yaml
 
 SCHEMA_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "schema")
 
-#: numpy dtype of each schema dtype; ``code`` is an int32 index into the group's strings.
+#: numpy dtype of each schema dtype; ``code`` is a string kept dictionary-encoded in the streams
+#: (Arrow's int32 indices) and sealed as strings
 DTYPES: dict[str, Any] = {
     "str": str,
     "code": np.int32,
