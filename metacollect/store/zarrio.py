@@ -327,15 +327,7 @@ class Templates:
         if key not in self._made:
             one = (1,) * len(shape)
             self._made[key] = asyncio.ensure_future(
-                create_array(
-                    StorePath(MemoryStore()),
-                    shape=one,
-                    chunks=one,
-                    dtype=dtype,
-                    compressors=compressors,
-                    fill_value=fill,
-                    chunk_key_encoding=CHUNK_KEYS,
-                )
+                new_array(StorePath(MemoryStore()), one, one, dtype, compressors, fill, {}, [*dims])
             )
         made = (await self._made[key]).metadata
         grid = {"name": "regular", "configuration": {"chunk_shape": list(chunks)}}
