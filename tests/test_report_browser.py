@@ -61,8 +61,10 @@ def shown(tmp_path_factory):
         pytest.skip(why)
     d = tmp_path_factory.mktemp("browser")
     store, html = d / "demo.zarr", d / "demo.html"
+    # images of the demo's own size: tasks long enough (~0.7 s of task time in all) that
+    # Dask's sampler, every 10 ms, is sure to catch some even on a loaded machine
     args = ["demo", "--store", str(store), "--report", str(html), "--images", "4"]
-    assert main([*args, "--size", "128"]) == 0
+    assert main(args) == 0
     out: dict[str, dict] = {}
     with chromium() as driver:
         load(driver, html)
