@@ -222,46 +222,6 @@ def test_scaling_bad_input_says_how_to_fix_it(tmp_path):
         metacollect.catalog(tmp_path / "nowhere")
 
 
-def _one_task_run(store: str, summarize=None, interrupt: bool = False) -> None:
-    """One task under ``metacollect.collect``; the seal's summary replaced by ``summarize``
-    when given; the block ended by Ctrl-C when ``interrupt``."""
-    with (
-        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
-        Client(cluster) as client,
-        metacollect.collect(client, store) as session,
-    ):
-        if summarize is not None:
-            session.summarize = summarize
-        assert client.submit(abs, -3).result() == 3
-        if interrupt:
-            raise KeyboardInterrupt
-
-
-def test_an_interrupted_run_is_sealed_without_its_summary(tmp_path):
-    """Ctrl-C (as a batch job's end) asks for the shortest end: the seal keeps no summary,
-    and the catalog computes it from the tables, and says so."""
-    store = str(tmp_path / "runs" / "cut.zarr")
-    with pytest.raises(KeyboardInterrupt):
-        _one_task_run(store, interrupt=True)
-    run = metacollect.open_run(store)
-    assert run.attrs["status"] == "interrupted" and SUMMARY_ATTR not in run.attrs
-    found = metacollect.catalog(tmp_path / "runs")
-    assert found["summary"].tolist() == ["computed"] and found["tasks"].tolist() == [1]
-
-
-def test_a_summary_that_fails_leaves_the_seal_whole(tmp_path, caplog):
-    def broken(path, sealed):
-        raise ValueError("a figure that cannot be computed")
-
-    store = str(tmp_path / "broken.zarr")
-    _one_task_run(store, summarize=broken)
-    run = metacollect.open_run(store)
-    assert run.attrs["status"] == "complete" and run.attrs["missing"] == []
-    assert SUMMARY_ATTR not in run.attrs and len(run.tasks()) == 1
-    assert "no summary kept" in caplog.text and "a figure that cannot be computed" in caplog.text
-    assert main(["validate", store]) == 0
-
-
 def test_metacollect_run_keeps_the_summary_a_catalog_reads(tmp_path, capsys):
     script = tmp_path / "flow.py"
     script.write_text(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import dask
@@ -21,7 +21,7 @@ import pandas as pd
 
 from metacollect.analysis.compare import summary
 from metacollect.analysis.memo import Memo
-from metacollect.analysis.run import Run, open_run
+from metacollect.analysis.run import open_run
 from metacollect.analysis.tasks import prefix_summary
 from metacollect.errors import UsageError
 from metacollect.store import zarrio
@@ -34,7 +34,6 @@ __all__ = [
     "find_stores",
     "keep_summary",
     "stored_summary",
-    "summary_attrs",
     "write_summary",
 ]
 
@@ -104,39 +103,12 @@ def write_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = os.fspath(path)
     run = open_run(path)
-    row = _summary_row(run, run.attrs)
-    zarrio.update_root_attributes(path, {SUMMARY_ATTR: row})
-    return row
-
-
-def summary_attrs(path: str, sealed: Mapping[str, Any]) -> dict[str, Any]:
-    """The summary of a store being sealed with the root attributes ``sealed``, as the root
-    attribute it is kept in: ``finalize``'s ``summarize``, so that the seal writes the root
-    once (:func:`write_summary` writes it into a store sealed already)."""
-    return {SUMMARY_ATTR: _summary_row(_Sealing(path, sealed), sealed)}
-
-
-class _Sealing(Run):
-    """A store the seal is writing: its root attributes as the seal will leave them (the
-    run's ``ended`` and the launcher's attributes are among those the summary reads)."""
-
-    def __init__(self, path: str, sealed: Mapping[str, Any]) -> None:
-        super().__init__(path)
-        self._sealed = dict(sealed)
-
-    @property
-    def attrs(self) -> dict[str, Any]:
-        return {**super().attrs, **self._sealed}
-
-
-def _summary_row(run: Run, attrs: Mapping[str, Any]) -> dict[str, Any]:
-    """``run``'s summary as kept, for the seal whose root attributes are ``attrs``."""
     row = _jsonable(summary(Memo(run)))  # type: ignore[arg-type]
     # the seal it summarises: a store sealed again (salvaged by doctor, its attributes
     # copied) or a summary of another version is not read as this store's
-    row["version"], row["sealed"] = SUMMARY_VERSION, attrs.get("ended")
-    row["status"] = attrs.get("status")
+    row["version"], row["sealed"] = SUMMARY_VERSION, run.attrs.get("ended")
     row["started"] = run.attrs.get("started")  # the epoch as stored, read back the same
+    zarrio.update_root_attributes(path, {SUMMARY_ATTR: row})
     return row
 
 

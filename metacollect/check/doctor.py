@@ -94,8 +94,10 @@ def salvage(source: str, target: str, overwrite: bool = False) -> Salvage:
     except BaseException:  # a half-made copy is no record: remove it (the source is as it was)
         abandon(target)
         raise
-    salvaged_from = {"path": os.path.abspath(source), "status": root_attrs.get("status")}
-    finalize(target, "incomplete", missing=report.missing(), salvaged_from=salvaged_from)
+    extra = {
+        "salvaged_from": {"path": os.path.abspath(source), "status": root_attrs.get("status")},
+    }
+    finalize(target, "incomplete", missing=report.missing(), **extra)
     return report
 
 

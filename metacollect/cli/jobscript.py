@@ -244,15 +244,16 @@ def run(args: argparse.Namespace) -> int:
 def _seal(finalize: ModuleType, store: str, exit_code: int, signal_name: str | None) -> None:
     """``batch finalize``, also as ``batch stop``'s last step: the job's end (SIGTERM) that
     comes during the seal waits for it, then ends this process."""
-    summarize = None
+    with terminate.held():
+        status = finalize.batch_finalize(store, exit_code, signal_name)
+    print(f"metacollect: store {store} sealed (status {status})", file=sys.stderr)
     if signal_name is None:  # not in a job's grace period: the catalog's figures, kept
         # imported here: the store reader (pandas, xarray) kept off the grace period's path
-        from metacollect.analysis.campaign import summary_attrs
+        from metacollect.analysis.campaign import keep_summary
 
-        summarize = summary_attrs
-    with terminate.held():
-        status = finalize.batch_finalize(store, exit_code, signal_name, summarize)
-    print(f"metacollect: store {store} sealed (status {status})", file=sys.stderr)
+        not_kept = keep_summary(store)
+        if not_kept is not None:
+            print(f"metacollect: {not_kept}", file=sys.stderr)
 
 
 def _still_running(action: str, left: list[int]) -> None:

@@ -29,7 +29,7 @@ import dask.config
 from distributed import Client, LocalCluster
 
 import metacollect.config as config
-from metacollect.analysis.campaign import summary_attrs
+from metacollect.analysis.campaign import keep_summary
 from metacollect.dask_private import submit_scaled_jobs
 from metacollect.errors import ConfigError, MetacollectError, UsageError
 from metacollect.launch.batch import jobqueue_cluster
@@ -331,6 +331,10 @@ def run_target(
         status, missing = launch.finish(
             outcome, code, outcome_attrs(outcome, code, time.time() - started)
         )
+    # the figures a catalog of many stores reads, kept in the sealed store
+    not_kept = keep_summary(store)
+    if not_kept is not None:
+        echo(f"metacollect: {not_kept}")
     echo(f"metacollect: store written to {store} (status {status}); see `metacollect info {store}`")
     for reason in missing:
         echo(f"metacollect: missing from the record: {reason}")
@@ -404,8 +408,7 @@ class AttachedLaunch:
             finally:
                 self.readers.close()
         status, missing = run_status(outcome, code, self.store, problems)
-        # the figures a catalog of many stores reads, kept by the seal
-        return finalize(self.store, status, missing=missing, summarize=summary_attrs, **attrs)
+        return finalize(self.store, status, missing=missing, **attrs)
 
     def abandon(self) -> None:
         """Undo the start, for a script that will not run: the log readers end."""
@@ -444,7 +447,6 @@ class ClusterLaunch:
         try:
             client = Client(self.cluster)
             self.session = Collection(client, store, launcher="run", prepared=True)
-            self.session.summarize = summary_attrs  # the catalog's figures, kept by the seal
             self.session.start()
         except BaseException:
             if client is not None:

@@ -24,7 +24,7 @@ import dask.config
 
 import metacollect.config as config
 from metacollect.errors import UsageError
-from metacollect.session.end import Summarize, finalize
+from metacollect.session.end import finalize
 from metacollect.session.shutdown import end_through, retire_and_wait, retire_batch
 from metacollect.session.start import start_run
 from metacollect.steps import darshan, terminate, yappi
@@ -169,9 +169,6 @@ class Collection:
         self.left_out: list[str] = []
         #: Dask's nframes before capture.code-frames changed it (None: unchanged)
         self._nframes_before: int | None = None
-        #: what the seal adds to the root from the final tables (see
-        #: :func:`~metacollect.session.end.finalize`): the launcher's summary
-        self.summarize: Summarize | None = None
 
     def start(self) -> None:
         # this process's own config, given back in stop(): collectors that live here
@@ -330,7 +327,7 @@ class Collection:
         missing = [*extra.pop("missing", []), *self.left_out, *problems]
         if missing and status in ("complete", "failed"):
             status = "incomplete"
-        return finalize(self.store, status, missing=missing, summarize=self.summarize, **extra)
+        return finalize(self.store, status, missing=missing, **extra)
 
 
 @contextlib.contextmanager

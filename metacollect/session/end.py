@@ -8,10 +8,9 @@ the groups processes left in spools to a sealed store; :func:`cluster_ends` and
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import metacollect.config as config
@@ -25,14 +24,7 @@ from metacollect.store.lifecycle import consolidate, is_url, levels_index
 from metacollect.store.local import GATHERED_ATTR, LOCAL_ATTR, ungathered
 from metacollect.store.seal import fold_streams, read_nodes, seal_spool, seal_spools
 
-logger = logging.getLogger(__name__)
-
-#: what a launcher adds to the root from the store's final tables before the seal writes the
-#: root (the summary a catalog reads): ``(store, the root's attributes as sealed) -> attrs``
-Summarize = Callable[[str, Mapping[str, Any]], Mapping[str, Any]]
-
 __all__ = [
-    "Summarize",
     "cluster_ends",
     "clusters_ended",
     "finalize",
@@ -43,21 +35,12 @@ __all__ = [
 
 
 def finalize(
-    store: str,
-    status: str = "complete",
-    missing: list[str] | None = None,
-    summarize: Summarize | None = None,
-    **extra: Any,
+    store: str, status: str = "complete", missing: list[str] | None = None, **extra: Any
 ) -> tuple[str, list[str]]:
     """Write the levels index and final status on the root, then consolidate the metadata;
     returns the status and ``missing`` written: groups a worker kept on node-local disk and
     never gathered (:func:`~metacollect.store.local.ungathered`) are added to what the caller
     knows is missing, and make a ``complete`` or ``failed`` run ``incomplete``.
-
-    ``summarize`` adds the attributes it returns to the root's, read from the final tables
-    before the one consolidation (the root's document, which holds every node's, is written
-    once). An interrupted run (a batch job's grace period, Ctrl-C) is sealed without it, and
-    a failure of it only logs a warning: the record is whole without a summary.
 
     Consolidated metadata lets ``xarray.open_datatree(path, engine="zarr")`` open the run in one
     read; metacollect's own readers ignore it (they read the truth), and any writer after the
@@ -92,17 +75,18 @@ def finalize(
         missing += streamed.lost
         if missing and status in ("complete", "failed"):
             status = "incomplete"
-        attrs = {
-            "levels": levels_index(root, nodes),
-            "status": status,
-            "missing": missing,
-            "ended": time.time(),
-            **extra,
-        }
-        if summarize is not None and status != "interrupted":
-            attrs.update(_summarized(summarize, store, attrs))
-        # sealed above (a second walk of the whole store finds nothing)
-        consolidate(root, nodes, attrs, fold=False)
+        consolidate(
+            root,
+            nodes,
+            {
+                "levels": levels_index(root, nodes),
+                "status": status,
+                "missing": missing,
+                "ended": time.time(),
+                **extra,
+            },
+            fold=False,  # sealed above (a second walk of the whole store finds nothing)
+        )
         # the groups sealed, and the workers' groups that had no stream at the seal: a
         # worker SIGTERMed with the run can write its only flush and its end while the seal
         # runs, and its end alone would pass unended_workers' check
@@ -130,20 +114,6 @@ def finalize(
     finally:  # the run is over, sealed or not: the store is free for the next
         if not is_url(store):
             lock.release(store)
-
-
-def _summarized(summarize: Summarize, store: str, attrs: Mapping[str, Any]) -> Mapping[str, Any]:
-    try:
-        return summarize(store, attrs)
-    except Exception as e:  # the record is whole without it
-        logger.warning(
-            "metacollect: no summary kept in %s (%s: %s); `metacollect catalog` computes it "
-            "from the store's tables",
-            store,
-            type(e).__name__,
-            e,
-        )
-        return {}
 
 
 def _remove_partials(store: str, partials: Iterable[str], held: Iterable[str]) -> None:

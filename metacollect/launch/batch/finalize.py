@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from metacollect.errors import StoreError
-from metacollect.session.end import Summarize, finalize, unended_clusters, workers_ended
+from metacollect.session.end import finalize, unended_clusters, workers_ended
 from metacollect.store import zarrio
 
 __all__ = ["batch_finalize", "running", "wait_cluster_end", "wait_pids"]
@@ -60,14 +60,8 @@ def wait_cluster_end(
     return left
 
 
-def batch_finalize(
-    store: str,
-    exit_code: int = 0,
-    signal_name: str | None = None,
-    summarize: Summarize | None = None,
-) -> str:
-    """Finalise a batch wrapper's store; returns its status. ``summarize``: see
-    :func:`~metacollect.session.end.finalize`.
+def batch_finalize(store: str, exit_code: int = 0, signal_name: str | None = None) -> str:
+    """Finalise a batch wrapper's store; returns its status.
 
     ``complete`` when every scheduler flushed its last interval, else ``incomplete``;
     ``interrupted`` when the job was ended by ``signal_name`` (its walltime, ``scancel``,
@@ -95,5 +89,5 @@ def batch_finalize(
         extra.update(script_ended="signal", script_signal=signal_name)
     else:
         status = "incomplete" if missing else ("complete" if exit_code == 0 else "failed")
-    status, _ = finalize(store, status, missing=missing, summarize=summarize, **extra)
+    status, _ = finalize(store, status, missing=missing, **extra)
     return status
