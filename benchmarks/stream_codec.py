@@ -5,7 +5,8 @@ codec trades the flushes' CPU against the bytes a run writes to the (shared) fil
 Each round, the codecs in turn (``streams.OPTIONS`` set to each, the order alternating):
 the CPU of a small flush (``metadata_ops.flush_cpu``: a worker group's 707 rows, median of
 ``--cpu-flushes``), then a scheduler group holding ``--tasks`` tasks' transitions written a
-flush of 200,000 rows at a time (the flushes' CPU, the stream bytes) and sealed.
+flush of 200,000 rows at a time and sealed (``seal_memory.child``: the flushes' CPU, the
+store's bytes before the seal, the seal's time).
 
     python benchmarks/stream_codec.py [--rounds 4] [--tasks 1000000]
 """
@@ -13,45 +14,17 @@ flush of 200,000 rows at a time (the flushes' CPU, the stream bytes) and sealed.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import tempfile
-import time
 from typing import Any
 
 import _common
 import pyarrow as pa
 from metadata_ops import flush_cpu
-from scale import transition_rows
+from seal_memory import child as large_run
 
 import metacollect.store.streams as streams
-from metacollect.store.lifecycle import consolidate
-from metacollect.store.writer import StoreWriter
 
 CODECS = ("lz4", "zstd")
-FLUSH_ROWS = 200_000
-
-
-def large_run(tasks: int) -> dict[str, float]:
-    """A scheduler group's ``tasks`` tasks' transitions flushed and sealed."""
-    rows = 4 * tasks
-    data = transition_rows(rows)
-    tmp = tempfile.mkdtemp(prefix="mc-codec-")
-    try:
-        writer = StoreWriter(os.path.join(tmp, "s.zarr"))
-        group = writer.group("scheduler", cluster="bench")
-        c0 = time.process_time()
-        for i in range(0, rows, FLUSH_ROWS):
-            group.append("transitions", {k: v[i : i + FLUSH_ROWS] for k, v in data.items()})
-            group.flush()
-        cpu = time.process_time() - c0
-        where = streams.directory(writer.path, group.path)
-        size = sum(os.path.getsize(os.path.join(where, f)) for f in os.listdir(where))
-        t0 = time.perf_counter()
-        consolidate(writer.path)
-        return {"flushes_cpu_s": cpu, "stream_mb": size / 2**20, "seal_s": time.perf_counter() - t0}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -70,15 +43,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
                 with tempfile.TemporaryDirectory() as d:
                     small = flush_cpu(d, a.cpu_flushes, 100)["cpu_ms_median"]
-                runs[codec].append({"small_flush_cpu_ms": small, **large_run(a.tasks)})
+                large = large_run(a.tasks, traced=False)  # flushes of 200,000 rows, then the seal
+                runs[codec].append({"small_flush_cpu_ms": small, **large})
                 _common.log(f"round {r + 1}/{a.rounds} {codec}: {runs[codec][-1]}")
     finally:
         streams.OPTIONS = shipped
-    cols = ("small_flush_cpu_ms", "flushes_cpu_s", "stream_mb", "seal_s")
+    cols = ("small_flush_cpu_ms", "flushes_cpu_s", "streams_mb", "seal_s")
     out = {c: {k: _common.median([x[k] for x in rs]) for k in cols} for c, rs in runs.items()}
     print(
         f"| buffers | CPU per flush of 707 rows (ms) | {a.tasks:,} tasks: the flushes' CPU (s) "
-        "| stream (MB) | the seal (s) |"
+        "| the store before the seal (MB) | the seal (s) |"
     )
     print("|---|---|---|---|---|")
     for codec, m in out.items():
